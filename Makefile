@@ -1,0 +1,31 @@
+# Quick start: `make train` (the embedded default job) and `make test` (the suite).
+# Both create or reuse .venv at the repo root with the pinned CPU dependencies.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+NPROC ?= 2
+ARGS ?=
+
+.PHONY: venv train test lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+train: venv
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) launch/pretrain_rl.py $(ARGS)
+
+test: venv
+	$(PY) -m pytest -q tests
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf outputs .pytest_cache

@@ -1,0 +1,1 @@
+"""mcore-agentic: multi-turn, tool-using RL for LLMs on Megatron-core."""

@@ -1,0 +1,1 @@
+"""Parquet RL datasets, batch containers and collation."""

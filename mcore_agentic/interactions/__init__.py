@@ -1,0 +1,1 @@
+"""Interaction plug-ins (simulated users) loaded from YAML by class path."""

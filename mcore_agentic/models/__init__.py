@@ -1,0 +1,1 @@
+"""HF <-> Megatron bridges per architecture, offline tokenizer builder and tiny-model factory."""

@@ -1,0 +1,1 @@
+"""Rule-based reward functions selected by data_source."""

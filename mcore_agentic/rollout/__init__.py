@@ -1,0 +1,1 @@
+"""Multi-turn rollout: request state machine, delta tokenization, loss masks, tool-call parsing, engines."""

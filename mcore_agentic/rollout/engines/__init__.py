@@ -1,0 +1,1 @@
+"""Generation engines behind one async interface: transformers (CPU) and SGLang (GPU, optional)."""

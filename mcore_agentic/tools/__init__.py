@@ -1,0 +1,1 @@
+"""Tool plug-ins (create / execute / calc_reward / release) loaded from YAML by class path."""

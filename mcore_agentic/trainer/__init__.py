@@ -1,0 +1,1 @@
+"""The PPO/GRPO step loop, metrics, logging and checkpoints."""

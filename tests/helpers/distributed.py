@@ -1,0 +1,86 @@
+"""Spawn N gloo ranks on CPU for a test and collect each rank's return value.
+
+Usage::
+
+    def _body(rank: int, world_size: int, *args) -> Any:  # module-level, picklable
+        ...
+    results = run_distributed(_body, world_size=2, args=(...))
+
+Each child initialises torch.distributed (gloo, a free loopback port), runs the
+body, and sends its (picklable, CPU) return value back; an exception in any
+rank fails the test with that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        OMP_NUM_THREADS="1",
+    )
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        result = fn(rank, world_size, *args)
+        queue.put((rank, "ok", result))
+    except BaseException:  # noqa: BLE001 - report every failure to the parent
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            try:
+                from megatron.core import parallel_state
+
+                parallel_state.destroy_model_parallel()
+            except Exception:  # noqa: BLE001
+                pass
+            dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float = 540.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue), daemon=False)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: list[str] = []
+    for _ in range(world_size):
+        rank, status, payload = queue.get()
+        if status == "ok":
+            results[rank] = payload
+        else:
+            errors.append(f"rank {rank} failed:\n{payload}")
+            break
+    for p in procs:
+        p.join(timeout=5 if errors else timeout)
+        if p.is_alive():
+            p.kill()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [results[r] for r in range(world_size)]
