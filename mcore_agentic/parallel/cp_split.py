@@ -1,0 +1,209 @@
+"""Megatron's load-balanced context-parallel (CP) sequence layout: split, positions, gather.
+
+With causal attention, cutting a sequence into CP equal pieces gives the last rank
+far more work than the first. Megatron-core instead cuts a sequence of length S
+(divisible by ``2 * cp_size``) into ``2 * cp_size`` equal chunks and gives CP rank
+``r`` chunks ``r`` and ``2 * cp_size - 1 - r``, concatenated in that order. Every
+rank then holds one "early" and one "late" chunk, so causal work is balanced.
+
+This module owns that layout and nothing else:
+
+- :func:`cp_split` — the local shard of a full tensor (same as
+  ``megatron.core.utils.get_batch_on_this_cp_rank`` for one tensor);
+- :func:`cp_positions` — global positions of the local tokens (for RoPE, masks);
+- :func:`cp_packed_indices` — the same for a packed (THD) batch, chunking each
+  sequence separately as Megatron does with ``cu_seqlens``;
+- :func:`cp_gather` — all-gather the shards and restore the original order, with
+  a backward that gives each rank the gradient of its own tokens;
+- :func:`pad_to_multiple` — the padded length a sequence needs to be splittable.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "cp_gather",
+    "cp_packed_indices",
+    "cp_positions",
+    "cp_split",
+    "pad_to_multiple",
+]
+
+GradMode = Literal["sum", "slice"]
+
+
+def _check_cp(cp_size: int, cp_rank: int) -> None:
+    if cp_size < 1:
+        raise ValueError(f"cp_size={cp_size} must be >= 1")
+    if not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_rank={cp_rank} must be in [0, cp_size={cp_size})")
+
+
+def _check_len(seq_len: int, cp_size: int, what: str = "sequence length") -> int:
+    """Return the chunk length; raise naming the fix when ``seq_len`` cannot be split."""
+    if seq_len % (2 * cp_size) != 0:
+        raise ValueError(
+            f"{what} {seq_len} is not divisible by 2*cp_size={2 * cp_size}: "
+            f"pad it to {pad_to_multiple(seq_len, cp_size)} (see pad_to_multiple)"
+        )
+    return seq_len // (2 * cp_size)
+
+
+def pad_to_multiple(seq_len: int, cp_size: int, multiple_of: int = 1) -> int:
+    """Smallest length ``>= seq_len`` that the CP layout can split.
+
+    That is a multiple of ``2 * cp_size`` (or of 1 when ``cp_size == 1``, where no
+    split happens), and also of ``multiple_of`` (e.g. the TP size when sequence
+    parallelism additionally splits the local sequence).
+    """
+    if seq_len < 0:
+        raise ValueError(f"seq_len={seq_len} must be >= 0")
+    if cp_size < 1 or multiple_of < 1:
+        raise ValueError(f"cp_size={cp_size} and multiple_of={multiple_of} must be >= 1")
+    base = 2 * cp_size if cp_size > 1 else 1
+    m = base * multiple_of // math.gcd(base, multiple_of)
+    return -(-seq_len // m) * m
+
+
+def cp_positions(seq_len: int, cp_size: int, cp_rank: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Global positions (``LongTensor [seq_len // cp_size]``) of the tokens CP rank ``cp_rank`` holds.
+
+    ``cp_split(x, ...)[..., i, ...] == x[..., cp_positions(...)[i], ...]`` along the sequence dim.
+    With ``cp_size == 1`` this is ``arange(seq_len)``.
+    """
+    _check_cp(cp_size, cp_rank)
+    if cp_size == 1:
+        return torch.arange(seq_len, device=device)
+    chunk = _check_len(seq_len, cp_size)
+    first = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk, device=device)
+    late = 2 * cp_size - 1 - cp_rank
+    second = torch.arange(late * chunk, (late + 1) * chunk, device=device)
+    return torch.cat([first, second])
+
+
+def cp_packed_indices(
+    cu_seqlens: torch.Tensor | list[int], cp_size: int, cp_rank: int, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Indices into a packed (THD) token dim of the tokens CP rank ``cp_rank`` holds.
+
+    ``cu_seqlens`` ([n+1], starting at 0) are the *padded* cumulative lengths; each
+    sequence must be divisible by ``2 * cp_size``. Each sequence is split with the
+    load-balanced layout independently and the local pieces are concatenated in
+    sequence order, so the local cumulative lengths are ``cu_seqlens // cp_size``.
+    """
+    _check_cp(cp_size, cp_rank)
+    bounds = [int(v) for v in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+    if not bounds or bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens={bounds} must start at 0 and be non-decreasing")
+    pieces = []
+    for i, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        if cp_size > 1:
+            _check_len(end - start, cp_size, what=f"packed sequence {i} length")
+        pieces.append(start + cp_positions(end - start, cp_size, cp_rank, device=device))
+    if not pieces:
+        return torch.zeros(0, dtype=torch.long, device=device)
+    return torch.cat(pieces)
+
+
+def cp_split(tensor: torch.Tensor, cp_size: int, cp_rank: int, seq_dim: int = 1) -> torch.Tensor:
+    """The local CP shard of ``tensor``: chunks ``cp_rank`` and ``2*cp_size-1-cp_rank`` along ``seq_dim``.
+
+    ``tensor.shape[seq_dim]`` must be divisible by ``2 * cp_size``; the result has
+    ``1 / cp_size`` of it. Differentiable (it is an index_select). ``cp_size == 1``
+    returns ``tensor`` itself.
+    """
+    _check_cp(cp_size, cp_rank)
+    if cp_size == 1:
+        return tensor
+    seq_dim = seq_dim % tensor.dim()
+    seq_len = tensor.shape[seq_dim]
+    chunk = _check_len(seq_len, cp_size)
+    late = 2 * cp_size - 1 - cp_rank
+    # Two narrow views + one cat: a single copy, no index tensor on the device.
+    return torch.cat(
+        [tensor.narrow(seq_dim, cp_rank * chunk, chunk), tensor.narrow(seq_dim, late * chunk, chunk)], dim=seq_dim
+    )
+
+
+def _unsplit(shards: list[torch.Tensor], seq_dim: int) -> torch.Tensor:
+    """Inverse of splitting for every rank: ``shards[r]`` is rank r's local tensor."""
+    cp_size = len(shards)
+    half = shards[0].shape[seq_dim] // 2
+    chunks: list[torch.Tensor | None] = [None] * (2 * cp_size)
+    for r, shard in enumerate(shards):
+        chunks[r] = shard.narrow(seq_dim, 0, half)
+        chunks[2 * cp_size - 1 - r] = shard.narrow(seq_dim, half, half)
+    return torch.cat(chunks, dim=seq_dim)  # type: ignore[arg-type]
+
+
+class _CPGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, grad_mode: str) -> torch.Tensor:
+        cp_size = dist.get_world_size(group)
+        ctx.group, ctx.seq_dim, ctx.grad_mode = group, seq_dim, grad_mode
+        local = local.contiguous()
+        shards = [torch.empty_like(local) for _ in range(cp_size)]
+        dist.all_gather(shards, local, group=group)
+        return _unsplit(shards, seq_dim)
+
+    @staticmethod
+    def backward(ctx, grad_full: torch.Tensor):
+        group, seq_dim = ctx.group, ctx.seq_dim
+        cp_size = dist.get_world_size(group)
+        cp_rank = dist.get_rank(group)
+        if ctx.grad_mode == "slice":
+            return cp_split(grad_full, cp_size, cp_rank, seq_dim).contiguous(), None, None, None
+        # "sum": every rank's loss may depend on every rank's tokens; the gradient of
+        # the summed loss w.r.t. my tokens is the sum of all ranks' grads at my
+        # positions. Rearrange to rank-major order so this is a reduce-scatter.
+        rank_major = torch.cat([cp_split(grad_full, cp_size, r, seq_dim) for r in range(cp_size)], dim=seq_dim)
+        if dist.get_backend(group) == "nccl":
+            moved = rank_major.movedim(seq_dim, 0).contiguous()
+            out = torch.empty((moved.shape[0] // cp_size, *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
+            dist.reduce_scatter_tensor(out, moved, group=group)
+            return out.movedim(0, seq_dim).contiguous(), None, None, None
+        # gloo has no reduce-scatter: all-reduce (cp_size x the traffic, CPU only) and keep mine.
+        rank_major = rank_major.contiguous()
+        dist.all_reduce(rank_major, group=group)
+        local_len = rank_major.shape[seq_dim] // cp_size
+        return rank_major.narrow(seq_dim, cp_rank * local_len, local_len).contiguous(), None, None, None
+
+
+def cp_gather(
+    local: torch.Tensor,
+    cp_size: int,
+    group: dist.ProcessGroup | None,
+    seq_dim: int = 1,
+    grad_mode: GradMode = "sum",
+) -> torch.Tensor:
+    """All-gather CP shards along ``seq_dim`` and restore the original sequence order.
+
+    Inverse of :func:`cp_split` across the CP ``group`` (whose size must be
+    ``cp_size``; ``cp_size == 1`` or ``group is None`` with ``cp_size == 1`` returns
+    ``local``). Backward, by ``grad_mode``:
+
+    - ``"sum"`` (default, as ``torch.distributed.nn.all_gather`` and Megatron's
+      gathers): each rank gets the *sum over CP ranks* of the gradient at its own
+      positions — correct when each rank's loss is a separate term of a total loss
+      summed across ranks.
+    - ``"slice"``: each rank keeps only its own rank's gradient at its positions —
+      correct when every CP rank computes the *same* (replicated) loss on the
+      gathered tensor and the gradient of that single loss is wanted.
+    """
+    if cp_size == 1:
+        return local
+    if group is None:
+        raise ValueError(f"cp_gather: cp_size={cp_size} > 1 needs the CP process group, got group=None")
+    if dist.get_world_size(group) != cp_size:
+        raise ValueError(f"cp_gather: cp_size={cp_size} but the group has {dist.get_world_size(group)} ranks")
+    if grad_mode not in ("sum", "slice"):
+        raise ValueError(f"cp_gather: grad_mode={grad_mode!r}; use 'sum' or 'slice'")
+    seq_dim = seq_dim % local.dim()
+    if local.shape[seq_dim] % 2 != 0:
+        raise ValueError(f"cp_gather: local length {local.shape[seq_dim]} must be even (two chunks per rank)")
+    return _CPGather.apply(local, group, seq_dim, grad_mode)
