@@ -1,6 +1,86 @@
 """Explicit, named patches that let megatron-core run on CPU with gloo.
 
-Nothing is patched on import: call :func:`apply` once (launch/ and tests do).
+Nothing is patched on import: call :func:`apply` once (``launch/`` and tests do).
 Each patch module names its target symbol, the reason, the supported
-megatron-core versions and when it can go.
+megatron-core versions and when it can go. When CUDA is available every patch
+is a no-op (the real CUDA paths work) unless ``force=True``.
+
+Public API::
+
+    megatron_patches.apply()                       # all patches, idempotent
+    megatron_patches.apply(["rng_tracker"])        # a subset, by name
+    megatron_patches.revert()                      # undo (tests)
+    megatron_patches.applied() -> tuple[str, ...]
+    megatron_patches.PATCH_NAMES
+
+The context-parallel attention module is not a patch (nothing is replaced): use
+``megatron_patches.cp_attention.ContextParallelDotProductAttention`` in a layer spec.
 """
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable
+
+from megatron_patches._base import Patch, PatchContext
+
+logger = logging.getLogger("megatron_patches")
+
+# Application order matters only for readability; patches touch disjoint symbols.
+PATCH_NAMES: tuple[str, ...] = (
+    "rng_tracker",
+    "tensor_parallel_devices",
+    "transformer_devices",
+    "pipeline_p2p",
+    "ddp_buffers",
+    "optimizer_devices",
+    "rerun_state_machine",
+    "parallel_state_sync",
+    "dist_checkpointing_devices",
+)
+
+_ACTIVE: dict[str, PatchContext] = {}
+
+
+def get_patch(name: str) -> Patch:
+    """The :class:`Patch` object called ``name`` (ValueError naming the known ones otherwise)."""
+    if name not in PATCH_NAMES:
+        raise ValueError(f"unknown megatron patch {name!r}: known patches are {', '.join(PATCH_NAMES)}")
+    return importlib.import_module(f"megatron_patches.{name}").PATCH
+
+
+def apply(names: Iterable[str] | None = None, *, force: bool = False) -> tuple[str, ...]:
+    """Apply the named patches (default: all). Idempotent; returns the names now active.
+
+    ``force=True`` applies them even when CUDA is available (for tests only).
+    """
+    import torch
+
+    if torch.cuda.is_available() and not force:
+        logger.debug("megatron_patches.apply: CUDA available, CPU patches not needed")
+        return applied()
+    for name in PATCH_NAMES if names is None else tuple(names):
+        if name in _ACTIVE:
+            continue
+        patch = get_patch(name)
+        ctx = PatchContext(name)
+        patch.install(ctx)
+        _ACTIVE[name] = ctx
+        logger.debug("megatron patch %s applied (%d swaps): %s", name, len(ctx.swaps), patch.reason)
+    return applied()
+
+
+def revert(names: Iterable[str] | None = None) -> None:
+    """Undo the named patches (default: all active ones), newest first."""
+    targets = list(_ACTIVE) if names is None else [n for n in names if n in _ACTIVE]
+    for name in reversed(targets):
+        _ACTIVE.pop(name).restore()
+
+
+def applied() -> tuple[str, ...]:
+    """Names of the patches currently in effect, in application order."""
+    return tuple(_ACTIVE)
+
+
+__all__ = ["PATCH_NAMES", "Patch", "applied", "apply", "get_patch", "revert"]

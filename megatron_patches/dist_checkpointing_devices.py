@@ -1,0 +1,34 @@
+"""Patch ``dist_checkpointing_devices``: ``dist_checkpointing`` save/load on CPU.
+
+Targets (module-global ``torch`` rebound to the CPU view, see ``_cpu_torch``):
+``megatron.core.dist_checkpointing.exchange_utils`` (exchanges loaded shards in
+``torch.empty_like(..., device="cuda")`` buffers), ``...strategies.state_dict_saver``
+(``verify_global_md_reuse`` / failure flags in ``device='cuda'`` tensors),
+``...tensor_aware_state_dict`` (``torch.cuda.synchronize``).
+
+Reason: CUDA hard-coded; on gloo these exchanges use CPU tensors.
+
+Versions: megatron-core 0.16.x - 0.19.x. Remove when these take the tensors' device.
+"""
+
+from __future__ import annotations
+
+from megatron_patches._base import Patch, PatchContext
+from megatron_patches._cpu_torch import rebind_torch
+
+MODULES = (
+    "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.dist_checkpointing.tensor_aware_state_dict",
+)
+
+
+def _install(ctx: PatchContext) -> None:
+    rebind_torch(ctx, MODULES)
+
+
+PATCH = Patch(
+    name="dist_checkpointing_devices",
+    reason="dist_checkpointing exchange/verify buffers are allocated on CUDA",
+    install=_install,
+)
