@@ -1,0 +1,101 @@
+"""The ``data`` config group: where prompts come from and how many go into a step.
+
+Key names follow verl (``data.train_files``, ``data.train_batch_size``,
+``data.max_prompt_length`` ...). Light imports only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mcore_agentic.config.errors import require
+
+
+@dataclass(frozen=True)
+class SyntheticTaskConfig:
+    """The generated tool-arithmetic task (``data_source=synthetic/tool_arith``) used by the embedded default."""
+
+    enable: bool = False
+    """Generate prompts in memory instead of reading ``data.train_files``."""
+    num_train: int = 512
+    """Training problems to generate."""
+    num_val: int = 64
+    """Validation problems to generate (disjoint from the training problems)."""
+    max_operand: int = 20
+    """Operands are drawn from 0..max_operand; keep it small so a tiny model can learn the task."""
+    seed: int = 1234
+    """Seed of the generator; the same seed gives the same problems."""
+
+    def __post_init__(self) -> None:
+        require(self.num_train > 0, "data.synthetic.num_train", f"must be positive, got {self.num_train}")
+        require(self.num_val >= 0, "data.synthetic.num_val", f"must be >= 0, got {self.num_val}")
+        require(self.max_operand >= 1, "data.synthetic.max_operand", f"must be >= 1, got {self.max_operand}")
+        require(
+            (self.max_operand + 1) ** 2 >= self.num_train + self.num_val,
+            "data.synthetic.max_operand",
+            f"{self.max_operand} gives only {(self.max_operand + 1) ** 2} distinct problems, fewer than "
+            f"num_train + num_val = {self.num_train + self.num_val}; raise max_operand",
+        )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Prompt data for RL: parquet files (or the synthetic task) and per-step batch size."""
+
+    train_files: str | list[str] = field(default_factory=list)
+    """Parquet file(s) of training prompts (rows: prompt, data_source, ability, reward_model, extra_info)."""
+    val_files: str | list[str] = field(default_factory=list)
+    """Parquet file(s) of validation prompts; empty disables validation."""
+    prompt_key: str = "prompt"
+    """Column holding the chat messages [{role, content}, ...]."""
+    train_batch_size: int = 8
+    """Prompts per training step (each is rolled out ``rollout.n`` times)."""
+    val_batch_size: int | None = None
+    """Prompts per validation batch; null means the whole validation set at once."""
+    max_prompt_length: int = 128
+    """Longest prompt in tokens after the chat template (tool schemas included)."""
+    max_response_length: int = 128
+    """Token budget for everything after the prompt: all assistant turns, tool results and user turns."""
+    filter_overlong_prompts: bool = True
+    """Drop prompts longer than ``max_prompt_length`` at load time (the count is reported)."""
+    truncation: Literal["error", "left", "right"] = "error"
+    """What to do with an overlong prompt that was not filtered: raise, or cut tokens from that side."""
+    shuffle: bool = True
+    """Shuffle the training set each epoch (seeded by the run's ``seed`` and the epoch)."""
+    drop_last: bool = True
+    """Drop the last incomplete batch of an epoch (a step always has ``train_batch_size`` prompts)."""
+    synthetic: SyntheticTaskConfig = field(default_factory=SyntheticTaskConfig)
+    """Generated task for the CPU quick start; when enabled, ``train_files``/``val_files`` must be empty."""
+
+    def __post_init__(self) -> None:
+        require(self.train_batch_size > 0, "data.train_batch_size", f"must be positive, got {self.train_batch_size}")
+        require(
+            self.val_batch_size is None or self.val_batch_size > 0,
+            "data.val_batch_size",
+            f"must be positive or null, got {self.val_batch_size}",
+        )
+        require(self.max_prompt_length > 0, "data.max_prompt_length", f"must be positive, got {self.max_prompt_length}")
+        require(
+            self.max_response_length > 0, "data.max_response_length", f"must be positive, got {self.max_response_length}"
+        )
+        # "No data at all" is checked by the run's validate(): the dataclass default stays constructible.
+        require(
+            not (self.synthetic.enable and (self.train_file_list or self.val_file_list)),
+            "data.synthetic.enable",
+            "the synthetic task replaces train_files/val_files; set data.train_files=[] data.val_files=[] "
+            "or data.synthetic.enable=false",
+        )
+
+    @property
+    def train_file_list(self) -> list[str]:
+        return [self.train_files] if isinstance(self.train_files, str) else list(self.train_files)
+
+    @property
+    def val_file_list(self) -> list[str]:
+        return [self.val_files] if isinstance(self.val_files, str) else list(self.val_files)
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Prompt plus response budget: the longest sequence a worker sees."""
+        return self.max_prompt_length + self.max_response_length

@@ -1,0 +1,91 @@
+"""The ``trainer`` config group: run length, logging, validation cadence, checkpoints and resume.
+
+Key names follow verl (``trainer.total_epochs``, ``trainer.save_freq``,
+``trainer.resume_mode``, ``trainer.default_local_dir`` ...). Light imports only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mcore_agentic.config.errors import require
+
+LOGGER_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """How long to train, what to log where, when to validate and save, and how to resume."""
+
+    project_name: str = "mcore_agentic"
+    """Project name (log directory level and wandb project)."""
+    experiment_name: str = "default"
+    """Run name (log and checkpoint directory level, wandb run name)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: auto picks cuda when available."""
+    total_epochs: int = 1
+    """Passes over the training prompts."""
+    total_training_steps: int | None = None
+    """Stop after this many steps (overrides total_epochs when set)."""
+    critic_warmup: int = 0
+    """Steps that update only the critic before the actor starts updating."""
+    sft_warmup_steps: int = 0
+    """Supervised steps on demonstrations (the synthetic task's ideal conversations) before RL; 0 disables."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Tracking backends, any of console, jsonl, tensorboard, wandb."""
+    log_freq: int = 1
+    """Print the console summary table every this many steps."""
+    log_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
+    """Where metrics.jsonl, TensorBoard events and the end-of-run plots go."""
+    plot_at_end: bool = True
+    """Save reward and response-length curves as PNG under log_dir when the run ends."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar with ETA on rank 0."""
+    val_before_train: bool = False
+    """Validate once before the first step."""
+    test_freq: int = -1
+    """Validate every this many steps; -1 disables."""
+    save_freq: int = -1
+    """Save a checkpoint every this many steps; -1 saves only at the end of training when resuming is enabled."""
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    """Checkpoint root: holds global_step_<k>/ directories and latest_checkpointed_iteration.txt."""
+    resume_mode: str = "auto"
+    """auto: resume from the latest complete checkpoint under default_local_dir if any; disable: start fresh;
+    resume_path: resume from resume_from_path; any other value is taken as a checkpoint directory path."""
+    resume_from_path: str | None = None
+    """Checkpoint directory (global_step_<k>) to resume from when resume_mode=resume_path."""
+    max_ckpt_to_keep: int | None = None
+    """Keep only the newest this many checkpoints; null keeps all."""
+
+    def __post_init__(self) -> None:
+        for name in self.logger:
+            require(
+                name in LOGGER_BACKENDS,
+                "trainer.logger",
+                f"unknown backend {name!r}; choose from {', '.join(LOGGER_BACKENDS)}",
+            )
+        require(len(set(self.logger)) == len(self.logger), "trainer.logger", f"lists a backend twice: {self.logger}")
+        require(self.total_epochs > 0, "trainer.total_epochs", f"must be positive, got {self.total_epochs}")
+        require(
+            self.total_training_steps is None or self.total_training_steps > 0,
+            "trainer.total_training_steps",
+            f"must be positive or null, got {self.total_training_steps}",
+        )
+        require(self.critic_warmup >= 0, "trainer.critic_warmup", f"must be >= 0, got {self.critic_warmup}")
+        require(self.sft_warmup_steps >= 0, "trainer.sft_warmup_steps", f"must be >= 0, got {self.sft_warmup_steps}")
+        require(self.log_freq > 0, "trainer.log_freq", f"must be positive, got {self.log_freq}")
+        require(self.test_freq == -1 or self.test_freq > 0, "trainer.test_freq", f"must be positive or -1, got {self.test_freq}")
+        require(self.save_freq == -1 or self.save_freq > 0, "trainer.save_freq", f"must be positive or -1, got {self.save_freq}")
+        require(
+            self.max_ckpt_to_keep is None or self.max_ckpt_to_keep > 0,
+            "trainer.max_ckpt_to_keep",
+            f"must be positive or null, got {self.max_ckpt_to_keep}",
+        )
+        require(bool(self.resume_mode), "trainer.resume_mode", "must be auto, disable, resume_path or a checkpoint path")
+        if self.resume_mode == "resume_path":
+            require(
+                bool(self.resume_from_path),
+                "trainer.resume_from_path",
+                "resume_mode=resume_path needs trainer.resume_from_path=<dir>/global_step_<k>",
+            )
