@@ -41,5 +41,5 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     include_package_data=True,
-    package_data={"mcore_agentic": ["resources/*", "resources/**/*"]},
+    package_data={"mcore_agentic": ["resources/*", "resources/**/*", "models/chat_templates/*.jinja"]},
 )
