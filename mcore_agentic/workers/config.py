@@ -1,0 +1,211 @@
+"""Frozen config dataclasses of the actor, reference and critic workers (and their optimizer).
+
+Light imports only (dataclasses): ``mcore_agentic/config/`` composes these into
+the run's tree. Sub-groups owned by other packages sit flattened in the actor's
+and critic's YAML groups (``actor.tensor_model_parallel_size`` fills
+``ActorConfig.parallel``, ``actor.clip_ratio_low`` fills ``ActorConfig.policy_loss``).
+Megatron keeps one parallel layout per process, so the critic and reference run
+with the actor's sizes. Every bad value raises
+:class:`~mcore_agentic.config.errors.ConfigError` naming ``<group>.<field>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
+from mcore_agentic.config.errors import require
+from mcore_agentic.parallel.config import ParallelConfig
+
+_FLAT = {"flatten": True}  # sub-group keys sit directly under the parent (actor.clip_ratio_low)
+
+_DECAY = ("constant", "cosine", "linear")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Adam optimizer and LR schedule of one trained model (actor or critic)."""
+
+    lr: float = 1e-6
+    """Peak learning rate (after warmup)."""
+    weight_decay: float = 0.01
+    """Decoupled (AdamW) weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam (beta1, beta2)."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip; 0 disables clipping."""
+    lr_warmup_steps: int = -1
+    """Warmup steps (optimizer steps); -1 means use ``lr_warmup_steps_ratio``."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warmup as a fraction of ``total_training_steps`` when ``lr_warmup_steps`` is -1."""
+    lr_decay_style: str = "constant"
+    """LR after warmup: constant | cosine | linear (towards ``min_lr``)."""
+    min_lr: float = 0.0
+    """Floor of cosine/linear decay."""
+    total_training_steps: int = -1
+    """Optimizer steps in the run (decay horizon); -1 means the trainer supplies it at build time."""
+
+    def __post_init__(self) -> None:
+        # Bare field names: the config loader puts the group path (actor.optim) in front.
+        self.validate("")
+
+    def validate(self, prefix: str) -> None:
+        """Check every field; errors name ``<prefix>.<field>`` (just ``<field>`` with no prefix)."""
+        prefix = prefix + "." if prefix else ""
+        require(self.lr > 0, f"{prefix}lr", f"{self.lr} must be > 0, e.g. 1e-6")
+        require(self.weight_decay >= 0, f"{prefix}weight_decay", f"{self.weight_decay} must be >= 0")
+        require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            f"{prefix}betas",
+            f"{self.betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]",
+        )
+        require(self.eps > 0, f"{prefix}eps", f"{self.eps} must be > 0, e.g. 1e-8")
+        require(self.clip_grad >= 0, f"{prefix}clip_grad", f"{self.clip_grad} must be >= 0 (0 disables clipping)")
+        require(self.lr_warmup_steps >= -1, f"{prefix}lr_warmup_steps", "must be >= 0, or -1 to use the ratio")
+        require(
+            0.0 <= self.lr_warmup_steps_ratio <= 1.0,
+            f"{prefix}lr_warmup_steps_ratio",
+            f"{self.lr_warmup_steps_ratio} must be in [0, 1]",
+        )
+        require(
+            self.lr_decay_style in _DECAY,
+            f"{prefix}lr_decay_style",
+            f"{self.lr_decay_style!r} is not one of {', '.join(_DECAY)}",
+        )
+        require(
+            0.0 <= self.min_lr <= self.lr, f"{prefix}min_lr", f"{self.min_lr} must be in [0, lr={self.lr}]"
+        )
+        require(
+            self.total_training_steps == -1 or self.total_training_steps > 0,
+            f"{prefix}total_training_steps",
+            "must be > 0, or -1 to let the trainer set it from the dataset size",
+        )
+
+    def warmup_steps(self, total_steps: int) -> int:
+        """Warmup length in optimizer steps for a run of ``total_steps``."""
+        if self.lr_warmup_steps >= 0:
+            return self.lr_warmup_steps
+        return int(self.lr_warmup_steps_ratio * total_steps)
+
+
+def _validate_batching(cfg: ActorConfig | CriticConfig, group: str) -> None:
+    prefix = group + "."
+    require(cfg.ppo_mini_batch_size > 0, f"{prefix}ppo_mini_batch_size", "must be > 0 (sequences per update)")
+    require(
+        cfg.ppo_micro_batch_size_per_gpu > 0,
+        f"{prefix}ppo_micro_batch_size_per_gpu",
+        "must be > 0 (sequences per forward when use_dynamic_bsz=false)",
+    )
+    require(
+        cfg.ppo_max_token_len_per_gpu > 0,
+        f"{prefix}ppo_max_token_len_per_gpu",
+        "must be > 0 (padded tokens per micro-batch when use_dynamic_bsz=true)",
+    )
+    require(cfg.ppo_epochs >= 1, f"{prefix}ppo_epochs", f"{cfg.ppo_epochs} must be >= 1")
+    cfg.optim.validate(f"{prefix}optim")
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """The policy being trained (Megatron engine + PPO update). The checkpoint and dtype are the ``model`` group's.
+
+    Batch sizes count sequences (rows of the batch, i.e. prompts x samples per
+    prompt) summed over data-parallel ranks, except ``*_per_gpu`` ones.
+    """
+
+    use_distributed_optimizer: bool = True
+    """Shard optimizer state over data-parallel ranks (Megatron distributed optimizer)."""
+    ppo_mini_batch_size: int = 16
+    """Sequences per optimizer step (global, all DP ranks together)."""
+    ppo_micro_batch_size_per_gpu: int = 4
+    """Sequences per forward/backward on one rank when ``use_dynamic_bsz`` is false."""
+    use_dynamic_bsz: bool = False
+    """Pack micro-batches by a token budget (``ppo_max_token_len_per_gpu``) instead of a fixed size."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Padded tokens (rows x padded length) per micro-batch on one rank with ``use_dynamic_bsz``."""
+    ppo_epochs: int = 1
+    """Passes over the batch per update."""
+    shuffle: bool = True
+    """Shuffle rows into mini-batches (seeded by ``seed`` and the update count)."""
+    seed: int = 1
+    """Seed of the mini-batch shuffle."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig, metadata=_FLAT)
+    """TP/PP/VPP/CP sizes (keys ``actor.tensor_model_parallel_size`` ...). Megatron keeps one
+    layout per process, so the critic and reference run with these sizes too."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig, metadata=_FLAT)
+    """PPO clip ranges, loss aggregation, entropy and KL-loss terms (keys ``actor.clip_ratio_low`` ...)."""
+    param_offload: bool = False
+    """Move parameters to CPU between uses (colocated mode)."""
+    grad_offload: bool = False
+    """Move DDP gradient buffers to CPU between updates."""
+    optimizer_offload: bool = False
+    """Move optimizer state to CPU between updates."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and LR schedule."""
+
+    def __post_init__(self) -> None:
+        _validate_batching(self, "actor")
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    """The frozen reference policy (KL anchor): the ``model`` group's checkpoint, never updated."""
+
+    log_prob_micro_batch_size_per_gpu: int = 8
+    """Sequences per forward on one rank (when ``use_dynamic_bsz`` is false)."""
+    use_dynamic_bsz: bool = False
+    """Pack forward micro-batches by ``log_prob_max_token_len_per_gpu`` padded tokens."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """Token budget per forward micro-batch with ``use_dynamic_bsz``."""
+    param_offload: bool = False
+    """Keep parameters on CPU between uses (moved to the device only for ``compute_ref_log_prob``)."""
+
+    def __post_init__(self) -> None:
+        require(self.log_prob_micro_batch_size_per_gpu > 0, "ref.log_prob_micro_batch_size_per_gpu", "must be > 0")
+        require(self.log_prob_max_token_len_per_gpu > 0, "ref.log_prob_max_token_len_per_gpu", "must be > 0")
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """The value model: the actor's architecture with a scalar head, trained on clipped value loss."""
+
+    model_path: str = ""
+    """HF checkpoint the critic body starts from (its value head starts at zero); empty means
+    ``model.model_path``. Dtype and vocab padding follow the ``model`` group."""
+    use_distributed_optimizer: bool = True
+    """Shard optimizer state over data-parallel ranks."""
+    ppo_mini_batch_size: int = 16
+    """Sequences per optimizer step (global)."""
+    ppo_micro_batch_size_per_gpu: int = 4
+    """Sequences per forward/backward on one rank (fixed micro-batching)."""
+    use_dynamic_bsz: bool = False
+    """Pack micro-batches by ``ppo_max_token_len_per_gpu`` padded tokens."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget per micro-batch with ``use_dynamic_bsz``."""
+    ppo_epochs: int = 1
+    """Passes over the batch per update."""
+    shuffle: bool = True
+    """Shuffle rows into mini-batches."""
+    seed: int = 1
+    """Seed of the mini-batch shuffle."""
+    value_loss: ValueLossConfig = field(default_factory=ValueLossConfig, metadata=_FLAT)
+    """Value clip range and loss aggregation (keys ``critic.cliprange_value``, ``critic.loss_agg_mode``)."""
+    warmup_steps: int = 0
+    """Critic-only updates before the actor starts updating (the trainer reads it)."""
+    param_offload: bool = False
+    """Move parameters to CPU between uses."""
+    grad_offload: bool = False
+    """Move gradient buffers to CPU between updates."""
+    optimizer_offload: bool = False
+    """Move optimizer state to CPU between updates."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """Optimizer and LR schedule of the critic."""
+
+    def __post_init__(self) -> None:
+        _validate_batching(self, "critic")
+        require(self.warmup_steps >= 0, "critic.warmup_steps", f"{self.warmup_steps} must be >= 0")
+
+
+__all__ = ["ActorConfig", "CriticConfig", "OptimConfig", "RefConfig"]
