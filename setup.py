@@ -21,6 +21,7 @@ INSTALL_REQUIRES = [
     "psutil>=5.9",  # undeclared need of megatron-core's torch_dist checkpoint writer
     "einops>=0.7",
     "pyyaml>=6",
+    "jsonschema>=4.18",  # tool-call argument validation (rollout/tool_parser.py)
 ]
 
 EXTRAS = {
