@@ -1,0 +1,160 @@
+"""Where blocking tool work runs: a local thread/process pool (default) or Ray tasks.
+
+The rollout drives many requests on one asyncio event loop. A tool that runs
+code or scores an answer would stall every request if it blocked that loop, so
+it hands the blocking callable to a :class:`ToolExecutor` and awaits the
+result. ``rollout.tool_executor`` picks the kind (``local`` | ``ray``).
+
+Timeouts: ``run(..., timeout=s)`` raises ``TimeoutError`` after ``s`` seconds.
+A thread cannot be killed, so with :class:`LocalExecutor` (threads) the
+callable keeps running in the background until it returns — callables that
+can hang must bound themselves (the code tool's subprocess has its own
+wall-clock kill). :class:`RayExecutor` force-cancels the task (kills its
+worker) on timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from mcore_agentic.config.errors import ConfigError
+
+
+@runtime_checkable
+class ToolExecutor(Protocol):
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """Run the blocking ``fn(*args, **kwargs)`` off the event loop; ``TimeoutError`` after ``timeout`` s."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release the pool (idempotent)."""
+        ...
+
+
+class LocalExecutor:
+    """asyncio + a ``concurrent.futures`` pool in this process (threads by default).
+
+    ``processes=True`` uses a spawn-based process pool: true parallelism for
+    CPU-bound Python, but ``fn`` and its arguments must be picklable
+    (module-level functions).
+    """
+
+    def __init__(self, max_workers: int | None = None, processes: bool = False):
+        if max_workers is not None and max_workers < 1:
+            raise ConfigError("rollout.tool_executor_workers", f"must be >= 1, got {max_workers}")
+        self.max_workers = max_workers
+        self.processes = processes
+        if processes:
+            # spawn, not fork: the trainer process holds threads (torch, gloo) that fork would copy mid-lock.
+            self._pool: concurrent.futures.Executor = concurrent.futures.ProcessPoolExecutor(
+                max_workers=max_workers, mp_context=multiprocessing.get_context("spawn")
+            )
+        else:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tool")
+        self._closed = False
+
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        if self._closed:
+            raise RuntimeError("LocalExecutor.run after shutdown()")
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        return await asyncio.wait_for(future, timeout)
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Body of the Ray task (module-level so Ray pickles it by reference)."""
+    return fn(*args, **kwargs)
+
+
+def _project_root() -> str:
+    """Directory holding the ``mcore_agentic`` package, so Ray workers can import it from a source checkout."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+class RayExecutor:
+    """Each call is a Ray remote task (``num_cpus_per_task`` CPUs).
+
+    Joins a running Ray session, or starts a local one with
+    ``ray.init(num_cpus=num_cpus)`` and shuts it down again in :meth:`shutdown`.
+    Workers get the project root on ``PYTHONPATH`` so tools' module-level
+    functions resolve in a source checkout.
+    """
+
+    def __init__(
+        self,
+        num_cpus: int | None = None,
+        num_cpus_per_task: float = 1.0,
+        init_kwargs: dict[str, Any] | None = None,
+    ):
+        import ray
+
+        self._ray = ray
+        self._owns_ray = False
+        if not ray.is_initialized():
+            pythonpath = os.pathsep.join(p for p in (_project_root(), os.environ.get("PYTHONPATH", "")) if p)
+            kwargs: dict[str, Any] = {
+                "num_cpus": num_cpus,
+                "include_dashboard": False,
+                "runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}},
+                "logging_level": "warning",
+            }
+            kwargs.update(init_kwargs or {})
+            ray.init(**kwargs)
+            self._owns_ray = True
+        self._remote = ray.remote(num_cpus=num_cpus_per_task, max_retries=0)(_call)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        if self._closed:
+            raise RuntimeError("RayExecutor.run after shutdown()")
+        ref = self._remote.remote(fn, args, kwargs)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+        except TimeoutError:
+            # A thread can't be stopped, but a Ray worker can: don't leave runaway work behind.
+            self._ray.cancel(ref, force=True)
+            raise
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._owns_ray and self._ray.is_initialized():
+                self._ray.shutdown()
+
+
+def make_executor(kind: Literal["local", "ray"], **kwargs: Any) -> ToolExecutor:
+    """Build the executor named by ``rollout.tool_executor``; ``kwargs`` go to its constructor."""
+    if kind == "local":
+        return LocalExecutor(**kwargs)
+    if kind == "ray":
+        return RayExecutor(**kwargs)
+    raise ConfigError("rollout.tool_executor", f"unknown executor {kind!r}: use 'local' or 'ray'")
+
+
+_default: LocalExecutor | None = None
+_default_lock = threading.Lock()
+
+
+def default_executor() -> LocalExecutor:
+    """A process-wide thread pool for tools that were never bound to the rollout's executor."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = LocalExecutor()
+        return _default
