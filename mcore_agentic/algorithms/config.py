@@ -1,0 +1,180 @@
+"""Frozen config dataclasses for the RL math: advantage estimation, KL, policy and value losses.
+
+Field names follow verl (``algorithm.adv_estimator``, ``actor.clip_ratio_low``,
+``critic.cliprange_value`` ...) so its users can carry their YAML over. Each
+``__post_init__`` rejects bad values with a :class:`ConfigError` naming the key
+and the allowed values. Light imports only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from mcore_agentic.config.errors import ConfigError, require
+
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+# "kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3"; a trailing "+" (e.g. "k3+") keeps the
+# estimator's value but takes the gradient of k2 (straight-through), as in verl.
+KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_CTRL_TYPES = ("fixed", "adaptive")
+
+
+def check_kl_penalty(value: str, key: str) -> None:
+    """Raise a ConfigError for ``key`` unless ``value`` names a supported KL estimator."""
+    if value == "full":
+        raise ConfigError(
+            key,
+            "'full' needs the whole-vocabulary distributions of policy and reference, which are never "
+            f"gathered here; use one of {', '.join(KL_PENALTIES)} (optionally with a '+' suffix)",
+        )
+    base = value[:-1] if isinstance(value, str) and value.endswith("+") else value
+    require(
+        base in KL_PENALTIES,
+        key,
+        f"unknown KL estimator {value!r}; use one of {', '.join(KL_PENALTIES)} (optionally with a '+' suffix)",
+    )
+
+
+def _check_agg_mode(value: str, key: str) -> None:
+    require(value in LOSS_AGG_MODES, key, f"unknown mode {value!r}; use one of {', '.join(LOSS_AGG_MODES)}")
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    """How the KL-in-reward coefficient evolves (``algorithm.kl_ctrl``)."""
+
+    type: str = "fixed"
+    """``fixed``: the coefficient stays ``kl_coef``; ``adaptive``: Ziegler et al. (2019) controller."""
+    kl_coef: float = 0.001
+    """Initial (fixed: constant) coefficient of the KL penalty subtracted from token rewards."""
+    target_kl: float = 0.1
+    """Adaptive only: the per-token KL the controller steers towards."""
+    horizon: int = 10000
+    """Adaptive only: number of samples over which the coefficient adapts (larger = slower)."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.type in KL_CTRL_TYPES,
+            "algorithm.kl_ctrl.type",
+            f"unknown type {self.type!r}; use one of {', '.join(KL_CTRL_TYPES)}",
+        )
+        require(self.kl_coef >= 0, "algorithm.kl_ctrl.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        require(self.target_kl > 0, "algorithm.kl_ctrl.target_kl", f"must be > 0, got {self.target_kl}")
+        require(self.horizon > 0, "algorithm.kl_ctrl.horizon", f"must be > 0, got {self.horizon}")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """The ``algorithm`` group: advantage estimator, discounting, KL in the reward."""
+
+    adv_estimator: str = "gae"
+    """One of ``gae`` (needs a critic), ``grpo``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``."""
+    gamma: float = 1.0
+    """Discount per *sampled* token (GAE, REINFORCE++); environment tokens are not time steps."""
+    lam: float = 1.0
+    """GAE lambda (bias/variance trade-off); 1.0 = Monte-Carlo returns minus values."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide the group-centred score by the group std (False = Dr. GRPO style, centring only)."""
+    grpo_epsilon: float = 1e-6
+    """GRPO: added to the group std before dividing, so identical-reward groups give 0, not NaN."""
+    use_kl_in_reward: bool = False
+    """Subtract ``kl_coef * KL(policy_old || ref)`` from the token rewards (needs a reference model)."""
+    kl_penalty: str = "kl"
+    """KL estimator used in the reward: ``kl``/``k1``, ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """Coefficient schedule of the in-reward KL (``algorithm.kl_ctrl.*``)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kl_ctrl, Mapping):  # plain YAML dict -> typed group (construction, not mutation)
+            object.__setattr__(self, "kl_ctrl", _from_mapping(KLControlConfig, self.kl_ctrl, "algorithm.kl_ctrl"))
+        require(
+            self.adv_estimator in ADV_ESTIMATORS,
+            "algorithm.adv_estimator",
+            f"unknown estimator {self.adv_estimator!r}; use one of {', '.join(ADV_ESTIMATORS)}",
+        )
+        require(0.0 <= self.gamma <= 1.0, "algorithm.gamma", f"must be in [0, 1], got {self.gamma}")
+        require(0.0 <= self.lam <= 1.0, "algorithm.lam", f"must be in [0, 1], got {self.lam}")
+        require(self.grpo_epsilon > 0, "algorithm.grpo_epsilon", f"must be > 0, got {self.grpo_epsilon}")
+        check_kl_penalty(self.kl_penalty, "algorithm.kl_penalty")
+
+    @property
+    def needs_critic(self) -> bool:
+        """True when advantages need values (GAE)."""
+        return self.adv_estimator == "gae"
+
+    @property
+    def needs_groups(self) -> bool:
+        """True when advantages compare the responses of one prompt (``index``/uid needed, n > 1)."""
+        return self.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """Actor loss settings (verl ``actor.*`` names): PPO clipping, aggregation, entropy and KL terms."""
+
+    clip_ratio_low: float = 0.2
+    """PPO lower clip: the ratio is clipped at ``1 - clip_ratio_low``."""
+    clip_ratio_high: float = 0.2
+    """PPO upper clip: ``1 + clip_ratio_high`` (DAPO's clip-higher uses e.g. 0.28)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (Ye et al. 2020): loss capped at ``-A * clip_ratio_c``; must be > 1."""
+    loss_agg_mode: str = "token-mean"
+    """``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``."""
+    loss_scale_factor: float | None = None
+    """``seq-mean-token-sum-norm`` only: the constant divisor of each sequence's token sum
+    (Dr. GRPO). ``None`` = the padded response length of the batch; set the max response length
+    to keep it constant across micro-batches."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (the loss subtracts ``entropy_coeff * entropy``)."""
+    use_kl_loss: bool = False
+    """Add ``kl_loss_coef * KL(policy || ref)`` to the loss (GRPO style; instead of KL in reward)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss term."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator of the KL loss; same choices as ``algorithm.kl_penalty``."""
+
+    def __post_init__(self) -> None:
+        require(
+            0.0 <= self.clip_ratio_low < 1.0,
+            "actor.clip_ratio_low",
+            f"must be in [0, 1), got {self.clip_ratio_low}",
+        )
+        require(self.clip_ratio_high >= 0.0, "actor.clip_ratio_high", f"must be >= 0, got {self.clip_ratio_high}")
+        require(
+            self.clip_ratio_c > 1.0,
+            "actor.clip_ratio_c",
+            f"the dual-clip bound must be > 1, got {self.clip_ratio_c}",
+        )
+        _check_agg_mode(self.loss_agg_mode, "actor.loss_agg_mode")
+        require(
+            self.loss_scale_factor is None or self.loss_scale_factor > 0,
+            "actor.loss_scale_factor",
+            f"must be > 0 or null, got {self.loss_scale_factor}",
+        )
+        require(self.entropy_coeff >= 0, "actor.entropy_coeff", f"must be >= 0, got {self.entropy_coeff}")
+        require(self.kl_loss_coef >= 0, "actor.kl_loss_coef", f"must be >= 0, got {self.kl_loss_coef}")
+        check_kl_penalty(self.kl_loss_type, "actor.kl_loss_type")
+
+
+@dataclass(frozen=True)
+class ValueLossConfig:
+    """Critic loss settings (verl ``critic.*`` names)."""
+
+    cliprange_value: float = 0.5
+    """Value clipping: predictions are clipped to ``old_values ± cliprange_value`` (PPO2 style)."""
+    loss_agg_mode: str = "token-mean"
+    """Aggregation of the per-token value loss; same choices as ``actor.loss_agg_mode``."""
+
+    def __post_init__(self) -> None:
+        require(self.cliprange_value > 0, "critic.cliprange_value", f"must be > 0, got {self.cliprange_value}")
+        _check_agg_mode(self.loss_agg_mode, "critic.loss_agg_mode")
+
+
+def _from_mapping(cls: type, data: Mapping[str, Any], key: str) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    require(not unknown, f"{key}.{unknown[0]}" if unknown else key, f"unknown key; allowed: {', '.join(sorted(known))}")
+    return cls(**dict(data))
