@@ -22,6 +22,7 @@ INSTALL_REQUIRES = [
     "einops>=0.7",
     "pyyaml>=6",
     "jsonschema>=4.18",  # tool-call argument validation (rollout/tool_parser.py)
+    "math-verify[antlr4_9_3]>=0.7",  # math rewards; the antlr 4.9.3 extra matches hydra-core's pin
 ]
 
 EXTRAS = {
