@@ -1,0 +1,1 @@
+"""One bridge module per Hugging Face ``architectures`` string (see ``models/registry.py``)."""

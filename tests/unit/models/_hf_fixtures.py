@@ -1,0 +1,54 @@
+"""Tiny random HF checkpoints (Qwen2, Qwen3, Llama) for the bridge tests, saved as safetensors.
+
+Every parameter is re-drawn with a visible scale (norm weights around 1, biases
+non-zero) so that a swapped or transposed mapping changes the logits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 500  # not a multiple of 128: exercises vocabulary padding
+
+
+def make_tiny_hf(arch: str, path: Path, *, tied: bool = False, layers: int = 2, seed: int = 0) -> Path:
+    """Build and save a tiny random ``arch`` model under ``path``; returns ``path``."""
+    import transformers
+
+    common = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+        rope_theta=10000.0, tie_word_embeddings=tied, torch_dtype="float32",
+    )
+    if arch == "Qwen2ForCausalLM":
+        config = transformers.Qwen2Config(**common)
+    elif arch == "Qwen3ForCausalLM":
+        config = transformers.Qwen3Config(head_dim=24, **common)  # head_dim != hidden/heads, as in real Qwen3
+    elif arch == "LlamaForCausalLM":
+        config = transformers.LlamaConfig(**common)
+    else:
+        raise ValueError(arch)
+    config.architectures = [arch]
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            else:
+                param.copy_(0.15 * torch.randn_like(param))
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+def hf_logits(path: Path, input_ids: torch.Tensor) -> torch.Tensor:
+    """Logits [b, s, vocab] of the saved HF model (eager attention, fp32)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path), torch_dtype=torch.float32, attn_implementation="eager", local_files_only=True
+    ).eval()
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits

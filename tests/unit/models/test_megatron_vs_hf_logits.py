@@ -1,0 +1,159 @@
+"""Megatron logits (bridge-built, HF weights loaded) equal HF transformers logits, per parallel layout.
+
+Each layout is one spawn of 2 gloo ranks that checks every architecture in it:
+TP=1 (DP=2), TP=2, PP=2 (through Megatron's forward-only pipeline schedule) and
+CP=2 (load-balanced sequence split, logits gathered back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers.distributed import run_distributed
+from tests.unit.models._hf_fixtures import VOCAB, hf_logits, make_tiny_hf
+
+TOL = 1e-4
+BATCH, SEQ = 2, 8
+
+
+@dataclass(frozen=True)
+class _Parallel:
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+
+
+def _forward_logits(chunks: list, input_ids: torch.Tensor, par: _Parallel) -> torch.Tensor | None:
+    """Full-vocab logits [b, s, Vp] of this model on every rank of the last PP stage, else None."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from mcore_agentic.parallel.cp_split import cp_gather, cp_positions, cp_split
+
+    cp, cp_rank = par.context_parallel_size, ps.get_context_parallel_rank()
+    ids = cp_split(input_ids, cp, cp_rank, seq_dim=1)
+    positions = cp_positions(input_ids.shape[1], cp, cp_rank).unsqueeze(0).expand(ids.shape[0], -1)
+
+    def forward_step(data_iterator, model):
+        del data_iterator
+        output = model(ids, positions, attention_mask=None)
+
+        def keep_logits(output_tensor, non_loss_data=False):
+            assert non_loss_data
+            return output_tensor
+
+        return output, keep_logits
+
+    with torch.no_grad():
+        outputs = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter([None]),
+            model=chunks,
+            num_microbatches=1,
+            seq_length=ids.shape[1],
+            micro_batch_size=ids.shape[0],
+            forward_only=True,
+            collect_non_loss_data=True,
+        )
+    if not ps.is_pipeline_last_stage():
+        return None
+    logits = gather_from_tensor_model_parallel_region(outputs[0])  # [b, s/cp, Vp]
+    if cp > 1:
+        logits = cp_gather(logits, cp, ps.get_context_parallel_group(), seq_dim=1)
+    assert dist.is_initialized()
+    return logits
+
+
+@contextlib.contextmanager
+def tied_embedding_cpu_workaround():
+    """TEMPORARY: ``LanguageModule.setup_embeddings_and_output_layer`` calls ``weight.data.cuda()`` for tied
+    embeddings with PP > 1, which megatron_patches does not cover yet; make ``Tensor.cuda`` the identity while
+    the model is built (CPU only). Remove once megatron_patches handles that call site."""
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original
+
+
+def _logits_body(rank: int, world_size: int, par: _Parallel, cases: list[tuple[str, str, torch.Tensor]]) -> dict:
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    import megatron_patches
+    from mcore_agentic.models.hf_io import load_hf_config
+    from mcore_agentic.models.registry import get_bridge
+
+    megatron_patches.apply()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=par.tensor_model_parallel_size,
+        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+        context_parallel_size=par.context_parallel_size,
+    )
+    tensor_parallel.model_parallel_cuda_manual_seed(1234)
+    out = {}
+    for arch, path, input_ids in cases:
+        hf_config = load_hf_config(path)
+        bridge = get_bridge(hf_config)
+        tcfg = bridge.transformer_config(hf_config, par)
+        with tied_embedding_cpu_workaround():
+            chunks = bridge.build_model(hf_config, tcfg)
+        for chunk in chunks:
+            chunk.eval()
+        bridge.load_hf_weights(chunks, path)
+        logits = _forward_logits(chunks, input_ids, par)
+        if logits is not None:
+            assert logits.shape[-1] == bridge.padded_vocab_size(par.tensor_model_parallel_size)
+            out[arch] = logits[..., :VOCAB]
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, tuple[Path, torch.Tensor, torch.Tensor]]:
+    """arch -> (checkpoint dir, input ids, HF logits); Qwen2 tied, Qwen3 and Llama untied."""
+    root = tmp_path_factory.mktemp("hf")
+    gen = torch.Generator().manual_seed(7)
+    input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+    out = {}
+    for arch, tied in (("Qwen2ForCausalLM", True), ("Qwen3ForCausalLM", False), ("LlamaForCausalLM", False)):
+        path = make_tiny_hf(arch, root / arch, tied=tied)
+        out[arch] = (path, input_ids, hf_logits(path, input_ids))
+    return out
+
+
+LAYOUTS = {
+    "tp1_dp2": (_Parallel(), ("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
+    "tp2": (_Parallel(tensor_model_parallel_size=2), ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")),
+    "pp2": (_Parallel(pipeline_model_parallel_size=2), ("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
+    "cp2": (_Parallel(context_parallel_size=2), ("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_megatron_logits_match_hf(layout: str, checkpoints) -> None:
+    par, archs = LAYOUTS[layout]
+    if par.context_parallel_size > 1:
+        pytest.importorskip("megatron_patches.cp_attention", reason="CP attention (megatron_patches) not available")
+    cases = [(arch, str(checkpoints[arch][0]), checkpoints[arch][1]) for arch in archs]
+    results = run_distributed(_logits_body, world_size=2, args=(par, cases))
+    last_stage_ranks = [1] if par.pipeline_model_parallel_size == 2 else [0, 1]
+    for rank in last_stage_ranks:
+        for arch in archs:
+            expected = checkpoints[arch][2]
+            got = results[rank][arch]
+            assert got.shape == expected.shape, (layout, arch, rank)
+            diff = (got - expected).abs().max().item()
+            assert diff <= TOL, f"{layout} {arch} rank {rank}: max |megatron - hf| = {diff:.2e}"
+            # Guard against a vacuous match: the logits carry signal well above the tolerance.
+            assert expected.abs().max().item() > 100 * TOL
