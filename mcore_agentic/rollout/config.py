@@ -1,0 +1,138 @@
+"""The ``rollout`` config group: sampling, length budgets, the engine, and multi-turn tool use.
+
+Key names follow verl (``rollout.n``, ``rollout.multi_turn.max_assistant_turns``,
+``rollout.multi_turn.tokenization_sanity_check_mode`` ...). Light imports only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mcore_agentic.config.errors import require
+
+SanityCheckMode = Literal["strict", "ignore_strippable", "disable"]
+SANITY_CHECK_MODES: tuple[str, ...] = ("strict", "ignore_strippable", "disable")
+TOOL_PARSER_FORMATS: tuple[str, ...] = ("hermes", "llama3_json", "mistral")
+ENGINES: tuple[str, ...] = ("hf", "sglang")
+TOOL_EXECUTORS: tuple[str, ...] = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class MultiTurnConfig:
+    """Multi-turn tool use and simulated-user interaction (``rollout.multi_turn.*``)."""
+
+    enable: bool = True
+    """Run the agent loop (tool calls, interactions). False: one assistant turn per request."""
+    max_assistant_turns: int = 5
+    """Most assistant (sampled) turns per trajectory; the request ends after the last one."""
+    max_user_turns: int = 0
+    """Most interaction (simulated-user) turns per trajectory; 0 disables interactions."""
+    max_parallel_calls: int = 1
+    """Most tool calls executed per assistant turn; further calls get an error observation."""
+    max_tool_response_length: int = 256
+    """Tool response text longer than this many characters is cut (middle); 0 keeps it whole."""
+    tool_config_path: str | None = None
+    """YAML of tools (``tools: [{class_name, config, tool_schema}]``), the format verl users know."""
+    interaction_config_path: str | None = None
+    """YAML of interactions (``interaction: [{name, class_name, config}]``)."""
+    format: str = "hermes"
+    """Tool-call parser for the model's output: ``hermes`` (``<tool_call>{json}</tool_call>``), ``llama3_json``, ``mistral``."""
+    tokenization_sanity_check_mode: SanityCheckMode = "strict"
+    """Compare each trajectory with a full render of its messages: ``strict`` warns on any difference,
+    ``ignore_strippable`` ignores whitespace-only differences, ``disable`` skips the check."""
+    use_inference_chat_template: bool = False
+    """True: the engine's prompt each turn is the chat template's render of the conversation (templates
+    like Qwen3 then drop earlier reasoning, as in production); the trained ids keep everything.
+    False (default): the engine sees exactly the trajectory's ids (token-in, token-out)."""
+    tool_executor: Literal["local", "ray"] = "local"
+    """Where blocking tool work runs: ``local`` (an asyncio thread pool) or ``ray`` (a Ray actor pool)."""
+    tool_timeout: float = 30.0
+    """Seconds one tool call may take; a call past it becomes an error observation."""
+
+    def __post_init__(self) -> None:
+        p = "rollout.multi_turn."
+        require(self.max_assistant_turns >= 1, p + "max_assistant_turns", f"must be >= 1, got {self.max_assistant_turns}")
+        require(self.max_user_turns >= 0, p + "max_user_turns", f"must be >= 0, got {self.max_user_turns}")
+        require(self.max_parallel_calls >= 1, p + "max_parallel_calls", f"must be >= 1, got {self.max_parallel_calls}")
+        require(
+            self.max_tool_response_length >= 0,
+            p + "max_tool_response_length",
+            f"must be >= 0 (0 = no limit), got {self.max_tool_response_length}",
+        )
+        require(
+            self.format in TOOL_PARSER_FORMATS,
+            p + "format",
+            f"unknown tool-call format {self.format!r}; use one of {list(TOOL_PARSER_FORMATS)}",
+        )
+        require(
+            self.tokenization_sanity_check_mode in SANITY_CHECK_MODES,
+            p + "tokenization_sanity_check_mode",
+            f"got {self.tokenization_sanity_check_mode!r}; use one of {list(SANITY_CHECK_MODES)}",
+        )
+        require(
+            self.tool_executor in TOOL_EXECUTORS,
+            p + "tool_executor",
+            f"got {self.tool_executor!r}; use one of {list(TOOL_EXECUTORS)}",
+        )
+        require(self.tool_timeout > 0, p + "tool_timeout", f"must be positive seconds, got {self.tool_timeout}")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling and engine settings for generating trajectories (``rollout.*``)."""
+
+    name: Literal["hf", "sglang"] = "hf"
+    """Engine: ``hf`` (transformers, CPU or GPU, for tests and tiny runs) or ``sglang`` (GPU)."""
+    n: int = 1
+    """Samples per prompt (GRPO group size); samples of one prompt share a ``uid``."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    top_k: int = -1
+    """Keep the k most likely tokens; -1 keeps all."""
+    prompt_length: int = 128
+    """Longest prompt in tokens (chat template and tool schemas included); longer prompts fail the request."""
+    response_length: int = 128
+    """Token budget for everything after the prompt: all assistant turns, tool results, user turns."""
+    max_model_len: int | None = None
+    """Longest sequence the engine may hold; null means ``prompt_length + response_length``."""
+    seed: int | None = None
+    """Base sampling seed; request i of a batch samples with ``seed + i`` (reproducible). Null: unseeded."""
+    tensor_model_parallel_size: int = 1
+    """Tensor parallel size of the rollout engine; tools run once per rollout group of this many ranks."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory SGLang may hold for weights and KV cache (``mem_fraction_static``)."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Tool calls and interactions."""
+
+    def __post_init__(self) -> None:
+        require(self.name in ENGINES, "rollout.name", f"unknown engine {self.name!r}; use one of {list(ENGINES)}")
+        require(self.n >= 1, "rollout.n", f"must be >= 1, got {self.n}")
+        require(self.temperature >= 0, "rollout.temperature", f"must be >= 0 (0 = greedy), got {self.temperature}")
+        require(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
+        require(self.top_k == -1 or self.top_k >= 1, "rollout.top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
+        require(self.prompt_length > 0, "rollout.prompt_length", f"must be positive, got {self.prompt_length}")
+        require(self.response_length > 0, "rollout.response_length", f"must be positive, got {self.response_length}")
+        require(
+            self.max_model_len is None or self.max_model_len > self.prompt_length,
+            "rollout.max_model_len",
+            f"{self.max_model_len} leaves no room for a response after prompt_length={self.prompt_length}; "
+            "raise it or set null (= prompt_length + response_length)",
+        )
+        require(
+            self.tensor_model_parallel_size >= 1,
+            "rollout.tensor_model_parallel_size",
+            f"must be >= 1, got {self.tensor_model_parallel_size}",
+        )
+        require(
+            0 < self.gpu_memory_utilization <= 1,
+            "rollout.gpu_memory_utilization",
+            f"must be in (0, 1], got {self.gpu_memory_utilization}",
+        )
+
+    @property
+    def effective_max_model_len(self) -> int:
+        """``max_model_len`` or, when null, ``prompt_length + response_length``."""
+        return self.max_model_len if self.max_model_len is not None else self.prompt_length + self.response_length

@@ -1,0 +1,86 @@
+"""The one async interface every rollout engine implements, and its request/response types.
+
+Token-in, token-out: an engine takes prompt ids and returns the ids it sampled (the
+stop token included when it stopped on one) with the logprob of each.
+
+Which distribution the logprobs refer to: ``log softmax(logits / temperature)`` at the
+sampled token, over the full vocabulary, *before* top-k/top-p filtering (temperature 0,
+greedy, uses temperature 1). That is what the trainer recomputes from the same ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+EngineFinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion."""
+
+    max_new_tokens: int
+    """Most tokens to sample (the stop token counts)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Sampling one of these ends the completion (it is returned as the last id)."""
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 keeps the whole vocabulary."""
+    seed: int | None = None
+    """Same seed, prompt and weights give the same completion."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k must be -1 or >= 1, got {self.top_k}")
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """What the engine sampled: ids, their logprobs (same length), and why it stopped."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: EngineFinishReason
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.log_probs):
+            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.log_probs)} logprobs")
+        if self.finish_reason not in ("stop", "length", "abort"):
+            raise ValueError(f"unknown finish_reason {self.finish_reason!r}")
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """An inference engine colocated with the trainer.
+
+    Weight sync: ``update_weights`` may be called several times per sync (one bucket of
+    Hugging Face-named tensors each), then ``finish_weight_update(version)`` once; only then
+    does ``weight_version`` change. Memory: ``release_memory`` frees weights and KV cache for
+    the training phase, ``resume_memory`` re-allocates them (weights must be synced again).
+    """
+
+    weight_version: int
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None: ...
+
+    def finish_weight_update(self, version: int) -> None: ...
+
+    def release_memory(self) -> None: ...
+
+    def resume_memory(self) -> None: ...
+
+    def flush_cache(self) -> None: ...

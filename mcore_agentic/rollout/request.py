@@ -1,0 +1,209 @@
+"""One conversation's rollout state: the request state machine and its typed trajectory.
+
+A :class:`RolloutRequest` moves ``pending -> running -> (tool_calling | interacting
+-> running)* -> completed``, or to ``failed`` from any live state. Illegal moves
+raise :class:`IllegalTransition` (they are bugs in the loop, not model errors).
+The :class:`Trajectory` holds the token ids in sequence order with a parallel loss
+mask and rollout logprobs; :meth:`Trajectory.append` is the only way to grow it, so
+the lists never drift apart, and :meth:`Trajectory.truncate` cuts them together.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class RequestState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    TOOL_CALLING = "tool_calling"
+    INTERACTING = "interacting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class FinishReason(StrEnum):
+    """Why a trajectory ended (its last turn)."""
+
+    STOP = "stop"  # the model ended its turn without tool calls (or the interaction ended it)
+    LENGTH = "length"  # a length budget was hit (response_length, max_model_len, engine max_new_tokens)
+    TOOL_CALLS = "tool_calls"  # max_assistant_turns reached while the model still asked for tools
+    ABORTED = "aborted"  # the engine aborted, or the request failed
+
+
+_ALLOWED: dict[RequestState, frozenset[RequestState]] = {
+    RequestState.PENDING: frozenset({RequestState.RUNNING, RequestState.FAILED}),
+    RequestState.RUNNING: frozenset(
+        {RequestState.TOOL_CALLING, RequestState.INTERACTING, RequestState.COMPLETED, RequestState.FAILED}
+    ),
+    RequestState.TOOL_CALLING: frozenset({RequestState.RUNNING, RequestState.COMPLETED, RequestState.FAILED}),
+    RequestState.INTERACTING: frozenset({RequestState.RUNNING, RequestState.COMPLETED, RequestState.FAILED}),
+    RequestState.COMPLETED: frozenset(),
+    RequestState.FAILED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A state change the machine does not allow (a bug in the caller)."""
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request counters; exported as a plain dict in the batch's ``request_metrics``."""
+
+    assistant_turns: int = 0
+    user_turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    sanity_check_mismatch: int = 0
+    """1 when the trajectory differs from the template's render of its messages (see tokenization)."""
+    template_fallback: int = 0
+    """Env deltas computed with the fixed base conversation because the template rewrote history."""
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    generate_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    latency_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Trajectory:
+    """Token ids of one conversation in order, with a parallel loss mask and rollout logprobs.
+
+    ``ids[:prompt_len]`` is the initial prompt; the rest is the response (all turns after
+    it). ``loss_mask[i] == 1`` exactly where the engine sampled ``ids[i]``; there
+    ``log_probs[i]`` is the engine's logprob of it, elsewhere 0.0. There is no padding, so
+    the attention mask is all ones and position ids are ``0..len-1`` (see properties).
+    """
+
+    ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    prompt_len: int = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def response_len(self) -> int:
+        return len(self.ids) - self.prompt_len
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.ids[: self.prompt_len]
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.ids[self.prompt_len :]
+
+    @property
+    def response_mask(self) -> list[int]:
+        return self.loss_mask[self.prompt_len :]
+
+    @property
+    def response_log_probs(self) -> list[float]:
+        return self.log_probs[self.prompt_len :]
+
+    @property
+    def attention_mask(self) -> list[int]:
+        return [1] * len(self.ids)
+
+    @property
+    def position_ids(self) -> list[int]:
+        return list(range(len(self.ids)))
+
+    def set_prompt(self, ids: list[int]) -> None:
+        """The initial prompt (loss mask 0); only on an empty trajectory."""
+        if self.ids:
+            raise IllegalTransition("the prompt is set once, on an empty trajectory")
+        self.append(ids, sampled=False)
+        self.prompt_len = len(ids)
+
+    def append(self, ids: list[int], *, sampled: bool, log_probs: list[float] | None = None) -> None:
+        """Add a segment: engine-sampled (mask 1, ``log_probs`` required) or environment (mask 0)."""
+        if sampled:
+            if log_probs is None or len(log_probs) != len(ids):
+                raise ValueError(f"sampled segment of {len(ids)} ids needs as many log_probs, got {log_probs!r:.80}")
+            self.log_probs.extend(float(x) for x in log_probs)
+        else:
+            if log_probs is not None:
+                raise ValueError("environment tokens carry no log_probs")
+            self.log_probs.extend([0.0] * len(ids))
+        self.ids.extend(int(x) for x in ids)
+        self.loss_mask.extend([1 if sampled else 0] * len(ids))
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` tokens (ids, mask and logprobs together)."""
+        if length < self.prompt_len:
+            raise ValueError(f"cannot cut into the prompt ({self.prompt_len} tokens) to length {length}")
+        del self.ids[length:], self.loss_mask[length:], self.log_probs[length:]
+
+
+@dataclass
+class RolloutRequest:
+    """One sample of one prompt: its conversation, trajectory, state and results."""
+
+    request_id: str
+    uid: str
+    """Shared by the ``n`` samples of one prompt (GRPO groups)."""
+    messages: list[dict[str, Any]]
+    data_source: str = ""
+    ground_truth: Any = None
+    tools_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    interaction_kwargs: dict[str, Any] = field(default_factory=dict)
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+
+    state: RequestState = RequestState.PENDING
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    trajectory: Trajectory = field(default_factory=Trajectory)
+    tool_rewards: dict[str, float] = field(default_factory=dict)
+    """Per tool name: sum of step rewards plus ``calc_reward`` at the end."""
+    interaction_scores: list[float] = field(default_factory=list)
+    """Turn scores returned by the interaction, in order."""
+    interaction_final_score: float | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    sanity_check_diffs: list[dict[str, str]] = field(default_factory=list)
+    _started: float = 0.0
+
+    def transition(self, new: RequestState) -> None:
+        """Move to ``new``; raises :class:`IllegalTransition` if the machine forbids it."""
+        if new not in _ALLOWED[self.state]:
+            raise IllegalTransition(f"request {self.request_id}: {self.state.value} -> {new.value} is not allowed")
+        if self.state is RequestState.PENDING:
+            self._started = time.perf_counter()
+        self.state = new
+
+    def complete(self, reason: FinishReason) -> None:
+        self.finish_reason = reason
+        self.transition(RequestState.COMPLETED)
+        self._close()
+
+    def fail(self, error: str) -> None:
+        """End as ``failed`` (from any live state) with finish reason ``aborted``."""
+        if self.state in (RequestState.COMPLETED, RequestState.FAILED):
+            raise IllegalTransition(f"request {self.request_id} already ended as {self.state.value}")
+        self.error = error
+        self.finish_reason = FinishReason.ABORTED
+        self.transition(RequestState.FAILED)
+        self._close()
+
+    @property
+    def done(self) -> bool:
+        return self.state in (RequestState.COMPLETED, RequestState.FAILED)
+
+    @property
+    def total_tool_reward(self) -> float:
+        return float(sum(self.tool_rewards.values()))
+
+    def _close(self) -> None:
+        self.metrics.latency_seconds = time.perf_counter() - self._started if self._started else 0.0
+        self.metrics.prompt_tokens = self.trajectory.prompt_len
+        self.metrics.response_tokens = self.trajectory.response_len
