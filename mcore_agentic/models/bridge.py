@@ -187,23 +187,33 @@ class Bridge(ABC):
             hf_state = SafetensorsState(hf_state)
         tp_rank, tp_size = _group_rank_size(unwrap_model(chunks[0]).tp_group)
         used: set[str] = set()
-        for name, param in self.local_params(chunks).items():
-            full = self.hf_to_megatron_param(name, hf_state, tp_size=tp_size)
-            shard = self.split_tp(name, full, tp_rank, tp_size)
-            if tuple(shard.shape) != tuple(param.shape):
-                raise BridgeError(
-                    f"{name} (from HF {self.hf_names(name)}): TP shard shape {tuple(shard.shape)} != "
-                    f"model parameter shape {tuple(param.shape)}: the checkpoint does not match the config"
-                )
-            with torch.no_grad():
-                param.copy_(shard.to(param.dtype))
-            used.update(self.hf_names(name))
+        error: str | None = None
+        try:
+            for name, param in self.local_params(chunks).items():
+                full = self.hf_to_megatron_param(name, hf_state, tp_size=tp_size)
+                shard = self.split_tp(name, full, tp_rank, tp_size)
+                if tuple(shard.shape) != tuple(param.shape):
+                    raise BridgeError(
+                        f"{name} (from HF {self.hf_names(name)}): TP shard shape {tuple(shard.shape)} != "
+                        f"model parameter shape {tuple(param.shape)}: the checkpoint does not match the config"
+                    )
+                with torch.no_grad():
+                    param.copy_(shard.to(param.dtype))
+                used.update(self.hf_names(name))
+        except BridgeError as exc:
+            error = str(exc)
+        # Exchange over PP even after an error, so every stage raises instead of one hanging in a collective
+        # (TP and DP peers load the same names and fail alike).
         pp_group = unwrap_model(chunks[0]).pp_group
         _, pp_size = _group_rank_size(pp_group)
+        stages: list[Any] = [(sorted(used), error)]
         if pp_size > 1:
-            gathered: list[Any] = [None] * pp_size
-            dist.all_gather_object(gathered, sorted(used), group=pp_group)
-            used = set().union(*map(set, gathered))
+            stages = [None] * pp_size
+            dist.all_gather_object(stages, (sorted(used), error), group=pp_group)
+        errors = [f"pipeline stage {i}: {err}" for i, (_, err) in enumerate(stages) if err is not None]
+        if errors:
+            raise BridgeError("; ".join(errors))
+        used = set().union(*(set(names) for names, _ in stages))
         unused = sorted(set(hf_state) - used - set(self.ignored_hf_keys(hf_state)))
         if unused:
             raise BridgeError(
