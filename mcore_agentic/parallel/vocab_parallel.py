@@ -1,0 +1,277 @@
+"""Log-probabilities and entropy of target tokens from tensor-parallel (vocab-sharded) logits.
+
+Each TP rank holds a contiguous vocabulary slice ``[start, start + V_local)`` of the
+logits (Megatron's ``ColumnParallelLinear`` output head, ``start = rank * V_local``).
+The full vocabulary is never gathered. Per token, with ``x = logits / T``:
+
+1. ``m = max_v x`` — local max, one MAX all-reduce (shift for stability);
+2. ``S = sum_v exp(x - m)`` and, for the entropy, ``Z = sum_v exp(x - m) (x - m)`` —
+   local sums, one SUM all-reduce;
+3. the target's logit — taken by the rank that owns the id, zero elsewhere, one SUM
+   all-reduce;
+4. ``log p(target) = x_target - m - log S`` and ``H = log S - Z / S``.
+
+Both are ``torch.autograd.Function``s with analytic backward passes that need no
+communication (``m``, ``S`` and ``E_p[x - m] = Z / S`` are global after the forward):
+``d log p / dx = onehot - p`` and ``d H / dx = -p (x - m - E_p[x - m])``, both
+divided by ``T`` for the logits. Backward recomputes ``p`` from the saved logits
+chunk by chunk instead of saving an fp32 softmax, so the memory held between
+forward and backward is the logits themselves; the transient fp32 work buffers are
+bounded by ``chunk_tokens x V_local``. Math is done in fp32 (fp64 for fp64 logits).
+
+Padded vocabulary. Megatron pads the vocabulary to a multiple of ``TP x 128``;
+the padded ids sit at the *end* of the global vocabulary and their logits are
+real numbers, not -inf. Two ways to keep them out, both NaN-free:
+
+- pass ``vocab_size`` (the tokenizer's true size): ids ``>= vocab_size`` are
+  excluded by slicing (each rank's valid ids form a prefix of its shard); their
+  gradient is 0;
+- or set their logits to ``-inf`` beforehand: ``exp(-inf) = 0``, and ``-inf``
+  entries are clamped before being multiplied by their zero probability, so
+  neither the entropy nor any gradient becomes NaN.
+
+Targets must be real ids (``< vocab_size``): a target id no rank owns yields a
+wrong (finite) log-prob, which is not checked because that would cost a host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "vocab_parallel_entropy",
+    "vocab_parallel_log_probs",
+    "vocab_parallel_log_probs_and_entropy",
+]
+
+# Shifted logits below this have exp() == 0 exactly in fp32 and fp64; clamping -inf to it
+# keeps 0 * (-inf) = NaN out of the entropy and the gradients without changing any value.
+_MIN_SHIFTED = -1.0e4
+# Default bound on one fp32 work buffer: 2**26 elements = 256 MiB.
+_CHUNK_ELEMENTS = 1 << 26
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _is_distributed(group: dist.ProcessGroup | None) -> bool:
+    return group is not None and dist.get_world_size(group) > 1
+
+
+def _shifted(chunk: torch.Tensor, max_chunk: torch.Tensor, temperature: float, dtype: torch.dtype) -> torch.Tensor:
+    """``x / T - m`` for a chunk of logits as a fresh buffer, ``-inf`` clamped to ``_MIN_SHIFTED``."""
+    z = chunk.to(dtype, copy=True)
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z.sub_(max_chunk.unsqueeze(-1)).clamp_(min=_MIN_SHIFTED)
+
+
+class _VocabParallelLogProbEntropy(torch.autograd.Function):
+    """Forward: ``(log_prob [N], entropy [N] or empty)`` from ``logits [N, V_local]``, ``target [N]``."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        logits: torch.Tensor,
+        target: torch.Tensor | None,
+        group: dist.ProcessGroup | None,
+        temperature: float,
+        vocab_start: int,
+        valid_local: int,
+        chunk_tokens: int,
+        want_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None: skip its work
+        dtype = _compute_dtype(logits.dtype)
+        num_tokens = logits.shape[0]
+        distributed = _is_distributed(group)
+        valid = logits[:, :valid_local]  # padded ids are a suffix of the shard
+
+        # 1. global max (exact in the input dtype; dividing by T > 0 keeps the argmax)
+        if valid_local > 0:
+            max_logit = valid.max(dim=-1).values.to(dtype) / temperature
+        else:
+            max_logit = torch.full((num_tokens,), float("-inf"), dtype=dtype, device=logits.device)
+        if distributed:
+            dist.all_reduce(max_logit, op=dist.ReduceOp.MAX, group=group)
+        # A row that is -inf everywhere has no distribution; keep the arithmetic finite.
+        max_logit = torch.where(torch.isfinite(max_logit), max_logit, torch.zeros_like(max_logit))
+
+        # 2. sum exp(z) and sum exp(z) z, chunked over tokens
+        sums = torch.zeros((2 if want_entropy else 1, num_tokens), dtype=dtype, device=logits.device)
+        for start in range(0, num_tokens if valid_local > 0 else 0, chunk_tokens):
+            end = min(start + chunk_tokens, num_tokens)
+            z = _shifted(valid[start:end], max_logit[start:end], temperature, dtype)
+            e = torch.exp(z)
+            sums[0, start:end] = e.sum(dim=-1)
+            if want_entropy:
+                sums[1, start:end] = e.mul_(z).sum(dim=-1)
+            del z, e
+        if distributed:
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+        sum_exp = sums[0]
+        log_sum_exp = torch.log(sum_exp)
+
+        # 3. target logit from its owning rank
+        if target is not None:
+            local_target = target.long() - vocab_start
+            owned = (local_target >= 0) & (local_target < valid_local)
+            safe_target = torch.where(owned, local_target, torch.zeros_like(local_target))
+            if valid_local > 0:
+                picked = valid.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1).to(dtype) / temperature
+            else:
+                picked = torch.zeros(num_tokens, dtype=dtype, device=logits.device)
+            target_logit = torch.where(owned, picked - max_logit, torch.zeros_like(picked))
+            if distributed:
+                dist.all_reduce(target_logit, op=dist.ReduceOp.SUM, group=group)
+            log_prob = target_logit - log_sum_exp
+        else:
+            owned = safe_target = None
+            log_prob = torch.zeros(0, dtype=dtype, device=logits.device)
+
+        if want_entropy:
+            mean_shifted = sums[1] / sum_exp  # E_p[x - m]
+            entropy = log_sum_exp - mean_shifted
+        else:
+            mean_shifted = None
+            entropy = torch.zeros(0, dtype=dtype, device=logits.device)
+
+        ctx.save_for_backward(logits, max_logit, sum_exp, mean_shifted, owned, safe_target)
+        ctx.config = (temperature, valid_local, chunk_tokens, target is not None, want_entropy)
+        return log_prob, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_prob: torch.Tensor, grad_entropy: torch.Tensor):
+        logits, max_logit, sum_exp, mean_shifted, owned, safe_target = ctx.saved_tensors
+        temperature, valid_local, chunk_tokens, has_target, want_entropy = ctx.config
+        dtype = max_logit.dtype
+        num_tokens = logits.shape[0]
+        use_lp = has_target and grad_log_prob is not None
+        use_h = want_entropy and grad_entropy is not None
+        grad_logits = torch.zeros_like(logits)
+        if not (use_lp or use_h) or valid_local == 0:
+            return grad_logits, None, None, None, None, None, None, None
+        g_lp = grad_log_prob.to(dtype) if use_lp else None
+        g_h = grad_entropy.to(dtype) if use_h else None
+
+        for start in range(0, num_tokens, chunk_tokens):
+            end = min(start + chunk_tokens, num_tokens)
+            z = _shifted(logits[start:end, :valid_local], max_logit[start:end], temperature, dtype)
+            p = torch.exp(z).div_(sum_exp[start:end].unsqueeze(-1))
+            # dL/dz = g_lp * onehot - p * (g_lp + g_h * (z - E[z]))
+            if use_h:
+                coeff = z.sub_(mean_shifted[start:end].unsqueeze(-1)).mul_(g_h[start:end].unsqueeze(-1))
+                if use_lp:
+                    coeff.add_(g_lp[start:end].unsqueeze(-1))
+                grad = coeff.mul_(p).neg_()
+            else:
+                grad = p.mul_(-g_lp[start:end].unsqueeze(-1))
+            if use_lp:
+                bump = torch.where(owned[start:end], g_lp[start:end], torch.zeros_like(g_lp[start:end]))
+                grad.scatter_add_(-1, safe_target[start:end].unsqueeze(-1), bump.unsqueeze(-1))
+            if temperature != 1.0:
+                grad.div_(temperature)
+            grad_logits[start:end, :valid_local] = grad.to(logits.dtype)
+            del z, p, grad
+        return grad_logits, None, None, None, None, None, None, None
+
+
+def _prepare(
+    logits_shard: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    temperature: float,
+    vocab_start_index: int | None,
+    vocab_size: int | None,
+    chunk_tokens: int | None,
+) -> tuple[torch.Tensor, int, int, int]:
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature} must be > 0 (rollout.temperature)")
+    if logits_shard.dim() < 1 or logits_shard.shape[-1] == 0:
+        raise ValueError(f"logits_shard must be [..., V_local] with V_local > 0, got {tuple(logits_shard.shape)}")
+    local_vocab = logits_shard.shape[-1]
+    if vocab_start_index is None:
+        rank = dist.get_rank(group) if _is_distributed(group) else 0
+        vocab_start_index = rank * local_vocab
+    if vocab_size is None:
+        valid_local = local_vocab
+    else:
+        valid_local = max(0, min(local_vocab, vocab_size - vocab_start_index))
+    if chunk_tokens is None:
+        chunk_tokens = max(1, _CHUNK_ELEMENTS // local_vocab)
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens={chunk_tokens} must be >= 1")
+    return logits_shard.reshape(-1, local_vocab), vocab_start_index, valid_local, chunk_tokens
+
+
+def vocab_parallel_log_probs_and_entropy(
+    logits_shard: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None,
+    temperature: float = 1.0,
+    vocab_start_index: int | None = None,
+    vocab_size: int | None = None,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log p(target), entropy)``, both ``[...]`` fp32, sharing one max and one sum all-reduce.
+
+    ``logits_shard`` is ``[..., V_local]`` (any float dtype), ``target`` ``[...]`` global ids.
+    ``group``: the TP group (``None`` or size 1: the whole vocabulary is local).
+    ``vocab_start_index``: global id of the shard's first column (default ``rank * V_local``).
+    ``vocab_size``: true vocabulary size; ids at or beyond it are padding and excluded.
+    ``chunk_tokens``: tokens per fp32 work buffer (default: 256 MiB worth).
+    """
+    flat, start, valid_local, chunk = _prepare(
+        logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
+    )
+    log_prob, entropy = _VocabParallelLogProbEntropy.apply(
+        flat, target.reshape(-1), group, float(temperature), start, valid_local, chunk, True
+    )
+    return log_prob.reshape(target.shape), entropy.reshape(target.shape)
+
+
+def vocab_parallel_log_probs(
+    logits_shard: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None,
+    temperature: float = 1.0,
+    vocab_start_index: int | None = None,
+    vocab_size: int | None = None,
+    chunk_tokens: int | None = None,
+) -> torch.Tensor:
+    """``log softmax(logits / T)[target]`` over the whole (sharded) vocabulary, ``[...]`` fp32.
+
+    Arguments as in :func:`vocab_parallel_log_probs_and_entropy`.
+    """
+    flat, start, valid_local, chunk = _prepare(
+        logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
+    )
+    log_prob, _ = _VocabParallelLogProbEntropy.apply(
+        flat, target.reshape(-1), group, float(temperature), start, valid_local, chunk, False
+    )
+    return log_prob.reshape(target.shape)
+
+
+def vocab_parallel_entropy(
+    logits_shard: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None,
+    temperature: float = 1.0,
+    vocab_start_index: int | None = None,
+    vocab_size: int | None = None,
+    chunk_tokens: int | None = None,
+) -> torch.Tensor:
+    """Entropy of ``softmax(logits / T)`` over the whole (sharded) vocabulary, ``[...]`` fp32.
+
+    Arguments as in :func:`vocab_parallel_log_probs_and_entropy`.
+    """
+    flat, start, valid_local, chunk = _prepare(
+        logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
+    )
+    _, entropy = _VocabParallelLogProbEntropy.apply(
+        flat, None, group, float(temperature), start, valid_local, chunk, True
+    )
+    return entropy.reshape(logits_shard.shape[:-1])
