@@ -1,0 +1,216 @@
+"""Bootstrap run as the sandboxed interpreter's script: limit itself, cut the network, then run the code.
+
+Started by :mod:`mcore_agentic.tools.code_interpreter` as
+``python -I -B -X utf8 sandbox_child.py '<json settings>'`` with an empty working
+directory. It imports nothing from this project (``-I`` keeps the project off
+``sys.path``) and, in order:
+
+1. sets resource limits on itself (soft = hard, so the code cannot raise them):
+   CPU seconds, address space, file size, open files, new processes, no core dumps.
+   Doing this here rather than in ``subprocess``'s ``preexec_fn`` keeps the
+   parent safe: ``preexec_fn`` may deadlock in a multi-threaded parent, and the
+   rollout calls us from a thread pool;
+2. moves into a new, empty network namespace (``unshare(CLONE_NEWNET)``, or
+   with ``CLONE_NEWUSER`` when not root); if the kernel refuses, only the audit
+   hook below guards the network;
+3. installs an audit hook (PEP 578) that refuses sockets, new processes,
+   signals to other processes, ctypes calls and file access outside the
+   working directory (read-only access to the interpreter's own library
+   directories stays allowed so imports work);
+4. runs the code as ``__main__`` from ``<code>``, printing a traceback without
+   this bootstrap's frames.
+
+Audit hooks are not a security boundary (CPython says so): determined code can
+get around them. The kernel-enforced parts are the limits, the network
+namespace and the parent's wall-clock kill of the whole process group.
+"""
+
+import json
+import os
+import resource
+import socket
+import sys
+import threading
+import traceback
+
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+BLOCKED_PREFIXES = ("os.exec", "os.spawn", "ctypes.")
+BLOCKED_EVENTS = frozenset(
+    {
+        "os.system",
+        "os.posix_spawn",
+        "os.fork",
+        "os.forkpty",
+        "os.kill",
+        "os.killpg",
+        "subprocess.Popen",
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+    }
+)
+BLOCKED_IMPORTS = frozenset({"_posixsubprocess", "_ctypes", "ctypes"})
+# event -> (indices of path arguments, whether the access writes)
+PATH_EVENTS = {
+    "os.listdir": ((0,), False),
+    "os.scandir": ((0,), False),
+    "os.chdir": ((0,), False),
+    "os.remove": ((0,), True),
+    "os.rmdir": ((0,), True),
+    "os.mkdir": ((0,), True),
+    "os.rename": ((0, 1), True),
+    "os.symlink": ((0, 1), True),
+    "os.link": ((0, 1), True),
+    "os.truncate": ((0,), True),
+    "os.chmod": ((0,), True),
+    "os.chown": ((0,), True),
+    "os.utime": ((0,), True),
+    "shutil.rmtree": ((0,), True),
+}
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def set_limits(cfg):
+    mb = 1024 * 1024
+    pairs = [
+        (resource.RLIMIT_CPU, (cfg["cpu_time_s"], cfg["cpu_time_s"] + 1)),  # soft: SIGXCPU, hard: SIGKILL
+        (resource.RLIMIT_AS, (cfg["memory_mb"] * mb,) * 2),
+        (resource.RLIMIT_FSIZE, (int(cfg["max_file_mb"] * mb),) * 2),
+        (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
+        (resource.RLIMIT_NPROC, (cfg["max_processes"],) * 2),  # ignored by the kernel for root
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
+    for which, (soft, hard) in pairs:
+        _, old_hard = resource.getrlimit(which)
+        if old_hard != resource.RLIM_INFINITY:  # never ask for more than we already may have
+            soft, hard = min(soft, old_hard), min(hard, old_hard)
+        resource.setrlimit(which, (soft, hard))
+
+
+def isolate_network(enabled):
+    if not enabled:
+        return "audit-hook"
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        for flags in (CLONE_NEWNET, CLONE_NEWUSER | CLONE_NEWNET):
+            if libc.unshare(flags) == 0:
+                return "namespace"
+    except Exception:  # noqa: BLE001 -- no ctypes / no unshare: fall back to the hook
+        pass
+    return "audit-hook"
+
+
+def make_hook(workdir, read_roots):
+    guard = threading.local()
+    sep = os.sep
+
+    def inside(path, roots):
+        return any(path == r or path.startswith(r + sep) for r in roots)
+
+    def check_path(raw, write):
+        if isinstance(raw, int) or raw is None:
+            return  # an already-open descriptor or "current directory" default
+        try:
+            path = os.path.realpath(os.fsdecode(os.fspath(raw)))
+        except (TypeError, ValueError):
+            return
+        if inside(path, (workdir,)):
+            return
+        if path == "/dev/null" or (not write and (path in ("/dev/urandom", "/dev/zero") or inside(path, read_roots))):
+            return
+        raise PermissionError(f"sandbox: access to {os.fsdecode(os.fspath(raw))!r} is blocked: code may only use its working directory")
+
+    def hook(event, args):
+        if getattr(guard, "busy", False):
+            return  # events raised by the hook's own work (realpath)
+        guard.busy = True
+        try:
+            if event == "open":
+                path, mode, flags = (list(args) + [None, None])[:3]
+                write = bool(isinstance(flags, int) and flags & WRITE_FLAGS) or bool(
+                    isinstance(mode, str) and any(c in mode for c in "wax+")
+                )
+                check_path(path, write)
+            elif event in PATH_EVENTS:
+                indices, write = PATH_EVENTS[event]
+                for i in indices:
+                    if i < len(args):
+                        check_path(args[i], write)
+            elif event.startswith("socket."):
+                if event == "socket.__new__" and len(args) > 1 and args[1] == socket.AF_UNIX:
+                    return  # local socketpairs (asyncio's self-pipe); connect/bind stay blocked
+                raise PermissionError(f"sandbox: network access is blocked ({event})")
+            elif event in BLOCKED_EVENTS or event.startswith(BLOCKED_PREFIXES):
+                raise PermissionError(f"sandbox: {event} is blocked (no new processes, signals or native calls)")
+            elif event == "import" and args and args[0] in BLOCKED_IMPORTS and args[0] not in sys.modules:
+                raise PermissionError(f"sandbox: importing {args[0]} is blocked")
+            elif event == "object.__setattr__" and len(args) > 1 and args[1] == "__code__":
+                raise PermissionError("sandbox: replacing function code is blocked")
+        finally:
+            guard.busy = False
+
+    return hook
+
+
+def hide_own_frames(report, seen=None):
+    """Drop this bootstrap's frames (the exec call, the audit hook) from a traceback, chained ones too."""
+    seen = set() if seen is None else seen
+    if report is None or id(report) in seen:
+        return
+    seen.add(id(report))
+    here = os.path.realpath(__file__)
+    frames = [f for f in report.stack if os.path.realpath(f.filename) != here]
+    report.stack = traceback.StackSummary.from_list(frames)
+    hide_own_frames(report.__cause__, seen)
+    hide_own_frames(report.__context__, seen)
+
+
+def read_roots(extra):
+    roots = set()
+    for entry in list(sys.path) + [sys.prefix, sys.base_prefix, sys.exec_prefix] + list(extra):
+        if entry and os.path.exists(entry):
+            roots.add(os.path.realpath(entry))
+    return tuple(sorted(roots))
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    with open(cfg["code_path"], encoding="utf-8") as f:
+        code = f.read()
+    set_limits(cfg)
+    network = isolate_network(cfg["network_namespace"])
+    import subprocess  # noqa: F401 -- imported now so blocking a fresh import of _posixsubprocess breaks nothing
+
+    with open(cfg["status_path"], "w") as f:
+        json.dump({"network": network}, f)
+    workdir = os.path.realpath(os.getcwd())
+    roots = read_roots(cfg["extra_read_paths"])
+    import linecache
+
+    # Tracebacks show the code's lines without reading any file.
+    linecache.cache["<code>"] = (len(code), None, code.splitlines(True), "<code>")
+    compiled = None
+    try:
+        compiled = compile(code, "<code>", "exec")
+    except SyntaxError:
+        traceback.print_exc(limit=0)
+        sys.exit(1)
+    sys.addaudithook(make_hook(workdir, roots))
+    del sys.argv[1:]
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        exec(compiled, namespace)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 -- report like the interpreter would
+        report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        hide_own_frames(report)
+        sys.stderr.write("".join(report.format()))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
