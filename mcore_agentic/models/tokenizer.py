@@ -90,7 +90,7 @@ FULL_VOCAB_SIZE = 151643  # BPE ranks in qwen.tiktoken
 MIN_VOCAB_SIZE = 256  # ranks 0..255 are exactly the 256 single bytes
 
 # Bump when the build recipe changes so stale caches are not reused.
-_BUILD_VERSION = 2
+_BUILD_VERSION = 3
 _TEMPLATE_DIR = Path(__file__).parent / "chat_templates"
 
 

@@ -313,3 +313,28 @@ def test_bad_vocab_size_names_the_field(vocab_size, tmp_path):
 def test_bad_template_names_the_field(tmp_path):
     with pytest.raises(ConfigError, match="chat_template.*qwen2_5"):
         build_qwen_tokenizer(tmp_path, chat_template="llama3")
+
+
+@pytest.mark.parametrize("template", ["qwen2_5", "qwen3"])
+def test_assistant_mask_covers_exactly_the_sampled_text(template, small_tok, qwen3_tok):
+    tok = small_tok if template == "qwen2_5" else qwen3_tok
+    messages = LONG_CONVERSATION[:8]
+    out = tok.apply_chat_template(
+        messages, tools=TOOLS, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    ids, mask = out["input_ids"], out["assistant_masks"]
+    spans, current = [], []
+    for token_id, m in zip(ids, mask):
+        if m:
+            current.append(token_id)
+        elif current:
+            spans.append(tok.decode(current))
+            current = []
+    # one span per assistant turn: everything after "<|im_start|>assistant\n" up to and including <|im_end|>
+    assert len(spans) == 3
+    assert all(span.endswith("<|im_end|>") and not span.startswith("<|im_start|>") for span in spans)
+    assert spans[1].startswith("<tool_call>\n") if template == "qwen2_5" else spans[1].startswith("<think>")
+    text = _render(tok, messages, tools=TOOLS)
+    for i, span in enumerate(spans):
+        prompt = _render(tok, messages[: [2, 5, 7][i]], tools=TOOLS, add_generation_prompt=True)
+        assert text[len(prompt) :].startswith(span)  # the span follows the generation prompt directly
