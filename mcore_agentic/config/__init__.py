@@ -1,1 +1,38 @@
-"""Structured run config: the tree of per-package dataclasses, Hydra loading and cross-group validation."""
+"""Structured run config: the tree of per-package dataclasses, Hydra loading and cross-group validation.
+
+    from mcore_agentic.config import compose, load_config, validate
+    cfg = load_config(compose("ppo_trainer", ["actor.tensor_model_parallel_size=2"]))
+    sizes = validate(cfg, world_size)
+
+Every package's ``config.py`` imports :mod:`mcore_agentic.config.errors`, and the
+tree imports every package's ``config.py``; so this ``__init__`` imports nothing
+eagerly and resolves the names below on first use (PEP 562).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ConfigError": "mcore_agentic.config.errors",
+    "require": "mcore_agentic.config.errors",
+    "RLConfig": "mcore_agentic.config.schema",
+    "CONFIG_DIR": "mcore_agentic.config.load",
+    "check_overrides": "mcore_agentic.config.load",
+    "compose": "mcore_agentic.config.load",
+    "load_config": "mcore_agentic.config.load",
+    "build": "mcore_agentic.config.walk",
+    "to_dict": "mcore_agentic.config.walk",
+    "BatchSizes": "mcore_agentic.config.rules",
+    "PPOBatchSizes": "mcore_agentic.config.rules",
+    "validate": "mcore_agentic.config.rules",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'mcore_agentic.config' has no attribute {name!r}")

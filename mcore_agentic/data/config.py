@@ -22,7 +22,7 @@ class SyntheticTaskConfig:
     """Training problems to generate."""
     num_val: int = 64
     """Validation problems to generate (disjoint from the training problems)."""
-    max_operand: int = 20
+    max_operand: int = 50
     """Operands are drawn from 0..max_operand; keep it small so a tiny model can learn the task."""
     seed: int = 1234
     """Seed of the generator; the same seed gives the same problems."""
@@ -49,7 +49,7 @@ class DataConfig:
     """Parquet file(s) of validation prompts; empty disables validation."""
     prompt_key: str = "prompt"
     """Column holding the chat messages [{role, content}, ...]."""
-    train_batch_size: int = 8
+    train_batch_size: int = 16
     """Prompts per training step (each is rolled out ``rollout.n`` times)."""
     val_batch_size: int | None = None
     """Prompts per validation batch; null means the whole validation set at once."""

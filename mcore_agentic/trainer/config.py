@@ -28,16 +28,15 @@ class TrainerConfig:
     """Passes over the training prompts."""
     total_training_steps: int | None = None
     """Stop after this many steps (overrides total_epochs when set)."""
-    critic_warmup: int = 0
-    """Steps that update only the critic before the actor starts updating."""
     sft_warmup_steps: int = 0
     """Supervised steps on demonstrations (the synthetic task's ideal conversations) before RL; 0 disables."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Tracking backends, any of console, jsonl, tensorboard, wandb."""
     log_freq: int = 1
     """Print the console summary table every this many steps."""
-    log_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
-    """Where metrics.jsonl, TensorBoard events and the end-of-run plots go."""
+    log_dir: str | None = None
+    """Where metrics.jsonl, TensorBoard events and the end-of-run plots go; null means
+    outputs/<project_name>/<experiment_name>."""
     plot_at_end: bool = True
     """Save reward and response-length curves as PNG under log_dir when the run ends."""
     progress_bar: bool = True
@@ -48,8 +47,9 @@ class TrainerConfig:
     """Validate every this many steps; -1 disables."""
     save_freq: int = -1
     """Save a checkpoint every this many steps; -1 saves only at the end of training when resuming is enabled."""
-    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    """Checkpoint root: holds global_step_<k>/ directories and latest_checkpointed_iteration.txt."""
+    default_local_dir: str | None = None
+    """Checkpoint root holding global_step_<k>/ directories and latest_checkpointed_iteration.txt;
+    null means checkpoints/<project_name>/<experiment_name>."""
     resume_mode: str = "auto"
     """auto: resume from the latest complete checkpoint under default_local_dir if any; disable: start fresh;
     resume_path: resume from resume_from_path; any other value is taken as a checkpoint directory path."""
@@ -72,7 +72,6 @@ class TrainerConfig:
             "trainer.total_training_steps",
             f"must be positive or null, got {self.total_training_steps}",
         )
-        require(self.critic_warmup >= 0, "trainer.critic_warmup", f"must be >= 0, got {self.critic_warmup}")
         require(self.sft_warmup_steps >= 0, "trainer.sft_warmup_steps", f"must be >= 0, got {self.sft_warmup_steps}")
         require(self.log_freq > 0, "trainer.log_freq", f"must be positive, got {self.log_freq}")
         require(self.test_freq == -1 or self.test_freq > 0, "trainer.test_freq", f"must be positive or -1, got {self.test_freq}")
@@ -89,3 +88,13 @@ class TrainerConfig:
                 "trainer.resume_from_path",
                 "resume_mode=resume_path needs trainer.resume_from_path=<dir>/global_step_<k>",
             )
+
+    @property
+    def resolved_log_dir(self) -> str:
+        return self.log_dir if self.log_dir is not None else f"outputs/{self.project_name}/{self.experiment_name}"
+
+    @property
+    def checkpoint_dir(self) -> str:
+        if self.default_local_dir is not None:
+            return self.default_local_dir
+        return f"checkpoints/{self.project_name}/{self.experiment_name}"

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from mcore_agentic.config.errors import ConfigError, require
-from mcore_agentic.config.load import build, leaf_paths, to_dict
+from mcore_agentic.config.walk import build, leaf_paths, to_dict
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,213 @@
+"""Cross-group rules of a run config, and the batch sizes every stage derives from it.
+
+Batch sizes mean what verl users expect:
+
+* ``data.train_batch_size``: prompts per step; each is sampled ``rollout.n``
+  times, so a step trains on ``train_batch_size * n`` sequences;
+* ``actor.ppo_mini_batch_size`` (and ``critic.``): **prompts** per optimizer
+  step, i.e. ``ppo_mini_batch_size * n`` sequences over all data-parallel ranks;
+* ``actor.ppo_micro_batch_size_per_gpu``: sequences per forward/backward on one
+  rank (gradient accumulation), unused with ``use_dynamic_bsz`` where
+  ``ppo_max_token_len_per_gpu`` bounds the tokens per micro-batch instead.
+
+:func:`validate` checks the rules and returns :class:`BatchSizes`, the
+normalised numbers the trainer and workers use; the config itself is never
+rewritten. Every violation raises :class:`ConfigError` naming the key to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mcore_agentic.config.errors import ConfigError, require
+from mcore_agentic.config.schema import RLConfig
+from mcore_agentic.workers.config import ActorConfig, CriticConfig
+
+
+@dataclass(frozen=True)
+class PPOBatchSizes:
+    """Normalised update batch sizes of one trained model (actor or critic)."""
+
+    mini_batch_prompts: int
+    """Prompts per optimizer step (the config value)."""
+    mini_batch_sequences: int
+    """Sequences per optimizer step over all DP ranks: prompts x rollout.n."""
+    mini_batch_sequences_per_dp: int
+    """Sequences per optimizer step on one DP rank."""
+    mini_batches_per_epoch: int
+    """Optimizer steps per PPO epoch: train_batch_size / ppo_mini_batch_size."""
+    micro_batch_size_per_gpu: int | None
+    """Sequences per forward/backward on one rank; None with use_dynamic_bsz."""
+    grad_accumulation_steps: int | None
+    """Micro-batches per mini-batch on one rank; None with use_dynamic_bsz (it varies with lengths)."""
+    max_token_len_per_gpu: int | None
+    """Token budget per micro-batch with use_dynamic_bsz, else None."""
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """Everything about batch shapes that follows from the config and the world size."""
+
+    world_size: int
+    data_parallel_size: int
+    """world_size / (TP * PP * CP) of the training engine."""
+    rollout_data_parallel_size: int
+    """world_size / rollout.tensor_model_parallel_size: independent rollout engines."""
+    prompts_per_step: int
+    sequences_per_step: int
+    """prompts_per_step x rollout.n."""
+    sequences_per_step_per_dp: int
+    actor: PPOBatchSizes
+    critic: PPOBatchSizes | None
+    """None when the advantage estimator needs no critic."""
+
+
+def _ppo_sizes(
+    group: str,
+    worker: ActorConfig | CriticConfig,
+    cfg: RLConfig,
+    dp: int,
+) -> PPOBatchSizes:
+    n = cfg.rollout.n
+    train = cfg.data.train_batch_size
+    mini = worker.ppo_mini_batch_size
+    require(
+        mini <= train,
+        f"{group}.ppo_mini_batch_size",
+        f"={mini} prompts is larger than data.train_batch_size={train}: lower it to at most {train}",
+    )
+    require(
+        train % mini == 0,
+        f"{group}.ppo_mini_batch_size",
+        f"data.train_batch_size={train} is not a multiple of {group}.ppo_mini_batch_size={mini} (both count "
+        f"prompts): use a divisor of {train}, e.g. {_divisors_near(train, mini)}",
+    )
+    sequences = mini * n
+    require(
+        sequences % dp == 0,
+        f"{group}.ppo_mini_batch_size",
+        f"{group}.ppo_mini_batch_size * rollout.n = {mini} * {n} = {sequences} sequences do not split evenly over "
+        f"{dp} data-parallel ranks: make it a multiple of {dp}",
+    )
+    per_dp = sequences // dp
+    micro = accumulation = max_tokens = None
+    if worker.use_dynamic_bsz:
+        longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+        require(
+            worker.ppo_max_token_len_per_gpu >= longest,
+            f"{group}.ppo_max_token_len_per_gpu",
+            f"={worker.ppo_max_token_len_per_gpu} cannot hold one full sequence of data.max_prompt_length + "
+            f"data.max_response_length = {longest} tokens: raise it to at least {longest}",
+        )
+        max_tokens = worker.ppo_max_token_len_per_gpu
+    else:
+        micro = worker.ppo_micro_batch_size_per_gpu
+        require(
+            micro <= per_dp and per_dp % micro == 0,
+            f"{group}.ppo_micro_batch_size_per_gpu",
+            f"={micro} does not divide the {per_dp} sequences of a mini-batch on each of {dp} DP ranks "
+            f"({group}.ppo_mini_batch_size={mini} x rollout.n={n} / DP={dp}): use a divisor of {per_dp}",
+        )
+        accumulation = per_dp // micro
+    return PPOBatchSizes(
+        mini_batch_prompts=mini,
+        mini_batch_sequences=sequences,
+        mini_batch_sequences_per_dp=per_dp,
+        mini_batches_per_epoch=train // mini,
+        micro_batch_size_per_gpu=micro,
+        grad_accumulation_steps=accumulation,
+        max_token_len_per_gpu=max_tokens,
+    )
+
+
+def _divisors_near(n: int, target: int) -> str:
+    divs = [d for d in range(1, n + 1) if n % d == 0]
+    divs.sort(key=lambda d: (abs(d - target), d))
+    return " or ".join(str(d) for d in sorted(divs[:2]))
+
+
+def validate(cfg: RLConfig, world_size: int) -> BatchSizes:
+    """Check the rules that span groups for a run on ``world_size`` ranks; return the normalised batch sizes."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    par = cfg.actor.parallel
+    mp = par.model_parallel_size
+    require(
+        world_size % mp == 0,
+        "actor.tensor_model_parallel_size",
+        f"TP * PP * CP = {par.tensor_model_parallel_size} * {par.pipeline_model_parallel_size} * "
+        f"{par.context_parallel_size} = {mp} does not divide the world size {world_size}: "
+        f"choose sizes whose product divides {world_size}",
+    )
+    dp = world_size // mp
+    rollout_tp = cfg.rollout.tensor_model_parallel_size
+    require(
+        world_size % rollout_tp == 0,
+        "rollout.tensor_model_parallel_size",
+        f"={rollout_tp} does not divide the world size {world_size}: use a divisor of {world_size}",
+    )
+
+    # Data: something to train on, and length budgets the rollout agrees with.
+    require(
+        bool(cfg.data.train_file_list) or cfg.data.synthetic.enable,
+        "data.train_files",
+        "no training data: set data.train_files=<parquet path(s)> or data.synthetic.enable=true",
+    )
+    require(
+        cfg.rollout.prompt_length >= cfg.data.max_prompt_length,
+        "rollout.prompt_length",
+        f"={cfg.rollout.prompt_length} is shorter than data.max_prompt_length={cfg.data.max_prompt_length}: "
+        "admitted prompts would fail in the engine; set rollout.prompt_length=${data.max_prompt_length}",
+    )
+    require(
+        cfg.rollout.response_length == cfg.data.max_response_length,
+        "rollout.response_length",
+        f"={cfg.rollout.response_length} differs from data.max_response_length={cfg.data.max_response_length}: "
+        "set rollout.response_length=${data.max_response_length}",
+    )
+
+    # Algorithm <-> rollout/critic/ref.
+    if cfg.algorithm.needs_groups:
+        require(
+            cfg.rollout.n >= 2,
+            "rollout.n",
+            f"=1 but algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares the samples of one prompt: "
+            "set rollout.n to 2 or more (e.g. 8)",
+        )
+    mt = cfg.rollout.multi_turn
+    if mt.max_user_turns is not None and mt.max_user_turns > 0:
+        require(
+            mt.interaction_config_path is not None,
+            "rollout.multi_turn.interaction_config_path",
+            f"is null but rollout.multi_turn.max_user_turns={mt.max_user_turns}: point it at an interaction YAML "
+            "or set max_user_turns=0",
+        )
+    if cfg.trainer.device == "cpu":
+        require(
+            cfg.rollout.name != "sglang",
+            "rollout.name",
+            "sglang needs a GPU but trainer.device=cpu: use rollout.name=hf on CPU",
+        )
+    if cfg.ref.use_dynamic_bsz:
+        longest = cfg.data.max_sequence_length
+        require(
+            cfg.ref.log_prob_max_token_len_per_gpu >= longest,
+            "ref.log_prob_max_token_len_per_gpu",
+            f"={cfg.ref.log_prob_max_token_len_per_gpu} cannot hold one sequence of {longest} tokens: raise it",
+        )
+
+    actor = _ppo_sizes("actor", cfg.actor, cfg, dp)
+    critic = _ppo_sizes("critic", cfg.critic, cfg, dp) if cfg.algorithm.needs_critic else None
+    sequences = cfg.data.train_batch_size * cfg.rollout.n
+    if sequences % dp:  # implied by the mini-batch rule; kept so the message is right if that rule changes
+        raise ConfigError("data.train_batch_size", f"{sequences} sequences do not split over {dp} DP ranks")
+    return BatchSizes(
+        world_size=world_size,
+        data_parallel_size=dp,
+        rollout_data_parallel_size=world_size // rollout_tp,
+        prompts_per_step=cfg.data.train_batch_size,
+        sequences_per_step=sequences,
+        sequences_per_step_per_dp=sequences // dp,
+        actor=actor,
+        critic=critic,
+    )

@@ -1,0 +1,59 @@
+"""``RLConfig``: the run's config tree, composed from the dataclasses each package owns.
+
+=============  =========================================  ==========================
+YAML group     dataclass                                   owner
+=============  =========================================  ==========================
+``model``      :class:`~mcore_agentic.models.config.ModelConfig`        models
+``data``       :class:`~mcore_agentic.data.config.DataConfig`           data
+``actor``      :class:`~mcore_agentic.workers.config.ActorConfig`       workers (+ parallel, algorithms, flattened)
+``ref``        :class:`~mcore_agentic.workers.config.RefConfig`         workers
+``critic``     :class:`~mcore_agentic.workers.config.CriticConfig`      workers (+ algorithms, flattened)
+``rollout``    :class:`~mcore_agentic.rollout.config.RolloutConfig`     rollout
+``algorithm``  :class:`~mcore_agentic.algorithms.config.AlgorithmConfig` algorithms
+``trainer``    :class:`~mcore_agentic.trainer.config.TrainerConfig`     trainer
+=============  =========================================  ==========================
+
+Groups not written yet (reward function selection, sharding/bucket sizes) get a
+field here when their package adds its dataclass: add the field, a block in
+``configs/ppo_trainer.yaml`` and, if it interacts with other groups, a rule in
+:mod:`mcore_agentic.config.rules`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mcore_agentic.algorithms.config import AlgorithmConfig
+from mcore_agentic.config.errors import require
+from mcore_agentic.data.config import DataConfig
+from mcore_agentic.models.config import ModelConfig
+from mcore_agentic.rollout.config import RolloutConfig
+from mcore_agentic.trainer.config import TrainerConfig
+from mcore_agentic.workers.config import ActorConfig, CriticConfig, RefConfig
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """The whole run: one frozen tree, built once by :func:`mcore_agentic.config.load_config`."""
+
+    model: ModelConfig
+    """The Hugging Face checkpoint trained as actor (and loaded as reference/critic body)."""
+    seed: int = 1
+    """Global seed: python/numpy/torch RNGs, data shuffling, Megatron's model-parallel RNG."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompt data and the number of prompts per step."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """The trained policy: parallel layout, PPO batch sizes, policy loss, optimizer."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """The frozen reference policy used for KL."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model (used when the advantage estimator needs values, i.e. GAE)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Engine, sampling, samples per prompt and multi-turn tool use."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimator, discounting and KL in the reward."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Run length, logging, validation, checkpoints and resume."""
+
+    def __post_init__(self) -> None:
+        require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")

@@ -1,0 +1,93 @@
+"""Cross-group rules: verl batch-size semantics, normalisation, clear errors naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcore_agentic.config import ConfigError, compose, load_config, validate
+
+
+def _cfg(*overrides: str):
+    return load_config(compose("default_tiny", list(overrides)))
+
+
+def _field(world_size: int, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(*overrides), world_size)
+    return info.value.field
+
+
+def test_normalised_sizes_follow_verl_semantics():
+    # 16 prompts x n=4 = 64 sequences; mini-batch 8 prompts = 32 sequences; TP=2 on 4 ranks -> DP=2.
+    sizes = validate(
+        _cfg(
+            "data.train_batch_size=16",
+            "rollout.n=4",
+            "actor.ppo_mini_batch_size=8",
+            "actor.ppo_micro_batch_size_per_gpu=4",
+            "actor.tensor_model_parallel_size=2",
+        ),
+        world_size=4,
+    )
+    assert sizes.data_parallel_size == 2 and sizes.rollout_data_parallel_size == 4
+    assert sizes.sequences_per_step == 64 and sizes.sequences_per_step_per_dp == 32
+    a = sizes.actor
+    assert (a.mini_batch_sequences, a.mini_batch_sequences_per_dp, a.mini_batches_per_epoch) == (32, 16, 2)
+    assert (a.micro_batch_size_per_gpu, a.grad_accumulation_steps) == (4, 4)
+    assert sizes.critic is None  # GRPO needs no critic
+
+
+def test_mini_batch_must_divide_train_batch():
+    assert _field(2, "data.train_batch_size=8", "actor.ppo_mini_batch_size=3") == "actor.ppo_mini_batch_size"
+    assert _field(2, "data.train_batch_size=8", "actor.ppo_mini_batch_size=16") == "actor.ppo_mini_batch_size"
+
+
+def test_mini_batch_sequences_must_split_over_dp():
+    # 1 prompt x n=3 = 3 sequences cannot split over 2 ranks.
+    assert _field(2, "actor.ppo_mini_batch_size=1", "rollout.n=3", "actor.ppo_micro_batch_size_per_gpu=1") == (
+        "actor.ppo_mini_batch_size"
+    )
+
+
+def test_micro_batch_must_divide_per_rank_mini_batch():
+    # 4 prompts x 4 = 16 sequences / DP 2 = 8 per rank; 3 does not divide 8.
+    assert _field(2, "actor.ppo_micro_batch_size_per_gpu=3") == "actor.ppo_micro_batch_size_per_gpu"
+    assert _field(2, "actor.ppo_micro_batch_size_per_gpu=16") == "actor.ppo_micro_batch_size_per_gpu"
+
+
+def test_dynamic_bsz_uses_token_budget():
+    sizes = validate(_cfg("actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=4096"), 2)
+    assert sizes.actor.micro_batch_size_per_gpu is None and sizes.actor.max_token_len_per_gpu == 4096
+    # 192 + 64 tokens do not fit a 100-token budget.
+    assert _field(2, "actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=100") == (
+        "actor.ppo_max_token_len_per_gpu"
+    )
+
+
+def test_critic_checked_only_when_needed():
+    assert _field(2, "algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3") == "critic.ppo_mini_batch_size"
+    sizes = validate(_cfg("algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=4"), 2)
+    assert sizes.critic is not None and sizes.critic.mini_batch_sequences == 16
+
+
+def test_parallel_and_rollout_sizes_divide_world():
+    assert _field(2, "actor.tensor_model_parallel_size=4") == "actor.tensor_model_parallel_size"
+    assert _field(4, "rollout.tensor_model_parallel_size=3") == "rollout.tensor_model_parallel_size"
+
+
+def test_group_estimators_need_several_samples():
+    assert _field(2, "rollout.n=1", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=1") == "rollout.n"
+
+
+def test_lengths_and_engine_consistency():
+    assert _field(2, "rollout.prompt_length=100") == "rollout.prompt_length"
+    assert _field(2, "rollout.response_length=32") == "rollout.response_length"
+    assert _field(2, "rollout.name=sglang") == "rollout.name"  # default_tiny runs on CPU
+    assert _field(2, "rollout.multi_turn.max_user_turns=2") == "rollout.multi_turn.interaction_config_path"
+
+
+def test_error_message_says_how_to_fix():
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg("actor.ppo_micro_batch_size_per_gpu=3"), 2)
+    message = str(info.value)
+    assert message.startswith("actor.ppo_micro_batch_size_per_gpu: ") and "use a divisor of 8" in message
