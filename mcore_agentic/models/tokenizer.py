@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -46,6 +47,8 @@ from pathlib import Path
 from typing import Literal
 
 from mcore_agentic.config.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 ChatTemplateName = Literal["qwen2_5", "qwen3"]
 CHAT_TEMPLATES: tuple[str, ...] = ("qwen2_5", "qwen3")
@@ -248,7 +251,13 @@ def cached_qwen_tokenizer_dir(chat_template: ChatTemplateName = "qwen2_5", vocab
     target = _cache_root() / _cache_key(chat_template, vocab_size)
     if (target / "tokenizer.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # Read-only home (some clusters): build into a private temp dir instead of failing.
+        fallback = Path(tempfile.mkdtemp(prefix=f"mcore_agentic_tok_{target.name}_"))
+        logger.warning("tokenizer cache %s not writable (%s); building into %s", target.parent, exc, fallback)
+        return build_qwen_tokenizer(fallback, chat_template=chat_template, vocab_size=vocab_size)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         build_qwen_tokenizer(tmp, chat_template=chat_template, vocab_size=vocab_size)

@@ -338,3 +338,22 @@ def test_assistant_mask_covers_exactly_the_sampled_text(template, small_tok, qwe
     for i, span in enumerate(spans):
         prompt = _render(tok, messages[: [2, 5, 7][i]], tools=TOOLS, add_generation_prompt=True)
         assert text[len(prompt) :].startswith(span)  # the span follows the generation prompt directly
+
+
+def test_concurrent_builders_share_one_cache_entry(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("MCORE_AGENTIC_CACHE", str(tmp_path))
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        dirs = list(pool.map(lambda _: cached_qwen_tokenizer_dir("qwen2_5", 300), range(3)))
+    assert len(set(dirs)) == 1
+    assert [p.name for p in (tmp_path / "tokenizers").iterdir()] == [dirs[0].name]  # losers cleaned up
+    assert len(load_qwen_tokenizer("qwen2_5", 300)) == 326
+
+
+def test_unwritable_cache_falls_back_to_a_temp_build(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("MCORE_AGENTIC_CACHE", str(blocker))  # <file>/tokenizers cannot be created
+    path = cached_qwen_tokenizer_dir("qwen2_5", 300)
+    assert (path / "tokenizer.json").is_file() and not str(path).startswith(str(blocker))
