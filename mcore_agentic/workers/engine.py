@@ -1,0 +1,405 @@
+"""``MegatronEngine``: one Megatron model on this rank — build, forward-only and forward-backward, step.
+
+The actor, reference and critic each own one engine; the engine knows nothing
+about RL. It
+
+* builds this rank's model chunk(s) through the HF bridge and loads the HF
+  checkpoint, then (if trained) wraps them in Megatron DDP and builds the
+  Megatron optimizer and LR scheduler;
+* takes a *global* batch (identical on every rank), keeps this DP rank's rows,
+  splits them into micro-batches (fixed size or a padded-token budget), strips
+  left padding, splits each sequence over CP in Megatron's load-balanced layout,
+  and runs Megatron's pipeline schedule (``get_forward_backward_func``);
+* on the last pipeline stage hands the model output of each micro-batch to the
+  caller's ``head_fn`` (per-token tensors of the local CP shard, e.g. log-probs),
+  gathers those over CP, maps them to the ``[B, R]`` response layout and either
+  returns them (forward-only: broadcast over PP and all-gathered over DP, so every
+  rank returns the full batch) or passes them to the caller's ``loss_fn``.
+
+Loss scaling. ``calculate_per_token_loss`` is on, so Megatron neither divides
+the loss by the number of micro-batches nor averages gradients over DP x CP:
+gradients are *summed*. ``loss_fn`` must therefore return each micro-batch's
+share of the mini-batch loss, normalised by a *global* count (all tokens of the
+mini-batch over all DP ranks): then the summed gradient is the gradient of the
+mini-batch loss whatever the micro-batch split or DP/CP layout. Every CP rank
+computes the same loss on the CP-gathered outputs; ``cp_gather(grad_mode="slice")``
+gives each its own tokens' gradient, and the DP x CP sum completes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mcore_agentic.data.batch import Batch
+from mcore_agentic.parallel.cp_split import cp_gather, cp_positions, cp_split
+from mcore_agentic.workers.config import OptimConfig
+from mcore_agentic.workers.micro_batch import fixed_micro_batches, scatter_rows, token_budget_micro_batches
+from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors, optimizer_tensors
+from mcore_agentic.workers.sequence import PackedSequences, pack_sequences
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# head_fn(model_output [b, S/cp, ...], micro_batch) -> per-token tensors [b, S/cp] of the local CP shard.
+HeadFn = Callable[[torch.Tensor, "MicroBatch"], dict[str, torch.Tensor]]
+# loss_fn(per-response-token tensors [b, R], micro_batch) -> (loss share, metric shares summed over micro-batches).
+LossFn = Callable[[dict[str, torch.Tensor], "MicroBatch"], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a rank's rows are cut into micro-batches."""
+
+    micro_batch_size: int
+    """Rows per micro-batch when ``use_dynamic_bsz`` is false."""
+    use_dynamic_bsz: bool = False
+    """Cut by a padded-token budget instead."""
+    max_token_len: int = 16384
+    """The budget (rows x padded length) with ``use_dynamic_bsz``."""
+    field: str = "actor.ppo_max_token_len_per_gpu"
+    """Config key named when a single sequence exceeds the budget."""
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch as the model and the callbacks see it."""
+
+    data: Batch
+    """This micro-batch's rows of the batch (all keys: advantages, old_log_probs, ...)."""
+    packed: PackedSequences
+    """Rows with left padding removed, full (un-split) length."""
+    tokens: torch.Tensor
+    """``[b, S/cp]`` this CP rank's tokens (load-balanced layout)."""
+    labels: torch.Tensor
+    """``[b, S/cp]`` next-token targets of ``tokens``."""
+    position_ids: torch.Tensor
+    """``[b, S/cp]`` global positions of ``tokens``."""
+
+
+class MegatronEngine:
+    """This rank's chunk(s) of one Megatron GPT model, optionally with DDP, optimizer and LR scheduler.
+
+    ``customize(chunks)`` runs after the HF weights are loaded and before DDP wrapping
+    (the critic swaps its output layer for a value head there).
+    """
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        dtype: str,
+        parallel: Any,
+        layout: Any,
+        make_vocab_size_divisible_by: int = 128,
+        optim: OptimConfig | None = None,
+        use_distributed_optimizer: bool = True,
+        total_training_steps: int | None = None,
+        customize: Callable[[list[Any]], None] | None = None,
+    ) -> None:
+        from mcore_agentic.models.hf_io import load_hf_config
+        from mcore_agentic.models.registry import get_bridge
+
+        if dtype not in _DTYPES:
+            raise ValueError(f"model.dtype={dtype!r}: use one of {', '.join(_DTYPES)}")
+        self.layout = layout
+        self.parallel = parallel
+        self.dtype = _DTYPES[dtype]
+        self.hf_config = load_hf_config(model_path)
+        self.bridge = get_bridge(self.hf_config, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+        self.vocab_size = int(self.hf_config.vocab_size)
+        self.tcfg = self.bridge.transformer_config(
+            self.hf_config,
+            parallel,
+            params_dtype=self.dtype,
+            # Gradients are summed (no 1/num_microbatches, no DP averaging): loss_fn normalises globally.
+            calculate_per_token_loss=True,
+        )
+        # Micro-batches have different padded lengths / row counts: PP exchanges shapes first. Set after
+        # construction because TransformerConfig.__post_init__ rejects it with the (unused, MoE-only)
+        # default allgather token dispatcher even for dense models.
+        self.tcfg.variable_seq_lengths = True
+        chunks = self.bridge.build_model(self.hf_config, self.tcfg)
+        self.bridge.load_hf_weights(chunks, model_path)
+        if customize is not None:
+            customize(chunks)
+        self.trainable = optim is not None
+        self.optimizer = None
+        self.scheduler = None
+        if self.trainable:
+            chunks = self._wrap_ddp(chunks, use_distributed_optimizer)
+            self._build_optimizer(chunks, optim, use_distributed_optimizer, total_training_steps)
+        else:
+            for chunk in chunks:
+                chunk.requires_grad_(False)
+        self.chunks: list[Any] = chunks
+        self.offloader = Offloader()
+
+    # ------------------------------------------------------------------ build
+    def _wrap_ddp(self, chunks: list[Any], use_distributed_optimizer: bool) -> list[Any]:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.transformer.module import Float16Module
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=use_distributed_optimizer,
+        )
+        wrapped = []
+        for i, chunk in enumerate(chunks):
+            if self.dtype != torch.float32:
+                chunk = Float16Module(self.tcfg, chunk)  # casts inputs/outputs at the chunk boundary
+            # Only the first chunk gets buckets of its own (Megatron-LM convention with VPP).
+            wrapped.append(DistributedDataParallel(self.tcfg, ddp_config, chunk, disable_bucketing=i > 0))
+        return wrapped
+
+    def _build_optimizer(
+        self, chunks: list[Any], optim: OptimConfig, use_distributed_optimizer: bool, total_steps: int | None
+    ) -> None:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        ocfg = OptimizerConfig(
+            optimizer="adam",
+            lr=optim.lr,
+            min_lr=optim.min_lr,
+            weight_decay=optim.weight_decay,
+            adam_beta1=optim.betas[0],
+            adam_beta2=optim.betas[1],
+            adam_eps=optim.eps,
+            clip_grad=optim.clip_grad,
+            bf16=self.dtype == torch.bfloat16,
+            fp16=self.dtype == torch.float16,
+            params_dtype=self.dtype,
+            use_distributed_optimizer=use_distributed_optimizer,
+        )
+        self.optimizer = get_megatron_optimizer(ocfg, chunks)
+        total = total_steps if total_steps is not None else optim.total_training_steps
+        if total is None or total <= 0:
+            if optim.lr_decay_style != "constant":
+                raise ValueError(
+                    f"optim.lr_decay_style={optim.lr_decay_style!r} needs optim.total_training_steps "
+                    "(or the trainer's step count): set it, or use constant"
+                )
+            total = 10**9  # constant LR: the decay horizon never matters
+        warmup = optim.warmup_steps(total)
+        if warmup >= total:
+            raise ValueError(f"optim.lr_warmup_steps={warmup} must be < total_training_steps={total}")
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0 if warmup > 0 else optim.lr,
+            max_lr=optim.lr,
+            min_lr=optim.min_lr,
+            lr_warmup_steps=warmup,
+            lr_decay_steps=total,
+            lr_decay_style=optim.lr_decay_style,
+            start_wd=optim.weight_decay,
+            end_wd=optim.weight_decay,
+            wd_incr_steps=total,
+            wd_incr_style="constant",
+        )
+
+    # ------------------------------------------------------------------ batching
+    def dp_rows(self, batch: Batch) -> Batch:
+        """This DP rank's contiguous share of a global batch (the batch must split evenly)."""
+        dp = self.layout.data_parallel_size
+        if len(batch) % dp:
+            raise ValueError(f"batch of {len(batch)} sequences does not split over {dp} data-parallel ranks")
+        return batch.chunk(dp)[self.layout.dp_rank]
+
+    def micro_batches(self, batch: Batch, batching: MicroBatching) -> tuple[list[list[int]], list[MicroBatch]]:
+        """Row groups and their prepared micro-batches for this rank's ``batch``."""
+        cp = self.layout.context_parallel_size
+        multiple = self.layout.tensor_model_parallel_size if self.tcfg.sequence_parallel else 1
+        if batching.use_dynamic_bsz:
+            groups = token_budget_micro_batches(
+                batch["attention_mask"].sum(1), batching.max_token_len, cp_size=cp, multiple_of=multiple,
+                field=batching.field,
+            )
+        else:
+            groups = fixed_micro_batches(len(batch), batching.micro_batch_size)
+        prompt_len = batch["prompts"].shape[1]
+        mbs = []
+        for rows in groups:
+            data = batch.index(rows)
+            packed = pack_sequences(
+                data["input_ids"], data["attention_mask"], prompt_len, cp_size=cp, multiple_of=multiple
+            )
+            pos = cp_positions(packed.padded_len, cp, self.layout.cp_rank, device=packed.tokens.device)
+            mbs.append(
+                MicroBatch(
+                    data=data,
+                    packed=packed,
+                    tokens=cp_split(packed.tokens, cp, self.layout.cp_rank),
+                    labels=cp_split(packed.labels, cp, self.layout.cp_rank),
+                    position_ids=pos.unsqueeze(0).expand(len(rows), -1),
+                )
+            )
+        return groups, mbs
+
+    # ------------------------------------------------------------------ schedule
+    def _run(
+        self, mbs: list[MicroBatch], head_fn: HeadFn, loss_fn: LossFn | None, forward_only: bool
+    ) -> list[Any]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
+            mb: MicroBatch = next(data_iterator)
+            # attention_mask=None: the local attention is then causal, right for rows that start at 0.
+            out = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None)
+            return out, partial(self._post, mb, head_fn, loss_fn, forward_only)
+
+        iters = [iter(mbs) for _ in self.chunks]
+        fb = get_forward_backward_func()
+        return fb(
+            forward_step_func=forward_step,
+            data_iterator=iters if len(iters) > 1 else iters[0],
+            model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
+            num_microbatches=len(mbs),
+            seq_length=max(mb.packed.padded_len for mb in mbs),
+            micro_batch_size=max(len(mb.data) for mb in mbs),
+            forward_only=forward_only,
+        )
+
+    def _post(
+        self, mb: MicroBatch, head_fn: HeadFn, loss_fn: LossFn | None, forward_only: bool, output: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Last-stage loss function given to Megatron: head -> CP gather -> response layout -> loss."""
+        cp = self.layout.context_parallel_size
+        cp_group = self.layout.cp_group() if cp > 1 else None
+        per_token = head_fn(output, mb)
+        response = {
+            k: mb.packed.to_response(cp_gather(v, cp, cp_group, seq_dim=1, grad_mode="slice"))
+            for k, v in per_token.items()
+        }
+        one = torch.ones((), dtype=torch.int, device=output.device)
+        if forward_only or loss_fn is None:
+            zero = torch.zeros((), dtype=torch.float32, device=output.device)
+            return zero, one, {k: v.detach() for k, v in response.items()}
+        loss, metrics = loss_fn(response, mb)
+        return loss, one, {k: v.detach().reshape(()) for k, v in metrics.items()}
+
+    def _pp_last_broadcast_obj(self, obj: Any) -> Any:
+        if self.layout.pipeline_model_parallel_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(
+            box, group=self.layout.pp_group(), group_src=self.layout.pipeline_model_parallel_size - 1
+        )
+        return box[0]
+
+    def forward_only(self, batch: Batch, head_fn: HeadFn, batching: MicroBatching) -> dict[str, torch.Tensor]:
+        """Per-response-token outputs ``{name: [B, R]}`` of ``head_fn`` for the whole global ``batch``, on every rank."""
+        local = self.dp_rows(batch)
+        groups, mbs = self.micro_batches(local, batching)
+        for chunk in self.chunks:
+            chunk.eval()
+        with torch.no_grad():
+            outputs = self._run(mbs, head_fn, None, forward_only=True)
+        if self.layout.is_pipeline_last_stage:
+            keys = sorted(outputs[0])
+            merged = {k: scatter_rows([o[k] for o in outputs], groups, len(local)).float() for k in keys}
+        else:
+            merged = None
+        keys = self._pp_last_broadcast_obj(sorted(merged) if merged is not None else None)
+        resp_len = batch["responses"].shape[1]
+        result: dict[str, torch.Tensor] = {}
+        for k in keys:
+            t = merged[k] if merged is not None else torch.zeros(len(local), resp_len, dtype=torch.float32)
+            if self.layout.pipeline_model_parallel_size > 1:
+                dist.broadcast(
+                    t, group=self.layout.pp_group(), group_src=self.layout.pipeline_model_parallel_size - 1
+                )
+            result[k] = self._dp_all_gather(t)
+        return result
+
+    def _dp_all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        dp = self.layout.data_parallel_size
+        if dp == 1:
+            return t
+        parts = [torch.empty_like(t) for _ in range(dp)]
+        dist.all_gather(parts, t.contiguous(), group=self.layout.dp_group())
+        return torch.cat(parts)
+
+    def forward_backward(
+        self, batch: Batch, head_fn: HeadFn, loss_fn: LossFn, batching: MicroBatching
+    ) -> dict[str, float]:
+        """Accumulate gradients of ``loss_fn`` over this rank's share of the global ``batch``.
+
+        Returns the metric shares summed over micro-batches and DP ranks (identical on every rank).
+        Call :meth:`zero_grad` before and :meth:`step` after.
+        """
+        if not self.trainable:
+            raise RuntimeError("this engine has no optimizer (built with optim=None): it cannot be trained")
+        from megatron.core.distributed import finalize_model_grads
+
+        local = self.dp_rows(batch)
+        _, mbs = self.micro_batches(local, batching)
+        for chunk in self.chunks:
+            chunk.train()
+        outputs = self._run(mbs, head_fn, loss_fn, forward_only=False)
+        # DP x CP gradient sum (no scaling: calculate_per_token_loss), tied-embedding and TP-norm fix-ups.
+        finalize_model_grads(self.chunks, num_tokens=None)
+        sums: dict[str, float] | None = None
+        if self.layout.is_pipeline_last_stage:
+            sums = {}
+            for out in outputs:
+                for k, v in out.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        sums = self._pp_last_broadcast_obj(sums)
+        keys = sorted(sums)
+        if self.layout.data_parallel_size > 1 and keys:
+            vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+            dist.all_reduce(vec, group=self.layout.dp_group())
+            sums = dict(zip(keys, vec.tolist()))
+        return sums
+
+    def zero_grad(self) -> None:
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def step(self) -> dict[str, float]:
+        """Clip, optimizer step (params all-gathered by the distributed optimizer), LR scheduler step."""
+        ok, grad_norm, _ = self.optimizer.step()
+        if grad_norm is None:
+            grad_norm = float("nan")  # clip_grad == 0: Megatron skips the norm
+        self.scheduler.step(increment=1)
+        return {"grad_norm": float(grad_norm), "lr": float(self.optimizer.param_groups[0]["lr"]), "update_ok": float(ok)}
+
+    # ------------------------------------------------------------------ export / offload
+    def export_hf_weights(self) -> dict[str, torch.Tensor]:
+        """Full HF tensors of the model (collective: every rank must call)."""
+        return dict(self.bridge.export_hf_weights(self.chunks))
+
+    def offload(self, *, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
+        """Move the named state off the device (see :mod:`offload`); returns bytes moved."""
+        moved = 0
+        if params and not self.offloader.is_offloaded("params"):
+            moved += self.offloader.offload("params", model_param_tensors(self.chunks))
+        if grads and self.trainable and not self.offloader.is_offloaded("grads"):
+            moved += self.offloader.offload("grads", model_grad_tensors(self.chunks))
+        if optimizer and self.optimizer is not None and not self.offloader.is_offloaded("optimizer"):
+            moved += self.offloader.offload("optimizer", optimizer_tensors(self.optimizer))
+        return moved
+
+    def reload(self) -> int:
+        """Bring back everything :meth:`offload` moved; returns bytes moved."""
+        moved = 0
+        for group in ("params", "grads", "optimizer"):
+            if self.offloader.is_offloaded(group):
+                moved += self.offloader.reload(group)
+        return moved
+
+
+def vocab_shard_range(logits_shard: torch.Tensor, layout: Any) -> tuple[int, int]:
+    """Global vocab ids ``[start, end)`` of this TP rank's logits shard."""
+    width = logits_shard.shape[-1]
+    return layout.tp_rank * width, (layout.tp_rank + 1) * width
+
+
+__all__: Sequence[str] = ["HeadFn", "LossFn", "MegatronEngine", "MicroBatch", "MicroBatching", "vocab_shard_range"]

@@ -1,0 +1,93 @@
+"""Tiny HF checkpoint, a synthetic multi-turn-shaped batch and the per-rank worker setup for worker tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mcore_agentic.data.batch import Batch
+
+VOCAB = 500  # not a multiple of 128: Megatron pads the vocabulary, which log-probs must exclude
+PROMPT, RESPONSE = 6, 10
+
+
+def make_tiny_hf(path: Path, *, seed: int = 0) -> Path:
+    """A random 2-layer Qwen2 (hidden 64, GQA 4/2) saved as safetensors; weights scaled to carry signal."""
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+        tie_word_embeddings=False, torch_dtype="float32", use_sliding_window=False,
+    )
+    config.architectures = ["Qwen2ForCausalLM"]
+    torch.manual_seed(seed)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            else:
+                param.copy_(0.1 * torch.randn_like(param))
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+def make_batch(n: int = 8, *, seed: int = 0) -> Batch:
+    """Left-padded prompts ++ right-padded responses with a tool-result hole in the loss mask."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.zeros(n, PROMPT, dtype=torch.long)
+    responses = torch.zeros(n, RESPONSE, dtype=torch.long)
+    pmask = torch.zeros(n, PROMPT, dtype=torch.long)
+    rmask = torch.zeros(n, RESPONSE, dtype=torch.long)
+    for i in range(n):
+        p = int(torch.randint(1, PROMPT + 1, (1,), generator=g))
+        r = int(torch.randint(2, RESPONSE + 1, (1,), generator=g))
+        prompts[i, PROMPT - p :] = torch.randint(1, VOCAB, (p,), generator=g)
+        pmask[i, PROMPT - p :] = 1
+        responses[i, :r] = torch.randint(1, VOCAB, (r,), generator=g)
+        rmask[i, :r] = 1
+    loss_mask = rmask.clone()
+    loss_mask[::2, 1:3] = 0  # a "tool result" inside the response: attended to, not trained on
+    attention_mask = torch.cat([pmask, rmask], 1)
+    return Batch(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
+            "response_mask": loss_mask,
+            "advantages": torch.randn(n, RESPONSE, generator=g) * loss_mask,
+            "returns": torch.randn(n, RESPONSE, generator=g) * loss_mask,
+        }
+    )
+
+
+def hf_response_log_probs(path: str, batch: Batch) -> torch.Tensor:
+    """Log-probs ``[B, R]`` of the response tokens under the HF model (attention mask + position ids)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, torch_dtype=torch.float32, attn_implementation="eager", local_files_only=True
+    ).eval()
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+        ).logits
+    logp = torch.log_softmax(logits[:, PROMPT - 1 : -1].float(), -1)
+    out = logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    return out * batch["attention_mask"][:, PROMPT:]
+
+
+def setup_rank(tp: int = 1, pp: int = 1, cp: int = 1, seed: int = 1) -> Any:
+    """Apply the CPU patches and initialise Megatron's parallel state; returns the layout."""
+    import megatron_patches
+    from mcore_agentic.parallel.config import ParallelConfig
+    from mcore_agentic.parallel.layout import initialize_parallel
+
+    megatron_patches.apply()
+    cfg = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp)
+    return cfg, initialize_parallel(cfg, seed)
