@@ -143,6 +143,21 @@ def _tp_body(rank: int, world_size: int) -> dict:
         out[f"T={temperature},wrappers_err"] = max(
             (lp_only.double() - ref_lp).abs().max().item(), (ent_only.double() - ref_ent).abs().max().item()
         )
+
+    # Cross-check against Megatron-core's own vocab-parallel cross entropy (T=1, no padding): loss == -log p.
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
+    shard = logits[..., rank * local : (rank + 1) * local]
+    theirs = shard.clone().requires_grad_(True)
+    mine = shard.clone().requires_grad_(True)
+    mg_loss = vocab_parallel_cross_entropy(theirs, target)
+    lp = vocab_parallel_log_probs(mine, target, group=parallel_state.get_tensor_model_parallel_group())
+    (weights[0].float() * mg_loss).sum().backward()
+    (-weights[0].float() * lp).sum().backward()
+    out["megatron_value_err"] = (mg_loss + lp).abs().max().item()
+    out["megatron_grad_err"] = (theirs.grad - mine.grad).abs().max().item()
     return out
 
 
