@@ -13,7 +13,7 @@ from mcore_agentic.config.errors import require
 
 SanityCheckMode = Literal["strict", "ignore_strippable", "disable"]
 SANITY_CHECK_MODES: tuple[str, ...] = ("strict", "ignore_strippable", "disable")
-TOOL_PARSER_FORMATS: tuple[str, ...] = ("hermes", "llama3_json", "mistral")
+TOOL_PARSER_FORMATS: tuple[str, ...] = ("hermes", "qwen2_5", "qwen", "llama3_json", "mistral")
 ENGINES: tuple[str, ...] = ("hf", "sglang")
 TOOL_EXECUTORS: tuple[str, ...] = ("local", "ray")
 
@@ -26,8 +26,10 @@ class MultiTurnConfig:
     """Run the agent loop (tool calls, interactions). False: one assistant turn per request."""
     max_assistant_turns: int = 5
     """Most assistant (sampled) turns per trajectory; the request ends after the last one."""
-    max_user_turns: int = 0
-    """Most interaction (simulated-user) turns per trajectory; 0 disables interactions."""
+    max_user_turns: int | None = None
+    """Most interaction (simulated-user) turns per trajectory; null: bounded only by max_assistant_turns.
+    An interaction's own ``config.max_user_turns`` takes precedence. Samples use an interaction only
+    when their ``extra_info.interaction_kwargs`` is set."""
     max_parallel_calls: int = 1
     """Most tool calls executed per assistant turn; further calls get an error observation."""
     max_tool_response_length: int = 256
@@ -37,7 +39,8 @@ class MultiTurnConfig:
     interaction_config_path: str | None = None
     """YAML of interactions (``interaction: [{name, class_name, config}]``)."""
     format: str = "hermes"
-    """Tool-call parser for the model's output: ``hermes`` (``<tool_call>{json}</tool_call>``), ``llama3_json``, ``mistral``."""
+    """Tool-call parser for the model's output: ``hermes`` (``<tool_call>{json}</tool_call>``; aliases ``qwen2_5``,
+    ``qwen``), ``llama3_json``, ``mistral``."""
     tokenization_sanity_check_mode: SanityCheckMode = "strict"
     """Compare each trajectory with a full render of its messages: ``strict`` warns on any difference,
     ``ignore_strippable`` ignores whitespace-only differences, ``disable`` skips the check."""
@@ -53,7 +56,11 @@ class MultiTurnConfig:
     def __post_init__(self) -> None:
         p = "rollout.multi_turn."
         require(self.max_assistant_turns >= 1, p + "max_assistant_turns", f"must be >= 1, got {self.max_assistant_turns}")
-        require(self.max_user_turns >= 0, p + "max_user_turns", f"must be >= 0, got {self.max_user_turns}")
+        require(
+            self.max_user_turns is None or self.max_user_turns >= 0,
+            p + "max_user_turns",
+            f"must be >= 0 or null, got {self.max_user_turns}",
+        )
         require(self.max_parallel_calls >= 1, p + "max_parallel_calls", f"must be >= 1, got {self.max_parallel_calls}")
         require(
             self.max_tool_response_length >= 0,

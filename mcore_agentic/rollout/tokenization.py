@@ -182,7 +182,9 @@ class ChatTokenizer:
         render of its assistant message.
         """
         if not used_fallback:
-            text = self.render(messages, tools=tools, add_generation_prompt=False)
+            # A trajectory that ends on environment text (cut by a length limit) ends in a generation prompt.
+            ends_with_env = bool(messages) and messages[-1].get("role") != "assistant"
+            text = self.render(messages, tools=tools, add_generation_prompt=ends_with_env)
             if ids and ids[-1] == self.eot_id:
                 text = text[: text.rfind(self.eot_text) + len(self.eot_text)]
             return self.encode(text)

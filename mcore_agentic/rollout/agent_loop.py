@@ -1,0 +1,342 @@
+"""The per-request agent loop: generate -> parse tool calls -> run tools / ask the interaction -> repeat.
+
+One :class:`AgentSession` drives one :class:`RolloutRequest` through its state machine:
+
+* ``running``: sample an assistant turn within the remaining length budget; keep the
+  sampled ids (loss mask 1) and decode them only to build the assistant message;
+* ``tool_calling``: parse calls (``rollout.multi_turn.format``), validate them against
+  the sample's tools, run up to ``max_parallel_calls`` concurrently through
+  ``safe_execute``; malformed / unknown / invalid / failing / timed-out calls become
+  error observations the model reads. Tool messages are delta-tokenized (mask 0);
+* ``interacting``: after a turn without tool calls, the sample's interaction (selected
+  by ``interaction_kwargs["name"]``) replies as the user, or ends the conversation;
+* ``completed`` with a finish reason, or ``failed`` on an unexpected error (the batch
+  still completes; the failed row trains on nothing).
+
+Tool instances are created per request with the sample's ``tools_kwargs``
+(``{tool: {create_kwargs, execute_kwargs, calc_reward_kwargs, release_kwargs}}``), scored
+with ``calc_reward`` at the end, and always released, even on failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcore_agentic.rollout.config import RolloutConfig
+from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams
+from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest
+from mcore_agentic.rollout.tokenization import ChatTokenizer
+from mcore_agentic.rollout.tool_parser import ToolCall, ToolCallError, ToolCallParser, validate_tool_call
+from mcore_agentic.tools.base import ToolProtocol, ToolResponse, error_response, safe_execute
+
+logger = logging.getLogger(__name__)
+
+_TOOLS_KWARGS_KEYS = frozenset({"create_kwargs", "execute_kwargs", "calc_reward_kwargs", "release_kwargs"})
+
+
+class RequestDataError(ValueError):
+    """A sample's data cannot be rolled out (named field and fix); the request fails, the batch goes on."""
+
+
+@dataclass
+class AgentContext:
+    """What every request of a batch shares."""
+
+    engine: RolloutEngine
+    chat: ChatTokenizer
+    cfg: RolloutConfig
+    parser: ToolCallParser
+    tools: Mapping[str, ToolProtocol] = field(default_factory=dict)
+    interactions: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _ToolInstance:
+    tool: ToolProtocol
+    instance_id: str
+    kwargs: dict[str, dict[str, Any]]
+
+
+class AgentSession:
+    """Runs one request to completion; see the module docstring for the turn structure."""
+
+    def __init__(self, request: RolloutRequest, ctx: AgentContext):
+        self.req = request
+        self.ctx = ctx
+        self.mt = ctx.cfg.multi_turn
+        self.instances: dict[str, _ToolInstance] = {}
+        self.schemas: list[dict[str, Any]] | None = None
+        self.interaction: Any = None
+        self.interaction_id: str | None = None
+        self.num_prompt_messages = len(request.messages)
+        self.used_fallback = False
+        self.max_len = min(ctx.cfg.prompt_length + ctx.cfg.response_length, ctx.cfg.effective_max_model_len)
+
+    async def run(self) -> RolloutRequest:
+        req = self.req
+        try:
+            req.transition(RequestState.RUNNING)
+            await self._start()
+            reason = await self._turns()
+            await self._score()
+            self._sanity_check(reason)
+            req.complete(reason)
+        except Exception as exc:  # noqa: BLE001 -- one request's failure must not take the batch down
+            if not req.done:
+                req.fail(f"{type(exc).__name__}: {exc}")
+            logger.warning("rollout request %s failed: %s: %s", req.request_id, type(exc).__name__, exc)
+        finally:
+            await self._release()
+        return req
+
+    # -- setup --------------------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        req, ctx = self.req, self.ctx
+        selected = self._select_tools()
+        for name, tool in selected.items():
+            kwargs = req.tools_kwargs.get(name) or {}
+            instance_id = await tool.create(instance_id=req.request_id, **(kwargs.get("create_kwargs") or {}))
+            self.instances[name] = _ToolInstance(tool, instance_id, kwargs)
+        self.schemas = [t.get_openai_tool_schema() for t in selected.values()] or None
+        if req.interaction_kwargs and self.mt.enable:
+            if not ctx.interactions:
+                raise RequestDataError(
+                    "extra_info.interaction_kwargs is set but no interactions are configured; "
+                    "set rollout.multi_turn.interaction_config_path"
+                )
+            from mcore_agentic.interactions.registry import select_interaction
+
+            self.interaction = select_interaction(ctx.interactions, req.interaction_kwargs)
+            kwargs = {k: v for k, v in req.interaction_kwargs.items() if k != "name"}
+            self.interaction_id = await self.interaction.start_interaction(instance_id=req.request_id, **kwargs)
+        prompt = ctx.chat.prompt_ids(req.messages, tools=self.schemas)
+        if len(prompt) > ctx.cfg.prompt_length:
+            req.trajectory.set_prompt(prompt[-ctx.cfg.prompt_length :])  # a row for the batch; trains on nothing
+            raise RequestDataError(
+                f"prompt of {len(prompt)} tokens (chat template and tool schemas included) exceeds "
+                f"rollout.prompt_length={ctx.cfg.prompt_length}; raise it or filter long prompts "
+                "(data.filter_overlong_prompts)"
+            )
+        req.trajectory.set_prompt(prompt)
+
+    def _select_tools(self) -> dict[str, ToolProtocol]:
+        """The sample's tools: those its ``tools_kwargs`` names, or every configured tool if it names none."""
+        tools, wanted = self.ctx.tools, self.req.tools_kwargs
+        if not self.mt.enable:
+            return {}
+        if not wanted:
+            return dict(tools)
+        for name, kwargs in wanted.items():
+            if name not in tools:
+                raise RequestDataError(
+                    f"extra_info.tools_kwargs.{name}: no such tool; configured tools: {sorted(tools) or 'none'} "
+                    "(rollout.multi_turn.tool_config_path)"
+                )
+            if not isinstance(kwargs, Mapping) or set(kwargs) - _TOOLS_KWARGS_KEYS:
+                raise RequestDataError(
+                    f"extra_info.tools_kwargs.{name}: must be a mapping with keys among {sorted(_TOOLS_KWARGS_KEYS)}"
+                )
+        return {name: tools[name] for name in wanted}
+
+    # -- turns --------------------------------------------------------------------------------------
+
+    async def _turns(self) -> FinishReason:
+        req, chat, mt = self.req, self.ctx.chat, self.mt
+        traj = req.trajectory
+        while True:
+            budget = min(self.ctx.cfg.response_length - traj.response_len, self.max_len - len(traj))
+            if budget <= 0:
+                return FinishReason.LENGTH
+            out = await self._generate(budget)
+            req.metrics.assistant_turns += 1
+            ids, log_probs = out.token_ids[:budget], out.log_probs[:budget]
+            traj.append(ids, sampled=True, log_probs=log_probs)
+            if out.finish_reason == "abort":
+                return FinishReason.ABORTED
+            ended = bool(ids) and ids[-1] in chat.stop_token_ids
+            text = chat.decode(ids[:-1] if ended else ids)
+            calls: list[ToolCall | ToolCallError] = []
+            if self.instances:
+                content, calls = self.ctx.parser.parse(text)
+                valid = [c for c in calls if isinstance(c, ToolCall)]
+                for c in valid:  # the message keeps malformed calls' text, as the model wrote it
+                    text = text.replace(c.raw, "", 1)
+                content = text.strip() if len(valid) != len(calls) else content
+                message: dict[str, Any] = {"role": "assistant", "content": content}
+                if valid:
+                    message["tool_calls"] = [c.to_openai() for c in valid]
+            else:
+                message = {"role": "assistant", "content": text}
+            req.messages.append(message)
+            if out.finish_reason == "length" or len(out.token_ids) > budget:
+                return FinishReason.LENGTH
+            if not mt.enable:
+                return FinishReason.STOP
+            sampled_eot: bool = bool(ids) and ids[-1] == chat.eot_id
+            if calls:
+                if req.metrics.assistant_turns >= mt.max_assistant_turns:
+                    return FinishReason.TOOL_CALLS
+                req.transition(RequestState.TOOL_CALLING)
+                tool_messages = await self._run_tools(calls)
+                if not self._append_env(tool_messages, sampled_eot):
+                    return FinishReason.LENGTH
+                req.transition(RequestState.RUNNING)
+                continue
+            if self.interaction is None or not self._user_turns_left():
+                return FinishReason.STOP
+            req.transition(RequestState.INTERACTING)
+            terminate, reply, score, _extra = await self.interaction.generate_response(
+                self.interaction_id, [dict(m) for m in req.messages]
+            )
+            req.metrics.user_turns += 1
+            req.interaction_scores.append(float(score))
+            if terminate or req.metrics.assistant_turns >= mt.max_assistant_turns:
+                return FinishReason.STOP
+            if not self._append_env([{"role": "user", "content": str(reply)}], sampled_eot):
+                return FinishReason.LENGTH
+            req.transition(RequestState.RUNNING)
+
+    def _user_turns_left(self) -> bool:
+        own = getattr(self.interaction, "max_user_turns", None)
+        limit = own if own is not None else self.mt.max_user_turns
+        return limit is None or self.req.metrics.user_turns < limit
+
+    async def _generate(self, budget: int) -> GenerationOutput:
+        req, ctx = self.req, self.ctx
+        cfg = ctx.cfg
+        turn = req.metrics.assistant_turns
+        seed = None if req.seed is None else (req.seed * 1_000_003 + turn) % (1 << 62)
+        params = SamplingParams(
+            max_new_tokens=budget,
+            stop_token_ids=ctx.chat.stop_token_ids,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            seed=seed,
+        )
+        if self.mt.use_inference_chat_template and turn > 0:
+            # Production-style prompt (templates like Qwen3 drop earlier reasoning); trained ids keep it all.
+            prompt = ctx.chat.prompt_ids(req.messages, tools=self.schemas)
+        else:
+            prompt = req.trajectory.ids
+        started = time.perf_counter()
+        out = await ctx.engine.generate(list(prompt), params)
+        req.metrics.generate_seconds += time.perf_counter() - started
+        return out
+
+    def _append_env(self, new_messages: list[dict[str, Any]], sampled_eot: bool) -> bool:
+        """Append environment messages and their delta ids (+ next generation prompt); False if out of room."""
+        req, traj = self.req, self.req.trajectory
+        start = len(req.messages)
+        req.messages.extend(new_messages)
+        segment = self.ctx.chat.env_segment(req.messages, start, tools=self.schemas, sampled_eot=sampled_eot)
+        if segment.used_fallback:
+            self.used_fallback = True
+            req.metrics.template_fallback += 1
+        traj.append(segment.ids, sampled=False)
+        if len(traj) >= self.max_len or traj.response_len >= self.ctx.cfg.response_length:
+            traj.truncate(min(self.max_len, traj.prompt_len + self.ctx.cfg.response_length))
+            return False
+        return True
+
+    # -- tools --------------------------------------------------------------------------------------
+
+    async def _run_tools(self, calls: list[ToolCall | ToolCallError]) -> list[dict[str, Any]]:
+        """Tool messages for ``calls``, in order; at most ``max_parallel_calls`` run, concurrently."""
+        limit = self.mt.max_parallel_calls
+        tools = {name: inst.tool for name, inst in self.instances.items()}
+        started = time.perf_counter()
+
+        async def one(index: int, call: ToolCall | ToolCallError) -> tuple[str | None, ToolResponse]:
+            if isinstance(call, ToolCallError):
+                return call.name, error_response(call.message)
+            if index >= limit:
+                return call.name, error_response(
+                    f"Error: at most {limit} tool calls run per turn; call {index + 1} ('{call.name}') was not run."
+                )
+            problem = validate_tool_call(call, tools)
+            if problem is not None:
+                return call.name, error_response(problem.message)
+            inst = self.instances[call.name]
+            response = await safe_execute(
+                inst.tool,
+                inst.instance_id,
+                call.arguments,
+                self.mt.tool_timeout,
+                **(inst.kwargs.get("execute_kwargs") or {}),
+            )
+            return call.name, response
+
+        results = await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
+        self.req.metrics.tool_seconds += time.perf_counter() - started
+        messages = []
+        for call, (name, response) in zip(calls, results):
+            self.req.metrics.tool_calls += 1
+            self.req.metrics.tool_errors += int(response.is_error)
+            if name in self.instances:
+                self.req.tool_rewards[name] = self.req.tool_rewards.get(name, 0.0) + float(response.reward)
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": _clip(response.text, self.mt.max_tool_response_length)}
+            )
+        return messages
+
+    # -- end ----------------------------------------------------------------------------------------
+
+    async def _score(self) -> None:
+        req = self.req
+        for name, inst in self.instances.items():
+            reward = await inst.tool.calc_reward(inst.instance_id, **(inst.kwargs.get("calc_reward_kwargs") or {}))
+            req.tool_rewards[name] = req.tool_rewards.get(name, 0.0) + float(reward)
+        if self.interaction is not None:
+            req.interaction_final_score = float(await self.interaction.calculate_score(self.interaction_id))
+
+    def _sanity_check(self, reason: FinishReason) -> None:
+        mode = self.mt.tokenization_sanity_check_mode
+        if mode == "disable":
+            return
+        req, chat = self.req, self.ctx.chat
+        traj = req.trajectory
+        reference = chat.reference_ids(
+            traj.ids,
+            traj.loss_mask,
+            req.messages,
+            tools=self.schemas,
+            num_prompt_messages=self.num_prompt_messages,
+            used_fallback=self.used_fallback,
+        )
+        truncated = reason in (FinishReason.LENGTH, FinishReason.ABORTED)
+        diffs = chat.sanity_check(traj.ids, reference, mode=mode, truncated=truncated)
+        req.metrics.sanity_check_mismatch = int(bool(diffs))
+        req.sanity_check_diffs = diffs
+
+    async def _release(self) -> None:
+        for name, inst in self.instances.items():
+            try:
+                await inst.tool.release(inst.instance_id, **(inst.kwargs.get("release_kwargs") or {}))
+            except Exception as exc:  # noqa: BLE001 -- a leaky tool must not fail the batch
+                logger.warning("releasing tool %s for request %s failed: %s", name, self.req.request_id, exc)
+        if self.interaction is not None and self.interaction_id is not None:
+            try:
+                await self.interaction.finalize_interaction(self.interaction_id)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("finalizing interaction for request %s failed: %s", self.req.request_id, exc)
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut in the middle to ``limit`` characters (0 keeps it whole)."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    marker = "...(truncated)..."
+    keep = max(limit - len(marker), 0)
+    return text[: keep - keep // 2] + marker + text[len(text) - keep // 2 :]
+
+
+async def run_request(request: RolloutRequest, ctx: AgentContext) -> RolloutRequest:
+    """Drive one request to ``completed`` or ``failed``; never raises for a request's own errors."""
+    return await AgentSession(request, ctx).run()

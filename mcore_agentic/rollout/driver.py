@@ -1,0 +1,231 @@
+"""Batch rollout: expand prompts ``n`` times, run every request concurrently, collate into a ``Batch``.
+
+Input rows look like the parquet dataset's rows::
+
+    {"prompt": [{"role": ..., "content": ...}, ...], "data_source": str,
+     "reward_model": {"ground_truth": str},
+     "extra_info": {"tools_kwargs": {...}, "interaction_kwargs": {...}}}
+
+Output (see :mod:`mcore_agentic.data.batch` for the key conventions): ``prompts``
+[B, P] left-padded, ``responses``/``response_mask``/``rollout_log_probs`` [B, R]
+right-padded, ``input_ids``/``attention_mask``/``position_ids`` [B, P+R], with
+``B = len(rows) * n``, ``P <= rollout.prompt_length``, ``R <= rollout.response_length``;
+per-sample meta ``messages``, ``uid``, ``data_source``, ``ground_truth``, ``tool_rewards``,
+``interaction_scores``, ``num_turns``, ``finish_reason``, ``request_metrics``.
+
+With a rollout group of several ranks (rollout tensor parallel in SPMD),
+:func:`generate_sequences_spmd` runs the loop, tools included, on the group's first
+rank only and broadcasts the batch to the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.data.batch import Batch
+from mcore_agentic.rollout.agent_loop import AgentContext, run_request
+from mcore_agentic.rollout.config import RolloutConfig
+from mcore_agentic.rollout.engines.base import RolloutEngine
+from mcore_agentic.rollout.request import RequestState, RolloutRequest
+from mcore_agentic.rollout.tokenization import ChatTokenizer, log_mismatch
+from mcore_agentic.rollout.tool_parser import get_tool_parser
+
+logger = logging.getLogger(__name__)
+
+
+def build_requests(rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> list[RolloutRequest]:
+    """``cfg.n`` requests per row, sharing a fresh ``uid`` per row (GRPO groups)."""
+    requests = []
+    for i, row in enumerate(rows):
+        messages = row.get("prompt")
+        if messages is None or isinstance(messages, str | bytes) or not all(
+            isinstance(m, Mapping) and "role" in m for m in messages
+        ):
+            raise ConfigError(f"prompts[{i}].prompt", "must be a list of chat messages {role, content}")
+        extra = dict(row.get("extra_info") or {})
+        reward_model = row.get("reward_model") or {}
+        uid = uuid.uuid4().hex
+        for j in range(cfg.n):
+            index = i * cfg.n + j
+            requests.append(
+                RolloutRequest(
+                    request_id=f"{uid}-{j}",
+                    uid=uid,
+                    messages=[dict(m) for m in copy.deepcopy(list(messages))],
+                    data_source=str(row.get("data_source", "")),
+                    ground_truth=reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None,
+                    tools_kwargs=dict(extra.get("tools_kwargs") or {}),
+                    interaction_kwargs=dict(extra.get("interaction_kwargs") or {}),
+                    extra_info=extra,
+                    seed=None if cfg.seed is None else cfg.seed + index,
+                )
+            )
+    return requests
+
+
+async def generate_sequences(
+    rows: Sequence[Mapping[str, Any]],
+    engine: RolloutEngine,
+    tools: Mapping[str, Any] | None,
+    interactions: Mapping[str, Any] | None,
+    cfg: RolloutConfig,
+    tokenizer: Any,
+    executor: Any = None,
+) -> Batch:
+    """Roll out every row ``cfg.n`` times, all requests concurrently; return the collated batch.
+
+    ``tokenizer``: a HF tokenizer with a chat template, or a :class:`ChatTokenizer`.
+    ``executor``: the tools' executor (``make_executor(cfg.multi_turn.tool_executor)``); bound to
+    every tool that accepts one.
+    """
+    chat = tokenizer if isinstance(tokenizer, ChatTokenizer) else ChatTokenizer(tokenizer)
+    tools = dict(tools or {})
+    if executor is not None:
+        for tool in tools.values():
+            if hasattr(tool, "bind_executor"):
+                tool.bind_executor(executor)
+    ctx = AgentContext(
+        engine=engine,
+        chat=chat,
+        cfg=cfg,
+        parser=get_tool_parser(cfg.multi_turn.format),
+        tools=tools,
+        interactions=dict(interactions or {}),
+    )
+    requests = build_requests(rows, cfg)
+    await asyncio.gather(*(run_request(r, ctx) for r in requests))
+    mismatched = [r for r in requests if r.metrics.sanity_check_mismatch]
+    if mismatched:
+        log_mismatch(mismatched[0].request_id, mismatched[0].sanity_check_diffs)
+        if len(mismatched) > 1:
+            logger.warning("%d of %d trajectories differ from their template render", len(mismatched), len(requests))
+    return collate(requests, cfg, pad_token_id=_pad_id(chat.tokenizer))
+
+
+def _pad_id(tokenizer: Any) -> int:
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else tokenizer.eos_token_id)
+
+
+def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token_id: int) -> Batch:
+    """Finished requests -> padded tensors and meta lists (layout in the module docstring)."""
+    if not requests:
+        raise ValueError("no requests to collate")
+    for r in requests:
+        if not r.done:
+            raise ValueError(f"request {r.request_id} is still {r.state.value}")
+        if r.trajectory.prompt_len > cfg.prompt_length or r.trajectory.response_len > cfg.response_length:
+            raise ValueError(f"request {r.request_id} exceeds the length limits; the loop should have cut it")
+    b = len(requests)
+    p = max(1, max(r.trajectory.prompt_len for r in requests))
+    n = max(1, max(r.trajectory.response_len for r in requests))
+    prompts = torch.full((b, p), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((b, p), dtype=torch.long)
+    responses = torch.full((b, n), pad_token_id, dtype=torch.long)
+    response_attn = torch.zeros((b, n), dtype=torch.long)
+    response_mask = torch.zeros((b, n), dtype=torch.long)
+    log_probs = torch.zeros((b, n), dtype=torch.float32)
+    for i, r in enumerate(requests):
+        t = r.trajectory
+        if t.prompt_len:
+            prompts[i, p - t.prompt_len :] = torch.tensor(t.prompt_ids)
+            prompt_mask[i, p - t.prompt_len :] = 1
+        if t.response_len:
+            responses[i, : t.response_len] = torch.tensor(t.response_ids)
+            response_attn[i, : t.response_len] = 1
+            response_mask[i, : t.response_len] = torch.tensor(t.response_mask)
+            log_probs[i, : t.response_len] = torch.tensor(t.response_log_probs, dtype=torch.float32)
+    attention_mask = torch.cat([prompt_mask, response_attn], dim=1)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    meta = {
+        "messages": [r.messages for r in requests],
+        "uid": [r.uid for r in requests],
+        "data_source": [r.data_source for r in requests],
+        "ground_truth": [r.ground_truth for r in requests],
+        "tool_rewards": [r.total_tool_reward for r in requests],
+        "interaction_scores": [list(r.interaction_scores) for r in requests],
+        "num_turns": [r.metrics.assistant_turns + r.metrics.user_turns for r in requests],
+        "finish_reason": [r.finish_reason.value if r.finish_reason else "aborted" for r in requests],
+        "request_metrics": [_request_metrics(r) for r in requests],
+    }
+    failed = sum(r.state is RequestState.FAILED for r in requests)
+    return Batch(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "response_mask": response_mask,
+            "rollout_log_probs": log_probs,
+        },
+        meta=meta,
+        info={
+            "rollout/failed_requests": failed,
+            "rollout/sanity_check_mismatches": sum(r.metrics.sanity_check_mismatch for r in requests),
+            "rollout/mean_assistant_turns": sum(r.metrics.assistant_turns for r in requests) / b,
+            "rollout/tool_calls": sum(r.metrics.tool_calls for r in requests),
+            "rollout/tool_errors": sum(r.metrics.tool_errors for r in requests),
+        },
+    )
+
+
+def _request_metrics(r: RolloutRequest) -> dict[str, Any]:
+    out: dict[str, Any] = r.metrics.as_dict()
+    out.update(
+        request_id=r.request_id,
+        state=r.state.value,
+        error=r.error,
+        tool_rewards_by_tool=dict(r.tool_rewards),
+        interaction_final_score=r.interaction_final_score,
+    )
+    return out
+
+
+def generate_sequences_sync(*args: Any, **kwargs: Any) -> Batch:
+    """:func:`generate_sequences` from synchronous code.
+
+    Inside an already running event loop (Ray actors, notebooks) ``asyncio.run`` is not allowed,
+    so the rollout then runs on a fresh loop in a helper thread.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(generate_sequences(*args, **kwargs))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, generate_sequences(*args, **kwargs)).result()
+
+
+def generate_sequences_spmd(*args: Any, group: Any = None, **kwargs: Any) -> Batch:
+    """Rollout for a rollout group of ranks: its first rank runs the loop (and tools), all get the batch.
+
+    ``group``: the rollout group's ``torch.distributed`` process group (None or size 1: just run).
+    Other ranks may pass ``None`` for engine/tools/interactions. If the first rank fails, every rank
+    raises with its error instead of hanging.
+    """
+    import torch.distributed as dist
+
+    if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return generate_sequences_sync(*args, **kwargs)
+    src = dist.get_global_rank(group, 0)
+    payload: list[Any] = [None]
+    if dist.get_rank() == src:
+        try:
+            payload[0] = ("ok", generate_sequences_sync(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 -- forwarded to the group, then raised everywhere
+            payload[0] = ("error", f"{type(exc).__name__}: {exc}")
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
+    dist.broadcast_object_list(payload, src=src, group=group, device=device)
+    status, value = payload[0]
+    if status != "ok":
+        raise RuntimeError(f"rollout failed on rank {src} of the rollout group: {value}")
+    return value
