@@ -16,6 +16,10 @@ This module owns that layout and nothing else:
 - :func:`cp_gather` — all-gather the shards and restore the original order, with
   a backward that gives each rank the gradient of its own tokens;
 - :func:`pad_to_multiple` — the padded length a sequence needs to be splittable.
+
+Next-token targets must be shifted on the *full* sequence before splitting
+(``labels[t] = tokens[t + 1]``): after the split, neighbouring local tokens are not
+neighbours in the sequence at the chunk boundary.
 """
 
 from __future__ import annotations
