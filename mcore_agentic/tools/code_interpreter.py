@@ -64,7 +64,7 @@ class SandboxLimits:
     max_processes: int = 0
     """RLIMIT_NPROC: 0 forbids new processes and threads (the kernel ignores it for root)."""
     max_output_chars: int = 4000
-    """stdout and stderr are each cut to this many characters in the observation."""
+    """stdout and stderr are each cut to this many characters (head and tail kept) in the observation."""
     site_packages: bool = True
     network_namespace: bool = True
     """Try ``unshare(CLONE_NEWNET)`` for a network-less child."""
@@ -115,12 +115,20 @@ def _minimal_env(workdir: str) -> dict[str, str]:
 
 
 def _read_capped(path: Path, limit: int) -> tuple[str, bool]:
+    """The file's text cut to ``limit`` characters, keeping its head and its tail (where tracebacks end)."""
+    size = path.stat().st_size
+    window = 4 * limit  # utf-8 is at most 4 bytes a character, so a window always holds >= limit characters
     with open(path, "rb") as f:
-        data = f.read(4 * limit + 4)  # utf-8 is at most 4 bytes a character
-    text = data.decode("utf-8", errors="replace")
-    if len(text) > limit:
-        return text[:limit], True
-    return text, False
+        if size <= 2 * window:
+            head = tail = f.read().decode("utf-8", errors="replace")
+        else:
+            head = f.read(window).decode("utf-8", errors="replace")
+            f.seek(size - window)
+            tail = f.read().decode("utf-8", errors="replace")
+    if head is tail and len(head) <= limit:
+        return head, False
+    half = limit // 2
+    return f"{head[:half]}\n...[output truncated]...\n{tail[-half:]}", True
 
 
 def run_sandboxed(code: str, limits: SandboxLimits) -> ExecutionResult:
@@ -207,9 +215,9 @@ def format_observation(result: ExecutionResult, limits: SandboxLimits) -> str:
     """The text the model reads: its output, then what went wrong, if anything."""
     parts: list[str] = []
     if result.stdout:
-        parts.append(result.stdout.rstrip("\n") + ("\n...[stdout truncated]" if result.stdout_truncated else ""))
+        parts.append(result.stdout.rstrip("\n"))
     if result.stderr:
-        parts.append("stderr:\n" + result.stderr.rstrip("\n") + ("\n...[stderr truncated]" if result.stderr_truncated else ""))
+        parts.append("stderr:\n" + result.stderr.rstrip("\n"))
     if result.timed_out:
         parts.append(f"Error: execution timed out after {limits.timeout_s:g} s and was stopped.")
     elif result.signal_name is not None:

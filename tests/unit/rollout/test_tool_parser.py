@@ -1,0 +1,195 @@
+"""Tool-call parsing (hermes / llama3_json / mistral) and schema validation of the arguments."""
+
+import pytest
+
+from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.rollout.tool_parser import ToolCall, ToolCallError, get_tool_parser, validate_tool_call
+from mcore_agentic.tools.base import BaseTool
+
+CALC_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "evaluate",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "expression": {"type": "string"},
+                "precision": {"type": "integer"},
+                "ratio": {"type": "number"},
+                "exact": {"type": "boolean"},
+                "values": {"type": "array", "items": {"type": "number"}},
+                "options": {"type": "object"},
+                "mode": {"type": "string", "enum": ["fast", "exact"]},
+            },
+            "required": ["expression"],
+        },
+    },
+}
+TOOLS = {"calc": BaseTool({}, CALC_SCHEMA), "search": BaseTool({}, {"type": "function", "function": {"name": "search"}})}
+
+
+# -- hermes ------------------------------------------------------------------
+
+
+def test_hermes_several_calls_and_content():
+    text = (
+        "Let me compute both.\n"
+        '<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}}\n</tool_call>\n'
+        '<tool_call>{"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}</tool_call>'
+    )
+    content, calls = get_tool_parser("hermes").parse(text)
+    assert content == "Let me compute both."
+    assert [type(c) for c in calls] == [ToolCall, ToolCall]
+    assert calls[0].name == "calc" and calls[0].arguments == {"expression": "1+2"}
+    assert calls[0].raw.startswith("<tool_call>") and calls[0].raw.endswith("</tool_call>")
+    assert calls[1].arguments == {"q": "x"}  # OpenAI-style JSON-string arguments are decoded
+    assert calls[0].id != calls[1].id and len(calls[0].id) == 9 and calls[0].id.isalnum()
+    assert calls[0].to_openai()["function"] == {"name": "calc", "arguments": {"expression": "1+2"}}
+
+
+def test_qwen_alias_and_no_calls():
+    parser = get_tool_parser("qwen2_5")
+    assert parser.parse("  The answer is 42.  ") == ("The answer is 42.", [])
+
+
+def test_hermes_malformed_json_is_an_error_not_a_crash():
+    content, calls = get_tool_parser("hermes").parse(
+        'ok <tool_call>{"name": "calc", "arguments": {"expression": "1+2"}</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": {"expression": "3"}}</tool_call>'
+    )
+    assert content == "ok"
+    assert isinstance(calls[0], ToolCallError) and isinstance(calls[1], ToolCall)
+    assert "not valid JSON" in calls[0].message and "<tool_call>" in calls[0].message  # tells the model the format
+    assert calls[0].name == "calc"
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("", "empty tool call"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"arguments": {}}', 'no "name"'),
+        ('{"name": "calc", "arguments": [1]}', "must be a JSON object, got array"),
+        ('{"name": "calc", "arguments": "{bad"}', "not valid JSON"),
+        ('{"name": "calc", "arguments": {}} trailing', "unexpected text"),
+    ],
+)
+def test_hermes_bad_shapes(body, expected):
+    _, calls = get_tool_parser("hermes").parse(f"<tool_call>{body}</tool_call>")
+    assert len(calls) == 1 and isinstance(calls[0], ToolCallError)
+    assert expected in calls[0].message
+
+
+def test_hermes_unterminated_final_call_still_parses():
+    # Engines that stop on "</tool_call>" trim it from the text.
+    _, calls = get_tool_parser("hermes").parse('<tool_call>\n{"name": "calc", "arguments": {"expression": "2"}}\n')
+    assert isinstance(calls[0], ToolCall) and calls[0].arguments == {"expression": "2"}
+    _, calls = get_tool_parser("hermes").parse('<tool_call>{"name": "calc", "argu')
+    assert isinstance(calls[0], ToolCallError)
+
+
+# -- llama3_json -------------------------------------------------------------
+
+
+def test_llama3_python_tag_semicolon_separated():
+    text = 'Sure.<|python_tag|>{"name": "calc", "parameters": {"expression": "1"}}; {"name": "search", "arguments": {"q": "a"}}'
+    content, calls = get_tool_parser("llama3_json").parse(text)
+    assert content == "Sure."
+    assert [(c.name, c.arguments) for c in calls] == [("calc", {"expression": "1"}), ("search", {"q": "a"})]
+
+
+def test_llama3_bare_json_call_and_plain_answers():
+    parser = get_tool_parser("llama3_json")
+    content, calls = parser.parse('{"name": "calc", "parameters": {"expression": "6*7"}}')
+    assert content == "" and calls[0].arguments == {"expression": "6*7"}
+    assert parser.parse("The answer is 3.") == ("The answer is 3.", [])
+    assert parser.parse('{"answer": 3}') == ('{"answer": 3}', [])  # JSON, but not a call
+    assert parser.parse("{not json at all") == ("{not json at all", [])
+
+
+def test_llama3_malformed_after_tag_is_error():
+    _, calls = get_tool_parser("llama3_json").parse('<|python_tag|>{"name": "calc", "parameters": {"expression": }')
+    assert len(calls) == 1 and isinstance(calls[0], ToolCallError) and calls[0].name == "calc"
+    _, calls = get_tool_parser("llama3_json").parse('{"name": "calc", "parameters": {')
+    assert isinstance(calls[0], ToolCallError)
+
+
+# -- mistral -----------------------------------------------------------------
+
+
+def test_mistral_list_form_keeps_ids():
+    text = 'Working. [TOOL_CALLS] [{"name": "calc", "arguments": {"expression": "1"}, "id": "abcDEF123"}, {"name": "search", "arguments": {"q": "b"}}]'
+    content, calls = get_tool_parser("mistral").parse(text)
+    assert content == "Working."
+    assert calls[0].id == "abcDEF123" and calls[1].name == "search" and len(calls[1].id) == 9
+
+
+def test_mistral_v11_name_args_form():
+    content, calls = get_tool_parser("mistral").parse('[TOOL_CALLS]calc[ARGS]{"expression": "2"}[TOOL_CALLS]search[ARGS]{"q": "c"}')
+    assert content == ""
+    assert [(c.name, c.arguments) for c in calls] == [("calc", {"expression": "2"}), ("search", {"q": "c"})]
+
+
+def test_mistral_errors_and_plain_text():
+    parser = get_tool_parser("mistral")
+    assert parser.parse("no calls here") == ("no calls here", [])
+    _, calls = parser.parse("[TOOL_CALLS] [{bad json")
+    assert isinstance(calls[0], ToolCallError) and "[TOOL_CALLS]" in calls[0].message
+    _, calls = parser.parse("[TOOL_CALLS] []")
+    assert isinstance(calls[0], ToolCallError)
+
+
+def test_unknown_format_names_the_key():
+    with pytest.raises(ConfigError, match=r"rollout.tool_call_format.*hermes"):
+        get_tool_parser("chatml-ish")
+
+
+# -- validation --------------------------------------------------------------
+
+
+def _call(name, args):
+    return ToolCall(name=name, arguments=args, raw="raw")
+
+
+def test_valid_call_passes():
+    assert validate_tool_call(_call("calc", {"expression": "1", "precision": 3, "ratio": 2, "mode": "fast"}), TOOLS) is None
+    assert validate_tool_call(_call("search", {}), TOOLS) is None  # a tool without a parameters schema
+
+
+def test_unknown_tool_lists_known_ones():
+    err = validate_tool_call(_call("calculator", {}), TOOLS)
+    assert isinstance(err, ToolCallError)
+    assert "unknown tool 'calculator'" in err.message and "calc, search" in err.message
+
+
+def test_missing_required_argument():
+    err = validate_tool_call(_call("calc", {"precision": 2}), TOOLS)
+    assert "missing required argument 'expression'" in err.message
+    assert "Expected arguments: expression: string" in err.message
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ({"expression": 12}, "'expression' must be of type string, got integer 12"),
+        ({"expression": "1", "precision": "3"}, "'precision' must be of type integer, got string \"3\""),
+        ({"expression": "1", "precision": 2.5}, "'precision' must be of type integer, got number 2.5"),
+        ({"expression": "1", "ratio": "x"}, "'ratio' must be of type number"),
+        ({"expression": "1", "ratio": True}, "'ratio' must be of type number, got boolean"),
+        ({"expression": "1", "exact": "yes"}, "'exact' must be of type boolean"),
+        ({"expression": "1", "values": 3}, "'values' must be of type array"),
+        ({"expression": "1", "values": [1, "a"]}, "'values.1' must be of type number"),
+        ({"expression": "1", "options": []}, "'options' must be of type object"),
+        ({"expression": "1", "mode": "slow"}, "'mode' must be one of [\"fast\", \"exact\"], got \"slow\""),
+    ],
+)
+def test_wrong_types_are_reported(args, expected):
+    err = validate_tool_call(_call("calc", args), TOOLS)
+    assert isinstance(err, ToolCallError) and err.name == "calc"
+    assert expected in err.message, err.message
+
+
+def test_error_keeps_the_call_id():
+    call = _call("calc", {})
+    assert validate_tool_call(call, TOOLS).id == call.id

@@ -1,0 +1,122 @@
+"""PythonCodeTool: real subprocesses under limits; every failure mode is an observation and the batch goes on."""
+
+import asyncio
+import os
+
+import pytest
+
+from mcore_agentic.rollout.executor import LocalExecutor
+from mcore_agentic.tools.base import safe_execute
+from mcore_agentic.tools.code_interpreter import PythonCodeTool, strip_code_fence
+
+SCHEMA = {"type": "function", "function": {"name": "code_interpreter"}}
+
+
+@pytest.fixture(scope="module")
+def tool():
+    executor = LocalExecutor(max_workers=4)
+    code_tool = PythonCodeTool({"timeout_s": 3, "cpu_time_s": 3, "memory_mb": 512, "max_output_chars": 200}, SCHEMA)
+    code_tool.bind_executor(executor)
+    yield code_tool
+    executor.shutdown()
+
+
+def _run(tool, code):
+    return asyncio.run(tool.execute("req", {"code": code}))
+
+
+def test_prints_stdout_and_stderr(tool):
+    result = _run(tool, "import sys, math\nprint(math.factorial(10))\nprint('warn', file=sys.stderr)")
+    assert result.text == "3628800\nstderr:\nwarn"
+    assert not result.is_error and result.metrics["exit_code"] == 0 and result.metrics["timed_out"] == 0
+
+
+def test_exception_traceback_without_sandbox_frames(tool):
+    result = _run(tool, "def f():\n    return 1 / 0\nf()")
+    assert result.is_error and result.metrics["exit_code"] == 1
+    assert 'File "<code>", line 2, in f' in result.text and "ZeroDivisionError: division by zero" in result.text
+    assert "sandbox_child" not in result.text
+
+
+def test_syntax_error(tool):
+    result = _run(tool, "def f(:\n    pass")
+    assert result.is_error and "SyntaxError" in result.text
+
+
+def test_infinite_loop_times_out(tool):
+    result = _run(tool, "while True:\n    pass")
+    assert result.is_error and result.metrics["timed_out"] == 1
+    assert "timed out after 3 s" in result.text
+
+
+def test_reading_outside_the_working_directory_is_blocked(tool):
+    result = _run(tool, "print(open('/etc/passwd').read())")
+    assert result.is_error and "access to '/etc/passwd' is blocked" in result.text
+    assert "root:" not in result.text
+
+
+def test_socket_to_localhost_is_blocked(tool):
+    code = "import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', 22))\nprint('connected')"
+    result = _run(tool, code)
+    assert result.is_error and "connected" not in result.text.replace("connect(", "")
+    assert "network access is blocked" in result.text
+
+
+def test_network_namespace_has_only_loopback(tool):
+    result = _run(tool, "import socket\nprint(sorted(name for _, name in socket.if_nameindex()))")
+    if result.metrics["network_namespace"] != 1:
+        pytest.skip("the kernel refused an unprivileged network namespace here")
+    assert result.text == "['lo']"
+
+
+def test_no_subprocess_no_signals(tool):
+    spawn = _run(tool, "import subprocess\nsubprocess.run(['cat', '/etc/passwd'])")
+    assert spawn.is_error and "subprocess.Popen is blocked" in spawn.text
+    kill = _run(tool, f"import os\nos.kill({os.getpid()}, 9)")
+    assert kill.is_error and "os.kill is blocked" in kill.text
+
+
+def test_minimal_environment_and_private_working_directory(tool, monkeypatch):
+    monkeypatch.setenv("MCORE_TEST_SECRET", "hunter2")
+    code = "import os\nopen('note.txt', 'w').write('kept')\nprint(open('note.txt').read())\nprint(os.getcwd())\nprint(sorted(os.environ))"
+    result = _run(tool, code)
+    kept, cwd, env = result.text.splitlines()
+    assert kept == "kept"
+    assert "MCORE_TEST_SECRET" not in env and "PATH" in env
+    assert not os.path.exists(cwd)  # the working directory is deleted after the call
+
+
+def test_output_and_memory_limits(tool):
+    big = _run(tool, "print('x' * 10000)")
+    assert "...[output truncated]..." in big.text and len(big.text) < 400
+    flood = _run(tool, "import sys\nwhile True:\n    sys.stdout.write('y' * 100000)")
+    assert flood.is_error and "File too large" in flood.text  # RLIMIT_FSIZE bounds the output file
+    memory = _run(tool, "x = bytearray(1024 ** 3)")
+    assert memory.is_error and "MemoryError" in memory.text
+
+
+def test_bad_calls_and_fences(tool):
+    assert _run(tool, "   ").is_error
+    assert asyncio.run(tool.execute("req", {"code": 5})).is_error
+    assert strip_code_fence("```python\nprint(1)\n```") == "print(1)"
+    assert _run(tool, "```py\nprint(2 + 2)\n```").text == "4"
+
+
+def test_batch_continues_past_failures(tool):
+    codes = ["print(1)", "open('/etc/shadow').read()", "while True: pass", "import socket; socket.create_connection(('127.0.0.1', 80))", "print(2)"]
+
+    async def main():
+        return await asyncio.gather(*(safe_execute(tool, f"r{i}", {"code": c}, timeout=20) for i, c in enumerate(codes)))
+
+    results = asyncio.run(main())
+    assert [r.is_error for r in results] == [False, True, True, True, False]
+    assert results[0].text == "1" and results[4].text == "2"
+
+
+def test_config_errors_name_the_key():
+    from mcore_agentic.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"config.timeout_s: must be > 0"):
+        PythonCodeTool({"timeout_s": 0}, SCHEMA)
+    with pytest.raises(ConfigError, match=r"config.memory_limit.*did you mean"):
+        PythonCodeTool({"memory_limit": 5}, SCHEMA)

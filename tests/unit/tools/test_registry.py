@@ -1,0 +1,148 @@
+"""load_tools: the shipped YAML files load; each kind of bad entry raises ConfigError naming tools[i].<field>."""
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.rollout.executor import LocalExecutor
+from mcore_agentic.tools.calculator import CalculatorTool
+from mcore_agentic.tools.code_interpreter import PythonCodeTool
+from mcore_agentic.tools.gsm8k import GSM8KTool
+from mcore_agentic.tools.registry import load_tools
+
+REPO = Path(__file__).resolve().parents[3]
+GOOD = {
+    "class_name": "mcore_agentic.tools.calculator.CalculatorTool",
+    "config": {},
+    "tool_schema": {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "arithmetic",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+        },
+    },
+}
+
+
+class NotATool:
+    def __init__(self, config, tool_schema):
+        pass
+
+
+class SyncTool:
+    name = "sync"
+
+    def __init__(self, config, tool_schema):
+        pass
+
+    def get_openai_tool_schema(self):
+        return {}
+
+    def create(self, instance_id=None, **kw):  # not async: rejected
+        return "x"
+
+    async def execute(self, instance_id, parameters, **kw):
+        return None
+
+    async def calc_reward(self, instance_id, **kw):
+        return 0.0
+
+    async def release(self, instance_id, **kw):
+        return None
+
+
+def _entry(**changes):
+    entry = copy.deepcopy(GOOD)
+    for dotted, value in changes.items():
+        node = entry
+        *path, last = dotted.split("__")
+        for key in path:
+            node = node[key]
+        if value is KeyError:
+            del node[last]
+        else:
+            node[last] = value
+    return entry
+
+
+def test_shipped_yaml_files_load():
+    classes = {"gsm8k": GSM8KTool, "calculator": CalculatorTool, "code": PythonCodeTool}
+    executor = LocalExecutor(max_workers=1)
+    try:
+        for stem, cls in classes.items():
+            tools = load_tools(REPO / f"configs/tools/{stem}_tool_config.yaml", executor=executor)
+            (tool,) = tools.values()
+            assert type(tool) is cls and tool.executor is executor
+            assert tool.get_openai_tool_schema()["function"]["name"] == tool.name
+    finally:
+        executor.shutdown()
+
+
+def test_inline_list_keeps_order_and_omegaconf_containers_work():
+    from omegaconf import OmegaConf
+
+    second = _entry(tool_schema__function__name="calc2")
+    tools = load_tools(tools=OmegaConf.create([GOOD, second]))
+    assert list(tools) == ["calculator", "calc2"]
+    assert load_tools() == {}
+
+
+@pytest.mark.parametrize(
+    "entry, field, text",
+    [
+        (_entry(class_name="mcore_agentic.tools.nope.Tool"), "tools[0].class_name", "cannot import module"),
+        (_entry(class_name="mcore_agentic.tools.calculator.Nope"), "tools[0].class_name", "no attribute 'Nope'"),
+        (_entry(class_name="CalculatorTool"), "tools[0].class_name", "class path"),
+        (_entry(class_name=f"{__name__}.NotATool"), "tools[0].class_name", "lacks get_openai_tool_schema"),
+        (_entry(class_name=f"{__name__}.SyncTool"), "tools[0].class_name", "create must be 'async def'"),
+        (_entry(class_name=KeyError), "tools[0].class_name", "class path"),
+        (_entry(tool_schema=KeyError), "tools[0].tool_schema", "missing"),
+        (_entry(tool_schema__type="tool"), "tools[0].tool_schema.type", "must be 'function'"),
+        (_entry(tool_schema__function__name=KeyError), "tools[0].tool_schema.function.name", "got None"),
+        (_entry(tool_schema__function__name="has space"), "tools[0].tool_schema.function.name", "letters, digits"),
+        (_entry(tool_schema__function__parameters={"type": "array"}), "tools[0].tool_schema.function.parameters", "type 'object'"),
+        (
+            _entry(tool_schema__function__parameters={"type": "object", "properties": {"x": {"type": "strin"}}}),
+            "tools[0].tool_schema.function.parameters",
+            "not a valid JSON schema",
+        ),
+        (
+            _entry(tool_schema__function__parameters__required=["expr"]),
+            "tools[0].tool_schema.function.parameters.required",
+            "'expr', which is not in properties",
+        ),
+        (_entry(config=[1]), "tools[0].config", "must be a mapping"),
+        (_entry(config={"max_result_bitz": 5}), "tools[0].config.max_result_bitz", "did you mean"),
+        (_entry(config={"max_result_bits": 0}), "tools[0].config.max_result_bits", "must be >= 1"),
+        (_entry(schema={}), "tools[0].schema", "unknown key"),
+    ],
+)
+def test_bad_entries_name_the_field(entry, field, text):
+    with pytest.raises(ConfigError) as info:
+        load_tools(tools=[entry])
+    assert info.value.field == field, str(info.value)
+    assert text in str(info.value)
+
+
+def test_duplicate_names_are_rejected():
+    with pytest.raises(ConfigError, match=r"tools\[1\].tool_schema.function.name.*duplicate tool name 'calculator' \(also tools\[0\]\)"):
+        load_tools(tools=[GOOD, GOOD])
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_tools(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("tools: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_tools(tmp_path / "bad.yaml")
+    (tmp_path / "nokey.yaml").write_text("tool:\n  - {}\n")
+    with pytest.raises(ConfigError, match=r"nokey.yaml: tools: missing"):
+        load_tools(tmp_path / "nokey.yaml")
+    (tmp_path / "entry.yaml").write_text("tools:\n  - class_name: mcore_agentic.tools.x.Y\n")
+    with pytest.raises(ConfigError, match=r"entry.yaml: tools\[0\].class_name: cannot import"):
+        load_tools(tmp_path / "entry.yaml")
+    with pytest.raises(ConfigError, match="not both"):
+        load_tools(tmp_path / "entry.yaml", tools=[GOOD])
