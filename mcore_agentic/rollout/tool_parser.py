@@ -79,7 +79,7 @@ _DECODER = json.JSONDecoder()
 def _call_from_object(obj: Any, raw: str, args_keys: tuple[str, ...], hint: str) -> ParsedCall:
     """Turn one decoded JSON value into a ToolCall, or say what is wrong with it."""
     if not isinstance(obj, dict):
-        return ToolCallError(raw, f"Error: a tool call must be a JSON object, got {type(obj).__name__}. {hint}")
+        return ToolCallError(raw, f"Error: a tool call must be a JSON object, got {_json_type(obj)}. {hint}")
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return ToolCallError(raw, f'Error: the tool call has no "name" string. {hint}')
@@ -203,22 +203,40 @@ class MistralParser:
     def _parse_segment(self, seg: str) -> tuple[list[ParsedCall], str]:
         named = self._NAME.match(seg)
         start = len(seg) - len(seg.lstrip())
-        try:
-            if named:  # v11: name[ARGS]{json}
+        if named:  # v11: name[ARGS]{json}
+            try:
                 args, end = _DECODER.raw_decode(seg, named.end())
-                raw = seg[start:end]
-                return [_call_from_object({"name": named.group(1), "arguments": args}, raw, ("arguments",), self.HINT)], seg[end:]
+            except json.JSONDecodeError as exc:
+                return [_decode_error(seg.strip(), exc, self.HINT)], ""
+            call = {"name": named.group(1), "arguments": args}
+            return [_call_from_object(call, seg[start:end], ("arguments",), self.HINT)], seg[end:]
+        if seg.startswith("[", start):
+            return self._parse_list(seg, start)
+        try:
             obj, end = _DECODER.raw_decode(seg, start)
         except json.JSONDecodeError as exc:
             return [_decode_error(seg.strip(), exc, self.HINT)], ""
-        raw = seg[start:end]
-        items = obj if isinstance(obj, list) else [obj]
-        if not items:
-            return [ToolCallError(raw, f"Error: empty tool call list. {self.HINT}")], seg[end:]
-        out = [_call_from_object(item, json.dumps(item, ensure_ascii=False), ("arguments", "parameters"), self.HINT) for item in items]
-        if len(out) == 1:
-            out[0].raw = raw
-        return out, seg[end:]
+        return [_call_from_object(obj, seg[start:end], ("arguments", "parameters"), self.HINT)], seg[end:]
+
+    def _parse_list(self, seg: str, start: int) -> tuple[list[ParsedCall], str]:
+        """``[{...}, {...}]`` item by item, so each call's ``raw`` is its exact text."""
+        calls: list[ParsedCall] = []
+        pos = start + 1
+        while True:
+            while pos < len(seg) and (seg[pos].isspace() or seg[pos] == ","):
+                pos += 1
+            if seg.startswith("]", pos) or (pos >= len(seg) and calls):
+                break  # a missing final "]" (trimmed stop string) loses nothing
+            try:
+                obj, end = _DECODER.raw_decode(seg, pos)
+            except json.JSONDecodeError as exc:
+                calls.append(_decode_error(seg[pos:].strip() or seg[start:].strip(), exc, self.HINT))
+                return calls, ""
+            calls.append(_call_from_object(obj, seg[pos:end], ("arguments", "parameters"), self.HINT))
+            pos = end
+        if not calls:
+            return [ToolCallError(seg[start : pos + 1], f"Error: empty tool call list. {self.HINT}")], seg[pos + 1 :]
+        return calls, seg[pos + 1 :]
 
 
 _PARSERS: dict[str, Callable[[], ToolCallParser]] = {

@@ -193,3 +193,24 @@ def test_wrong_types_are_reported(args, expected):
 def test_error_keeps_the_call_id():
     call = _call("calc", {})
     assert validate_tool_call(call, TOOLS).id == call.id
+
+
+def test_raw_is_the_exact_generated_text_of_each_call():
+    # The agent loop removes valid calls' raw text from the message; it must occur verbatim.
+    texts = {
+        "hermes": 'a <tool_call>{"name": "calc", "arguments": {"expression": "1"}}</tool_call> <tool_call>{bad}</tool_call>',
+        "llama3_json": '<|python_tag|>{"name": "calc", "parameters": {"expression": "1"}} ;{"name": "search", "parameters": {}}',
+        "mistral": 'x [TOOL_CALLS] [{"name": "calc",  "arguments": {"expression": "1"}} , {"name": "search", "arguments": {}}, {bad',
+    }
+    for fmt, text in texts.items():
+        _, calls = get_tool_parser(fmt).parse(text)
+        assert len(calls) >= 2, fmt
+        for call in calls:
+            assert call.raw and call.raw in text, (fmt, call.raw)
+    _, calls = get_tool_parser("mistral").parse(texts["mistral"])
+    assert isinstance(calls[2], ToolCallError) and calls[2].name is None  # not confused with the earlier 'calc'
+
+
+def test_mistral_unterminated_list_keeps_its_calls():
+    _, calls = get_tool_parser("mistral").parse('[TOOL_CALLS] [{"name": "calc", "arguments": {"expression": "1"}}')
+    assert len(calls) == 1 and isinstance(calls[0], ToolCall)
