@@ -357,3 +357,22 @@ def test_unwritable_cache_falls_back_to_a_temp_build(tmp_path, monkeypatch):
     monkeypatch.setenv("MCORE_AGENTIC_CACHE", str(blocker))  # <file>/tokenizers cannot be created
     path = cached_qwen_tokenizer_dir("qwen2_5", 300)
     assert (path / "tokenizer.json").is_file() and not str(path).startswith(str(blocker))
+
+
+def test_qwen3_exact_render_with_reasoning_content_field(qwen3_tok):
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "\nadd them\n"},
+        {"role": "user", "content": "and 3+3?"},
+        {"role": "assistant", "content": "", "reasoning_content": "add", "tool_calls": [_call("add", {"a": 3})]},
+        {"role": "tool", "content": "6"},
+    ]
+    assert _render(qwen3_tok, messages, add_generation_prompt=True) == (
+        "<|im_start|>user\n2+2?<|im_end|>\n"  # Qwen3: no default system prompt
+        "<|im_start|>assistant\n4<|im_end|>\n"  # before the last query: reasoning dropped
+        "<|im_start|>user\nand 3+3?<|im_end|>\n"
+        '<|im_start|>assistant\n<think>\nadd\n</think>\n\n<tool_call>\n{"name": "add", "arguments": {"a": 3}}\n'
+        "</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
