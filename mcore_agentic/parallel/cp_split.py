@@ -134,48 +134,47 @@ def cp_split(tensor: torch.Tensor, cp_size: int, cp_rank: int, seq_dim: int = 1)
     )
 
 
-def _unsplit(shards: list[torch.Tensor], seq_dim: int) -> torch.Tensor:
-    """Inverse of splitting for every rank: ``shards[r]`` is rank r's local tensor."""
-    cp_size = len(shards)
-    half = shards[0].shape[seq_dim] // 2
-    chunks: list[torch.Tensor | None] = [None] * (2 * cp_size)
-    for r, shard in enumerate(shards):
-        chunks[r] = shard.narrow(seq_dim, 0, half)
-        chunks[2 * cp_size - 1 - r] = shard.narrow(seq_dim, half, half)
-    return torch.cat(chunks, dim=seq_dim)  # type: ignore[arg-type]
-
-
 class _CPGather(torch.autograd.Function):
+    """All-gather shards and place each rank's tokens at its global positions ``indices[r]``."""
+
     @staticmethod
-    def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, grad_mode: str) -> torch.Tensor:
-        cp_size = dist.get_world_size(group)
-        ctx.group, ctx.seq_dim, ctx.grad_mode = group, seq_dim, grad_mode
+    def forward(
+        ctx, local: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, grad_mode: str, indices: list[torch.Tensor]
+    ) -> torch.Tensor:
+        cp_size = len(indices)
+        ctx.group, ctx.seq_dim, ctx.grad_mode, ctx.indices = group, seq_dim, grad_mode, indices
         local = local.contiguous()
         shards = [torch.empty_like(local) for _ in range(cp_size)]
         dist.all_gather(shards, local, group=group)
-        return _unsplit(shards, seq_dim)
+        shape = list(local.shape)
+        shape[seq_dim] *= cp_size
+        full = local.new_empty(shape)
+        for idx, shard in zip(indices, shards):
+            full.index_copy_(seq_dim, idx, shard)
+        return full
 
     @staticmethod
     def backward(ctx, grad_full: torch.Tensor):
-        group, seq_dim = ctx.group, ctx.seq_dim
-        cp_size = dist.get_world_size(group)
+        group, seq_dim, indices = ctx.group, ctx.seq_dim, ctx.indices
+        cp_size = len(indices)
         cp_rank = dist.get_rank(group)
+        none = (None, None, None, None)
         if ctx.grad_mode == "slice":
-            return cp_split(grad_full, cp_size, cp_rank, seq_dim).contiguous(), None, None, None
+            return (grad_full.index_select(seq_dim, indices[cp_rank]), *none)
         # "sum": every rank's loss may depend on every rank's tokens; the gradient of
         # the summed loss w.r.t. my tokens is the sum of all ranks' grads at my
         # positions. Rearrange to rank-major order so this is a reduce-scatter.
-        rank_major = torch.cat([cp_split(grad_full, cp_size, r, seq_dim) for r in range(cp_size)], dim=seq_dim)
+        rank_major = torch.cat([grad_full.index_select(seq_dim, idx) for idx in indices], dim=seq_dim)
+        local_len = rank_major.shape[seq_dim] // cp_size
         if dist.get_backend(group) == "nccl":
             moved = rank_major.movedim(seq_dim, 0).contiguous()
-            out = torch.empty((moved.shape[0] // cp_size, *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
+            out = torch.empty((local_len, *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
             dist.reduce_scatter_tensor(out, moved, group=group)
-            return out.movedim(0, seq_dim).contiguous(), None, None, None
+            return (out.movedim(0, seq_dim).contiguous(), *none)
         # gloo has no reduce-scatter: all-reduce (cp_size x the traffic, CPU only) and keep mine.
         rank_major = rank_major.contiguous()
         dist.all_reduce(rank_major, group=group)
-        local_len = rank_major.shape[seq_dim] // cp_size
-        return rank_major.narrow(seq_dim, cp_rank * local_len, local_len).contiguous(), None, None, None
+        return (rank_major.narrow(seq_dim, cp_rank * local_len, local_len).contiguous(), *none)
 
 
 def cp_gather(
@@ -184,12 +183,14 @@ def cp_gather(
     group: dist.ProcessGroup | None,
     seq_dim: int = 1,
     grad_mode: GradMode = "sum",
+    cu_seqlens: torch.Tensor | list[int] | None = None,
 ) -> torch.Tensor:
     """All-gather CP shards along ``seq_dim`` and restore the original sequence order.
 
     Inverse of :func:`cp_split` across the CP ``group`` (whose size must be
-    ``cp_size``; ``cp_size == 1`` or ``group is None`` with ``cp_size == 1`` returns
-    ``local``). Backward, by ``grad_mode``:
+    ``cp_size``; ``cp_size == 1`` returns ``local``). For a packed (THD) batch pass
+    the padded ``cu_seqlens`` of the full batch: the inverse of
+    :func:`cp_packed_indices` is applied instead. Backward, by ``grad_mode``:
 
     - ``"sum"`` (default, as ``torch.distributed.nn.all_gather`` and Megatron's
       gathers): each rank gets the *sum over CP ranks* of the gradient at its own
@@ -208,6 +209,16 @@ def cp_gather(
     if grad_mode not in ("sum", "slice"):
         raise ValueError(f"cp_gather: grad_mode={grad_mode!r}; use 'sum' or 'slice'")
     seq_dim = seq_dim % local.dim()
-    if local.shape[seq_dim] % 2 != 0:
-        raise ValueError(f"cp_gather: local length {local.shape[seq_dim]} must be even (two chunks per rank)")
-    return _CPGather.apply(local, group, seq_dim, grad_mode)
+    local_len = local.shape[seq_dim]
+    if cu_seqlens is None:
+        if local_len % 2 != 0:
+            raise ValueError(f"cp_gather: local length {local_len} must be even (two chunks per rank)")
+        indices = [cp_positions(local_len * cp_size, cp_size, r, device=local.device) for r in range(cp_size)]
+    else:
+        indices = [cp_packed_indices(cu_seqlens, cp_size, r, device=local.device) for r in range(cp_size)]
+        if indices[0].numel() != local_len:
+            raise ValueError(
+                f"cp_gather: cu_seqlens describe {indices[0].numel() * cp_size} packed tokens, "
+                f"i.e. {indices[0].numel()} per rank, but the local tensor has {local_len}"
+            )
+    return _CPGather.apply(local, group, seq_dim, grad_mode, indices)

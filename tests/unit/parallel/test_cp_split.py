@@ -112,6 +112,16 @@ def _gather_body(rank: int, world_size: int) -> dict:
     out["identity_last_dim"] = torch.equal(
         cp_gather(cp_split(full_t, world_size, rank, seq_dim=-1), world_size, group, seq_dim=-1), full_t
     )
+
+    # packed (THD) batch: sequences of lengths 4, 8 and 4 along dim 0.
+    cu = [0, 4, 12, 16]
+    packed = torch.randn(16, 3, dtype=torch.float64)
+    packed_w = [torch.randn(16, 3, dtype=torch.float64) for _ in range(world_size)]
+    leaf3 = packed[cp_packed_indices(cu, world_size, rank)].clone().requires_grad_(True)
+    gathered_packed = cp_gather(leaf3, world_size, group, seq_dim=0, cu_seqlens=torch.tensor(cu))
+    out["identity_packed"] = torch.equal(gathered_packed, packed)
+    (gathered_packed * packed_w[rank]).sum().backward()
+    out["grad_packed_ok"] = torch.allclose(leaf3.grad, sum(packed_w)[cp_packed_indices(cu, world_size, rank)])
     return out
 
 
