@@ -1,8 +1,8 @@
 """HF -> Megatron -> HF reproduces the checkpoint bit-exactly, and Megatron -> HF -> Megatron too.
 
-One spawn of 2 gloo ranks walks the layouts TP=2, PP=2 and TP=1 (DP=2), re-initialising
+One spawn of 2 gloo ranks walks the layouts TP=2, PP=2, PP=2 x VP=2 and TP=1 (DP=2), re-initialising
 Megatron's parallel state between them, for a tied (Qwen2) and an untied (Qwen3)
-checkpoint whose vocabulary (500) Megatron pads to 256*TP. Per layout and checkpoint:
+checkpoint (4 layers) whose vocabulary (500) Megatron pads to 512. Per layout and checkpoint:
 
 1. import the HF checkpoint and export it: every HF key, shape and value comes back
    exactly, padding removed, identically on both ranks;
@@ -29,9 +29,15 @@ class _Parallel:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     context_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
 
 
-LAYOUTS = (_Parallel(tensor_model_parallel_size=2), _Parallel(pipeline_model_parallel_size=2), _Parallel())
+LAYOUTS = (
+    _Parallel(tensor_model_parallel_size=2),
+    _Parallel(pipeline_model_parallel_size=2),
+    _Parallel(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
+    _Parallel(),
+)
 
 
 def _real_rows(bridge, name: str, param: torch.Tensor, tp_rank: int) -> slice:
@@ -63,11 +69,13 @@ def _roundtrip_body(rank: int, world_size: int, checkpoints: list[str]) -> dict:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=par.tensor_model_parallel_size,
             pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=par.virtual_pipeline_model_parallel_size,
         )
         tensor_parallel.model_parallel_cuda_manual_seed(1234)
         tp_rank = ps.get_tensor_model_parallel_rank()
         for path in checkpoints:
-            key = (par.tensor_model_parallel_size, par.pipeline_model_parallel_size, Path(path).name)
+            key = (par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
+                   par.virtual_pipeline_model_parallel_size or 1, Path(path).name)
             hf_config = load_hf_config(path)
             bridge = get_bridge(hf_config)
             model_a = _build(bridge, hf_config, par)
@@ -125,7 +133,8 @@ def _sync_replicated(bridge, chunks) -> None:
             dist.all_reduce(param.data, group=tp_group)
             param.data /= dist.get_world_size(tp_group)
     if ps.get_pipeline_model_parallel_world_size() > 1 and bridge.hf_config.tie_word_embeddings:
-        weight = chunks[0].shared_embedding_or_output_weight()
+        # The first chunk embeds on the first stage; the last chunk holds the output copy on the last stage.
+        weight = (chunks[-1] if ps.is_pipeline_last_stage() else chunks[0]).shared_embedding_or_output_weight()
         if ps.is_pipeline_last_stage():
             weight.data.zero_()
         dist.all_reduce(weight.data, group=ps.get_embedding_group())
@@ -137,21 +146,23 @@ def results(tmp_path_factory) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]
 
     root = tmp_path_factory.mktemp("rt")
     paths = [
-        make_tiny_hf("Qwen2ForCausalLM", root / "qwen2_tied", tied=True, seed=1),
-        make_tiny_hf("Qwen3ForCausalLM", root / "qwen3_untied", tied=False, seed=2),
+        make_tiny_hf("Qwen2ForCausalLM", root / "qwen2_tied", tied=True, layers=4, seed=1),
+        make_tiny_hf("Qwen3ForCausalLM", root / "qwen3_untied", tied=False, layers=4, seed=2),
     ]
     per_rank = run_distributed(_roundtrip_body, world_size=2, args=([str(p) for p in paths],))
     return per_rank, {p.name: load_hf_state_dict(p) for p in paths}
 
 
-CASES = [(tp, pp, name) for tp, pp in ((2, 1), (1, 2), (1, 1)) for name in ("qwen2_tied", "qwen3_untied")]
+CASES = [(tp, pp, vp, name) for tp, pp, vp in ((2, 1, 1), (1, 2, 1), (1, 2, 2), (1, 1, 1))
+         for name in ("qwen2_tied", "qwen3_untied")]
+IDS = [f"tp{t}_pp{p}_vp{v}_{n}" for t, p, v, n in CASES]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"tp{t}_pp{p}_{n}" for t, p, n in CASES])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_hf_import_export_is_exact(case, results) -> None:
     per_rank, hf_states = results
-    hf = hf_states[case[2]]
-    if case[2] == "qwen2_tied":
+    hf = hf_states[case[3]]
+    if case[3] == "qwen2_tied":
         assert "lm_head.weight" not in hf  # the tied checkpoint stores only the embedding
     for rank in (0, 1):
         exported = per_rank[rank][case]["exported"]
@@ -161,7 +172,7 @@ def test_hf_import_export_is_exact(case, results) -> None:
             assert torch.equal(exported[name], tensor), name
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"tp{t}_pp{p}_{n}" for t, p, n in CASES])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_megatron_export_import_is_exact(case, results) -> None:
     per_rank, hf_states = results
     r0, r1 = per_rank[0][case], per_rank[1][case]
@@ -169,17 +180,17 @@ def test_megatron_export_import_is_exact(case, results) -> None:
     # The export is identical on every rank and differs from the original checkpoint (perturbed).
     for name, tensor in r0["perturbed_export"].items():
         assert torch.equal(tensor, r1["perturbed_export"][name]), name
-        assert not torch.equal(tensor, hf_states[case[2]][name]), name
-    tp, pp, _ = case
-    if pp == 2:  # each stage holds one of the two layers, renumbered to global indices
-        assert any(n.startswith("decoder.layers.0.") for n in r0["local_names"])
-        assert not any(n.startswith("decoder.layers.1.") for n in r0["local_names"])
-        assert any(n.startswith("decoder.layers.1.") for n in r1["local_names"])
-    if case[2] == "qwen2_tied" and pp == 2:
+        assert not torch.equal(tensor, hf_states[case[3]][name]), name
+    _, pp, vp, _ = case
+    if pp == 2:  # each stage holds its layers renumbered to global indices: [0,1 | 2,3], or [0,2 | 1,3] with VP=2
+        stage0 = {int(n.split(".")[2]) for n in r0["local_names"] if n.startswith("decoder.layers.")}
+        stage1 = {int(n.split(".")[2]) for n in r1["local_names"] if n.startswith("decoder.layers.")}
+        assert (stage0, stage1) == (({0, 1}, {2, 3}) if vp == 1 else ({0, 2}, {1, 3}))
+    if case[3] == "qwen2_tied" and pp == 2:
         assert "output_layer.weight" in r1["local_names"]  # the last stage's copy of the tied embedding
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"tp{t}_pp{p}_{n}" for t, p, n in CASES])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_bad_checkpoints_are_rejected_by_key(case, results) -> None:
     per_rank, _ = results
     # Every rank raises (with PP=2 the stage that found the problem tells the other one).
