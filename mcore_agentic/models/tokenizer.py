@@ -51,9 +51,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from mcore_agentic.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +283,9 @@ def cached_qwen_tokenizer_dir(chat_template: ChatTemplateName = "qwen2_5", vocab
     return target
 
 
-def load_qwen_tokenizer(chat_template: ChatTemplateName = "qwen2_5", vocab_size: int | None = None):
+def load_qwen_tokenizer(
+    chat_template: ChatTemplateName = "qwen2_5", vocab_size: int | None = None
+) -> PreTrainedTokenizerFast:
     """A fresh ``PreTrainedTokenizerFast`` for Qwen with our ``chat_template``, from the disk cache.
 
     Each call returns a new object (callers may change padding side etc. freely).
