@@ -10,10 +10,11 @@ YAML group     dataclass                                   owner
 ``critic``     :class:`~mcore_agentic.workers.config.CriticConfig`      workers (+ algorithms, flattened)
 ``rollout``    :class:`~mcore_agentic.rollout.config.RolloutConfig`     rollout
 ``algorithm``  :class:`~mcore_agentic.algorithms.config.AlgorithmConfig` algorithms
+``reward``     :class:`~mcore_agentic.rewards.config.RewardConfig`      rewards
 ``trainer``    :class:`~mcore_agentic.trainer.config.TrainerConfig`     trainer
 =============  =========================================  ==========================
 
-Groups not written yet (reward function selection, sharding/bucket sizes) get a
+Groups not written yet (e.g. sharding/bucket sizes) get a
 field here when their package adds its dataclass: add the field, a block in
 ``configs/ppo_trainer.yaml`` and, if it interacts with other groups, a rule in
 :mod:`mcore_agentic.config.rules`.
@@ -27,6 +28,7 @@ from mcore_agentic.algorithms.config import AlgorithmConfig
 from mcore_agentic.config.errors import require
 from mcore_agentic.data.config import DataConfig
 from mcore_agentic.models.config import ModelConfig
+from mcore_agentic.rewards.config import RewardConfig
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.trainer.config import TrainerConfig
 from mcore_agentic.workers.config import ActorConfig, CriticConfig, RefConfig
@@ -52,6 +54,8 @@ class RLConfig:
     """Engine, sampling, samples per prompt and multi-turn tool use."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Advantage estimator, discounting and KL in the reward."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Which reward function scores finished responses (built-in rules by data_source, or a custom one)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run length, logging, validation, checkpoints and resume."""
 

@@ -7,7 +7,6 @@ Key names follow verl (``data.train_files``, ``data.train_batch_size``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from mcore_agentic.config.errors import require
 
@@ -58,9 +57,8 @@ class DataConfig:
     max_response_length: int = 128
     """Token budget for everything after the prompt: all assistant turns, tool results and user turns."""
     filter_overlong_prompts: bool = True
-    """Drop prompts longer than ``max_prompt_length`` at load time (the count is reported)."""
-    truncation: Literal["error", "left", "right"] = "error"
-    """What to do with an overlong prompt that was not filtered: raise, or cut tokens from that side."""
+    """Drop prompts longer than ``max_prompt_length`` at load time (the count is reported); false makes an
+    overlong prompt an error naming its row (prompts are never truncated: a cut prompt changes the task)."""
     shuffle: bool = True
     """Shuffle the training set each epoch (seeded by the run's ``seed`` and the epoch)."""
     drop_last: bool = True

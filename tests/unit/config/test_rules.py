@@ -58,7 +58,7 @@ def test_micro_batch_must_divide_per_rank_mini_batch():
 def test_dynamic_bsz_uses_token_budget():
     sizes = validate(_cfg("actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=4096"), 2)
     assert sizes.actor.micro_batch_size_per_gpu is None and sizes.actor.max_token_len_per_gpu == 4096
-    # 192 + 64 tokens do not fit a 100-token budget.
+    # 320 + 96 tokens do not fit a 100-token budget.
     assert _field(2, "actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=100") == (
         "actor.ppo_max_token_len_per_gpu"
     )
