@@ -15,7 +15,8 @@ Each request samples from its own ``torch.Generator`` seeded by ``params.seed``,
 results do not depend on which requests share a batch.
 
 Memory on CPU: :meth:`release_memory` moves the parameters to the ``meta`` device
-(frees them); :meth:`resume_memory` allocates uninitialised storage, and ``generate``
+(frees them; the small non-persistent buffers such as rotary frequencies are kept
+aside); :meth:`resume_memory` allocates uninitialised storage, and ``generate``
 refuses until the next completed weight sync fills it. There is no KV cache kept
 between requests, so :meth:`flush_cache` has nothing to drop.
 """
@@ -75,6 +76,7 @@ class HFEngine:
         self._released = False
         self._weights_invalid = False  # after resume_memory, until a finished sync
         self._synced: set[int] = set()
+        self._kept_buffers: dict[str, torch.Tensor] = {}
         self._params = self._named_params()
         self.batches_run = 0  # for tests / metrics: how many batched sampling loops ran
 
@@ -221,6 +223,13 @@ class HFEngine:
     def release_memory(self) -> None:
         with self._lock:
             if not self._released:
+                # Non-persistent buffers (rotary inv_freq, ...) are not part of a weight sync: keep them.
+                persistent = set(self.model.state_dict().keys())
+                self._kept_buffers = {
+                    name: buf.detach().clone()
+                    for name, buf in self.model.named_buffers()
+                    if name not in persistent
+                }
                 self.model.to(device="meta")
                 self._released = True
 
@@ -230,6 +239,11 @@ class HFEngine:
                 self.model.to_empty(device=self.device)
                 if getattr(self.model.config, "tie_word_embeddings", False):
                     self.model.tie_weights()
+                buffers = dict(self.model.named_buffers())
+                with torch.no_grad():
+                    for name, value in self._kept_buffers.items():
+                        buffers[name].copy_(value)
+                self._kept_buffers = {}
                 self._params = self._named_params()
                 self._released = False
                 self._weights_invalid = True

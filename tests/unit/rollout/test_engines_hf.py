@@ -1,0 +1,134 @@
+"""HFEngine: batched sampling whose logprobs match a teacher-forced forward, seeds, weight sync, memory."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from mcore_agentic.models.tiny import make_tiny_hf_model
+from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams
+from mcore_agentic.rollout.engines.hf import HFEngine, sample_token
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return make_tiny_hf_model(root / "a", vocab_size=512, seed=0), make_tiny_hf_model(root / "b", vocab_size=512, seed=1)
+
+
+@pytest.fixture()
+def engine(model_dirs):
+    return HFEngine.from_pretrained(model_dirs[0], seed=0)
+
+
+def _teacher_forced(model, suppress, prompt, out: GenerationOutput, temperature: float) -> torch.Tensor:
+    ids = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logits[:, suppress] = float("-inf")
+    t = temperature if temperature > 0 else 1.0
+    lp = torch.log_softmax(logits / t, dim=-1)[len(prompt) - 1 : -1]
+    return lp.gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
+
+
+def _gather(engine, prompts, params_list):
+    async def main():
+        return await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params_list)))
+
+    return asyncio.run(main())
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33]]
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(1.0, 1.0, -1), (0.7, 0.9, 50), (0.0, 1.0, -1)])
+def test_batched_logprobs_match_teacher_forcing(engine, temperature, top_p, top_k):
+    assert isinstance(engine, RolloutEngine)
+    params = [
+        SamplingParams(max_new_tokens=12, temperature=temperature, top_p=top_p, top_k=top_k, seed=i) for i in range(3)
+    ]
+    outs = _gather(engine, PROMPTS, params)
+    assert engine.batches_run == 1  # the three concurrent requests shared one batched loop
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.finish_reason == "length" and len(out.token_ids) == 12
+        ref = _teacher_forced(engine.model, engine.suppress_token_ids, prompt, out, temperature)
+        assert torch.allclose(ref, torch.tensor(out.log_probs), atol=1e-4, rtol=0)
+        assert all(t not in engine.suppress_token_ids for t in out.token_ids)
+    if temperature == 0:  # greedy: every token is the argmax
+        prompt, out = PROMPTS[0], outs[0]
+        with torch.no_grad():
+            logits = engine.model(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1]
+        logits[:, engine.suppress_token_ids] = float("-inf")
+        assert logits.argmax(-1).tolist() == out.token_ids
+
+
+def test_seed_determines_output_regardless_of_batching(engine):
+    sp = SamplingParams(max_new_tokens=10, temperature=1.0, seed=123)
+    alone = _gather(engine, [PROMPTS[1]], [sp])[0]
+    batched = _gather(engine, PROMPTS, [SamplingParams(max_new_tokens=5, seed=9), sp, SamplingParams(max_new_tokens=7)])[1]
+    assert alone.token_ids == batched.token_ids
+    other = _gather(engine, [PROMPTS[1]], [SamplingParams(max_new_tokens=10, temperature=1.0, seed=124)])[0]
+    assert other.token_ids != alone.token_ids
+
+
+def test_stop_tokens_end_generation(engine):
+    everything = list(range(engine.model.config.vocab_size))
+    out = _gather(engine, [PROMPTS[0]], [SamplingParams(max_new_tokens=10, stop_token_ids=everything, seed=0)])[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) == 1
+
+
+def test_sample_token_filters():
+    logits = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    gen = torch.Generator().manual_seed(0)
+    draws = {sample_token(logits, SamplingParams(max_new_tokens=1, top_k=2), gen)[0] for _ in range(200)}
+    assert draws == {2, 3}
+    # top_p=0.5: token 3 alone holds ~64% of the mass
+    draws = {sample_token(logits, SamplingParams(max_new_tokens=1, top_p=0.5), gen)[0] for _ in range(100)}
+    assert draws == {3}
+    token, lp = sample_token(logits, SamplingParams(max_new_tokens=1, temperature=0.5, top_k=1), gen)
+    assert token == 3 and lp == pytest.approx(float(torch.log_softmax(logits / 0.5, -1)[3]))
+
+
+def test_update_weights_strict_and_effective(engine, model_dirs):
+    other = AutoModelForCausalLM.from_pretrained(str(model_dirs[1]), dtype=torch.float32)
+    named = list(other.state_dict().items())
+    with pytest.raises(KeyError, match="not in the engine"):
+        engine.update_weights([("model.nope.weight", torch.zeros(1))], version=1)
+    name, tensor = named[0]
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights([(name, torch.zeros(tensor.shape[0] + 1))], version=1)
+    engine.update_weights(named[:3], version=1)  # one bucket...
+    with pytest.raises(ValueError, match="left .* tensors unset"):
+        engine.finish_weight_update(1)  # ...is not a whole sync
+    assert engine.weight_version == 0
+    half = len(named) // 2
+    engine.update_weights(named[:half], version=1)
+    engine.update_weights(named[half:], version=1)
+    engine.finish_weight_update(1)
+    assert engine.weight_version == 1
+    out = _gather(engine, [PROMPTS[0]], [SamplingParams(max_new_tokens=8, seed=3)])[0]
+    ref = _teacher_forced(other, engine.suppress_token_ids, PROMPTS[0], out, 1.0)
+    assert torch.allclose(ref, torch.tensor(out.log_probs), atol=1e-4, rtol=0)
+
+
+def test_release_and_resume_memory(engine):
+    before = _gather(engine, [PROMPTS[2]], [SamplingParams(max_new_tokens=6, seed=5)])[0]
+    saved = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    engine.release_memory()
+    assert all(p.device.type == "meta" for p in engine.model.parameters())
+    with pytest.raises(RuntimeError, match="released"):
+        _gather(engine, [PROMPTS[2]], [SamplingParams(max_new_tokens=6, seed=5)])
+    with pytest.raises(RuntimeError, match="resume_memory"):
+        engine.update_weights(list(saved.items()), version=2)
+    engine.resume_memory()
+    with pytest.raises(RuntimeError, match="before a weight sync"):
+        _gather(engine, [PROMPTS[2]], [SamplingParams(max_new_tokens=6, seed=5)])
+    engine.update_weights(list(saved.items()), version=2)
+    engine.finish_weight_update(2)
+    after = _gather(engine, [PROMPTS[2]], [SamplingParams(max_new_tokens=6, seed=5)])[0]
+    assert after.token_ids == before.token_ids
+    assert after.log_probs == pytest.approx(before.log_probs, abs=1e-5)
+    engine.flush_cache()  # nothing cached between batches; must not fail
