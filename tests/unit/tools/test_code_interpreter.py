@@ -120,3 +120,15 @@ def test_config_errors_name_the_key():
         PythonCodeTool({"timeout_s": 0}, SCHEMA)
     with pytest.raises(ConfigError, match=r"config.memory_limit.*did you mean"):
         PythonCodeTool({"memory_limit": 5}, SCHEMA)
+
+
+def test_common_stdlib_and_site_packages_still_work(tool):
+    code = (
+        "import asyncio, fractions, json, statistics, tempfile\n"
+        "import numpy as np\n"
+        "async def f():\n    return 2\n"
+        "with tempfile.NamedTemporaryFile() as fh:\n    pass\n"
+        "print(asyncio.run(f()), fractions.Fraction(1, 3) * 3, statistics.mean([1, 2, 3]), int(np.arange(4).sum()))"
+    )
+    result = _run(tool, code)
+    assert result.text == "2 1 2 6", result.text
