@@ -27,7 +27,10 @@ def make_tiny_hf(arch: str, path: Path, *, tied: bool = False, layers: int = 2, 
     elif arch == "Qwen3ForCausalLM":
         config = transformers.Qwen3Config(head_dim=24, **common)  # head_dim != hidden/heads, as in real Qwen3
     elif arch == "LlamaForCausalLM":
-        config = transformers.LlamaConfig(**common)
+        # Llama-3 rope scaling with Megatron's fixed constants; head_dim 16 has wavelengths beyond 8192.
+        rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}
+        config = transformers.LlamaConfig(rope_scaling=rope_scaling, **common)
     else:
         raise ValueError(arch)
     config.architectures = [arch]
