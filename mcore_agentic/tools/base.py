@@ -88,6 +88,14 @@ class BaseTool:
             self._executor = default_executor()
         return self._executor
 
+    async def run_blocking(self, fn: Any, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """Await blocking ``fn(*args, **kwargs)`` on the executor; ``TimeoutError`` after ``timeout`` s.
+
+        Blocking code called directly inside ``execute`` would stall every
+        request on the event loop, and no timeout could interrupt it.
+        """
+        return await self.executor.run(fn, *args, timeout=timeout, **kwargs)
+
     # -- lifecycle --------------------------------------------------------
     def get_openai_tool_schema(self) -> dict[str, Any]:
         """The schema the chat template renders for the model (``tools=[...]``)."""
@@ -147,7 +155,9 @@ async def safe_execute(
 
     An exception becomes ``ToolResponse(is_error=True, text="Error: ...")``;
     exceeding ``timeout`` seconds cancels the call and becomes a timeout
-    observation. Cancellation of the caller itself still propagates.
+    observation. Cancellation of the caller itself still propagates. The
+    timeout can only fire at an ``await``: a tool that blocks inside
+    ``execute`` must move that work to ``run_blocking`` / its executor.
     """
     try:
         result = await asyncio.wait_for(tool.execute(instance_id, parameters, **execute_kwargs), timeout)

@@ -254,7 +254,7 @@ class PythonCodeTool(BaseTool):
         code = strip_code_fence(code)
         try:
             # The child is killed after timeout_s; the extra margin only covers start-up and clean-up.
-            result = await self.executor.run(run_sandboxed, code, self.limits, timeout=self.limits.timeout_s + 30.0)
+            result = await self.run_blocking(run_sandboxed, code, self.limits, timeout=self.limits.timeout_s + 30.0)
         except TimeoutError:
             return error_response(f"Error: execution timed out after {self.limits.timeout_s:g} s and was stopped.", timeout=1)
         except Exception as exc:  # noqa: BLE001 -- e.g. the interpreter could not start: still an observation
