@@ -132,3 +132,20 @@ def test_common_stdlib_and_site_packages_still_work(tool):
     )
     result = _run(tool, code)
     assert result.text == "2 1 2 6", result.text
+
+
+def test_stdlib_only_mode_and_extra_read_paths(tmp_path):
+    data = tmp_path / "data.txt"
+    data.write_text("shared input")
+    tool = PythonCodeTool({"timeout_s": 5, "site_packages": False, "extra_read_paths": [str(tmp_path)]}, SCHEMA)
+    executor = LocalExecutor(max_workers=1)
+    tool.bind_executor(executor)
+    try:
+        no_numpy = _run(tool, "import numpy")
+        readable = _run(tool, f"print(open({str(data)!r}).read())")
+        not_writable = _run(tool, f"open({str(data)!r}, 'w').write('x')")
+    finally:
+        executor.shutdown()
+    assert no_numpy.is_error and "ModuleNotFoundError" in no_numpy.text
+    assert readable.text == "shared input"
+    assert not_writable.is_error and "blocked" in not_writable.text and data.read_text() == "shared input"
