@@ -1,0 +1,108 @@
+"""Reduce per-sample values to step metrics; batch-level data, timing and throughput metrics.
+
+Metric names follow verl where one exists (``critic/score/mean``,
+``response_length/mean``, ``timing_s/<phase>``, ``perf/throughput``) so dashboards
+carry over. :data:`REWARD_KEY` and :data:`RESPONSE_LENGTH_KEY` are what the
+end-of-run plots draw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from mcore_agentic.data.batch import Batch
+
+REWARD_KEY = "critic/score/mean"
+RESPONSE_LENGTH_KEY = "response_length/mean"
+VAL_REWARD_PREFIX = "val/"
+
+
+def _as_array(values: Any) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        return values.detach().float().cpu().numpy().reshape(-1)
+    return np.asarray(values, dtype=np.float64).reshape(-1)
+
+
+def reduce_metrics(per_sample: Mapping[str, Any], stats: Sequence[str] = ("mean", "max", "min")) -> dict[str, float]:
+    """``{"<name>/<stat>": value}`` for each named list/tensor of per-sample values (empty ones skipped)."""
+    out: dict[str, float] = {}
+    for name, values in per_sample.items():
+        arr = _as_array(values)
+        if arr.size == 0:
+            continue
+        for stat in stats:
+            out[f"{name}/{stat}"] = float(getattr(np, stat)(arr))
+    return out
+
+
+def _masked_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Every masked-in element of ``values`` (flattened)."""
+    return values[mask.bool()].float()
+
+
+def compute_data_metrics(batch: Batch, max_response_length: int | None = None) -> dict[str, float]:
+    """Scores, rewards, advantages, returns, values and lengths of a finished experience batch.
+
+    Uses whichever of the :class:`Batch` keys are present: ``token_level_scores`` /
+    ``token_level_rewards`` (summed per sequence), ``advantages``/``returns``/``values``
+    (over ``response_mask``), ``prompts`` + ``attention_mask`` (lengths).
+    """
+    out: dict[str, float] = {}
+    mask = batch["response_mask"] if "response_mask" in batch else None
+    for key, name in (("token_level_scores", "critic/score"), ("token_level_rewards", "critic/rewards")):
+        if key in batch:
+            out.update(reduce_metrics({name: batch[key].float().sum(dim=-1)}))
+    if mask is not None:
+        for key, name in (("advantages", "critic/advantages"), ("returns", "critic/returns"), ("values", "critic/values")):
+            if key in batch:
+                out.update(reduce_metrics({name: _masked_rows(batch[key], mask)}))
+        out.update(reduce_metrics({"response/policy_tokens": mask.float().sum(dim=-1)}))
+    if "prompts" in batch and "attention_mask" in batch:
+        prompt_len = batch["prompts"].shape[-1]
+        attention = batch["attention_mask"].float()
+        prompt_lengths = attention[:, :prompt_len].sum(dim=-1)
+        response_lengths = attention[:, prompt_len:].sum(dim=-1)
+        out.update(reduce_metrics({"prompt_length": prompt_lengths, "response_length": response_lengths}))
+        if max_response_length:
+            out["response_length/clip_ratio"] = float((response_lengths >= max_response_length).float().mean())
+    return out
+
+
+def timing_metrics(timings: Mapping[str, float]) -> dict[str, float]:
+    """``{"timing_s/<phase>": seconds}`` (keys already prefixed pass through)."""
+    return {k if k.startswith("timing_s/") else f"timing_s/{k}": float(v) for k, v in timings.items()}
+
+
+def throughput_metrics(num_tokens: int, step_seconds: float, world_size: int) -> dict[str, float]:
+    """Tokens processed per second for the whole job and per GPU (or CPU process)."""
+    if step_seconds <= 0 or world_size <= 0:
+        return {}
+    total = num_tokens / step_seconds
+    return {"perf/total_num_tokens": float(num_tokens), "perf/tokens_per_s": total, "perf/throughput": total / world_size}
+
+
+def scalar(value: Any) -> float | None:
+    """A plain float from a python/numpy/torch scalar, or None for anything else (strings, tensors with >1 item)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.item())
+    if isinstance(value, np.ndarray) and value.size == 1:
+        return float(value.reshape(-1)[0])
+    return None
+
+
+def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric entries of ``metrics`` as floats (NaN/inf kept: hiding them hides divergence)."""
+    out = {}
+    for k, v in metrics.items():
+        f = scalar(v)
+        if f is not None:
+            out[k] = f
+    return out
