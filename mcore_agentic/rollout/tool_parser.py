@@ -113,7 +113,8 @@ class HermesParser:
     """``<tool_call>{json}</tool_call>`` blocks (Hermes / Qwen2.5 / Qwen3 chat templates)."""
 
     format = "hermes"
-    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+    # An unclosed block ends at the next <tool_call> or the end of the text.
+    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
     HINT = 'Write each call as <tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>.'
 
     def parse(self, text: str) -> tuple[str, list[ParsedCall]]:

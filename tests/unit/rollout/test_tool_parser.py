@@ -214,3 +214,8 @@ def test_raw_is_the_exact_generated_text_of_each_call():
 def test_mistral_unterminated_list_keeps_its_calls():
     _, calls = get_tool_parser("mistral").parse('[TOOL_CALLS] [{"name": "calc", "arguments": {"expression": "1"}}')
     assert len(calls) == 1 and isinstance(calls[0], ToolCall)
+
+
+def test_hermes_unclosed_block_does_not_swallow_the_next_call():
+    _, calls = get_tool_parser("hermes").parse('<tool_call>{"name": "calc", <tool_call>{"name": "search", "arguments": {}}</tool_call>')
+    assert isinstance(calls[0], ToolCallError) and isinstance(calls[1], ToolCall) and calls[1].name == "search"
