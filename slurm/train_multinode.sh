@@ -1,0 +1,118 @@
+#!/bin/bash
+# Multi-node RL training under Slurm: one torchrun per node, rendezvous on the first node.
+#
+#   sbatch --nodes=4 slurm/train_multinode.sh --config-name gsm8k_multiturn_grpo model=qwen2_5_7b
+#   RAY_TOOL_POOL=1 sbatch slurm/train_multinode.sh ...      # tools/rewards on a Ray pool across the nodes
+#
+# Everything after the script name is passed to launch/pretrain_rl.py unchanged (Hydra overrides).
+# Environment knobs: REPO_DIR (default: the submit dir), VENV (a virtualenv to activate),
+# NPROC_PER_NODE (default: GPUs on the node), MASTER_PORT, LOG_ROOT (default: $REPO_DIR/logs/slurm),
+# RAY_TOOL_POOL=1 and RAY_PORT (default 6379). See docs/slurm.md.
+#SBATCH --job-name=mcore-agentic
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=64
+#SBATCH --time=24:00:00
+#SBATCH --exclusive
+# Slurm does not create directories for --output; this file lands in the submit dir and the
+# per-node logs go to the per-job log dir made below.
+#SBATCH --output=slurm-%x-%j.out
+
+set -euo pipefail
+
+: "${SLURM_JOB_ID:?run this under sbatch or salloc}"
+: "${SLURM_JOB_NODELIST:?SLURM_JOB_NODELIST is not set}"
+REPO_DIR=${REPO_DIR:-${SLURM_SUBMIT_DIR:-$(pwd)}}
+cd "$REPO_DIR"
+if [[ -n "${VENV:-}" ]]; then
+    # shellcheck disable=SC1091
+    source "$VENV/bin/activate"
+fi
+
+NNODES=${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:?SLURM_NNODES is not set}}
+
+# GPUs per node: SLURM_GPUS_ON_NODE (set with --gpus-per-node), else the count in
+# SLURM_GPUS_PER_NODE ("8" or "h100:8"), else 1. NPROC_PER_NODE overrides (e.g. CPU runs).
+gpus_per_node() {
+    if [[ -n "${SLURM_GPUS_ON_NODE:-}" ]]; then
+        echo "$SLURM_GPUS_ON_NODE"
+    elif [[ -n "${SLURM_GPUS_PER_NODE:-}" ]]; then
+        echo "${SLURM_GPUS_PER_NODE##*:}"
+    else
+        echo 1
+    fi
+}
+NPROC_PER_NODE=${NPROC_PER_NODE:-$(gpus_per_node)}
+
+# Read the whole list (a `| head -1` could SIGPIPE scontrol, which pipefail turns into an exit).
+mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+if ((${#NODES[@]} == 0)); then
+    echo "error: scontrol returned no hosts for SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST" >&2
+    exit 1
+fi
+HEAD_NODE=${NODES[0]}
+# A port derived from the job id keeps two jobs sharing a head node apart.
+MASTER_PORT=${MASTER_PORT:-$((29500 + SLURM_JOB_ID % 10000))}
+export MASTER_ADDR=$HEAD_NODE MASTER_PORT
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
+
+LOG_ROOT=${LOG_ROOT:-$REPO_DIR/logs/slurm}
+LOG_DIR=$LOG_ROOT/${SLURM_JOB_NAME:-mcore-agentic}-$SLURM_JOB_ID
+mkdir -p "$LOG_DIR"
+echo "job $SLURM_JOB_ID: $NNODES nodes x $NPROC_PER_NODE processes, rendezvous $HEAD_NODE:$MASTER_PORT, logs $LOG_DIR"
+
+OVERRIDES=("$@")
+# Metrics go next to the node logs unless the command line says otherwise.
+has_log_dir=0
+for arg in "$@"; do
+    [[ "$arg" == trainer.log_dir=* || "$arg" == +trainer.log_dir=* || "$arg" == ++trainer.log_dir=* ]] && has_log_dir=1
+done
+if [[ $has_log_dir == 0 ]]; then
+    OVERRIDES+=("trainer.log_dir=$LOG_DIR")
+fi
+
+BACKGROUND=()
+cleanup() {
+    for pid in "${BACKGROUND[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+
+if [[ "${RAY_TOOL_POOL:-0}" == 1 ]]; then
+    RAY_PORT=${RAY_PORT:-6379}
+    export RAY_ADDRESS=$HEAD_NODE:$RAY_PORT
+    # Tools and reward functions only: the Ray pool gets CPUs, never the GPUs training uses.
+    srun --overlap --nodes=1 --ntasks=1 -w "$HEAD_NODE" --output="$LOG_DIR/ray-head.log" \
+        ray start --head --node-ip-address="$HEAD_NODE" --port="$RAY_PORT" --num-gpus=0 --block &
+    BACKGROUND+=($!)
+    ray_up=0
+    for _ in $(seq 1 60); do
+        if ray status --address="$RAY_ADDRESS" >/dev/null 2>&1; then
+            ray_up=1
+            break
+        fi
+        sleep 2
+    done
+    if [[ $ray_up == 0 ]]; then
+        echo "error: Ray head on $RAY_ADDRESS did not come up; see $LOG_DIR/ray-head.log" >&2
+        exit 1
+    fi
+    if ((NNODES > 1)); then
+        srun --overlap --nodes=$((NNODES - 1)) --ntasks=$((NNODES - 1)) --ntasks-per-node=1 \
+            --exclude="$HEAD_NODE" --output="$LOG_DIR/ray-worker-%N.log" \
+            ray start --address="$RAY_ADDRESS" --num-gpus=0 --block &
+        BACKGROUND+=($!)
+    fi
+    OVERRIDES+=("rollout.multi_turn.tool_executor=ray")
+fi
+
+srun --overlap --nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --output="$LOG_DIR/train-%N.log" \
+    torchrun \
+    --nnodes "$NNODES" \
+    --nproc_per_node "$NPROC_PER_NODE" \
+    --rdzv_id "$SLURM_JOB_ID" \
+    --rdzv_backend c10d \
+    --rdzv_endpoint "$HEAD_NODE:$MASTER_PORT" \
+    launch/pretrain_rl.py "${OVERRIDES[@]}"

@@ -1,0 +1,127 @@
+"""slurm/train_multinode.sh under a fake Slurm: the exact srun/torchrun/ray commands it issues."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "slurm" / "train_multinode.sh"
+
+# Each fake appends "<name>\t<arg>\t<arg>..." to $FAKE_LOG.
+_RECORDER = """#!/bin/bash
+{ printf '%s' "$(basename "$0")"; printf '\\t%s' "$@"; printf '\\n'; } >> "$FAKE_LOG"
+"""
+# Like the real ones, background `ray start --block` steps run until killed, `ray status` only
+# succeeds once a head was started, and the training step (here: instant) starts after the Ray
+# workers were launched (FAKE_WAIT_FOR names a pattern it waits for in the log).
+_SRUN = _RECORDER + """
+for a in "$@"; do [[ "$a" == --block ]] && exec sleep 60; done
+if [[ -n "${FAKE_WAIT_FOR:-}" && " $* " == *" torchrun "* ]]; then
+    for _ in $(seq 1 200); do grep -q -- "$FAKE_WAIT_FOR" "$FAKE_LOG" && break; sleep 0.05; done
+fi
+"""
+_RAY = _RECORDER + """
+if [[ "$1" == status ]]; then grep -q -- "--head" "$FAKE_LOG"; fi
+"""
+_SCONTROL = _RECORDER + """
+if [[ "$1 $2" == "show hostnames" ]]; then printf 'gpu-node-07\\ngpu-node-08\\ngpu-node-09\\n'; fi
+"""
+
+
+def _fake_bin(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("srun", _SRUN), ("ray", _RAY), ("scontrol", _SCONTROL)):
+        path = bin_dir / name
+        path.write_text(body)
+        path.chmod(0o755)
+    return bin_dir
+
+
+def _run(tmp_path: Path, *overrides: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    log = tmp_path / "calls.log"
+    full_env = {
+        "PATH": f"{_fake_bin(tmp_path)}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "FAKE_LOG": str(log),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "rl-test",
+        "SLURM_JOB_NODELIST": "gpu-node-[07-09]",
+        "SLURM_NNODES": "3",
+        "SLURM_GPUS_ON_NODE": "4",
+        "SLURM_SUBMIT_DIR": str(REPO),
+        "LOG_ROOT": str(tmp_path / "logs"),
+        **env,
+    }
+    result = subprocess.run(["bash", str(SCRIPT), *overrides], env=full_env, capture_output=True, text=True, timeout=60)
+    calls = [line.split("\t") for line in log.read_text().splitlines()] if log.exists() else []
+    return result, calls
+
+
+def test_syntax():
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+def test_torchrun_command_and_log_dir(tmp_path):
+    overrides = ("--config-name", "gsm8k_multiturn_grpo", "model=qwen2_5_7b", "rollout.n=8", "trainer.experiment_name=a b")
+    result, calls = _run(tmp_path, *overrides)
+    assert result.returncode == 0, result.stderr
+    log_dir = tmp_path / "logs" / "rl-test-4242"
+    assert log_dir.is_dir()
+    assert calls[0] == ["scontrol", "show", "hostnames", "gpu-node-[07-09]"]
+    sruns = [c for c in calls if c[0] == "srun"]
+    assert len(sruns) == 1 and not any(c[0] == "ray" for c in calls)
+    port = str(29500 + 4242 % 10000)
+    assert sruns[0] == [
+        "srun", "--overlap", "--nodes=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        f"--output={log_dir}/train-%N.log",
+        "torchrun", "--nnodes", "3", "--nproc_per_node", "4", "--rdzv_id", "4242",
+        "--rdzv_backend", "c10d", "--rdzv_endpoint", f"gpu-node-07:{port}",
+        "launch/pretrain_rl.py", *overrides, f"trainer.log_dir={log_dir}",
+    ]  # the override with a space survives as one argument
+    assert f"rendezvous gpu-node-07:{port}" in result.stdout
+
+
+def test_explicit_log_dir_port_and_gpu_count_from_slurm_gpus_per_node(tmp_path):
+    env = {"SLURM_GPUS_ON_NODE": "", "SLURM_GPUS_PER_NODE": "h100:8", "MASTER_PORT": "31000"}
+    result, calls = _run(tmp_path, "trainer.log_dir=/shared/run1", **env)
+    assert result.returncode == 0, result.stderr
+    torchrun = next(c for c in calls if c[0] == "srun")
+    args = torchrun[torchrun.index("torchrun") :]
+    assert args[args.index("--nproc_per_node") + 1] == "8"
+    assert args[args.index("--rdzv_endpoint") + 1] == "gpu-node-07:31000"
+    assert args[-1] == "trainer.log_dir=/shared/run1"  # not overridden a second time
+
+
+def test_ray_tool_pool_head_and_workers(tmp_path):
+    result, calls = _run(tmp_path, "rollout.n=4", RAY_TOOL_POOL="1", RAY_PORT="6380", FAKE_WAIT_FOR="--address=")
+    assert result.returncode == 0, result.stderr
+    log_dir = tmp_path / "logs" / "rl-test-4242"
+    sruns = [c for c in calls if c[0] == "srun"]
+    head = next(c for c in sruns if "--head" in c)
+    assert head[head.index("ray") :] == [
+        "ray", "start", "--head", "--node-ip-address=gpu-node-07", "--port=6380", "--num-gpus=0", "--block",
+    ]
+    assert "-w" in head and head[head.index("-w") + 1] == "gpu-node-07"
+    workers = next(c for c in sruns if "--address=gpu-node-07:6380" in c and "start" in c)
+    assert "--nodes=2" in workers and "--exclude=gpu-node-07" in workers
+    assert ["ray", "status", "--address=gpu-node-07:6380"] in calls  # waited for the head
+    train = sruns[-1]
+    assert train[train.index("launch/pretrain_rl.py") + 1 :] == [
+        "rollout.n=4", f"trainer.log_dir={log_dir}", "rollout.multi_turn.tool_executor=ray",
+    ]
+
+
+@pytest.mark.parametrize("missing", ["SLURM_JOB_ID", "SLURM_JOB_NODELIST"])
+def test_refuses_to_run_outside_slurm(tmp_path, missing):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PATH=f"{_fake_bin(tmp_path)}:/usr/bin:/bin", FAKE_LOG=str(tmp_path / "calls.log"))
+    env.update({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1"})
+    env.pop(missing)
+    result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0 and missing in result.stderr
+    assert not (tmp_path / "calls.log").exists()
