@@ -224,3 +224,33 @@ def test_requests_overlap_in_time(tokenizer):
     done, _ = _run(tokenizer, reqs, {}, engine=engine)
     assert time.perf_counter() - start < 0.6
     assert all(r.state is RequestState.COMPLETED for r in done)
+
+
+@pytest.mark.parametrize("inference_template", [False, True])
+def test_use_inference_chat_template(inference_template):
+    """Qwen3 drops earlier reasoning once a new user query arrives: with use_inference_chat_template the
+    engine's prompt does too (production-like), while the trained trajectory keeps what was sampled."""
+    tok = load_qwen_tokenizer("qwen3", vocab_size=4096)
+    teacher = _Teacher({"name": "teacher"})
+    req = _request("Q-think", interaction_kwargs={"name": "teacher"})
+    script = {"Q-think": ["<think>\nsecret plan\n</think>\n\nIt is 41.", "<think>\nretry\n</think>\n\nIt is 42."]}
+    cfg = _cfg(use_inference_chat_template=inference_template)
+    (req,), engine = _run(tok, [req], script, interactions={"teacher": teacher}, cfg=cfg)
+    assert req.state is RequestState.COMPLETED, req.error
+    assert "secret plan" in tok.decode(req.trajectory.ids)
+    second_prompt = tok.decode(engine.prompts[1])
+    if inference_template:
+        assert "secret plan" not in second_prompt
+    else:
+        assert engine.prompts[1] == req.trajectory.ids[: len(engine.prompts[1])]
+    assert req.metrics.template_fallback == 1  # the user turn's delta needed the base conversation
+    assert req.metrics.sanity_check_mismatch == 0, req.sanity_check_diffs
+
+
+def test_single_turn_when_multi_turn_disabled(tokenizer):
+    add = AddTool()
+    cfg = _cfg(enable=False)
+    (req,), _ = _run(tokenizer, [_request("Q-one")], {"Q-one": [call("add", a=1, b=2), "never"]}, tools={"add": add}, cfg=cfg)
+    assert req.finish_reason is FinishReason.STOP and req.metrics.assistant_turns == 1
+    assert add.executions == 0 and "tool_calls" not in req.messages[-1]
+    assert '"name": "add"' not in tokenizer.decode(req.trajectory.prompt_ids)  # no tool schemas offered
