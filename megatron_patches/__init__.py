@@ -38,6 +38,7 @@ PATCH_NAMES: tuple[str, ...] = (
     "rerun_state_machine",
     "parallel_state_sync",
     "dist_checkpointing_devices",
+    "rope_cp_slice",
 )
 
 _ACTIVE: dict[str, PatchContext] = {}

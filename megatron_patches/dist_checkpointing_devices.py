@@ -4,7 +4,10 @@ Targets (module-global ``torch`` rebound to the CPU view, see ``_cpu_torch``):
 ``megatron.core.dist_checkpointing.exchange_utils`` (exchanges loaded shards in
 ``torch.empty_like(..., device="cuda")`` buffers), ``...strategies.state_dict_saver``
 (``verify_global_md_reuse`` / failure flags in ``device='cuda'`` tensors),
-``...tensor_aware_state_dict`` (``torch.cuda.synchronize``).
+``...tensor_aware_state_dict`` (``torch.cuda.synchronize``),
+``...strategies.filesystem_async.FileSystemWriterAsync.preload_tensors`` (every
+torch_dist save: ``torch.cuda.synchronize()`` after the D2H copies),
+``...strategies.async_utils`` (liveness flags on ``torch.cuda.current_device()``).
 
 Reason: CUDA hard-coded; on gloo these exchanges use CPU tensors.
 
@@ -20,6 +23,8 @@ MODULES = (
     "megatron.core.dist_checkpointing.exchange_utils",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver",
     "megatron.core.dist_checkpointing.tensor_aware_state_dict",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.dist_checkpointing.strategies.async_utils",
 )
 
 

@@ -1,0 +1,149 @@
+"""``ContextParallelDotProductAttention``: exact causal attention under context parallelism without TransformerEngine.
+
+Megatron's local ``DotProductAttention`` asserts ``context_parallel_size == 1``
+(CP lives in TransformerEngine's attention). This module is a drop-in for the
+``core_attention`` slot of the local layer spec (same constructor signature).
+It is not a patch: nothing in megatron-core is replaced; you choose it in a spec::
+
+    spec = get_gpt_layer_local_spec()
+    spec.submodules.self_attention.submodules.core_attention = ContextParallelDotProductAttention
+
+Layout (Megatron's load-balanced CP split, see ``mcore_agentic.parallel.cp_split``):
+a sequence of length ``S`` is cut into ``2*CP`` chunks and CP rank ``r`` holds chunks
+``r`` and ``2*CP-1-r``, so local queries sit at global positions
+``cp_positions(S, CP, r)``. Forward all-gathers K and V over the CP group and
+restores the natural order (``cp_gather``; its backward sums the gradients of every
+rank at this rank's tokens, i.e. a reduce-scatter), then each query at global
+position ``i`` attends to keys ``j <= i`` — exactly the full-sequence causal
+attention, restricted to the local rows. Memory is O(S_local * S) per head,
+fine for CPU tests and moderate lengths (ring attention is TE's job on GPU).
+
+With CP == 1 it computes the same thing as ``DotProductAttention``. Supported:
+causal / no-mask / padding mask types, GQA (``num_query_groups < num_attention_heads``),
+attention dropout under the RNG tracker, ``apply_query_key_layer_scaling``.
+Not supported (raises): packed sequences (THD), attention bias, sliding windows,
+non-vanilla softmax.
+
+Versions: megatron-core 0.16.x - 0.19.x (``DotProductAttention`` constructor).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+from torch import Tensor
+
+from mcore_agentic.parallel.cp_split import cp_gather, cp_positions
+
+
+class ContextParallelDotProductAttention(DotProductAttention):
+    """Core attention ([sq, b, np, hn] queries, [sk, b, ng, hn] keys/values) with CP via K/V all-gather."""
+
+    def __init__(
+        self,
+        config: Any,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection: Any = None,
+    ):
+        # DotProductAttention asserts CP == 1; build it on a shallow copy that says so, keep the real config.
+        cp1_config = copy.copy(config)
+        cp1_config.context_parallel_size = 1
+        super().__init__(
+            config=cp1_config,
+            layer_number=layer_number,
+            attn_mask_type=attn_mask_type,
+            attention_type=attention_type,
+            attention_dropout=attention_dropout,
+            softmax_scale=softmax_scale,
+            cp_comm_type=cp_comm_type,
+            pg_collection=pg_collection,
+        )
+        self.config = config
+        if config.softmax_type != "vanilla":
+            raise NotImplementedError(
+                f"ContextParallelDotProductAttention supports softmax_type='vanilla' only, got {config.softmax_type!r}"
+            )
+        if getattr(config, "window_size", None) is not None:
+            raise NotImplementedError("ContextParallelDotProductAttention does not support window_size (sliding window)")
+        cp_group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
+        if cp_group is None and config.context_parallel_size > 1:
+            cp_group = parallel_state.get_context_parallel_group()
+        self.cp_group = cp_group
+        self.cp_size = config.context_parallel_size
+        if cp_group is not None and cp_group.size() != self.cp_size:
+            raise ValueError(
+                f"context_parallel_size={self.cp_size} but the CP process group has {cp_group.size()} ranks"
+            )
+        # FusedScaleMaskSoftmax divides the scale by layer_number and multiplies it back in fp32; we do both at once.
+        self.score_scale = self.softmax_scale * (self.layer_number if config.apply_query_key_layer_scaling else 1.0)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> Tensor:
+        """Attention for the local queries.
+
+        Shapes: ``query`` [sq, b, np, hn], ``key``/``value`` [sq, b, ng, hn] (local CP shards,
+        ``sq = S / CP``). ``attention_mask`` (optional, bool, True = masked out) is
+        [b or 1, 1 or np, sq, S]: rows are the local queries, columns the *full* sequence in
+        natural order. Returns [sq, b, np * hn].
+        """
+        if packed_seq_params is not None:
+            raise NotImplementedError("ContextParallelDotProductAttention does not support packed sequences (THD)")
+        if attention_bias is not None:
+            raise NotImplementedError("ContextParallelDotProductAttention does not support attention_bias")
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+
+        sq, b, np_, hn = query.shape
+        cp_rank = self.cp_group.rank() if self.cp_size > 1 else 0
+        # [S, b, ng, hn] in natural sequence order; backward reduce-scatters the grads to their owners.
+        key = cp_gather(key, self.cp_size, self.cp_group, seq_dim=0, grad_mode="sum")
+        value = cp_gather(value, self.cp_size, self.cp_group, seq_dim=0, grad_mode="sum")
+        seq_len = key.shape[0]
+
+        groups = key.shape[2]
+        if np_ // groups > 1:  # GQA: each KV head serves np/ng query heads (after the gather: less traffic)
+            key = key.repeat_interleave(np_ // groups, dim=2)
+            value = value.repeat_interleave(np_ // groups, dim=2)
+
+        # [b, np, sq, S]
+        scores = torch.einsum("qbnh,kbnh->bnqk", query, key)
+        if self.config.attention_softmax_in_fp32 or scores.dtype == torch.float32:
+            scores = scores.float()
+        scores = scores * self.score_scale
+
+        masked = None
+        if mask_type == AttnMaskType.causal:
+            q_pos = cp_positions(seq_len, self.cp_size, cp_rank, device=query.device)
+            k_pos = torch.arange(seq_len, device=query.device)
+            masked = (k_pos.unsqueeze(0) > q_pos.unsqueeze(1)).view(1, 1, sq, seq_len)
+        if attention_mask is not None:
+            masked = attention_mask if masked is None else (masked | attention_mask)
+        if masked is not None:
+            scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1).to(query.dtype)
+
+        if not self.config.sequence_parallel:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                probs = self.attention_dropout(probs)
+        else:
+            probs = self.attention_dropout(probs)
+
+        context = torch.einsum("bnqk,kbnh->qbnh", probs, value)  # [sq, b, np, hn]
+        return context.reshape(sq, b, np_ * hn)
