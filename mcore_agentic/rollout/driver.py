@@ -42,6 +42,22 @@ from mcore_agentic.rollout.tool_parser import get_tool_parser
 logger = logging.getLogger(__name__)
 
 
+def build_plugins(cfg: RolloutConfig) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """``(tools, interactions, executor)`` from ``rollout.multi_turn``'s YAML paths and executor kind.
+
+    Tools are bound to the executor; the caller shuts the executor down at the end of the run.
+    """
+    from mcore_agentic.interactions.registry import load_interactions
+    from mcore_agentic.rollout.executor import make_executor
+    from mcore_agentic.tools.registry import load_tools
+
+    mt = cfg.multi_turn
+    executor = make_executor(mt.tool_executor)
+    tools = load_tools(mt.tool_config_path, executor=executor) if mt.tool_config_path else {}
+    interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
+    return tools, interactions, executor
+
+
 def build_requests(rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> list[RolloutRequest]:
     """``cfg.n`` requests per row, sharing a fresh ``uid`` per row (GRPO groups)."""
     requests = []

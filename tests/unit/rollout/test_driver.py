@@ -126,3 +126,29 @@ def test_spmd_tools_run_once_per_rollout_group():
     for key in b0.tensors:
         assert torch.equal(b0[key], b1[key])
     assert b0.meta == b1.meta
+
+
+def test_build_plugins_and_engine(tmp_path):
+    from pathlib import Path
+
+    from mcore_agentic.rollout.driver import build_plugins
+    from mcore_agentic.rollout.engines import build_engine
+    from mcore_agentic.rollout.engines.hf import HFEngine
+
+    root = Path(__file__).resolve().parents[3]
+    cfg = RolloutConfig(multi_turn=MultiTurnConfig(tool_config_path=str(root / "configs/tools/calculator_tool_config.yaml")))
+    tools, interactions, executor = build_plugins(cfg)
+    try:
+        assert set(tools) == {"calculator"} and interactions == {}
+        assert tools["calculator"].executor is executor
+    finally:
+        executor.shutdown()
+    from mcore_agentic.models.tiny import make_tiny_hf_model
+
+    path = make_tiny_hf_model(tmp_path / "m", vocab_size=256, hidden_size=32, intermediate_size=64)
+    assert isinstance(build_engine(RolloutConfig(name="hf"), path), HFEngine)
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        with pytest.raises(ImportError, match="mcore-agentic"):
+            build_engine(RolloutConfig(name="sglang"), path)
