@@ -3,8 +3,9 @@
 Each turn of the conversation is an assistant message with a tool call followed by a
 ~300-character tool result. To produce the next prompt for the engine:
 
-* ``delta`` (ours): the assistant's ids are the engine's (already tokenized), the tool
-  turn is :meth:`ChatTokenizer.env_segment` (two template renders, tokenize the delta);
+* ``delta`` (ours, as the agent loop does it): the assistant's ids are the engine's (already
+  tokenized), the tool turn is :meth:`ChatTokenizer.env_segment` (one template render when it
+  extends the decoded trajectory, else two; tokenize only the delta);
 * ``full`` (baseline): render the whole conversation with the generation prompt and
   tokenize all of it, every turn (what a re-tokenizing rollout does).
 
@@ -65,7 +66,10 @@ def run_delta(chat: ChatTokenizer, initial, later, sampled: list[list[int]]) -> 
         traj.append(sampled[k // 2], sampled=True, log_probs=[0.0] * len(sampled[k // 2]))
         messages.append(later[k])
         messages.append(later[k + 1])
-        traj.append(chat.env_segment(messages, len(messages) - 1, tools=TOOLS, sampled_eot=True).ids, sampled=False)
+        segment = chat.env_segment(
+            messages, len(messages) - 1, tools=TOOLS, sampled_eot=True, history_text=chat.decode(traj.ids)
+        )
+        traj.append(segment.ids, sampled=False)
     return traj
 
 

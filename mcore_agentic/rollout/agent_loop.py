@@ -235,7 +235,10 @@ class AgentSession:
         req, traj = self.req, self.req.trajectory
         start = len(req.messages)
         req.messages.extend(new_messages)
-        segment = self.ctx.chat.env_segment(req.messages, start, tools=self.schemas, sampled_eot=sampled_eot)
+        chat = self.ctx.chat
+        segment = chat.env_segment(
+            req.messages, start, tools=self.schemas, sampled_eot=sampled_eot, history_text=chat.decode(traj.ids)
+        )
         if segment.used_fallback:
             self.used_fallback = True
             req.metrics.template_fallback += 1

@@ -12,6 +12,8 @@ renders::
 so the env segment also carries the template's end-of-turn suffix the model did
 not sample (the ``\\n`` after ``<|im_end|>``; the whole ``<|im_end|>\\n`` if the
 model stopped on another stop token).
+When the new render starts with the decoded trajectory itself (the usual case: no
+drift, no rewrite), that text stands in for ``prev``: one render per turn, same ids.
 
 Templates that rewrite history (Qwen3 strips earlier ``<think>`` blocks once a
 new user query arrives) break ``curr.startswith(prev)``. Then the delta is taken
@@ -103,7 +105,13 @@ class ChatTokenizer:
         return self.encode(self.render(messages, tools=tools, add_generation_prompt=True))
 
     def env_segment(
-        self, messages: Messages, start: int, *, tools: list[dict] | None, sampled_eot: bool | None
+        self,
+        messages: Messages,
+        start: int,
+        *,
+        tools: list[dict] | None,
+        sampled_eot: bool | None,
+        history_text: str | None = None,
     ) -> EnvSegment:
         """Ids for ``messages[start:]`` (tool results, user turns) plus the next generation prompt.
 
@@ -111,11 +119,18 @@ class ChatTokenizer:
         sampled assistant turn that ended with the end-of-turn token, False if a sampled assistant turn
         that did not (the template's whole closing is then environment text), None if it is not a
         sampled turn (its render is already in the trajectory in full).
+
+        ``history_text``: the decoded trajectory so far. When the new render starts with it exactly, it
+        stands in for the first render (one template render per turn instead of two; same result, since
+        then trajectory text + delta == the template's render).
         """
         if not 0 < start <= len(messages):
             raise ValueError(f"start={start} must be in 1..{len(messages)}")
-        prev = self.render(messages[:start], tools=tools, add_generation_prompt=False)
         curr = self.render(messages, tools=tools, add_generation_prompt=True)
+        if history_text is not None and sampled_eot is not False and curr.startswith(history_text):
+            text = curr[len(history_text) :]
+            return EnvSegment(self.encode(text), text, used_fallback=False)
+        prev = self.render(messages[:start], tools=tools, add_generation_prompt=False)
         if curr.startswith(prev):
             text = curr[self._cut(prev, len(prev), sampled_eot) :]
             return EnvSegment(self.encode(text), text, used_fallback=False)

@@ -85,6 +85,9 @@ def build(chat: ChatTokenizer, initial, later, tools):
             i += 1
         if len(messages) > start:
             seg = chat.env_segment(messages, start, tools=tools, sampled_eot=True)
+            # the one-render shortcut (history text = decoded trajectory) gives the same ids
+            fast = chat.env_segment(messages, start, tools=tools, sampled_eot=True, history_text=chat.decode(traj.ids))
+            assert fast.ids == seg.ids
             fallback |= seg.used_fallback
             traj.append(seg.ids, sampled=False)
     return traj, messages, fallback
