@@ -1,1 +1,151 @@
-"""The PPO/GRPO step loop, metrics, logging and checkpoints."""
+"""The PPO/GRPO step loop, metrics, logging and checkpoints.
+
+Entry point: :func:`run` (called by ``launch/pretrain_rl.py`` on every rank).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    """What :func:`run` reports (identical on every rank, printed by rank 0)."""
+
+    steps: int
+    seconds: float
+    first_rewards: list[float]
+    last_rewards: list[float]
+    artefacts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def first_mean(self) -> float:
+        return sum(self.first_rewards) / max(len(self.first_rewards), 1)
+
+    @property
+    def last_mean(self) -> float:
+        return sum(self.last_rewards) / max(len(self.last_rewards), 1)
+
+    def text(self) -> str:
+        lines = [
+            f"finished {self.steps} RL steps in {self.seconds:.1f}s",
+            f"mean reward: first {len(self.first_rewards)} steps {self.first_mean:.3f} -> "
+            f"last {len(self.last_rewards)} steps {self.last_mean:.3f}",
+        ]
+        lines += [f"{name}: {path}" for name, path in self.artefacts.items()]
+        return "\n".join(lines)
+
+
+def current_layout(cfg: Any) -> Any:
+    """The run's :class:`ParallelLayout`: Megatron's groups if the launcher made them, else made here."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from mcore_agentic.parallel.layout import ParallelLayout, initialize_parallel
+
+    if not parallel_state.model_parallel_is_initialized():
+        import torch
+
+        if not torch.cuda.is_available():
+            import megatron_patches
+
+            megatron_patches.apply()
+        return initialize_parallel(cfg.actor.parallel, cfg.seed)
+    par = cfg.actor.parallel
+    return ParallelLayout(
+        world_size=dist.get_world_size(),
+        rank=dist.get_rank(),
+        tensor_model_parallel_size=par.tensor_model_parallel_size,
+        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=par.virtual_pipeline_model_parallel_size,
+        context_parallel_size=par.context_parallel_size,
+        data_parallel_size=parallel_state.get_data_parallel_world_size(),
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+        cp_rank=parallel_state.get_context_parallel_rank(),
+        dp_rank=parallel_state.get_data_parallel_rank(),
+        backend=dist.get_backend(),
+    )
+
+
+def _rewards_by_step(metrics_path: Path, history: list[float]) -> list[float]:
+    from mcore_agentic.trainer.plot import read_metrics
+
+    if metrics_path.is_file():
+        rows = [r for r in read_metrics(metrics_path) if r["step"] >= 1 and isinstance(r.get("reward/mean"), float)]
+        if rows:
+            return [r["reward/mean"] for r in rows]
+    return history
+
+
+def run(cfg: Any, layout: Any = None) -> RunSummary:
+    """Train per ``cfg`` (an :class:`RLConfig` or a composed Hydra config) on every rank; return the summary.
+
+    ``layout``: the launcher's :class:`ParallelLayout`; None makes (or reads) Megatron's groups here.
+    """
+    import torch.distributed as dist
+
+    from mcore_agentic.config.load import load_config
+    from mcore_agentic.config.rules import validate
+    from mcore_agentic.config.schema import RLConfig
+    from mcore_agentic.config.walk import to_dict
+    from mcore_agentic.trainer.build import build_checkpoint_manager, build_components
+    from mcore_agentic.trainer.logger import Tracker
+    from mcore_agentic.trainer.loop import RLTrainer
+    from mcore_agentic.trainer.plot import plot_curves
+    from mcore_agentic.trainer.progress import StepProgress
+
+    cfg = cfg if isinstance(cfg, RLConfig) else load_config(cfg)
+    start = time.perf_counter()
+    layout = layout if layout is not None else current_layout(cfg)
+    sizes = validate(cfg, layout.world_size)
+    components = build_components(cfg, layout, sizes)
+    tracker = Tracker.from_config(cfg.trainer, config=to_dict(cfg))
+    rank0 = layout.rank == 0
+
+    def progress(total: int, initial: int) -> StepProgress:
+        return StepProgress(total, initial_step=initial, enabled=cfg.trainer.progress_bar and rank0)
+
+    trainer = RLTrainer(components, tracker, build_checkpoint_manager(cfg), progress)
+    try:
+        state = trainer.fit()
+    finally:
+        tracker.close()
+        if components.executor is not None:
+            components.executor.shutdown()
+    log_dir = Path(cfg.trainer.resolved_log_dir)
+    metrics_path = log_dir / "metrics.jsonl"
+    artefacts: dict[str, str] = {}
+    if rank0:
+        if metrics_path.is_file():
+            artefacts["metrics"] = str(metrics_path)
+            if cfg.trainer.plot_at_end:
+                for png in plot_curves(metrics_path, log_dir):
+                    artefacts[png.stem] = str(png)
+        if (log_dir / "tensorboard").is_dir():
+            artefacts["tensorboard"] = str(log_dir / "tensorboard")
+        if Path(cfg.trainer.checkpoint_dir).is_dir():
+            artefacts["checkpoints"] = cfg.trainer.checkpoint_dir
+    rewards = _rewards_by_step(metrics_path, state.history) if rank0 else state.history
+    k = min(5, len(rewards))
+    summary = RunSummary(
+        steps=state.step,
+        seconds=time.perf_counter() - start,
+        first_rewards=rewards[:k],
+        last_rewards=rewards[-k:] if k else [],
+        artefacts=artefacts,
+    )
+    if dist.is_initialized():
+        dist.barrier()
+    if rank0:
+        print("\n" + "=" * 72 + "\n" + summary.text() + "\n" + "=" * 72, flush=True)
+    return summary
+
+
+__all__ = ["RunSummary", "run"]

@@ -1,0 +1,298 @@
+"""Construction of a training run, in small named functions: model files, data, workers, rollout, logging.
+
+Each function builds one thing from the frozen :class:`~mcore_agentic.config.schema.RLConfig`
+and the :class:`~mcore_agentic.parallel.layout.ParallelLayout`; :func:`build_components`
+composes them into :class:`Components`, the bag the step loop (:mod:`.loop`) runs on.
+Nothing here trains; nothing in the loop builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.config.rules import BatchSizes
+from mcore_agentic.config.schema import RLConfig
+
+logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------- model files
+def ensure_model(cfg: RLConfig) -> Path:
+    """The HF checkpoint of ``model.model_path``; a missing tiny preset under ``outputs/`` is created once.
+
+    The embedded default points at ``outputs/models/tiny_qwen2``: on a fresh machine rank 0
+    writes the random tiny Qwen2 checkpoint (``make_tiny_hf_model_from_preset``) and the
+    other ranks wait. Any other missing path is a config error.
+    """
+    path = Path(cfg.model.model_path)
+    if (path / "config.json").is_file():
+        return path
+    parts = path.parts
+    if not parts or parts[0] != "outputs":
+        raise ConfigError(
+            "model.model_path", f"{path} has no config.json: point it at a Hugging Face checkpoint directory"
+        )
+    from mcore_agentic.models.tiny import make_tiny_hf_model_from_preset
+
+    preset = "100m" if "100m" in path.name else "tiny"
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        logger.info("creating the %s model checkpoint at %s (cached for later runs)", preset, path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        make_tiny_hf_model_from_preset(tmp, preset, seed=cfg.seed)
+        tmp.replace(path)
+    if dist.is_initialized():
+        dist.barrier()
+    return path
+
+
+def build_tokenizer(model_path: str | Path) -> Any:
+    """The checkpoint's own tokenizer (with its chat template), never downloaded."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
+    if getattr(tok, "chat_template", None) is None:
+        raise ConfigError("model.model_path", f"the tokenizer in {model_path} has no chat template")
+    return tok
+
+
+# ----------------------------------------------------------------------------------- tools, data
+def build_tools(cfg: RLConfig) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """``(tools, interactions, executor)`` of ``rollout.multi_turn`` (empty when multi-turn is off)."""
+    from mcore_agentic.interactions.registry import load_interactions
+    from mcore_agentic.rollout.executor import make_executor
+    from mcore_agentic.tools.registry import load_tools
+
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        return {}, {}, None
+    executor = make_executor(mt.tool_executor)
+    tools = load_tools(mt.tool_config_path, executor=executor) if mt.tool_config_path else {}
+    interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
+    return tools, interactions, executor
+
+
+def tool_schemas(tools: dict[str, Any]) -> list[dict] | None:
+    return [t.get_openai_tool_schema() for t in tools.values()] or None
+
+
+def build_datasets(cfg: RLConfig, tokenizer: Any, tools: dict[str, Any]) -> tuple[Any, Any]:
+    """Training and validation datasets (overlong prompts filtered with the tools' schemas in the prompt)."""
+    from mcore_agentic.data.dataset import load_datasets
+
+    return load_datasets(cfg.data, tokenizer=tokenizer, tool_schemas=tool_schemas(tools))
+
+
+def total_steps(cfg: RLConfig, batches_per_epoch: int) -> int:
+    """``trainer.total_training_steps`` if set, else epochs x batches per epoch."""
+    if cfg.trainer.total_training_steps is not None:
+        return cfg.trainer.total_training_steps
+    return cfg.trainer.total_epochs * batches_per_epoch
+
+
+# ----------------------------------------------------------------------------------- workers
+def _sequences_config(worker_cfg: Any, sizes: Any) -> Any:
+    """The worker config with ``ppo_mini_batch_size`` in *sequences* (the workers' unit).
+
+    YAML counts prompts (verl semantics, see :mod:`mcore_agentic.config.rules`); the workers
+    slice the sequence batch, so the trainer hands them prompts x ``rollout.n``.
+    """
+    return dataclasses.replace(worker_cfg, ppo_mini_batch_size=sizes.mini_batch_sequences)
+
+
+def restrict_vocab(worker: Any, tokenizer_size: int) -> Any:
+    """Normalise the worker's log-probs over the tokenizer's ids only, as the rollout engine samples.
+
+    The checkpoint's embedding table is padded past the tokenizer (tiny models: to a multiple
+    of 64) and the engine never samples those ids; a softmax over them would shift every
+    trainer log-prob by a constant against the engine's (``rollout/logprob_diff_*``).
+    """
+    if worker is not None and tokenizer_size < worker.engine.vocab_size:
+        worker.engine.vocab_size = tokenizer_size
+    return worker
+
+
+def build_actor(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> Any:
+    from mcore_agentic.workers.actor import Actor
+
+    return Actor(
+        _sequences_config(cfg.actor, sizes.actor),
+        model_path=cfg.model.model_path,
+        dtype=cfg.model.dtype,
+        layout=layout,
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
+        total_training_steps=steps * sizes.actor.mini_batches_per_epoch * cfg.actor.ppo_epochs + cfg.trainer.sft_warmup_steps,
+    )
+
+
+def needs_reference(cfg: RLConfig) -> bool:
+    return cfg.algorithm.use_kl_in_reward or cfg.actor.policy_loss.use_kl_loss
+
+
+def build_reference(cfg: RLConfig, layout: Any) -> Any:
+    if not needs_reference(cfg):
+        return None
+    from mcore_agentic.workers.reference import Reference
+
+    return Reference(
+        cfg.ref,
+        model_path=cfg.model.model_path,
+        dtype=cfg.model.dtype,
+        parallel=cfg.actor.parallel,
+        layout=layout,
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
+    )
+
+
+def build_critic(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> Any:
+    if not cfg.algorithm.needs_critic:
+        return None
+    from mcore_agentic.workers.critic import Critic
+
+    assert sizes.critic is not None
+    return Critic(
+        _sequences_config(cfg.critic, sizes.critic),
+        model_path=cfg.model.model_path,
+        dtype=cfg.model.dtype,
+        parallel=cfg.actor.parallel,
+        layout=layout,
+        make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
+        total_training_steps=steps * sizes.critic.mini_batches_per_epoch * cfg.critic.ppo_epochs,
+    )
+
+
+# ----------------------------------------------------------------------------------- rollout
+def build_rollout_engine(cfg: RLConfig, device: torch.device) -> Any:
+    """This rank's rollout engine (rollout TP = 1 on CPU: every DP rank holds a full engine)."""
+    if cfg.rollout.name == "hf":
+        from mcore_agentic.rollout.engines.hf import HFEngine
+
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+        return HFEngine.from_pretrained(cfg.model.model_path, dtype=dtype, device=str(device), seed=cfg.seed)
+    raise ConfigError(
+        "rollout.name",
+        f"{cfg.rollout.name!r} is not wired into the trainer yet; use rollout.name=hf (SGLang: see docs/gpu.md)",
+    )
+
+
+class DirectWeightSync:
+    """Context manager: on entry, stream the actor's HF weights into the rollout engine, then check the version.
+
+    A stand-in for the sharding package's manager (not in the tree when this was written):
+    the bridge exports one full tensor at a time (collective over TP/PP), so the peak extra
+    memory is one tensor; the engine checks that every tensor arrived.
+    """
+
+    def __init__(self, actor: Any, engine: Any):
+        self.actor = actor
+        self.engine = engine
+        self.version = 0
+
+    def __enter__(self) -> DirectWeightSync:
+        self.version += 1
+        eng = self.actor.engine
+        self.engine.update_weights(eng.bridge.export_hf_weights(eng.chunks), version=self.version)
+        self.engine.finish_weight_update(self.version)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def build_weight_sync(actor: Any, engine: Any) -> Any:
+    """The context manager that refreshes the rollout engine's weights before each rollout."""
+    return DirectWeightSync(actor, engine)
+
+
+# ----------------------------------------------------------------------------------- bookkeeping
+def build_checkpoint_manager(cfg: RLConfig) -> Any:
+    from mcore_agentic.trainer.checkpoint import CheckpointManager
+
+    return CheckpointManager(cfg.trainer.checkpoint_dir, max_to_keep=cfg.trainer.max_ckpt_to_keep)
+
+
+def model_state_io(actor: Any, critic: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Checkpoint writer/reader callbacks for actor/critic model + optimizer state.
+
+    Uses ``mcore_agentic.trainer.model_checkpoint`` (another engineer's module) when it
+    exists; without it checkpoints hold only trainer/data/RNG state and resuming restarts
+    the models from ``model.model_path`` (a warning says so).
+    """
+    try:
+        from mcore_agentic.trainer import model_checkpoint
+    except ImportError:
+        return {}, {}
+    writers = {"models": lambda d: model_checkpoint.save_model_state(d, actor=actor, critic=critic)}
+    readers = {"models": lambda d: model_checkpoint.load_model_state(d, actor=actor, critic=critic)}
+    return writers, readers
+
+
+@dataclass
+class Components:
+    """Everything one run needs, built once."""
+
+    cfg: RLConfig
+    layout: Any
+    sizes: BatchSizes
+    tokenizer: Any
+    train_loader: Any
+    val_rows: list[dict[str, Any]]
+    actor: Any
+    ref: Any
+    critic: Any
+    engine: Any
+    tools: dict[str, Any]
+    interactions: dict[str, Any]
+    executor: Any
+    weight_sync: Any
+    reward_fn: Any
+    kl_ctrl: Any
+    total_steps: int
+
+
+def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Components:
+    """Build the run in dependency order (model files -> tokenizer/tools/data -> workers -> rollout)."""
+    from mcore_agentic.algorithms.kl import build_kl_controller
+    from mcore_agentic.data.dataloader import make_train_loader
+    from mcore_agentic.rewards import build_reward_fn
+
+    ensure_model(cfg)
+    tokenizer = build_tokenizer(cfg.model.model_path)
+    tools, interactions, executor = build_tools(cfg)
+    train_set, val_set = build_datasets(cfg, tokenizer, tools)
+    loader = make_train_loader(train_set, cfg.data, cfg.seed)
+    steps = total_steps(cfg, len(loader))
+    actor = restrict_vocab(build_actor(cfg, layout, sizes, steps), len(tokenizer))
+    ref = restrict_vocab(build_reference(cfg, layout), len(tokenizer))
+    critic = build_critic(cfg, layout, sizes, steps)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    engine = build_rollout_engine(cfg, device)
+    return Components(
+        cfg=cfg,
+        layout=layout,
+        sizes=sizes,
+        tokenizer=tokenizer,
+        train_loader=loader,
+        val_rows=list(val_set) if val_set is not None else [],
+        actor=actor,
+        ref=ref,
+        critic=critic,
+        engine=engine,
+        tools=tools,
+        interactions=interactions,
+        executor=executor,
+        weight_sync=build_weight_sync(actor, engine),
+        reward_fn=build_reward_fn(cfg.reward),
+        kl_ctrl=build_kl_controller(cfg.algorithm.kl_ctrl),
+        total_steps=steps,
+    )

@@ -1,0 +1,228 @@
+"""The PPO/GRPO step loop: the algorithm top to bottom, built by :mod:`.build`, maths in :mod:`.experience`.
+
+One step: prompts -> weight sync (context manager) -> rollout of this DP rank's prompts ->
+rewards -> global batch -> old log-probs -> ref log-probs -> values -> advantages ->
+critic update -> actor update -> metrics -> checkpoint -> validation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcore_agentic.data.batch import Batch
+from mcore_agentic.rollout.driver import generate_sequences_sync
+from mcore_agentic.rollout.tokenization import ChatTokenizer
+from mcore_agentic.trainer import experience as exp
+from mcore_agentic.trainer.build import Components, model_state_io, tool_schemas
+from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
+from mcore_agentic.utils.timing import PhaseTimer
+
+logger = logging.getLogger(__name__)
+
+# Rollout seeds: request j of DP rank r at step k samples with base + (k * dp + r) * SEED_STRIDE + j.
+SEED_STRIDE = 100_003
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint must restore besides models and RNGs."""
+
+    step: int = 0
+    """Completed RL steps."""
+    sft_done: bool = False
+    history: list[float] = field(default_factory=list)
+    """Mean reward of each step (for the end-of-run summary)."""
+
+
+class RLTrainer:
+    """Runs the step loop over :class:`Components`; ``tracker``/``progress``/``ckpt`` are the bookkeeping."""
+
+    def __init__(self, c: Components, tracker: Any, ckpt: Any, progress_factory: Any):
+        self.c = c
+        self.cfg = c.cfg
+        self.tracker = tracker
+        self.ckpt = ckpt
+        self.progress_factory = progress_factory
+        self.chat = ChatTokenizer(c.tokenizer)
+        self.schemas = tool_schemas(c.tools)
+        self.pad_id = int(c.tokenizer.pad_token_id if c.tokenizer.pad_token_id is not None else c.tokenizer.eos_token_id)
+        self.state = LoopState()
+        self.writers, self.readers = model_state_io(c.actor, c.critic)
+        self.timer = PhaseTimer()
+        self.sft_summary: dict[str, float] = {}
+
+    # ----------------------------------------------------------------------------------- run
+    def fit(self) -> LoopState:
+        cfg = self.cfg.trainer
+        self.maybe_resume()
+        if not self.state.sft_done:
+            self.sft_warmup()
+        if cfg.val_before_train and self.state.step == 0:
+            self.tracker.log(self.validate(), 0)
+        progress = self.progress_factory(self.c.total_steps, self.state.step)
+        batches = iter(self.c.train_loader)
+        while self.state.step < self.c.total_steps:
+            rows = next(batches, None)
+            if rows is None:  # epoch boundary: the loader starts the next epoch
+                batches = iter(self.c.train_loader)
+                continue
+            step = self.state.step + 1
+            metrics = self.train_step(rows, step)
+            self.state.step = step
+            self.state.history.append(metrics["reward/mean"])
+            if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == self.c.total_steps):
+                metrics.update(self.validate())
+            self.tracker.log(metrics, step)
+            progress.update(metrics)
+            last = step == self.c.total_steps
+            if (cfg.save_freq > 0 and step % cfg.save_freq == 0) or (last and cfg.resume_mode != "disable"):
+                self.save(step)
+        progress.close()
+        return self.state
+
+    def train_step(self, rows: list[dict[str, Any]], step: int) -> dict[str, Any]:
+        c, t = self.c, self.timer
+        start = time.perf_counter()
+        with t.phase("step"):
+            local_rows = exp.dp_split_rows(rows, c.layout)
+            with t.phase("weight_sync"), c.weight_sync:
+                pass  # the engine now holds the actor's weights (version checked by the engine)
+            with t.phase("gen"):
+                rollout_cfg = dataclasses.replace(self.cfg.rollout, seed=self.rollout_seed(step))
+                local = self.rollout(local_rows, rollout_cfg)
+            with t.phase("reward"):
+                extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]
+                local = exp.score_rollout(local, c.reward_fn, c.tokenizer, extra)
+                batch = exp.gather_dp(local, c.layout, self.pad_id)
+            with t.phase("old_log_prob"):
+                batch = c.actor.compute_log_prob(batch, calculate_entropy=True)
+            if c.ref is not None:
+                with t.phase("ref"):
+                    batch = c.ref.compute_ref_log_prob(batch)
+            if c.critic is not None:
+                with t.phase("values"):
+                    batch = c.critic.compute_values(batch)
+            with t.phase("adv"):
+                batch, adv_metrics = exp.compute_experience(batch, self.cfg.algorithm, c.kl_ctrl)
+            update_metrics: dict[str, float] = {}
+            if c.critic is not None:
+                with t.phase("update_critic"):
+                    update_metrics.update(prefix("critic/", c.critic.update_critic(batch)))
+            if c.critic is None or step > self.cfg.critic.warmup_steps:
+                with t.phase("update_actor"):
+                    update_metrics.update(prefix("actor/", c.actor.update_policy(batch)))
+        return self.step_metrics(batch, {**adv_metrics, **update_metrics}, time.perf_counter() - start)
+
+    def rollout(self, rows: list[dict[str, Any]], rollout_cfg: Any) -> Batch:
+        c = self.c
+        return generate_sequences_sync(
+            rows, c.engine, c.tools, c.interactions, rollout_cfg, self.chat, c.executor
+        )
+
+    def rollout_seed(self, step: int) -> int:
+        """Deterministic per step and DP rank, so a resumed run samples what the uninterrupted one did."""
+        base = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.seed
+        return base + (step * self.c.layout.data_parallel_size + self.c.layout.dp_rank) * SEED_STRIDE
+
+    def step_metrics(self, batch: Batch, extra: dict[str, float], seconds: float) -> dict[str, Any]:
+        m: dict[str, Any] = {}
+        m.update(exp.rollout_metrics(batch))
+        m.update(exp.rollout_vs_train_metrics(batch))
+        m.update(compute_data_metrics(batch, self.cfg.data.max_response_length))
+        m.update(extra)
+        m.update(self.timer.pop())
+        m.update(self.sft_summary)  # once: with the first RL step after the warm start
+        self.sft_summary = {}
+        m.update(throughput_metrics(int(batch["attention_mask"].sum()), seconds, self.c.layout.world_size))
+        return m
+
+    # ----------------------------------------------------------------------------------- SFT
+    def sft_warmup(self) -> None:
+        """Warm start before RL step 1; its summary is logged with step 1's metrics (``sft/*``)."""
+        steps = self.cfg.trainer.sft_warmup_steps
+        if steps > 0:
+            from mcore_agentic.trainer.sft import demonstrations, run_sft_warmup
+
+            with self.timer.phase("sft"):
+                history = run_sft_warmup(
+                    self.c.actor, demonstrations(self.cfg), self.chat, self.schemas,
+                    steps=steps, batch_size=self.c.sizes.sequences_per_step, seed=self.cfg.seed,
+                    pad_token_id=self.pad_id, max_length=self.cfg.data.max_sequence_length,
+                )
+            self.sft_summary = {
+                "sft/steps": float(steps),
+                "sft/loss_first": history[0]["sft/sft_loss"],
+                "sft/loss_last": history[-1]["sft/sft_loss"],
+                **self.timer.pop(),
+            }
+            logger.info("SFT warm start: %s", self.sft_summary)
+            if self.c.ref is not None:  # the KL anchor is the warm-started policy, as after any SFT
+                self.c.ref.engine.bridge.load_hf_weights(self.c.ref.engine.chunks, self.c.actor.export_hf_weights())
+        self.state.sft_done = True
+
+    # ----------------------------------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """Greedy single-sample rollout of this rank's share of the validation prompts; mean reward/accuracy."""
+        c = self.c
+        if not c.val_rows:
+            return {}
+        with self.timer.phase("validate"):
+            rows = c.val_rows[c.layout.dp_rank :: c.layout.data_parallel_size]
+            with c.weight_sync:
+                pass
+            val_cfg = dataclasses.replace(self.cfg.rollout, n=1, temperature=0.0, seed=self.cfg.seed)
+            local: dict[str, float] = {}
+            if rows:
+                batch = self.rollout(rows, val_cfg)
+                batch = exp.score_rollout(batch, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in rows])
+                m = exp.rollout_metrics(batch)
+                local = {f"val/{k}": m[k] for k in ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")}
+            keys = {"val/reward/mean": 0.0, "val/reward/accuracy": 0.0, "val/rollout/tool_calls_per_sample": 0.0}
+            out = exp.all_reduce_mean({**keys, **local}, float(len(rows)))
+        out["timing_s/validate"] = self.timer.pop().get("timing_s/validate", 0.0)
+        return out
+
+    # ----------------------------------------------------------------------------------- checkpoints
+    def save(self, step: int) -> None:
+        if not self.writers:
+            logger.warning(
+                "checkpoint at step %d skipped: no model/optimizer checkpointing available "
+                "(mcore_agentic.trainer.model_checkpoint is missing)", step,
+            )
+            return
+        state = {
+            "loop": dataclasses.asdict(self.state),
+            "dataloader": self.c.train_loader.state_dict(),
+            "kl_coef": float(self.c.kl_ctrl.value),
+            "actor_updates": self.c.actor._updates,  # the update shuffle seeds continue where they were
+            "critic_updates": self.c.critic._updates if self.c.critic is not None else 0,
+        }
+        self.ckpt.save(step, state, writers=self.writers)
+
+    def maybe_resume(self) -> None:
+        from mcore_agentic.trainer.checkpoint import resolve_resume_path
+
+        t = self.cfg.trainer
+        path = resolve_resume_path(t.checkpoint_dir, t.resume_mode, t.resume_from_path)
+        if path is None:
+            return
+        if not self.readers:
+            logger.warning("not resuming from %s: model checkpointing is unavailable; starting fresh", path)
+            return
+        loaded = self.ckpt.load(path, readers=self.readers)
+        s = loaded.trainer_state
+        self.state = LoopState(**s["loop"])
+        self.c.train_loader.load_state_dict(s["dataloader"])
+        self.c.kl_ctrl.value = s["kl_coef"]
+        self.c.actor._updates = s["actor_updates"]
+        if self.c.critic is not None:
+            self.c.critic._updates = s["critic_updates"]
+        logger.info("resumed from %s at step %d", path, self.state.step)
+
+
+def prefix(p: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {f"{p}{k}": v for k, v in metrics.items()}
