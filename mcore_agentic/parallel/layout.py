@@ -1,0 +1,264 @@
+"""The parallel layout of a run: validation of TP/PP/CP sizes, process-group setup and teardown.
+
+:func:`validate_parallel` checks a :class:`~mcore_agentic.parallel.config.ParallelConfig`
+against the world size and the model's shape *before* any process group exists,
+raising :class:`~mcore_agentic.config.errors.ConfigError` with one line naming the
+field and the fix. :func:`initialize_parallel` then creates Megatron's process
+groups once and returns a :class:`ParallelLayout` — the object other packages
+receive (house rule: pass the layout down, don't reach into ``parallel_state``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.parallel.config import ParallelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def check_world_size(cfg: ParallelConfig, world_size: int, *, field_prefix: str = "actor") -> None:
+    """Raise :class:`ConfigError` unless TP * PP * CP divides ``world_size`` (naming the first size at fault)."""
+    tp, pp, cp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.context_parallel_size
+    if world_size % cfg.model_parallel_size == 0:
+        return
+    if world_size % tp:
+        culprit = "tensor_model_parallel_size"
+    elif world_size % pp:
+        culprit = "pipeline_model_parallel_size"
+    else:
+        culprit = "context_parallel_size"
+    raise ConfigError(
+        f"{field_prefix}.{culprit}",
+        f"world size {world_size} is not divisible by TP*PP*CP = {tp}*{pp}*{cp} = {cfg.model_parallel_size}: "
+        f"choose sizes whose product divides {world_size} (divisors: {_divisors(world_size)})",
+    )
+
+
+def validate_parallel(
+    cfg: ParallelConfig,
+    world_size: int,
+    *,
+    num_attention_heads: int,
+    num_query_groups: int | None,
+    num_layers: int,
+    field_prefix: str = "actor",
+    apply_rope_fusion: bool = False,
+    cuda_available: bool | None = None,
+) -> None:
+    """Raise :class:`ConfigError` if ``cfg`` cannot split this model over ``world_size`` ranks.
+
+    ``num_query_groups`` is the number of KV heads (None: same as ``num_attention_heads``).
+    ``field_prefix`` is the config group the sizes came from (``actor``, ``critic``, ``ref``).
+    ``cuda_available`` defaults to ``torch.cuda.is_available()``; without CUDA,
+    sequence parallelism and fused RoPE are refused (both need TransformerEngine).
+    """
+    p = field_prefix
+    tp, pp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size
+    vpp = cfg.virtual_pipeline_model_parallel_size
+    check_world_size(cfg, world_size, field_prefix=field_prefix)
+    if num_attention_heads % tp != 0:
+        raise ConfigError(
+            f"{p}.tensor_model_parallel_size",
+            f"={tp} does not divide num_attention_heads={num_attention_heads}: use one of {_divisors(num_attention_heads)}",
+        )
+    groups = num_attention_heads if num_query_groups is None else num_query_groups
+    if groups % tp != 0:
+        raise ConfigError(
+            f"{p}.tensor_model_parallel_size",
+            f"={tp} does not divide the model's num_query_groups (KV heads) = {groups}: use one of {_divisors(groups)}",
+        )
+    stages = pp * (vpp or 1)
+    if num_layers % stages != 0:
+        field = "virtual_pipeline_model_parallel_size" if vpp else "pipeline_model_parallel_size"
+        raise ConfigError(
+            f"{p}.{field}",
+            f"num_layers={num_layers} is not divisible by PP*VPP = {pp}*{vpp or 1} = {stages}: "
+            f"choose sizes whose product divides {num_layers}",
+        )
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if not cuda_available and cfg.sequence_parallel:
+        raise ConfigError(
+            f"{p}.sequence_parallel",
+            "needs TransformerEngine on CUDA and is not supported on CPU: set it to false",
+        )
+    if not cuda_available and apply_rope_fusion:
+        raise ConfigError(
+            f"{p}.apply_rope_fusion",
+            "fused RoPE needs TransformerEngine on CUDA and is not supported on CPU: set it to false",
+        )
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Sizes of every parallel dimension and this rank's coordinate in each.
+
+    Process groups are fetched on demand (they are live objects, not state), from
+    Megatron's ``parallel_state`` which :func:`initialize_parallel` set up.
+    """
+
+    world_size: int
+    rank: int
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    virtual_pipeline_model_parallel_size: int | None
+    context_parallel_size: int
+    data_parallel_size: int
+    tp_rank: int
+    pp_rank: int
+    cp_rank: int
+    dp_rank: int
+    backend: str
+
+    @property
+    def is_pipeline_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_pipeline_last_stage(self) -> bool:
+        return self.pp_rank == self.pipeline_model_parallel_size - 1
+
+    def tp_group(self) -> dist.ProcessGroup:
+        from megatron.core import parallel_state
+
+        return parallel_state.get_tensor_model_parallel_group()
+
+    def pp_group(self) -> dist.ProcessGroup:
+        from megatron.core import parallel_state
+
+        return parallel_state.get_pipeline_model_parallel_group()
+
+    def cp_group(self) -> dist.ProcessGroup:
+        from megatron.core import parallel_state
+
+        return parallel_state.get_context_parallel_group()
+
+    def dp_group(self, with_context_parallel: bool = False) -> dist.ProcessGroup:
+        """Data-parallel group; ``with_context_parallel=True`` is the DP x CP group gradients reduce over."""
+        from megatron.core import parallel_state
+
+        return parallel_state.get_data_parallel_group(with_context_parallel=with_context_parallel)
+
+    def model_parallel_group(self) -> dist.ProcessGroup:
+        """The TP x PP group holding one model replica (CP excluded, as in Megatron)."""
+        from megatron.core import parallel_state
+
+        return parallel_state.get_model_parallel_group()
+
+    def describe(self) -> str:
+        """One line for logs: ``rank 0/2: TP 2 (rank 0) PP 1 (rank 0) CP 1 (rank 0) DP 1 (rank 0), gloo``."""
+        vpp = f" VPP {self.virtual_pipeline_model_parallel_size}" if self.virtual_pipeline_model_parallel_size else ""
+        return (
+            f"rank {self.rank}/{self.world_size}: TP {self.tensor_model_parallel_size} (rank {self.tp_rank}) "
+            f"PP {self.pipeline_model_parallel_size} (rank {self.pp_rank}){vpp} "
+            f"CP {self.context_parallel_size} (rank {self.cp_rank}) "
+            f"DP {self.data_parallel_size} (rank {self.dp_rank}), {self.backend}"
+        )
+
+
+def default_backend() -> str:
+    """``nccl`` when CUDA is available, else ``gloo``."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(timeout_minutes: int = 30) -> None:
+    """Initialise ``torch.distributed`` from the torchrun environment (``env://``) if not done yet.
+
+    Without ``WORLD_SIZE`` in the environment (plain ``python``), runs as a world of one
+    on a free loopback port. On CUDA, binds this process to GPU ``LOCAL_RANK``.
+    """
+    if dist.is_initialized():
+        return
+    if "WORLD_SIZE" not in os.environ:
+        from socket import socket
+
+        with socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    backend = default_backend()
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(minutes=timeout_minutes))
+
+
+def initialize_parallel(cfg: ParallelConfig, seed: int, *, field_prefix: str = "actor") -> ParallelLayout:
+    """Create Megatron's TP/PP/CP/DP process groups and seed its RNG tracker; return the layout.
+
+    ``torch.distributed`` is initialised from the environment if needed. Seeding follows
+    Megatron-LM: Python/torch RNGs get ``seed + 100 * pp_rank`` (stages differ), and
+    ``model_parallel_cuda_manual_seed(seed)`` gives the tracker its TP-rank-specific streams
+    and seeds the device generator with ``seed`` (on CPU that is the CPU generator).
+    On CPU, call ``megatron_patches.apply()`` first (the tracker is CUDA-only otherwise).
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    init_distributed()
+    world_size = dist.get_world_size()
+    check_world_size(cfg, world_size, field_prefix=field_prefix)
+    if not torch.cuda.is_available():
+        import megatron_patches
+
+        if "rng_tracker" not in megatron_patches.applied():
+            raise RuntimeError("on CPU call megatron_patches.apply() before initialize_parallel()")
+    if parallel_state.model_parallel_is_initialized():
+        raise RuntimeError("Megatron parallel state is already initialised: call destroy_parallel() first")
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=cfg.tensor_model_parallel_size,
+        pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=cfg.virtual_pipeline_model_parallel_size,
+        context_parallel_size=cfg.context_parallel_size,
+    )
+    layout = current_parallel_layout()
+    stage_seed = seed + 100 * layout.pp_rank
+    random.seed(stage_seed)
+    torch.manual_seed(stage_seed)
+    model_parallel_cuda_manual_seed(seed)
+    logger.info("parallel layout: %s", layout.describe())
+    return layout
+
+
+def current_parallel_layout() -> ParallelLayout:
+    """The :class:`ParallelLayout` of the Megatron process groups that already exist in this process."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        raise RuntimeError("Megatron parallel state is not initialised: call initialize_parallel() first")
+    vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
+    return ParallelLayout(
+        world_size=dist.get_world_size(),
+        rank=dist.get_rank(),
+        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        virtual_pipeline_model_parallel_size=vpp,
+        context_parallel_size=parallel_state.get_context_parallel_world_size(),
+        data_parallel_size=parallel_state.get_data_parallel_world_size(),
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+        cp_rank=parallel_state.get_context_parallel_rank(),
+        dp_rank=parallel_state.get_data_parallel_rank(),
+        backend=dist.get_backend(),
+    )
+
+
+def destroy_parallel(destroy_process_group: bool = False) -> None:
+    """Tear down Megatron's parallel state (and, if asked, the default process group)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if destroy_process_group and dist.is_initialized():
+        dist.destroy_process_group()

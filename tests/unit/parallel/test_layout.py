@@ -1,0 +1,116 @@
+"""Parallel-size validation (one-line ConfigError naming the field) and process-group setup at TP=2 on 2 gloo ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.parallel.config import ParallelConfig
+from mcore_agentic.parallel.layout import validate_parallel
+from tests.helpers.distributed import run_distributed
+
+MODEL = dict(num_attention_heads=8, num_query_groups=2, num_layers=4)
+
+
+def _check(cfg: ParallelConfig, world_size: int = 4, **kw: Any) -> None:
+    validate_parallel(cfg, world_size, **{**MODEL, **kw})
+
+
+@pytest.mark.parametrize(
+    "cfg, world_size, field, fragment",
+    [
+        (ParallelConfig(tensor_model_parallel_size=3), 2, "actor.tensor_model_parallel_size", "not divisible by TP*PP*CP"),
+        (ParallelConfig(pipeline_model_parallel_size=3), 4, "actor.pipeline_model_parallel_size", "divisors: 1, 2, 4"),
+        (ParallelConfig(tensor_model_parallel_size=2, context_parallel_size=3), 4, "actor.context_parallel_size", "= 6"),
+        (ParallelConfig(tensor_model_parallel_size=4), 4, "actor.tensor_model_parallel_size", "num_query_groups"),
+        (ParallelConfig(pipeline_model_parallel_size=8), 8, "actor.pipeline_model_parallel_size", "num_layers=4"),
+        (
+            ParallelConfig(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=4),
+            2,
+            "actor.virtual_pipeline_model_parallel_size",
+            "PP*VPP = 2*4 = 8",
+        ),
+        (ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), 2, "actor.sequence_parallel", "CPU"),
+    ],
+)
+def test_validation_errors_name_the_field(cfg, world_size, field, fragment):
+    with pytest.raises(ConfigError) as info:
+        _check(cfg, world_size, cuda_available=False)
+    assert info.value.field == field
+    message = str(info.value)
+    assert message.startswith(field + ":") and fragment in message and "\n" not in message
+
+
+def test_heads_not_divisible():
+    with pytest.raises(ConfigError, match="num_attention_heads=6"):
+        validate_parallel(
+            ParallelConfig(tensor_model_parallel_size=4), 4, num_attention_heads=6, num_query_groups=None, num_layers=2
+        )
+
+
+def test_fused_rope_refused_on_cpu_and_field_prefix():
+    with pytest.raises(ConfigError) as info:
+        _check(ParallelConfig(), apply_rope_fusion=True, cuda_available=False, field_prefix="critic")
+    assert info.value.field == "critic.apply_rope_fusion" and "TransformerEngine" in str(info.value)
+
+
+def test_valid_layouts_pass():
+    _check(ParallelConfig(tensor_model_parallel_size=2, pipeline_model_parallel_size=2))
+    _check(ParallelConfig(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2), 2)
+    _check(ParallelConfig(context_parallel_size=2, tensor_model_parallel_size=2))
+    _check(ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True), cuda_available=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
+        ({"context_parallel_size": True}, "context_parallel_size"),
+        ({"virtual_pipeline_model_parallel_size": 2}, "virtual_pipeline_model_parallel_size"),
+        ({"sequence_parallel": True}, "sequence_parallel"),
+    ],
+)
+def test_config_post_init(kwargs, field):
+    with pytest.raises(ConfigError) as info:
+        ParallelConfig(**kwargs)
+    assert info.value.field == field
+
+
+def _init_tp2(rank: int, world_size: int) -> dict[str, Any]:
+    import torch
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    import megatron_patches
+    from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
+
+    megatron_patches.apply()
+    layout = initialize_parallel(ParallelConfig(tensor_model_parallel_size=2), seed=5)
+    t = torch.tensor([float(rank + 1)])
+    torch.distributed.all_reduce(t, group=layout.tp_group())
+    with get_cuda_rng_tracker().fork():
+        tp_draw = torch.rand(2)
+    out = {
+        "layout": layout,
+        "tp_sum": float(t),
+        "tp_group_size": layout.tp_group().size(),
+        "dp_group_size": layout.dp_group().size(),
+        "describe": layout.describe(),
+        "tp_draw": tp_draw,
+    }
+    destroy_parallel()
+    return out
+
+
+def test_initialize_tp2_on_two_ranks():
+    results = run_distributed(_init_tp2, 2)
+    for rank, res in enumerate(results):
+        lay = res["layout"]
+        assert (lay.world_size, lay.rank, lay.tensor_model_parallel_size, lay.data_parallel_size) == (2, rank, 2, 1)
+        assert (lay.tp_rank, lay.pp_rank, lay.cp_rank, lay.dp_rank) == (rank, 0, 0, 0)
+        assert lay.backend == "gloo" and lay.is_pipeline_first_stage and lay.is_pipeline_last_stage
+        assert res["tp_sum"] == 3.0 and res["tp_group_size"] == 2 and res["dp_group_size"] == 1
+        assert res["describe"].startswith(f"rank {rank}/2: TP 2 (rank {rank})")
+    # The tracker was seeded per TP rank: the model-parallel streams differ.
+    assert not results[0]["tp_draw"].equal(results[1]["tp_draw"])
