@@ -10,8 +10,11 @@ Output (see :mod:`mcore_agentic.data.batch` for the key conventions): ``prompts`
 [B, P] left-padded, ``responses``/``response_mask``/``rollout_log_probs`` [B, R]
 right-padded, ``input_ids``/``attention_mask``/``position_ids`` [B, P+R], with
 ``B = len(rows) * n``, ``P <= rollout.prompt_length``, ``R <= rollout.response_length``;
-per-sample meta ``messages``, ``uid``, ``data_source``, ``ground_truth``, ``tool_rewards``,
-``interaction_scores``, ``num_turns``, ``finish_reason``, ``request_metrics``.
+per-sample meta ``messages`` (the final conversation), ``uid`` (shared by a prompt's ``n`` samples),
+``data_source``, ``ground_truth`` (``reward_model.ground_truth``), ``tool_rewards`` (float: every
+tool's step rewards plus its ``calc_reward``), ``interaction_scores`` (list of turn scores),
+``num_turns`` (assistant + interaction turns), ``finish_reason`` (stop | length | tool_calls |
+aborted), ``request_metrics`` (dict: counters, timings, state, error, per-tool rewards).
 
 With a rollout group of several ranks (rollout tensor parallel in SPMD),
 :func:`generate_sequences_spmd` runs the loop, tools included, on the group's first
