@@ -66,7 +66,7 @@ def make_batch(n: int = 8, *, seed: int = 0) -> Batch:
     )
 
 
-def hf_response_log_probs(path: str, batch: Batch) -> torch.Tensor:
+def hf_response_log_probs(path: str, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
     """Log-probs ``[B, R]`` of the response tokens under the HF model (attention mask + position ids)."""
     import transformers
 
@@ -77,7 +77,7 @@ def hf_response_log_probs(path: str, batch: Batch) -> torch.Tensor:
         logits = model(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
         ).logits
-    logp = torch.log_softmax(logits[:, PROMPT - 1 : -1].float(), -1)
+    logp = torch.log_softmax(logits[:, PROMPT - 1 : -1].float() / temperature, -1)
     out = logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
     return out * batch["attention_mask"][:, PROMPT:]
 

@@ -1,0 +1,159 @@
+"""``Critic``: the value model — the actor's architecture with a scalar head; values and the clipped value update.
+
+The body is a Megatron ``GPTModel`` built and loaded by the bridge from an HF
+checkpoint (normally the actor's). On the last pipeline stage its vocabulary
+``output_layer`` is swapped for :class:`ValueHead`, a ``Linear(hidden, 1)``
+starting at zero. No tensor parallelism is needed in the head: without sequence
+parallelism the hidden state after the final norm is replicated over the TP
+group, so every TP rank holds the same head and computes the same values (the
+gradient-norm code counts a replicated parameter once, on TP rank 0).
+
+The value of response token j is read at the position *before* it (the state the
+token was sampled from), as for log-probs (see :mod:`sequence`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mcore_agentic.algorithms.losses import LossNormalisers, compute_value_loss, loss_normalisers
+from mcore_agentic.data.batch import Batch
+from mcore_agentic.models.bridge import unwrap_model
+from mcore_agentic.workers.actor import MODEL_KEYS, check_mini_batch, mean_metrics, require_keys
+from mcore_agentic.workers.config import CriticConfig
+from mcore_agentic.workers.engine import MegatronEngine, MicroBatch, MicroBatching
+
+HEAD_NAME = "value_head.weight"
+
+
+class ValueHead(torch.nn.Module):
+    """``Linear(hidden, 1, bias=False)`` called the way GPTModel calls its output layer."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype, device=device))
+
+    def forward(
+        self, hidden_states: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: Any = None
+    ) -> tuple[torch.Tensor, None]:
+        # [s, b, h] -> [s, b, 1]; GPTModel returns it as [b, s, 1]. ``weight`` (tied embeddings) is ignored.
+        return torch.nn.functional.linear(hidden_states, self.weight), None
+
+
+def _attach_value_heads(chunks: list[Any]) -> None:
+    for chunk in chunks:
+        model = unwrap_model(chunk)
+        # No output weight shared with the embedding any more (no tied-embedding grad all-reduce).
+        model.share_embeddings_and_output_weights = False
+        if model.post_process:
+            old = model.output_layer.weight
+            model.output_layer = ValueHead(old.shape[1], old.dtype, old.device)
+
+
+class Critic:
+    """A trainable :class:`MegatronEngine` with a value head plus the clipped value loss."""
+
+    def __init__(
+        self,
+        cfg: CriticConfig,
+        *,
+        model_path: str,
+        dtype: str,
+        parallel: Any,
+        layout: Any,
+        make_vocab_size_divisible_by: int = 128,
+        total_training_steps: int | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.engine = MegatronEngine(
+            model_path=cfg.model_path or model_path,
+            dtype=dtype,
+            parallel=parallel,
+            layout=layout,
+            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+            optim=cfg.optim,
+            use_distributed_optimizer=cfg.use_distributed_optimizer,
+            total_training_steps=total_training_steps,
+            customize=_attach_value_heads,
+        )
+        # The critic has no LM head to export: skip the value head's "output_layer.weight" in the
+        # bridge's export (this bridge instance belongs to this engine alone).
+        bridge_skip = self.engine.bridge.skip_on_export
+        self.engine.bridge.skip_on_export = lambda name: name == "output_layer.weight" or bridge_skip(name)
+        self.batching = MicroBatching(
+            micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+            use_dynamic_bsz=cfg.use_dynamic_bsz,
+            max_token_len=cfg.ppo_max_token_len_per_gpu,
+            field="critic.ppo_max_token_len_per_gpu",
+        )
+        self._updates = 0
+
+    @staticmethod
+    def _head(output: torch.Tensor, mb: MicroBatch) -> dict[str, torch.Tensor]:
+        return {"values": output.squeeze(-1).float()}
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """``batch`` plus ``values`` [B, R] (0 on response padding)."""
+        require_keys(batch, MODEL_KEYS, "Critic.compute_values")
+        out = self.engine.forward_only(batch, self._head, self.batching)
+        return batch.update({"values": out["values"]})
+
+    def _loss_fn(self, norms: LossNormalisers):
+        vl = self.cfg.value_loss
+
+        def loss_fn(resp: dict[str, torch.Tensor], mb: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            d = mb.data
+            mask = d["response_mask"]
+            vpreds = resp["values"]
+            out = compute_value_loss(
+                vpreds, d["returns"], d["values"], mask, vl.cliprange_value, vl.loss_agg_mode,
+                global_tokens=norms.tokens, global_seqs=norms.seqs,
+            )
+            share = mask.sum().to(torch.float32) / max(norms.tokens, 1)
+            vpred_sum = (vpreds.detach() * mask).sum() / max(norms.tokens, 1)
+            return out.vf_loss, {"vf_loss": out.vf_loss.detach(), "vf_clipfrac": out.vf_clipfrac * share, "vpred_mean": vpred_sum}
+
+        return loss_fn
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Epochs over shuffled mini-batches of the clipped value loss; metrics averaged over steps."""
+        require_keys(batch, MODEL_KEYS + ("values", "returns"), "Critic.update_critic")
+        check_mini_batch(len(batch), self.cfg.ppo_mini_batch_size, self.engine.layout.data_parallel_size, "critic")
+        generator = torch.Generator().manual_seed(self.cfg.seed + self._updates)
+        self._updates += 1
+        records = []
+        for _ in range(self.cfg.ppo_epochs):
+            for mini in batch.iter_minibatches(self.cfg.ppo_mini_batch_size, shuffle=self.cfg.shuffle, generator=generator):
+                norms = loss_normalisers(mini["response_mask"])
+                self.engine.zero_grad()
+                sums = self.engine.forward_backward(mini, self._head, self._loss_fn(norms), self.batching)
+                records.append({**sums, **self.engine.step()})
+        return mean_metrics(records)
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """Full HF tensors of the body plus ``value_head.weight`` [1, H] (collective, same on every rank)."""
+        weights = self.engine.export_hf_weights()
+        layout = self.engine.layout
+        last = unwrap_model(self.engine.chunks[-1])
+        if layout.is_pipeline_last_stage:
+            head = last.output_layer.weight.detach().clone()
+        else:
+            head = torch.empty(1, self.engine.tcfg.hidden_size, dtype=self.engine.dtype)
+        if layout.pipeline_model_parallel_size > 1:
+            dist.broadcast(head, group=layout.pp_group(), group_src=layout.pipeline_model_parallel_size - 1)
+        weights[HEAD_NAME] = head
+        return weights
+
+    def offload(self) -> int:
+        return self.engine.offload(
+            params=self.cfg.param_offload, grads=self.cfg.grad_offload, optimizer=self.cfg.optimizer_offload
+        )
+
+    def reload(self) -> int:
+        return self.engine.reload()
+
+
+__all__ = ["Critic", "ValueHead"]

@@ -1,0 +1,70 @@
+"""``Reference``: the frozen initial policy — reference log-probs for the KL terms.
+
+Its own Megatron model, built by the bridge from the same HF checkpoint as the
+actor (so it never changes when the actor trains), with no DDP wrapper, no
+optimizer and no gradients. With ``ref.param_offload`` its parameters stay off
+the device between calls and come back only for :meth:`compute_ref_log_prob`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.data.batch import Batch
+from mcore_agentic.workers.actor import MODEL_KEYS, log_prob_head, require_keys
+from mcore_agentic.workers.config import RefConfig
+from mcore_agentic.workers.engine import MegatronEngine, MicroBatching
+
+
+class Reference:
+    """Forward-only copy of the initial policy."""
+
+    def __init__(
+        self,
+        cfg: RefConfig,
+        *,
+        model_path: str,
+        dtype: str,
+        parallel: Any,
+        layout: Any,
+        temperature: float = 1.0,
+        make_vocab_size_divisible_by: int = 128,
+    ) -> None:
+        if not temperature > 0:
+            raise ConfigError("rollout.temperature", f"{temperature} must be > 0")
+        self.cfg = cfg
+        self.temperature = temperature
+        self.engine = MegatronEngine(
+            model_path=model_path,
+            dtype=dtype,
+            parallel=parallel,
+            layout=layout,
+            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+            optim=None,
+        )
+        self.batching = MicroBatching(
+            micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
+            use_dynamic_bsz=cfg.use_dynamic_bsz,
+            max_token_len=cfg.log_prob_max_token_len_per_gpu,
+            field="ref.log_prob_max_token_len_per_gpu",
+        )
+        if cfg.param_offload:
+            self.engine.offload(params=True)
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """``batch`` plus ``ref_log_probs`` [B, R] (0 on response padding)."""
+        require_keys(batch, MODEL_KEYS, "Reference.compute_ref_log_prob")
+        if self.cfg.param_offload:
+            self.engine.reload()
+        try:
+            out = self.engine.forward_only(
+                batch, log_prob_head(self.engine, self.temperature, with_entropy=False), self.batching
+            )
+        finally:
+            if self.cfg.param_offload:
+                self.engine.offload(params=True)
+        return batch.update({"ref_log_probs": out["log_probs"]})
+
+
+__all__ = ["Reference"]

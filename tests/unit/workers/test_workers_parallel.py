@@ -1,0 +1,211 @@
+"""Actor, reference and critic on 2 gloo ranks: every layout gives the TP=1 (DP=2) results.
+
+One spawned process group runs the layouts one after the other (Megatron's
+parallel state is torn down and rebuilt in between: spawning and importing
+megatron-core costs more than a layout's whole run). Per layout: old
+log-probs (+ entropy), reference log-probs, a PPO update (two mini-batches, so
+the second sees ratio != 1; KL loss and entropy bonus on), reference log-probs
+again, critic values and two critic updates, an offload round trip, and full HF
+weight exports. Layouts also differ in micro-batching (fixed 1, 2, 4, dynamic),
+so agreement shows the update does not depend on the micro-batch split either.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from tests.helpers.distributed import run_distributed
+from tests.unit.workers._fixtures import hf_response_log_probs, make_batch, make_tiny_hf, setup_rank
+
+TEMPERATURE = 0.7
+TOL = 1e-5
+# Adam's first steps are ~lr * sign(grad): float-rounding noise in a near-zero gradient would flip
+# whole +-lr updates between layouts. A large eps makes the update proportional to the gradient, so
+# layouts can be compared at 1e-5 (the optimizer code path is the same).
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    micro: int = 2
+    dynamic: bool = False
+
+
+LAYOUTS = {
+    "tp1_dp2": Layout(micro=2),
+    "tp2": Layout(tp=2, micro=1),
+    "pp2": Layout(pp=2, dynamic=True),
+    "cp2": Layout(cp=2, micro=4),
+}
+
+
+def _state_snapshot(engine) -> list[torch.Tensor]:
+    from mcore_agentic.workers.offload import model_param_tensors, optimizer_tensors
+
+    return [t.detach().clone() for t in model_param_tensors(engine.chunks) + optimizer_tensors(engine.optimizer)]
+
+
+def _all_layouts(rank: int, world_size: int, path: str) -> bytes:
+    from mcore_agentic.parallel.layout import destroy_parallel
+
+    out = {}
+    for name, lay in LAYOUTS.items():
+        out[name] = _body(path, lay)
+        destroy_parallel()
+    return _to_bytes(out)
+
+
+def _body(path: str, lay: Layout) -> dict:
+    from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
+    from mcore_agentic.workers.actor import Actor
+    from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig, RefConfig
+    from mcore_agentic.workers.critic import Critic
+    from mcore_agentic.workers.reference import Reference
+
+    t0 = time.time()
+    par, layout = setup_rank(lay.tp, lay.pp, lay.cp)
+    batching = dict(ppo_micro_batch_size_per_gpu=lay.micro, use_dynamic_bsz=lay.dynamic, ppo_max_token_len_per_gpu=40)
+    actor_cfg = ActorConfig(
+        parallel=par, ppo_mini_batch_size=4, **batching, optim=OptimConfig(lr=5e-3, eps=1e-3, clip_grad=1.0),
+        policy_loss=PolicyLossConfig(entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1),
+        param_offload=True, grad_offload=True, optimizer_offload=True,
+    )
+    common = dict(model_path=path, dtype="float32", layout=layout)
+    actor = Actor(actor_cfg, temperature=TEMPERATURE, **common)
+    ref = Reference(RefConfig(log_prob_micro_batch_size_per_gpu=3, param_offload=True), parallel=par,
+                    temperature=TEMPERATURE, **common)
+    out: dict = {"layout": layout}
+    batch = make_batch(8)
+    batch = actor.compute_log_prob(batch, calculate_entropy=True)
+    batch = ref.compute_ref_log_prob(batch)
+    out["old_log_probs"], out["entropys"] = batch["old_log_probs"], batch["entropys"]
+    out["ref_before"] = batch["ref_log_probs"]
+
+    metrics = actor.update_policy(batch)
+    out["actor_metrics"] = metrics
+    # Offload -> reload leaves parameters, DDP buffers and optimizer state bit-identical.
+    before = _state_snapshot(actor.engine)
+    assert actor.offload() > 0
+    assert all(p.untyped_storage().nbytes() == 0 for p in actor.engine.chunks[0].parameters())
+    actor.reload()
+    out["offload_identical"] = all(torch.equal(a, b) for a, b in zip(before, _state_snapshot(actor.engine)))
+    out["actor_weights"] = actor.export_hf_weights()
+    out["ref_after"] = ref.compute_ref_log_prob(batch)["ref_log_probs"]
+    out["new_log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
+
+    if lay.tp == 2:  # SFT step: its loss is the token-mean NLL of the (temperature-1) log-probs
+        sft_batch = make_batch(8, seed=3)
+        actor.temperature, saved = 1.0, actor.temperature
+        out["sft_lp"] = actor.compute_log_prob(sft_batch)["old_log_probs"]
+        actor.temperature = saved
+        out["sft"] = actor.sft_step(sft_batch)
+    del actor, ref
+
+    critic_cfg = CriticConfig(
+        ppo_mini_batch_size=8, **batching, optim=OptimConfig(lr=1e-2, eps=1e-3), value_loss=ValueLossConfig(cliprange_value=0.2)
+    )
+    critic = Critic(critic_cfg, parallel=par, **common)
+    cbatch = critic.compute_values(batch)
+    out["values_init"] = cbatch["values"]
+    out["critic_metrics"] = [critic.update_critic(cbatch)]
+    cbatch = critic.compute_values(cbatch)
+    out["critic_metrics"].append(critic.update_critic(cbatch))
+    out["values_after"] = critic.compute_values(cbatch)["values"]
+    out["critic_weights"] = critic.export_weights()
+    out["seconds"] = time.time() - t0
+    return out
+
+
+def _to_bytes(obj) -> bytes:
+    # Plain bytes through the result queue: many tensors would go through shared-memory file
+    # descriptors, which can vanish when the child exits before the parent unpickles them.
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    path = str(make_tiny_hf(tmp_path_factory.mktemp("hf") / "qwen2"))
+    per_rank = [torch.load(io.BytesIO(b), weights_only=False) for b in run_distributed(_all_layouts, 2, args=(path,))]
+    results = {name: [r[name] for r in per_rank] for name in LAYOUTS}
+    return {"path": path, "results": results}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
+
+
+def test_old_log_probs_match_hf_and_every_layout(runs):
+    for name, per_rank in runs["results"].items():
+        lay, got = LAYOUTS[name], per_rank[0]["layout"]
+        sizes = (got.tensor_model_parallel_size, got.pipeline_model_parallel_size, got.context_parallel_size)
+        assert sizes == (lay.tp, lay.pp, lay.cp) and got.data_parallel_size == 2 // (lay.tp * lay.pp * lay.cp)
+    batch = make_batch(8)
+    expected = hf_response_log_probs(runs["path"], batch, TEMPERATURE)
+    mask = batch["attention_mask"][:, batch["prompts"].shape[1] :].bool()
+    for name, per_rank in runs["results"].items():
+        for r in per_rank:  # every rank returns the full batch
+            got = r["old_log_probs"]
+            assert (got - expected).abs().max().item() <= TOL, name
+            assert bool((got[~mask] == 0).all())
+            # Same weights; the reference's micro-batches differ (3 rows), hence padding: not bitwise.
+            assert (r["ref_before"] - got).abs().max().item() <= TOL, name
+    assert expected[mask].abs().min().item() > 1e-3  # real signal
+
+
+def test_actor_update_is_layout_and_micro_batch_independent(runs):
+    base = runs["results"]["tp1_dp2"][0]
+    assert base["actor_metrics"]["pg_clipfrac"] > 0 or base["actor_metrics"]["ppo_kl"] != 0
+    for name, per_rank in runs["results"].items():
+        for r in per_rank:
+            assert r["actor_weights"].keys() == base["actor_weights"].keys()
+            for k, w in base["actor_weights"].items():
+                assert _rel(r["actor_weights"][k], w) <= TOL, (name, k)
+            for k in ("pg_loss", "entropy", "kl_loss", "grad_norm", "pg_clipfrac", "ppo_kl"):
+                assert abs(r["actor_metrics"][k] - base["actor_metrics"][k]) <= TOL * max(1.0, abs(base["actor_metrics"][k])), (name, k)
+            assert (r["new_log_probs"] - base["new_log_probs"]).abs().max().item() <= 10 * TOL, name
+    # The update changed the policy.
+    assert (base["new_log_probs"] - base["old_log_probs"]).abs().max().item() > 1e-3
+
+
+def test_reference_unchanged_by_actor_updates_and_offload_round_trip(runs):
+    for name, per_rank in runs["results"].items():
+        for r in per_rank:
+            assert torch.equal(r["ref_after"], r["ref_before"]), name
+            assert r["offload_identical"], name
+
+
+def test_sft_step_loss_is_masked_token_mean_nll(runs):
+    r = runs["results"]["tp2"][0]
+    mask = make_batch(8, seed=3)["response_mask"].bool()
+    expected = -r["sft_lp"][mask].mean().item()
+    assert abs(r["sft"]["sft_loss"] - expected) <= TOL * max(1.0, abs(expected))
+
+
+def test_critic_values_and_updates_match_across_layouts(runs):
+    base = runs["results"]["tp1_dp2"][0]
+    assert base["values_init"].abs().max().item() == 0.0  # zero-initialised head
+    assert base["values_after"].abs().max().item() > 1e-3
+    for name, per_rank in runs["results"].items():
+        for r in per_rank:
+            assert r["critic_weights"].keys() == base["critic_weights"].keys()
+            for k, w in base["critic_weights"].items():
+                assert _rel(r["critic_weights"][k], w) <= TOL, (name, k)
+            assert (r["values_after"] - base["values_after"]).abs().max().item() <= 10 * TOL, name
+            for i, m in enumerate(base["critic_metrics"]):
+                assert abs(r["critic_metrics"][i]["vf_loss"] - m["vf_loss"]) <= TOL * max(1.0, m["vf_loss"]), (name, i)
+    assert "value_head.weight" in base["critic_weights"] and "lm_head.weight" not in base["critic_weights"]
+    # The second update moved the body too (the first only the zero head).
+    from mcore_agentic.models.hf_io import load_hf_state_dict
+
+    initial = load_hf_state_dict(runs["path"])
+    moved = max(_rel(w, initial[k]) for k, w in base["critic_weights"].items() if k != "value_head.weight")
+    assert moved > 1e-4
