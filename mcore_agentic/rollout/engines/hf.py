@@ -1,39 +1,46 @@
-"""A transformers-backed rollout engine (CPU or one GPU) with request batching.
+"""A transformers-backed rollout engine (CPU or one GPU) with continuous batching.
 
-Concurrent ``generate`` calls are queued; a background task takes everything that
-arrived within ``batch_window_s`` of the first pending request (up to
-``max_batch_size``), left-pads the prompts and runs one batched sampling loop with a
-KV cache in a worker thread, so the event loop (tools, other requests) keeps running.
-Requests arriving while a batch decodes wait for the next batch: window batching,
-not token-level continuous batching.
+``generate`` calls from any event loop go to one worker thread that owns a running
+batch. Each iteration it either admits waiting requests (one prefill forward over
+them, left-padded, then their KV caches are left-padded to the running batch's length
+and concatenated to it) or runs one decoding step for every running request. A
+finished request leaves the batch at once and its caller resumes; a request that
+arrives mid-flight joins at the next iteration instead of waiting for the batch to
+drain. The event loop (tools, other requests) never blocks on the model.
 
 Sampling per row: logits of suppressed ids (the embedding table's padding rows past
 the tokenizer, from ``generation_config.suppress_tokens``) are set to -inf; then
 ``/ temperature``; the recorded logprob is ``log_softmax`` of that at the sampled id
 (before top-k/top-p filtering; temperature 0 = greedy with temperature-1 logprobs).
 Each request samples from its own ``torch.Generator`` seeded by ``params.seed``, so
-results do not depend on which requests share a batch.
+the ids do not depend on which requests share a step (logprobs agree to float
+rounding of the padded batched forward).
 
 Memory on CPU: :meth:`release_memory` moves the parameters to the ``meta`` device
 (frees them; the small non-persistent buffers such as rotary frequencies are kept
 aside); :meth:`resume_memory` allocates uninitialised storage, and ``generate``
-refuses until the next completed weight sync fills it. There is no KV cache kept
-between requests, so :meth:`flush_cache` has nothing to drop.
+refuses until the next completed weight sync fills it. Weights and memory may only
+change while no request is running. KV caches live only as long as their requests,
+so :meth:`flush_cache` has nothing to drop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import random
 import threading
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams
+
+Legacy = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values): [B, heads, T, head_dim]
 
 
 @dataclass
@@ -42,6 +49,19 @@ class _Pending:
     params: SamplingParams
     seed: int
     future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class _Row:
+    """One running request: tokens fed so far are in the KV cache; ``last`` is sampled, not yet fed."""
+
+    req: _Pending
+    generator: torch.Generator
+    next_position: int
+    last: int = -1
+    out_ids: list[int] = field(default_factory=list)
+    out_lps: list[float] = field(default_factory=list)
 
 
 class HFEngine:
@@ -55,6 +75,7 @@ class HFEngine:
         suppress_token_ids: Iterable[int] | None = None,
         max_batch_size: int = 64,
         batch_window_s: float = 0.005,
+        idle_exit_s: float = 1.0,
         seed: int = 0,
     ):
         self.model = model.eval()
@@ -67,18 +88,23 @@ class HFEngine:
         self.suppress_token_ids = sorted(int(i) for i in suppress_token_ids)
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
+        self.idle_exit_s = idle_exit_s
         self.weight_version = 0
         self._rng = random.Random(seed)  # seeds for requests that bring none
-        self._queue: asyncio.Queue[_Pending] | None = None
-        self._worker: asyncio.Task | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()  # held while a batch runs or weights change
+        self._inbox: queue.Queue[_Pending] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self._lock = threading.Lock()  # held while the model runs or weights change
+        self._active = 0  # running requests (owned by the worker thread)
         self._released = False
         self._weights_invalid = False  # after resume_memory, until a finished sync
         self._synced: set[int] = set()
         self._kept_buffers: dict[str, torch.Tensor] = {}
         self._params = self._named_params()
-        self.batches_run = 0  # for tests / metrics: how many batched sampling loops ran
+        # statistics, for tests and logs
+        self.prefills_run = 0
+        self.steps_run = 0
+        self.max_rows_per_step = 0
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu", **kw: Any):
@@ -95,97 +121,140 @@ class HFEngine:
             raise ValueError("prompt_ids is empty")
         self._check_usable()
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._worker is None or self._worker.done():
-            # One queue and worker per event loop (a sync wrapper may run each batch in a fresh loop).
-            self._loop, self._queue = loop, asyncio.Queue()
-            self._worker = loop.create_task(self._serve())
         seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
-        pending = _Pending(list(prompt_ids), params, seed, loop.create_future())
-        await self._queue.put(pending)
+        pending = _Pending(list(prompt_ids), params, seed, loop.create_future(), loop)
+        self._inbox.put(pending)
+        self._ensure_worker()
         return await pending.future
 
-    async def _serve(self) -> None:
-        queue = self._queue
-        assert queue is not None
-        while True:
-            batch = [await queue.get()]
-            await asyncio.sleep(self.batch_window_s)  # let requests issued in the same tick join
-            while not queue.empty() and len(batch) < self.max_batch_size:
-                batch.append(queue.get_nowait())
-            batch = [p for p in batch if not p.future.cancelled()]
-            if not batch:
-                continue
-            try:
-                outputs = await asyncio.to_thread(self._generate_batch, batch)
-            except Exception as exc:  # noqa: BLE001 -- the callers get the error, the server keeps going
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                continue
-            for p, out in zip(batch, outputs):
-                if not p.future.done():
-                    p.future.set_result(out)
+    def _ensure_worker(self) -> None:
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._worker, name="hf-engine", daemon=True)
+                self._thread.start()
 
-    @torch.no_grad()
-    def _generate_batch(self, batch: list[_Pending]) -> list[GenerationOutput]:
-        with self._lock:
-            self._check_usable()
-            self.batches_run += 1
-            return self._sample_loop(batch)
-
-    def _sample_loop(self, batch: list[_Pending]) -> list[GenerationOutput]:
-        n = len(batch)
-        lengths = [len(p.prompt_ids) for p in batch]
-        width = max(lengths)
-        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for r, p in enumerate(batch):
-            ids[r, width - lengths[r] :] = torch.tensor(p.prompt_ids)
-            mask[r, width - lengths[r] :] = 1
-        # Left padding: positions count real tokens only, as in an unpadded forward.
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        generators = [torch.Generator().manual_seed(p.seed) for p in batch]
-        out_ids: list[list[int]] = [[] for _ in batch]
-        out_lps: list[list[float]] = [[] for _ in batch]
-        finish: list[str | None] = [None] * n
-        dev = self.device
-        result = self.model(
-            input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev), use_cache=True
-        )
-        step = 0
+    def _worker(self) -> None:
+        """The scheduler: admit waiting requests, else step the running ones; exit when idle."""
+        rows: list[_Row] = []
+        cache: Legacy | None = None
+        mask: torch.Tensor | None = None
         while True:
-            logits = result.logits[:, -1, :].float().cpu()
-            next_tokens = torch.full((n,), self.pad_token_id, dtype=torch.long)
-            for r, p in enumerate(batch):
-                if finish[r] is not None:
+            incoming: list[_Pending] = []
+            if not rows:
+                try:
+                    incoming.append(self._inbox.get(timeout=self.idle_exit_s))
+                except queue.Empty:
+                    with self._thread_lock:
+                        if self._inbox.empty():
+                            self._thread = None
+                            return
                     continue
-                token, logprob = self._sample_row(logits[r], p.params, generators[r])
-                out_ids[r].append(token)
-                out_lps[r].append(logprob)
-                next_tokens[r] = token
-                if token in p.params.stop_token_ids:
-                    finish[r] = "stop"
-                elif len(out_ids[r]) >= p.params.max_new_tokens:
-                    finish[r] = "length"
-            if all(f is not None for f in finish):
-                break
-            mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
-            step_pos = torch.tensor([[lengths[r] + step] for r in range(n)], dtype=torch.long)
-            result = self.model(
-                input_ids=next_tokens[:, None].to(dev),
-                attention_mask=mask.to(dev),
-                position_ids=step_pos.to(dev),
-                past_key_values=result.past_key_values,
-                use_cache=True,
-            )
-            step += 1
-        return [GenerationOutput(out_ids[r], out_lps[r], finish[r]) for r in range(n)]  # type: ignore[arg-type]
+                time.sleep(self.batch_window_s)  # let requests issued together share the prefill
+            while len(rows) + len(incoming) < self.max_batch_size:
+                try:
+                    incoming.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            incoming = [p for p in incoming if not p.future.cancelled()]
+            try:
+                with self._lock, torch.no_grad():
+                    self._check_usable()
+                    if incoming:
+                        rows, cache, mask = self._admit(rows, cache, mask, incoming)
+                    elif rows:
+                        rows, cache, mask = self._step(rows, cache, mask)
+                    self._active = len(rows)
+            except Exception as exc:  # noqa: BLE001 -- every affected caller gets the error; the worker goes on
+                for pending in [r.req for r in rows] + incoming:
+                    _deliver(pending, exc)
+                rows, cache, mask = [], None, None
+                self._active = 0
 
-    def _sample_row(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, float]:
+    def _admit(
+        self, rows: list[_Row], cache: Legacy | None, mask: torch.Tensor | None, incoming: list[_Pending]
+    ) -> tuple[list[_Row], Legacy | None, torch.Tensor | None]:
+        """Prefill ``incoming``, sample their first tokens, and merge the survivors into the running batch."""
+        lengths = [len(p.prompt_ids) for p in incoming]
+        width = max(lengths)
+        ids = torch.full((len(incoming), width), self.pad_token_id, dtype=torch.long)
+        new_mask = torch.zeros((len(incoming), width), dtype=torch.long)
+        for r, p in enumerate(incoming):
+            ids[r, width - lengths[r] :] = torch.tensor(p.prompt_ids)
+            new_mask[r, width - lengths[r] :] = 1
+        # Left padding: positions count real tokens only, as in an unpadded forward.
+        positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
+        dev = self.device
+        out = self.model(input_ids=ids.to(dev), attention_mask=new_mask.to(dev), position_ids=positions.to(dev), use_cache=True)
+        self.prefills_run += 1
+        new_rows = [
+            _Row(p, torch.Generator().manual_seed(p.seed), next_position=lengths[i]) for i, p in enumerate(incoming)
+        ]
+        keep = self._sample_all(new_rows, out.logits[:, -1, :])
+        if not keep:
+            return rows, cache, mask
+        new_cache = _select(out.past_key_values.to_legacy_cache(), keep)
+        new_rows = [new_rows[i] for i in keep]
+        new_mask = new_mask[keep]
+        if not rows:
+            return new_rows, new_cache, new_mask
+        assert cache is not None and mask is not None
+        merged_cache, merged_mask = _merge(cache, mask, new_cache, new_mask.to(mask.device))
+        return rows + new_rows, merged_cache, merged_mask
+
+    def _step(
+        self, rows: list[_Row], cache: Legacy, mask: torch.Tensor
+    ) -> tuple[list[_Row], Legacy | None, torch.Tensor | None]:
+        """Feed every row its last sampled token, sample the next one, drop finished rows."""
+        from transformers.cache_utils import DynamicCache
+
+        n = len(rows)
+        tokens = torch.tensor([[r.last] for r in rows], dtype=torch.long)
+        positions = torch.tensor([[r.next_position] for r in rows], dtype=torch.long)
+        mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype)], dim=1)
+        dev = self.device
+        out = self.model(
+            input_ids=tokens.to(dev),
+            attention_mask=mask.to(dev),
+            position_ids=positions.to(dev),
+            past_key_values=DynamicCache.from_legacy_cache(cache),
+            use_cache=True,
+        )
+        self.steps_run += 1
+        self.max_rows_per_step = max(self.max_rows_per_step, n)
+        for r in rows:
+            r.next_position += 1
+        keep = self._sample_all(rows, out.logits[:, -1, :])
+        if not keep:
+            return [], None, None
+        legacy = out.past_key_values.to_legacy_cache()
+        if len(keep) < n:
+            legacy, mask, rows = _select(legacy, keep), mask[keep], [rows[i] for i in keep]
+        # Drop leading columns that are padding for every remaining row.
+        first = int(mask.any(dim=0).long().argmax())
+        if first > 0:
+            legacy = tuple((k[:, :, first:], v[:, :, first:]) for k, v in legacy)
+            mask = mask[:, first:]
+        return rows, legacy, mask
+
+    def _sample_all(self, rows: list[_Row], logits: torch.Tensor) -> list[int]:
+        """Sample one token per row; deliver finished rows; return the indices of the others."""
+        logits = logits.float().cpu()
         if self.suppress_token_ids:
-            logits = logits.clone()
-            logits[self.suppress_token_ids] = float("-inf")
-        return sample_token(logits, params, gen)
+            logits[:, self.suppress_token_ids] = float("-inf")
+        keep = []
+        for i, row in enumerate(rows):
+            params = row.req.params
+            token, logprob = sample_token(logits[i], params, row.generator)
+            row.out_ids.append(token)
+            row.out_lps.append(logprob)
+            row.last = token
+            if token in params.stop_token_ids:
+                _deliver(row.req, GenerationOutput(row.out_ids, row.out_lps, "stop"))
+            elif len(row.out_ids) >= params.max_new_tokens:
+                _deliver(row.req, GenerationOutput(row.out_ids, row.out_lps, "length"))
+            else:
+                keep.append(i)
+        return keep
 
     # -- weights and memory -------------------------------------------------------------------------
 
@@ -201,6 +270,7 @@ class HFEngine:
         if self._released:
             raise RuntimeError("HFEngine.update_weights while memory is released; call resume_memory() first")
         with self._lock, torch.no_grad():
+            self._check_idle("update_weights")
             for name, tensor in named_tensors:
                 target = self._params.get(name)
                 if target is None:
@@ -222,6 +292,7 @@ class HFEngine:
 
     def release_memory(self) -> None:
         with self._lock:
+            self._check_idle("release_memory")
             if not self._released:
                 # Non-persistent buffers (rotary inv_freq, ...) are not part of a weight sync: keep them.
                 persistent = set(self.model.state_dict().keys())
@@ -249,13 +320,56 @@ class HFEngine:
                 self._weights_invalid = True
 
     def flush_cache(self) -> None:
-        """Nothing to flush: KV caches live only for one batch."""
+        """Nothing to flush: KV caches live only as long as their requests."""
+
+    def _check_idle(self, what: str) -> None:
+        if self._active:
+            raise RuntimeError(f"HFEngine.{what} while {self._active} requests are generating; wait for the rollout to end")
 
     def _check_usable(self) -> None:
         if self._released:
             raise RuntimeError("HFEngine.generate while memory is released; call resume_memory() and sync weights")
         if self._weights_invalid:
             raise RuntimeError("HFEngine.generate after resume_memory() before a weight sync finished")
+
+
+def _deliver(pending: _Pending, result: GenerationOutput | BaseException) -> None:
+    """Resolve a request's future on its own event loop (from the worker thread)."""
+
+    def resolve() -> None:
+        if pending.future.done():
+            return
+        if isinstance(result, BaseException):
+            pending.future.set_exception(result)
+        else:
+            pending.future.set_result(result)
+
+    try:
+        pending.loop.call_soon_threadsafe(resolve)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass
+
+
+def _select(cache: Legacy, rows: list[int]) -> Legacy:
+    index = torch.tensor(rows, dtype=torch.long, device=cache[0][0].device)
+    return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in cache)
+
+
+def _merge(cache_a: Legacy, mask_a: torch.Tensor, cache_b: Legacy, mask_b: torch.Tensor) -> tuple[Legacy, torch.Tensor]:
+    """Stack two batches' KV caches: left-pad the shorter with zeros (masked out) to a common length."""
+    length = max(mask_a.shape[1], mask_b.shape[1])
+
+    def pad_kv(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, 0, length - t.shape[2], 0))
+
+    def pad_mask(m: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(m, (length - m.shape[1], 0))
+
+    merged = tuple(
+        (torch.cat([pad_kv(ka), pad_kv(kb)]), torch.cat([pad_kv(va), pad_kv(vb)]))
+        for (ka, va), (kb, vb) in zip(cache_a, cache_b)
+    )
+    return merged, torch.cat([pad_mask(mask_a), pad_mask(mask_b)])
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, float]:

@@ -51,7 +51,7 @@ def test_batched_logprobs_match_teacher_forcing(engine, temperature, top_p, top_
         SamplingParams(max_new_tokens=12, temperature=temperature, top_p=top_p, top_k=top_k, seed=i) for i in range(3)
     ]
     outs = _gather(engine, PROMPTS, params)
-    assert engine.batches_run == 1  # the three concurrent requests shared one batched loop
+    assert engine.prefills_run == 1 and engine.max_rows_per_step == 3  # the concurrent requests shared steps
     for prompt, out in zip(PROMPTS, outs):
         assert out.finish_reason == "length" and len(out.token_ids) == 12
         ref = _teacher_forced(engine.model, engine.suppress_token_ids, prompt, out, temperature)
@@ -72,6 +72,27 @@ def test_seed_determines_output_regardless_of_batching(engine):
     assert alone.token_ids == batched.token_ids
     other = _gather(engine, [PROMPTS[1]], [SamplingParams(max_new_tokens=10, temperature=1.0, seed=124)])[0]
     assert other.token_ids != alone.token_ids
+
+
+def test_request_joins_a_running_batch(engine):
+    """Continuous batching: a request arriving mid-flight joins the running batch and may finish first."""
+    long_params = SamplingParams(max_new_tokens=200, seed=1)
+    short_params = SamplingParams(max_new_tokens=6, seed=2)
+
+    async def main():
+        long = asyncio.create_task(engine.generate(PROMPTS[0], long_params))
+        while engine.steps_run < 5:  # the long request is decoding
+            await asyncio.sleep(0.001)
+        short = await engine.generate(PROMPTS[2], short_params)
+        return short, long.done(), await long
+
+    short, long_done_first, long = asyncio.run(main())
+    assert not long_done_first
+    assert engine.prefills_run == 2 and engine.max_rows_per_step == 2
+    for prompt, out in ((PROMPTS[0], long), (PROMPTS[2], short)):
+        ref = _teacher_forced(engine.model, engine.suppress_token_ids, prompt, out, 1.0)
+        assert torch.allclose(ref, torch.tensor(out.log_probs), atol=1e-4, rtol=0)
+    assert _gather(engine, [PROMPTS[2]], [short_params])[0].token_ids == short.token_ids
 
 
 def test_stop_tokens_end_generation(engine):
