@@ -44,34 +44,18 @@ class RunSummary:
 
 def current_layout(cfg: Any) -> Any:
     """The run's :class:`ParallelLayout`: Megatron's groups if the launcher made them, else made here."""
-    import torch.distributed as dist
+    import torch
     from megatron.core import parallel_state
 
-    from mcore_agentic.parallel.layout import ParallelLayout, initialize_parallel
+    from mcore_agentic.parallel.layout import current_parallel_layout, initialize_parallel
 
-    if not parallel_state.model_parallel_is_initialized():
-        import torch
+    if parallel_state.model_parallel_is_initialized():
+        return current_parallel_layout()
+    if not torch.cuda.is_available():
+        import megatron_patches
 
-        if not torch.cuda.is_available():
-            import megatron_patches
-
-            megatron_patches.apply()
-        return initialize_parallel(cfg.actor.parallel, cfg.seed)
-    par = cfg.actor.parallel
-    return ParallelLayout(
-        world_size=dist.get_world_size(),
-        rank=dist.get_rank(),
-        tensor_model_parallel_size=par.tensor_model_parallel_size,
-        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=par.virtual_pipeline_model_parallel_size,
-        context_parallel_size=par.context_parallel_size,
-        data_parallel_size=parallel_state.get_data_parallel_world_size(),
-        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
-        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
-        cp_rank=parallel_state.get_context_parallel_rank(),
-        dp_rank=parallel_state.get_data_parallel_rank(),
-        backend=dist.get_backend(),
-    )
+        megatron_patches.apply()
+    return initialize_parallel(cfg.actor.parallel, cfg.seed)
 
 
 def _rewards_by_step(metrics_path: Path, history: list[float]) -> list[float]:

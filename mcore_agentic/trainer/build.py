@@ -229,12 +229,10 @@ def model_state_io(actor: Any, critic: Any) -> tuple[dict[str, Any], dict[str, A
     the models from ``model.model_path`` (a warning says so).
     """
     try:
-        from mcore_agentic.trainer import model_checkpoint
+        from mcore_agentic.trainer import model_checkpoint as mc
     except ImportError:
         return {}, {}
-    writers = {"models": lambda d: model_checkpoint.save_model_state(d, actor=actor, critic=critic)}
-    readers = {"models": lambda d: model_checkpoint.load_model_state(d, actor=actor, critic=critic)}
-    return writers, readers
+    return mc.model_state_writers(actor=actor, critic=critic), mc.model_state_readers(actor=actor, critic=critic)
 
 
 @dataclass

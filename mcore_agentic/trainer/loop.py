@@ -198,10 +198,10 @@ class RLTrainer:
             "loop": dataclasses.asdict(self.state),
             "dataloader": self.c.train_loader.state_dict(),
             "kl_coef": float(self.c.kl_ctrl.value),
-            "actor_updates": self.c.actor._updates,  # the update shuffle seeds continue where they were
-            "critic_updates": self.c.critic._updates if self.c.critic is not None else 0,
         }
-        self.ckpt.save(step, state, writers=self.writers)
+        from mcore_agentic.config.walk import to_dict
+
+        self.ckpt.save(step, state, writers=self.writers, config=to_dict(self.cfg))
 
     def maybe_resume(self) -> None:
         from mcore_agentic.trainer.checkpoint import resolve_resume_path
@@ -218,9 +218,6 @@ class RLTrainer:
         self.state = LoopState(**s["loop"])
         self.c.train_loader.load_state_dict(s["dataloader"])
         self.c.kl_ctrl.value = s["kl_coef"]
-        self.c.actor._updates = s["actor_updates"]
-        if self.c.critic is not None:
-            self.c.critic._updates = s["critic_updates"]
         logger.info("resumed from %s at step %d", path, self.state.step)
 
 

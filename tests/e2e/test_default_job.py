@@ -1,0 +1,96 @@
+"""The embedded default job (``make train``), shortened: 2 gloo ranks under torchrun, a few steps.
+
+Runs ``launch/pretrain_rl.py`` with the default config and overrides that only shrink it
+(steps, batch, lengths), then checks the artefacts: metrics.jsonl rows with the step
+metrics, a TensorBoard event file, the PNG curves, the end-of-run summary, and metrics
+that make sense (rewards in [0, 1], engine and trainer log-probs agreeing, finite losses).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Shrinks the default job; every other setting is the embedded default's.
+SHORT = [
+    "trainer.total_training_steps=3",
+    "trainer.sft_warmup_steps=2",
+    "trainer.test_freq=2",
+    "data.train_batch_size=4",
+    "rollout.n=2",
+    "actor.ppo_mini_batch_size=2",
+    "actor.ppo_micro_batch_size_per_gpu=2",
+    "data.max_response_length=48",
+    "data.synthetic.num_val=8",
+]
+
+STEP_KEYS = (
+    "reward/mean", "reward/max", "reward/accuracy", "critic/score/mean", "response_length/mean",
+    "rollout/num_turns_mean", "rollout/tool_calls", "rollout/tool_errors", "rollout/sanity_check_mismatches",
+    "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "actor/entropy", "actor/pg_loss",
+    "actor/pg_clipfrac", "actor/grad_norm", "timing_s/gen", "timing_s/update_actor", "timing_s/step",
+    "perf/tokens_per_s",
+)
+
+
+def launch(overrides: list[str], *, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node 2 launch/pretrain_rl.py <overrides>`` from the repo root."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "launch/pretrain_rl.py", *overrides]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def job_overrides(tmp: Path, extra: list[str] = ()) -> list[str]:
+    return [
+        "--config-name", "default_tiny",
+        *SHORT,
+        f"trainer.log_dir={tmp / 'logs'}",
+        f"trainer.default_local_dir={tmp / 'ckpt'}",
+        *extra,
+    ]
+
+
+def read_rows(path: Path) -> dict[int, dict]:
+    rows: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        rows[record["step"]] = record
+    return rows
+
+
+@pytest.mark.timeout(360)
+def test_default_job_short(tmp_path: Path) -> None:
+    result = launch(job_overrides(tmp_path, ["trainer.logger=[console,jsonl,tensorboard]", "trainer.save_freq=-1"]))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+    logs = tmp_path / "logs"
+    rows = read_rows(logs / "metrics.jsonl")
+    assert sorted(rows) == [1, 2, 3]
+    for step, row in rows.items():
+        missing = [k for k in STEP_KEYS if k not in row]
+        assert not missing, f"step {step} lacks {missing}"
+        assert 0.0 <= row["reward/mean"] <= row["reward/max"] <= 1.0
+        assert 0.0 <= row["reward/accuracy"] <= 1.0
+        assert row["reward/mean"] == pytest.approx(row["critic/score/mean"])
+        # The engine holds the actor's weights after every sync: fp32 log-probs agree closely.
+        assert row["rollout/logprob_diff_max"] < 1e-3, row["rollout/logprob_diff_max"]
+        assert math.isfinite(row["actor/pg_loss"]) and math.isfinite(row["actor/grad_norm"])
+        assert 0 < row["response_length/mean"] <= 48
+        assert row["timing_s/step"] > 0 and row["perf/tokens_per_s"] > 0
+    assert "sft/loss_first" in rows[1] and rows[1]["sft/steps"] == 2
+    for step in (2, 3):  # test_freq=2, and always at the last step
+        assert 0.0 <= rows[step]["val/reward/mean"] <= 1.0
+    assert list((logs / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard event file"
+    assert (logs / "reward_curve.png").stat().st_size > 0
+    assert (logs / "response_length_curve.png").stat().st_size > 0
+    assert "finished 3 RL steps" in result.stdout
+    assert "mean reward: first 3 steps" in result.stdout
