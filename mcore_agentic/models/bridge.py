@@ -42,7 +42,9 @@ class ParallelSizes(Protocol):
 
     tensor_model_parallel_size: int
     pipeline_model_parallel_size: int
+    virtual_pipeline_model_parallel_size: int | None
     context_parallel_size: int
+    sequence_parallel: bool
 
 
 class BridgeError(ValueError):

@@ -159,9 +159,9 @@ class DenseDecoderBridge(Bridge):
             init_method_std=hf_config.initializer_range,
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=getattr(parallel, "virtual_pipeline_model_parallel_size", None),
+            virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
             context_parallel_size=parallel.context_parallel_size,
-            sequence_parallel=bool(getattr(parallel, "sequence_parallel", False)),
+            sequence_parallel=parallel.sequence_parallel,
             params_dtype=params_dtype,
             pipeline_dtype=params_dtype,
             bf16=params_dtype == torch.bfloat16,
@@ -193,6 +193,9 @@ class DenseDecoderBridge(Bridge):
             return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=self.qk_layernorm)
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+        if tcfg.sequence_parallel:
+            # The local spec's torch norms assert against it; TE's fused norms support it.
+            raise config_error("sequence_parallel", "needs the TransformerEngine layer spec (GPU): set it to false")
         spec = get_gpt_layer_local_spec(qk_layernorm=self.qk_layernorm, normalization="RMSNorm")
         if tcfg.context_parallel_size > 1:
             try:

@@ -6,6 +6,7 @@ non-zero) so that a swapped or transposed mapping changes the logits.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import torch
@@ -55,3 +56,20 @@ def hf_logits(path: Path, input_ids: torch.Tensor) -> torch.Tensor:
     ).eval()
     with torch.no_grad():
         return model(input_ids=input_ids).logits
+
+
+def pack(obj: object) -> bytes:
+    """Serialize a rank's result to plain bytes.
+
+    ``run_distributed`` sends results through a torch multiprocessing queue, which shares
+    tensors through the sending process; once that rank has exited the parent can fail to
+    fetch them (FileNotFoundError under load). Bytes travel by value.
+    """
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes) -> object:
+    """Inverse of :func:`pack`."""
+    return torch.load(io.BytesIO(data), weights_only=False)

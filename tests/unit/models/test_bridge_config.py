@@ -14,10 +14,12 @@ from mcore_agentic.models.registry import BRIDGES, get_bridge
 
 
 class _Par:
-    def __init__(self, tp: int = 1, pp: int = 1, cp: int = 1):
+    def __init__(self, tp: int = 1, pp: int = 1, cp: int = 1, vp: int | None = None):
         self.tensor_model_parallel_size = tp
         self.pipeline_model_parallel_size = pp
+        self.virtual_pipeline_model_parallel_size = vp
         self.context_parallel_size = cp
+        self.sequence_parallel = False
 
 
 def _cfg(arch: str, **kw):
@@ -169,3 +171,19 @@ def test_model_config_validation() -> None:
         ModelConfig(model_path="")
     with pytest.raises(ConfigError, match="model.transformer_impl"):
         ModelConfig(model_path="/x", transformer_impl="te")
+
+
+def test_layer_spec_choices() -> None:
+    hf = _cfg("Qwen3ForCausalLM")
+    bridge = get_bridge(hf)
+    spec = bridge.layer_spec(bridge.transformer_config(hf, _Par()), use_te=False)
+    attn = spec.submodules.self_attention.submodules
+    assert attn.core_attention.__name__ == "DotProductAttention"
+    assert attn.q_layernorm is not None and attn.q_layernorm.__name__ == "WrappedTorchNorm"
+    par = _Par(tp=2)
+    par.sequence_parallel = True
+    with pytest.raises(ConfigError, match="sequence_parallel.*TransformerEngine"):
+        bridge.layer_spec(bridge.transformer_config(hf, par), use_te=False)
+    pytest.importorskip("megatron_patches.cp_attention")
+    spec = bridge.layer_spec(bridge.transformer_config(hf, _Par(cp=2)), use_te=False)
+    assert spec.submodules.self_attention.submodules.core_attention.__name__ == "ContextParallelDotProductAttention"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers.distributed import run_distributed
-from tests.unit.models._hf_fixtures import VOCAB, hf_logits, make_tiny_hf
+from tests.unit.models._hf_fixtures import VOCAB, hf_logits, make_tiny_hf, pack, unpack
 
 TOL = 1e-4
 BATCH, SEQ = 2, 8
@@ -26,6 +26,8 @@ class _Parallel:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     context_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    sequence_parallel: bool = False
 
 
 def _forward_logits(chunks: list, input_ids: torch.Tensor, par: _Parallel) -> torch.Tensor | None:
@@ -116,7 +118,7 @@ def _logits_body(rank: int, world_size: int, par: _Parallel, cases: list[tuple[s
         if logits is not None:
             assert logits.shape[-1] == bridge.padded_vocab_size(par.tensor_model_parallel_size)
             out[arch] = logits[..., :VOCAB]
-    return out
+    return pack(out)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +148,7 @@ def test_megatron_logits_match_hf(layout: str, checkpoints) -> None:
     if par.context_parallel_size > 1:
         pytest.importorskip("megatron_patches.cp_attention", reason="CP attention (megatron_patches) not available")
     cases = [(arch, str(checkpoints[arch][0]), checkpoints[arch][1]) for arch in archs]
-    results = run_distributed(_logits_body, world_size=2, args=(par, cases))
+    results = [unpack(r) for r in run_distributed(_logits_body, world_size=2, args=(par, cases))]
     last_stage_ranks = [1] if par.pipeline_model_parallel_size == 2 else [0, 1]
     for rank in last_stage_ranks:
         for arch in archs:

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.helpers.distributed import run_distributed
-from tests.unit.models._hf_fixtures import VOCAB, make_tiny_hf
+from tests.unit.models._hf_fixtures import VOCAB, make_tiny_hf, pack, unpack
 from tests.unit.models.test_megatron_vs_hf_logits import tied_embedding_cpu_workaround
 
 
@@ -30,6 +30,7 @@ class _Parallel:
     pipeline_model_parallel_size: int = 1
     context_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None
+    sequence_parallel: bool = False
 
 
 LAYOUTS = (
@@ -119,7 +120,7 @@ def _roundtrip_body(rank: int, world_size: int, checkpoints: list[str]) -> dict:
             out[key] = {"exported": exported, "perturbed_export": perturbed_export, "mismatched": mismatched,
                         "errors": errors, "local_names": sorted(params_a)}
         ps.destroy_model_parallel()
-    return out
+    return pack(out)
 
 
 def _sync_replicated(bridge, chunks) -> None:
@@ -149,7 +150,7 @@ def results(tmp_path_factory) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]
         make_tiny_hf("Qwen2ForCausalLM", root / "qwen2_tied", tied=True, layers=4, seed=1),
         make_tiny_hf("Qwen3ForCausalLM", root / "qwen3_untied", tied=False, layers=4, seed=2),
     ]
-    per_rank = run_distributed(_roundtrip_body, world_size=2, args=([str(p) for p in paths],))
+    per_rank = [unpack(r) for r in run_distributed(_roundtrip_body, world_size=2, args=([str(p) for p in paths],))]
     return per_rank, {p.name: load_hf_state_dict(p) for p in paths}
 
 
