@@ -243,6 +243,8 @@ class HFEngine:
             logits[:, self.suppress_token_ids] = float("-inf")
         keep = []
         for i, row in enumerate(rows):
+            if row.req.future.cancelled():  # the caller gave up: free the row
+                continue
             params = row.req.params
             token, logprob = sample_token(logits[i], params, row.generator)
             row.out_ids.append(token)
