@@ -253,6 +253,13 @@ class MegatronEngine:
             out = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None)
             return out, partial(self._post, mb, head_fn, loss_fn, forward_only)
 
+        pp = self.layout.pipeline_model_parallel_size
+        if len(self.chunks) > 1 and len(mbs) % pp:
+            # Megatron's interleaved schedule runs micro-batches in groups of PP.
+            raise ValueError(
+                f"virtual pipeline stages need a multiple of pipeline_model_parallel_size={pp} micro-batches "
+                f"per step on each rank, got {len(mbs)}: change the micro-batch size or the mini-batch size"
+            )
         iters = [iter(mbs) for _ in self.chunks]
         fb = get_forward_backward_func()
         return fb(
@@ -365,11 +372,12 @@ class MegatronEngine:
 
     def step(self) -> dict[str, float]:
         """Clip, optimizer step (params all-gathered by the distributed optimizer), LR scheduler step."""
+        lr = float(self.optimizer.param_groups[0]["lr"])  # the LR this step uses (warmup starts at 0)
         ok, grad_norm, _ = self.optimizer.step()
         if grad_norm is None:
             grad_norm = float("nan")  # clip_grad == 0: Megatron skips the norm
         self.scheduler.step(increment=1)
-        return {"grad_norm": float(grad_norm), "lr": float(self.optimizer.param_groups[0]["lr"]), "update_ok": float(ok)}
+        return {"grad_norm": float(grad_norm), "lr": lr, "update_ok": float(ok)}
 
     # ------------------------------------------------------------------ export / offload
     def export_hf_weights(self) -> dict[str, torch.Tensor]:
@@ -384,7 +392,9 @@ class MegatronEngine:
         if grads and self.trainable and not self.offloader.is_offloaded("grads"):
             moved += self.offloader.offload("grads", model_grad_tensors(self.chunks))
         if optimizer and self.optimizer is not None and not self.offloader.is_offloaded("optimizer"):
-            moved += self.offloader.offload("optimizer", optimizer_tensors(self.optimizer))
+            # fp32 main params may be views of the model's parameters: those move only with ``params``.
+            keep = [] if params else model_param_tensors(self.chunks)
+            moved += self.offloader.offload("optimizer", optimizer_tensors(self.optimizer), exclude=keep)
         return moved
 
     def reload(self) -> int:

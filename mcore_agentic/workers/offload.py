@@ -48,17 +48,22 @@ class Offloader:
     def is_offloaded(self, group: str) -> bool:
         return group in self._groups
 
-    def offload(self, group: str, tensors: Iterable[torch.Tensor]) -> int:
-        """Copy the storages under ``tensors`` out and free them; returns the bytes moved."""
+    def offload(self, group: str, tensors: Iterable[torch.Tensor], exclude: Iterable[torch.Tensor] = ()) -> int:
+        """Copy the storages under ``tensors`` out and free them; returns the bytes moved.
+
+        Storages shared with ``exclude`` stay (e.g. fp32 optimizer "main params" that are views
+        of the model's parameters, when the optimizer is offloaded but the parameters are not).
+        """
         if group in self._groups:
             raise RuntimeError(f"offload group {group!r} is already offloaded; reload it first")
+        keep = {t.untyped_storage()._cdata for t in exclude}
         saved: list[_Saved] = []
         moved = 0
         for t in tensors:
             storage = t.untyped_storage()
             key = storage._cdata
             nbytes = storage.nbytes()
-            if key in self._held or nbytes == 0:
+            if key in self._held or key in keep or nbytes == 0:
                 continue
             pin = storage.device.type == "cuda"
             copy = torch.empty(nbytes, dtype=torch.uint8, device=self.offload_device, pin_memory=pin)

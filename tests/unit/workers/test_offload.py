@@ -60,3 +60,16 @@ def test_offload_frees_storage_and_reload_is_bit_identical():
 def test_reload_unknown_group_errors():
     with pytest.raises(RuntimeError, match="not offloaded"):
         Offloader().reload("params")
+
+
+def test_optimizer_only_offload_keeps_aliased_params():
+    # Megatron's fp32 distributed optimizer holds views of the parameters as its "main params":
+    # offloading only the optimizer must not free the model's weights.
+    model, opt = _model_and_opt()
+    _step(model, opt, 1)
+    views = [p.data.view(-1)[:3] for p in model.parameters()]  # stand-ins for the aliasing shards
+    off = Offloader()
+    off.offload("optimizer", optimizer_tensors(opt) + views, exclude=model_param_tensors([model]))
+    assert all(p.untyped_storage().nbytes() > 0 for p in model.parameters())
+    assert all(v.untyped_storage().nbytes() == 0 for s in opt.state.values() for v in s.values() if v.dim() > 0)
+    off.reload("optimizer")

@@ -164,6 +164,7 @@ def test_old_log_probs_match_hf_and_every_layout(runs):
 def test_actor_update_is_layout_and_micro_batch_independent(runs):
     base = runs["results"]["tp1_dp2"][0]
     assert base["actor_metrics"]["pg_clipfrac"] > 0 or base["actor_metrics"]["ppo_kl"] != 0
+    assert base["actor_metrics"]["lr"] == 5e-3 and base["actor_metrics"]["update_ok"] == 1.0
     for name, per_rank in runs["results"].items():
         for r in per_rank:
             assert r["actor_weights"].keys() == base["actor_weights"].keys()
