@@ -88,6 +88,18 @@ def validate_parallel(
             f"num_layers={num_layers} is not divisible by PP*VPP = {pp}*{vpp or 1} = {stages}: "
             f"choose sizes whose product divides {num_layers}",
         )
+    check_cpu_support(cfg, field_prefix=field_prefix, apply_rope_fusion=apply_rope_fusion, cuda_available=cuda_available)
+
+
+def check_cpu_support(
+    cfg: ParallelConfig,
+    *,
+    field_prefix: str = "actor",
+    apply_rope_fusion: bool = False,
+    cuda_available: bool | None = None,
+) -> None:
+    """Refuse features that need TransformerEngine (sequence parallelism, fused RoPE) when there is no CUDA."""
+    p = field_prefix
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
     if not cuda_available and cfg.sequence_parallel:
@@ -257,8 +269,9 @@ def current_parallel_layout() -> ParallelLayout:
 
 def destroy_parallel(destroy_process_group: bool = False) -> None:
     """Tear down Megatron's parallel state (and, if asked, the default process group)."""
-    from megatron.core import parallel_state
+    import sys
 
-    parallel_state.destroy_model_parallel()
+    if "megatron.core.parallel_state" in sys.modules:  # never imported: nothing to destroy (and stay quick)
+        sys.modules["megatron.core.parallel_state"].destroy_model_parallel()
     if destroy_process_group and dist.is_initialized():
         dist.destroy_process_group()

@@ -1,0 +1,90 @@
+"""The launcher rejects bad parallel sizes with one ``error: <field>: <fix>`` line and exit code 2, no traceback.
+
+Under torchrun the workers exit 2 (torchrun reports ``exitcode: 2`` per worker and itself
+exits 1 — it does not forward worker exit codes); run directly (a world of one) the
+launcher's own exit code 2 is the process exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCHER = ROOT / "launch" / "pretrain_rl.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    return env
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=240)
+
+
+def _torchrun(overrides: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return _run([str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(LAUNCHER), *overrides], cwd)
+
+
+def _lines_naming(proc: subprocess.CompletedProcess, field: str) -> list[str]:
+    return [line for line in (proc.stdout + "\n" + proc.stderr).splitlines() if field in line]
+
+
+def _assert_no_worker_traceback(proc: subprocess.CompletedProcess) -> None:
+    text = proc.stdout + proc.stderr
+    assert not re.search(r'File ".*(launch/pretrain_rl\.py|mcore_agentic|megatron)', text), text[-3000:]
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to the interpreter")
+def test_tp_not_dividing_world_size(tmp_path):
+    proc = _torchrun(["actor.tensor_model_parallel_size=3"], tmp_path)
+    assert proc.returncode != 0
+    assert re.search(r"exitcode\s*:\s*2", proc.stderr), proc.stderr[-3000:]  # each worker exited 2
+    lines = _lines_naming(proc, "actor.tensor_model_parallel_size")
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: actor.tensor_model_parallel_size:") and "world size 2" in lines[0]
+    _assert_no_worker_traceback(proc)
+
+
+def test_direct_run_exits_2_with_one_line(tmp_path):
+    proc = _run([sys.executable, str(LAUNCHER), "actor.tensor_model_parallel_size=3"], tmp_path)
+    assert proc.returncode == 2
+    output = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert output == [
+        "error: actor.tensor_model_parallel_size: world size 1 is not divisible by TP*PP*CP = 3*1*1 = 3: "
+        "choose sizes whose product divides 1 (divisors: 1)"
+    ]
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to the interpreter")
+def test_tp_not_dividing_query_groups(tmp_path):
+    from transformers import Qwen2Config
+
+    model_dir = tmp_path / "tiny_gqa"
+    Qwen2Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1,
+    ).save_pretrained(model_dir)
+    proc = _torchrun(["actor.tensor_model_parallel_size=2", f"model.model_path={model_dir}"], tmp_path)
+    assert proc.returncode != 0
+    lines = _lines_naming(proc, "actor.tensor_model_parallel_size")
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: actor.tensor_model_parallel_size: =2 does not divide")
+    assert "num_query_groups (KV heads) = 1" in lines[0]
+    _assert_no_worker_traceback(proc)
+
+
+def test_unknown_override_key_is_named(tmp_path):
+    proc = _run([sys.executable, str(LAUNCHER), "actor.tensor_model_paralel_size=2"], tmp_path)
+    assert proc.returncode == 2
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: actor.tensor_model_paralel_size: unknown key")
+    assert "actor.tensor_model_parallel_size" in lines[0]
