@@ -11,15 +11,12 @@ from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.bridge import BridgeError
 from mcore_agentic.models.config import ModelConfig
 from mcore_agentic.models.registry import BRIDGES, get_bridge
+from mcore_agentic.parallel.config import ParallelConfig
 
 
-class _Par:
-    def __init__(self, tp: int = 1, pp: int = 1, cp: int = 1, vp: int | None = None):
-        self.tensor_model_parallel_size = tp
-        self.pipeline_model_parallel_size = pp
-        self.virtual_pipeline_model_parallel_size = vp
-        self.context_parallel_size = cp
-        self.sequence_parallel = False
+def _Par(tp: int = 1, pp: int = 1, cp: int = 1, sequence_parallel: bool = False) -> ParallelConfig:  # noqa: N802
+    return ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
+                          sequence_parallel=sequence_parallel)
 
 
 def _cfg(arch: str, **kw):
@@ -180,8 +177,7 @@ def test_layer_spec_choices() -> None:
     attn = spec.submodules.self_attention.submodules
     assert attn.core_attention.__name__ == "DotProductAttention"
     assert attn.q_layernorm is not None and attn.q_layernorm.__name__ == "WrappedTorchNorm"
-    par = _Par(tp=2)
-    par.sequence_parallel = True
+    par = _Par(tp=2, sequence_parallel=True)
     with pytest.raises(ConfigError, match="sequence_parallel.*TransformerEngine"):
         bridge.layer_spec(bridge.transformer_config(hf, par), use_te=False)
     pytest.importorskip("megatron_patches.cp_attention")

@@ -8,12 +8,12 @@ CP=2 (load-balanced sequence split, logits gathered back).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from mcore_agentic.parallel.config import ParallelConfig
 from tests.helpers.distributed import run_distributed
 from tests.unit.models._hf_fixtures import VOCAB, hf_logits, make_tiny_hf, pack, unpack
 
@@ -21,16 +21,7 @@ TOL = 1e-4
 BATCH, SEQ = 2, 8
 
 
-@dataclass(frozen=True)
-class _Parallel:
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    context_parallel_size: int = 1
-    virtual_pipeline_model_parallel_size: int | None = None
-    sequence_parallel: bool = False
-
-
-def _forward_logits(chunks: list, input_ids: torch.Tensor, par: _Parallel) -> torch.Tensor | None:
+def _forward_logits(chunks: list, input_ids: torch.Tensor, par: ParallelConfig) -> torch.Tensor | None:
     """Full-vocab logits [b, s, Vp] of this model on every rank of the last PP stage, else None."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -89,21 +80,14 @@ def tied_embedding_cpu_workaround():
         torch.Tensor.cuda = original
 
 
-def _logits_body(rank: int, world_size: int, par: _Parallel, cases: list[tuple[str, str, torch.Tensor]]) -> dict:
-    from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
-
+def _logits_body(rank: int, world_size: int, par: ParallelConfig, cases: list[tuple[str, str, torch.Tensor]]) -> dict:
     import megatron_patches
     from mcore_agentic.models.hf_io import load_hf_config
     from mcore_agentic.models.registry import get_bridge
+    from mcore_agentic.parallel.layout import initialize_parallel
 
     megatron_patches.apply()
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=par.tensor_model_parallel_size,
-        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
-        context_parallel_size=par.context_parallel_size,
-    )
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
+    initialize_parallel(par, seed=1234)
     out = {}
     for arch, path, input_ids in cases:
         hf_config = load_hf_config(path)
@@ -135,10 +119,10 @@ def checkpoints(tmp_path_factory) -> dict[str, tuple[Path, torch.Tensor, torch.T
 
 
 LAYOUTS = {
-    "tp1_dp2": (_Parallel(), ("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
-    "tp2": (_Parallel(tensor_model_parallel_size=2), ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")),
-    "pp2": (_Parallel(pipeline_model_parallel_size=2), ("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
-    "cp2": (_Parallel(context_parallel_size=2), ("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
+    "tp1_dp2": (ParallelConfig(), ("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
+    "tp2": (ParallelConfig(tensor_model_parallel_size=2), ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")),
+    "pp2": (ParallelConfig(pipeline_model_parallel_size=2), ("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
+    "cp2": (ParallelConfig(context_parallel_size=2), ("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
 }
 
 

@@ -13,31 +13,21 @@ checkpoint (4 layers) whose vocabulary (500) Megatron pads to 512. Per layout an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from mcore_agentic.parallel.config import ParallelConfig
 from tests.helpers.distributed import run_distributed
 from tests.unit.models._hf_fixtures import VOCAB, make_tiny_hf, pack, unpack
 from tests.unit.models.test_megatron_vs_hf_logits import tied_embedding_cpu_workaround
 
-
-@dataclass(frozen=True)
-class _Parallel:
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    context_parallel_size: int = 1
-    virtual_pipeline_model_parallel_size: int | None = None
-    sequence_parallel: bool = False
-
-
 LAYOUTS = (
-    _Parallel(tensor_model_parallel_size=2),
-    _Parallel(pipeline_model_parallel_size=2),
-    _Parallel(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
-    _Parallel(),
+    ParallelConfig(tensor_model_parallel_size=2),
+    ParallelConfig(pipeline_model_parallel_size=2),
+    ParallelConfig(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
+    ParallelConfig(),
 )
 
 
@@ -56,24 +46,16 @@ def _build(bridge, hf_config, par):
 
 
 def _roundtrip_body(rank: int, world_size: int, checkpoints: list[str]) -> dict:
-    from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
-
     import megatron_patches
     from mcore_agentic.models.bridge import BridgeError
     from mcore_agentic.models.hf_io import load_hf_config, load_hf_state_dict
     from mcore_agentic.models.registry import get_bridge
+    from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
 
     megatron_patches.apply()
     out: dict = {}
     for par in LAYOUTS:
-        ps.initialize_model_parallel(
-            tensor_model_parallel_size=par.tensor_model_parallel_size,
-            pipeline_model_parallel_size=par.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=par.virtual_pipeline_model_parallel_size,
-        )
-        tensor_parallel.model_parallel_cuda_manual_seed(1234)
-        tp_rank = ps.get_tensor_model_parallel_rank()
+        tp_rank = initialize_parallel(par, seed=1234).tp_rank
         for path in checkpoints:
             key = (par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
                    par.virtual_pipeline_model_parallel_size or 1, Path(path).name)
@@ -119,7 +101,7 @@ def _roundtrip_body(rank: int, world_size: int, checkpoints: list[str]) -> dict:
                     errors[label] = str(exc)
             out[key] = {"exported": exported, "perturbed_export": perturbed_export, "mismatched": mismatched,
                         "errors": errors, "local_names": sorted(params_a)}
-        ps.destroy_model_parallel()
+        destroy_parallel()
     return pack(out)
 
 
