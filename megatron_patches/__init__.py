@@ -39,6 +39,7 @@ PATCH_NAMES: tuple[str, ...] = (
     "parallel_state_sync",
     "dist_checkpointing_devices",
     "rope_cp_slice",
+    "tied_embedding_sync",
 )
 
 _ACTIVE: dict[str, PatchContext] = {}

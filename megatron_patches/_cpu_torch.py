@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -165,3 +166,48 @@ def rebind_torch(ctx: Any, module_names: tuple[str, ...]) -> list[str]:
         if mod is not None and getattr(mod, "torch", None) is torch and ctx.swap(mod, "torch", CPU_TORCH):
             done.append(dotted)
     return done
+
+
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def tensor_cuda_is_identity() -> Iterator[None]:
+    """Within the block, ``tensor.cuda(...)`` returns the tensor itself (for megatron code that moves to CUDA).
+
+    Nesting-safe (restores whatever was there before). Only used around single-threaded
+    setup/checkpoint functions, never around the training step.
+    """
+    previous = torch.Tensor.__dict__.get("cuda", _UNSET)
+
+    def cuda_is_identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self
+
+    torch.Tensor.cuda = cuda_is_identity
+    try:
+        yield
+    finally:
+        if previous is _UNSET:
+            del torch.Tensor.cuda
+        else:
+            torch.Tensor.cuda = previous
+
+
+def with_tensor_cuda_identity(fn: Any) -> Any:
+    """``fn`` wrapped so that ``.cuda()`` calls inside it keep tensors on the CPU."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with tensor_cuda_is_identity():
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def wrap_cuda_calls(ctx: Any, targets: tuple[tuple[str, str, str | None], ...]) -> None:
+    """Wrap each ``(module, class or None, function)`` with :func:`with_tensor_cuda_identity` (skip if absent)."""
+    for dotted, cls_name, fn_name in targets:
+        mod = ctx.module(dotted)
+        owner = mod if cls_name is None or mod is None else getattr(mod, cls_name, None)
+        if owner is not None and hasattr(owner, fn_name):
+            ctx.swap(owner, fn_name, with_tensor_cuda_identity(getattr(owner, fn_name)))

@@ -9,6 +9,10 @@ Targets (module-global ``torch`` rebound to the CPU view, see ``_cpu_torch``):
 torch_dist save: ``torch.cuda.synchronize()`` after the D2H copies),
 ``...strategies.async_utils`` (liveness flags on ``torch.cuda.current_device()``).
 
+Plus ``exchange_utils.exchange_loaded_tensors_gather_rounds`` / ``..._broadcast``
+(fully-parallel load exchanges call ``tensor.cuda()``): run with ``Tensor.cuda`` as the
+identity.
+
 Reason: CUDA hard-coded; on gloo these exchanges use CPU tensors.
 
 Versions: megatron-core 0.16.x - 0.19.x. Remove when these take the tensors' device.
@@ -17,7 +21,7 @@ Versions: megatron-core 0.16.x - 0.19.x. Remove when these take the tensors' dev
 from __future__ import annotations
 
 from megatron_patches._base import Patch, PatchContext
-from megatron_patches._cpu_torch import rebind_torch
+from megatron_patches._cpu_torch import rebind_torch, wrap_cuda_calls
 
 MODULES = (
     "megatron.core.dist_checkpointing.exchange_utils",
@@ -30,6 +34,11 @@ MODULES = (
 
 def _install(ctx: PatchContext) -> None:
     rebind_torch(ctx, MODULES)
+    exchange = "megatron.core.dist_checkpointing.exchange_utils"
+    wrap_cuda_calls(
+        ctx,
+        ((exchange, None, "exchange_loaded_tensors_gather_rounds"), (exchange, None, "exchange_loaded_tensors_broadcast")),
+    )
 
 
 PATCH = Patch(

@@ -24,6 +24,10 @@ run, ``Tensor.type()`` with no argument reports a CPU tensor under its CUDA name
 (``torch.FloatTensor`` -> ``torch.cuda.FloatTensor``), so the dtype-based
 grouping is unchanged. Constructors are single-threaded setup code.
 
+Plus ``DistributedOptimizer.get_parameter_state_dp_zero`` (checkpointing the optimizer
+state without gloo gathers calls ``send_tensor.cuda()``): runs with ``Tensor.cuda`` as
+the identity.
+
 Reason: CUDA hard-coded; on CPU these are CPU tensors reduced over gloo. The
 norm falls back to ``torch.norm`` per tensor when apex/TE's multi-tensor L2
 norm is unavailable (megatron's own fallback). No numerical change.
@@ -41,7 +45,7 @@ from typing import Any
 import torch
 
 from megatron_patches._base import Patch, PatchContext
-from megatron_patches._cpu_torch import rebind_torch
+from megatron_patches._cpu_torch import rebind_torch, wrap_cuda_calls
 
 MODULES = (
     "megatron.core.optimizer",
@@ -115,6 +119,9 @@ def _install(ctx: PatchContext) -> None:
         cls = getattr(mod, cls_name, None) if mod is not None else None
         if cls is not None:
             ctx.swap(cls, "__init__", _with_cuda_type_names(cls.__init__))
+    wrap_cuda_calls(
+        ctx, (("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer", "get_parameter_state_dp_zero"),)
+    )
 
 
 PATCH = Patch(

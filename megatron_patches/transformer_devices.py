@@ -10,11 +10,8 @@ transformer_block,utils}``, ``megatron.core.models.gpt.gpt_model``,
 (``device="cuda"``), ``megatron.core.utils.GlobalMemoryBuffer.get_tensor`` (the
 attention score buffer, on ``torch.cuda.current_device()``).
 
-Plus ``megatron.core.models.common.language_module.language_module.LanguageModule
-.setup_embeddings_and_output_layer``: with PP>1 and tied embeddings it runs
-``weight.data = weight.data.cuda()`` before the embedding-group all-reduce; on CPU
-the tensor stays where it is (swapped via a ``torch`` view for that module plus a
-wrapper that keeps the ``.cuda()`` call from running).
+(``LanguageModule.setup_embeddings_and_output_layer``'s ``.cuda()`` is the separate
+``tied_embedding_sync`` patch.)
 
 Reason: CUDA hard-coded on the forward path. No numerical change.
 

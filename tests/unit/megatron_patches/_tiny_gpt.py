@@ -55,7 +55,13 @@ def transformer_config(**overrides: Any):
     return TransformerConfig(**kwargs)
 
 
-def build_gpt(config, *, pre_process: bool | None = None, post_process: bool | None = None):
+def build_gpt(
+    config,
+    *,
+    pre_process: bool | None = None,
+    post_process: bool | None = None,
+    share_embeddings_and_output_weights: bool = False,
+):
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -72,7 +78,7 @@ def build_gpt(config, *, pre_process: bool | None = None, post_process: bool | N
         pre_process=pre_process,
         post_process=post_process,
         position_embedding_type="rope",
-        share_embeddings_and_output_weights=False,
+        share_embeddings_and_output_weights=share_embeddings_and_output_weights,
     )
 
 

@@ -182,6 +182,19 @@ def probe_rope_cp_slice() -> torch.Tensor:
     return get_pos_emb_on_this_cp_rank(emb, 0, parallel_state.get_context_parallel_group()).flatten()
 
 
+def probe_tied_embedding_sync() -> torch.Tensor:
+    from megatron.core import parallel_state
+
+    from tests.unit.megatron_patches import _tiny_gpt as T
+
+    _init(pp=2)
+    _seed()
+    model = T.build_gpt(T.transformer_config(), share_embeddings_and_output_weights=True)
+    assert parallel_state.get_pipeline_model_parallel_world_size() == 2
+    # First stage: the input embedding; last stage: its copy, used as the output layer.
+    return model.shared_embedding_or_output_weight().detach().clone()
+
+
 def _probe_table(tmp_root: str) -> dict[str, tuple[str, Callable[[], Any]]]:
     """patch name -> (probe label, probe). Each call to a dist-ckpt probe needs a fresh directory."""
     dirs = iter(os.path.join(tmp_root, f"ckpt{i}") for i in range(4))  # same paths on every rank
@@ -196,6 +209,7 @@ def _probe_table(tmp_root: str) -> dict[str, tuple[str, Callable[[], Any]]]:
         "parallel_state_sync": ("pg_timeout", probe_parallel_state_sync),
         "dist_checkpointing_devices": ("ckpt", lambda: probe_dist_checkpointing_devices(next(dirs))),
         "rope_cp_slice": ("rope_cp", probe_rope_cp_slice),
+        "tied_embedding_sync": ("tied", probe_tied_embedding_sync),
     }
 
 
@@ -303,6 +317,11 @@ def test_dist_checkpoint_round_trip(records):
 def test_rope_cp_slice(records):
     assert torch.equal(records[0]["rope_cp_slice/with"], torch.tensor([0.0, 1.0, 6.0, 7.0]))
     assert torch.equal(records[1]["rope_cp_slice/with"], torch.tensor([2.0, 3.0, 4.0, 5.0]))
+
+
+def test_tied_embedding_copies_equal_across_stages(records):
+    first, last = records[0]["tied_embedding_sync/with"], records[1]["tied_embedding_sync/with"]
+    assert torch.equal(first, last) and first.abs().sum() > 0
 
 
 def test_apply_is_explicit_idempotent_and_revertible(records):
