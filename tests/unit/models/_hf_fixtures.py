@@ -14,13 +14,15 @@ import torch
 VOCAB = 500  # not a multiple of 128: exercises vocabulary padding
 
 
-def make_tiny_hf(arch: str, path: Path, *, tied: bool = False, layers: int = 2, seed: int = 0) -> Path:
-    """Build and save a tiny random ``arch`` model under ``path``; returns ``path``."""
+def make_tiny_hf(
+    arch: str, path: Path, *, tied: bool = False, layers: int = 2, kv_heads: int = 2, seed: int = 0
+) -> Path:
+    """Build and save a tiny random ``arch`` model under ``path`` (4 query heads, ``kv_heads`` KV heads)."""
     import transformers
 
     common = dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128, rms_norm_eps=1e-6,
         rope_theta=10000.0, tie_word_embeddings=tied, torch_dtype="float32",
     )
     if arch == "Qwen2ForCausalLM":

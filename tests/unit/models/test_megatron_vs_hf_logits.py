@@ -107,13 +107,16 @@ def _logits_body(rank: int, world_size: int, par: ParallelConfig, cases: list[tu
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, tuple[Path, torch.Tensor, torch.Tensor]]:
-    """arch -> (checkpoint dir, input ids, HF logits); Qwen2 tied, Qwen3 and Llama untied."""
+    """arch -> (checkpoint dir, input ids, HF logits); Qwen2 tied, Qwen3 and Llama untied, Llama with 1 KV head."""
     root = tmp_path_factory.mktemp("hf")
     gen = torch.Generator().manual_seed(7)
     input_ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     out = {}
-    for arch, tied in (("Qwen2ForCausalLM", True), ("Qwen3ForCausalLM", False), ("LlamaForCausalLM", False)):
-        path = make_tiny_hf(arch, root / arch, tied=tied)
+    # Llama gets a single KV head: at TP=2 that is Megatron's num_query_groups < TP path (replicated KV).
+    for arch, tied, kv_heads in (
+        ("Qwen2ForCausalLM", True, 2), ("Qwen3ForCausalLM", False, 2), ("LlamaForCausalLM", False, 1)
+    ):
+        path = make_tiny_hf(arch, root / arch, tied=tied, kv_heads=kv_heads)
         out[arch] = (path, input_ids, hf_logits(path, input_ids))
     return out
 
