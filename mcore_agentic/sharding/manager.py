@@ -1,0 +1,222 @@
+"""``ShardingManager``: the context around each rollout — weights into the engine, training state out of the way.
+
+``with manager:`` (every rank of the actor's model, SPMD)
+
+on enter
+  1. offload the actor's gradient buffers and optimizer state (``sharding.offload_actor_grads``
+     / ``offload_actor_optimizer``; the export does not need them);
+  2. ``engine.resume_memory()``;
+  3. stream the actor's weights into the engine in buckets (:class:`StreamingExporter` ->
+     transport) under the trainer's :class:`WeightVersion`; every rank's engine gets the
+     *full* model whatever the training TP/PP/CP (rollout TP=1 per rank);
+  4. offload the actor's parameters (``offload_actor_params``; after the export read them);
+  5. ``engine.flush_cache()``; check the engine's version (``check_weight_version``);
+  6. swap the torch / Python / NumPy global RNG states to the rollout's own, so rollout
+     sampling neither perturbs nor is perturbed by training randomness;
+
+on exit (also after an error in the rollout)
+  restore the training RNG states, ``engine.release_memory()``, reload what was offloaded.
+
+The actor is a :class:`~mcore_agentic.workers.engine.MegatronEngine` (or an ``Actor``
+holding one as ``.engine``), whose offloader moves parameters, grads and optimizer state;
+or a plain list of model chunks plus a ``bridge`` (parameters and grads offloadable only).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.models.bridge import Bridge
+from mcore_agentic.sharding.config import ShardingConfig
+from mcore_agentic.sharding.exporter import StreamingExporter
+from mcore_agentic.sharding.transports import SyncStats, WeightTransport, make_transport
+from mcore_agentic.sharding.version import StaleWeightsError, WeightVersion
+from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors
+
+
+@dataclass
+class RngState:
+    """The global RNG states a rollout and the training loop must not share."""
+
+    torch_cpu: torch.Tensor
+    torch_cuda: list[torch.Tensor] | None
+    python: Any
+    numpy: Any
+
+    @classmethod
+    def capture(cls) -> RngState:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        return cls(torch.get_rng_state(), cuda, random.getstate(), _numpy_state())
+
+    @classmethod
+    def seeded(cls, seed: int) -> RngState:
+        """The states each generator has right after being seeded with ``seed``; the global ones are untouched."""
+        cuda = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            saved = torch.cuda.get_rng_state_all()
+            torch.cuda.manual_seed_all(seed)
+            cuda = torch.cuda.get_rng_state_all()
+            torch.cuda.set_rng_state_all(saved)
+        numpy_state = None
+        try:
+            import numpy as np
+
+            numpy_state = np.random.RandomState(seed % 2**32).get_state()
+        except ImportError:
+            pass
+        return cls(torch.Generator().manual_seed(seed).get_state(), cuda, random.Random(seed).getstate(), numpy_state)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.torch_cpu)
+        if self.torch_cuda is not None:
+            torch.cuda.set_rng_state_all(self.torch_cuda)
+        random.setstate(self.python)
+        if self.numpy is not None:
+            import numpy as np
+
+            np.random.set_state(self.numpy)
+
+
+def _numpy_state() -> Any:
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    return np.random.get_state()
+
+
+@dataclass
+class PhaseTimes:
+    """Seconds spent in each step of the last enter/exit."""
+
+    offload: float = 0.0
+    resume: float = 0.0
+    sync: float = 0.0
+    release: float = 0.0
+    reload: float = 0.0
+
+
+class ShardingManager:
+    """Puts the actor's current weights into the rollout engine for the duration of a ``with`` block."""
+
+    def __init__(
+        self,
+        actor: Any,
+        engine: Any,
+        cfg: ShardingConfig,
+        *,
+        bridge: Bridge | None = None,
+        version: WeightVersion | None = None,
+        rollout_seed: int = 0,
+        transport: WeightTransport | None = None,
+    ) -> None:
+        megatron_engine = getattr(actor, "engine", actor) if not isinstance(actor, (list, tuple)) else None
+        if megatron_engine is not None and not hasattr(megatron_engine, "chunks"):
+            raise TypeError(f"ShardingManager needs a MegatronEngine, an Actor or a list of model chunks, got {actor!r}")
+        self._actor = megatron_engine
+        chunks = list(actor) if megatron_engine is None else megatron_engine.chunks
+        bridge = bridge if bridge is not None else getattr(megatron_engine, "bridge", None)
+        if bridge is None:
+            raise TypeError("ShardingManager over plain model chunks needs bridge=")
+        if megatron_engine is None and cfg.offload_actor_optimizer:
+            raise ConfigError(
+                "sharding.offload_actor_optimizer",
+                "needs the actor's MegatronEngine (its optimizer), not bare model chunks: pass the engine or set false",
+            )
+        self.cfg = cfg
+        self.engine = engine
+        self.bridge = bridge
+        self.chunks = chunks
+        self.version = version if version is not None else WeightVersion()
+        self.transport = transport if transport is not None else make_transport(cfg.transport)
+        self.exporter = StreamingExporter(bridge, chunks, bucket_bytes=cfg.bucket_bytes, flat_gather=cfg.flat_gather)
+        self._own_offloader = Offloader()  # used only for bare chunks
+        self._rollout_rng = RngState.seeded(rollout_seed)
+        self._training_rng: RngState | None = None
+        self.last_sync: SyncStats | None = None
+        self.times = PhaseTimes()
+
+    # ------------------------------------------------------------------ weights
+    def sync_weights(self) -> SyncStats:
+        """Stream the actor's weights into the engine under the current version (collective)."""
+        self.last_sync = self.transport.send(self.exporter.buckets(), self.engine, self.version.value)
+        if int(self.engine.weight_version) != self.version.value:
+            raise StaleWeightsError(int(self.engine.weight_version), self.version.value)
+        return self.last_sync
+
+    def check(self) -> None:
+        """Raise :class:`StaleWeightsError` if the engine does not hold the trainer's current weights."""
+        self.version.check(self.engine)
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self) -> ShardingManager:
+        self.times = PhaseTimes()
+        try:
+            t = time.perf_counter()
+            self._ensure_params_loaded()
+            self._offload(params=False, grads=self.cfg.offload_actor_grads, optimizer=self.cfg.offload_actor_optimizer)
+            self.times.offload += time.perf_counter() - t
+            t = time.perf_counter()
+            self.engine.resume_memory()
+            self.times.resume = time.perf_counter() - t
+            t = time.perf_counter()
+            self.sync_weights()
+            self.times.sync = time.perf_counter() - t
+            t = time.perf_counter()
+            self._offload(params=self.cfg.offload_actor_params, grads=False, optimizer=False)
+            self.times.offload += time.perf_counter() - t
+            self.engine.flush_cache()
+            if self.cfg.check_weight_version:
+                self.check()
+        except BaseException:
+            self._reload()  # leave the actor trainable when the sync fails
+            raise
+        self._training_rng = RngState.capture()
+        self._rollout_rng.restore()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._training_rng is not None:
+            self._rollout_rng = RngState.capture()  # the next rollout continues this stream
+            self._training_rng.restore()
+            self._training_rng = None
+        t = time.perf_counter()
+        self.engine.release_memory()
+        self.times.release = time.perf_counter() - t
+        t = time.perf_counter()
+        self._reload()
+        self.times.reload = time.perf_counter() - t
+
+    # ------------------------------------------------------------------ offload
+    def _ensure_params_loaded(self) -> None:
+        # The export reads the parameters: bring them back if the trainer left them offloaded.
+        if self._actor is not None and self._actor.offloader.is_offloaded("params"):
+            self._actor.offloader.reload("params")
+
+    def _offload(self, *, params: bool, grads: bool, optimizer: bool) -> None:
+        if not (params or grads or optimizer):
+            return
+        if self._actor is not None:
+            self._actor.offload(params=params, grads=grads, optimizer=optimizer)
+            return
+        own = self._own_offloader
+        if params and not own.is_offloaded("params"):
+            own.offload("params", model_param_tensors(self.chunks))
+        if grads and not own.is_offloaded("grads"):
+            own.offload("grads", model_grad_tensors(self.chunks))
+
+    def _reload(self) -> None:
+        if self._actor is not None:
+            self._actor.reload()
+        for group in ("params", "grads"):
+            if self._own_offloader.is_offloaded(group):
+                self._own_offloader.reload(group)
+
+
+__all__ = ["PhaseTimes", "RngState", "ShardingManager"]

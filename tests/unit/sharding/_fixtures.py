@@ -1,0 +1,86 @@
+"""Tiny Qwen2 checkpoints (tied or not), a multi-turn-shaped batch and teacher-forced log-probs for sharding tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mcore_agentic.data.batch import Batch
+
+VOCAB = 300  # not a multiple of 128: Megatron pads the vocabulary, which the export must remove
+PROMPT, RESPONSE = 5, 8
+
+
+def hf_config(*, tied: bool = False) -> Any:
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+        tie_word_embeddings=tied, torch_dtype="float32", use_sliding_window=False,
+    )
+    config.architectures = ["Qwen2ForCausalLM"]
+    return config
+
+
+def random_model(config: Any, seed: int) -> torch.nn.Module:
+    """A Qwen2 model with weights large enough that log-probs carry signal (std-0.02 init is near uniform)."""
+    import transformers
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.Qwen2ForCausalLM(config).eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.copy_(1.0 + 0.2 * torch.randn_like(param))
+                else:
+                    param.copy_(0.1 * torch.randn_like(param))
+    return model
+
+
+def save_checkpoint(path: Path, *, tied: bool = False, seed: int = 0) -> str:
+    random_model(hf_config(tied=tied), seed).save_pretrained(str(path), safe_serialization=True)
+    return str(path)
+
+
+def make_batch(n: int = 8, *, seed: int = 0) -> Batch:
+    """Left-padded prompts ++ right-padded responses, a tool-result hole in the loss mask, random advantages."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.zeros(n, PROMPT, dtype=torch.long)
+    responses = torch.zeros(n, RESPONSE, dtype=torch.long)
+    pmask = torch.zeros(n, PROMPT, dtype=torch.long)
+    rmask = torch.zeros(n, RESPONSE, dtype=torch.long)
+    for i in range(n):
+        p = int(torch.randint(1, PROMPT + 1, (1,), generator=g))
+        r = int(torch.randint(3, RESPONSE + 1, (1,), generator=g))
+        prompts[i, PROMPT - p :] = torch.randint(1, VOCAB, (p,), generator=g)
+        pmask[i, PROMPT - p :] = 1
+        responses[i, :r] = torch.randint(1, VOCAB, (r,), generator=g)
+        rmask[i, :r] = 1
+    loss_mask = rmask.clone()
+    loss_mask[::2, 1:2] = 0
+    attention_mask = torch.cat([pmask, rmask], 1)
+    return Batch(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": attention_mask,
+            "response_mask": loss_mask,
+            "advantages": torch.randn(n, RESPONSE, generator=g) * loss_mask,
+        }
+    )
+
+
+@torch.no_grad()
+def teacher_forced_log_probs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, R]`` log-probs of the response ids under an HF model (0 on response padding)."""
+    mask = batch["attention_mask"]
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions).logits
+    logp = torch.log_softmax(logits[:, PROMPT - 1 : -1].float() / temperature, -1)
+    out = logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    return out * mask[:, PROMPT:]
