@@ -88,3 +88,19 @@ def batch(batch_size: int = 2, seed: int = 0) -> dict[str, torch.Tensor]:
     labels = torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)
     position_ids = torch.arange(SEQ).unsqueeze(0).expand(batch_size, SEQ)
     return {"tokens": tokens, "labels": labels, "position_ids": position_ids}
+
+
+def pack(obj: Any) -> bytes:
+    """A rank's result as bytes: tensors sent through the multiprocessing queue by reference can vanish
+    when the sending rank exits first (seen under load); bytes travel by value."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes) -> Any:
+    import io
+
+    return torch.load(io.BytesIO(data), weights_only=False)
