@@ -218,7 +218,8 @@ class RLTrainer:
         self.state = LoopState(**s["loop"])
         self.c.train_loader.load_state_dict(s["dataloader"])
         self.c.kl_ctrl.value = s["kl_coef"]
-        logger.info("resumed from %s at step %d", path, self.state.step)
+        if self.c.layout.rank == 0:
+            print(f"resumed from {path} at step {self.state.step}", flush=True)
 
 
 def prefix(p: str, metrics: dict[str, float]) -> dict[str, float]:
