@@ -1,6 +1,7 @@
 """Training entry point: ``torchrun --nproc_per_node N launch/pretrain_rl.py [hydra overrides]``.
 
-Composes ``configs/ppo_trainer.yaml`` (Hydra), initialises ``torch.distributed``
+Composes ``configs/default_tiny.yaml`` (the embedded CPU default that ``make train`` runs;
+``--config-name <name>`` picks another, e.g. ``gsm8k_multiturn_grpo``) with Hydra, initialises ``torch.distributed``
 from the torchrun environment (nccl on GPU, gloo on CPU), applies the
 megatron-core CPU patches, validates the parallel sizes against the world size
 and the model's Hugging Face ``config.json`` (``model.model_path``), creates
@@ -119,7 +120,7 @@ def _shutdown(destroy_parallel: Any) -> None:
         destroy_parallel(destroy_process_group=True)
 
 
-@hydra.main(config_path="../configs", config_name="ppo_trainer", version_base=None)
+@hydra.main(config_path="../configs", config_name="default_tiny", version_base=None)
 def main(dict_cfg: DictConfig) -> None:
     code = launch(dict_cfg)
     if code:
