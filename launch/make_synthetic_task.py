@@ -28,11 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--num-train", type=int, default=defaults.num_train)
     parser.add_argument("--num-val", type=int, default=defaults.num_val)
+    parser.add_argument("--min-operand", type=int, default=defaults.min_operand)
     parser.add_argument("--max-operand", type=int, default=defaults.max_operand)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     args = parser.parse_args(argv)
     cfg = SyntheticTaskConfig(
-        enable=True, num_train=args.num_train, num_val=args.num_val, max_operand=args.max_operand, seed=args.seed
+        enable=True,
+        num_train=args.num_train,
+        num_val=args.num_val,
+        min_operand=args.min_operand,
+        max_operand=args.max_operand,
+        seed=args.seed,
     )
     train, val = make_rows(cfg)
     args.out.mkdir(parents=True, exist_ok=True)

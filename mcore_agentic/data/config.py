@@ -21,20 +21,29 @@ class SyntheticTaskConfig:
     """Training problems to generate."""
     num_val: int = 64
     """Validation problems to generate (disjoint from the training problems)."""
-    max_operand: int = 50
-    """Operands are drawn from 0..max_operand; keep it small so a tiny model can learn the task."""
+    min_operand: int = 10
+    """Smallest operand. With 10..49 every operand and every sum has two digits, so copying the
+    operands into the tool call and the result into the answer is a fixed-offset copy a tiny model learns."""
+    max_operand: int = 49
+    """Largest operand."""
     seed: int = 1234
     """Seed of the generator; the same seed gives the same problems."""
 
     def __post_init__(self) -> None:
         require(self.num_train > 0, "data.synthetic.num_train", f"must be positive, got {self.num_train}")
         require(self.num_val >= 0, "data.synthetic.num_val", f"must be >= 0, got {self.num_val}")
-        require(self.max_operand >= 1, "data.synthetic.max_operand", f"must be >= 1, got {self.max_operand}")
+        require(self.min_operand >= 0, "data.synthetic.min_operand", f"must be >= 0, got {self.min_operand}")
         require(
-            (self.max_operand + 1) ** 2 >= self.num_train + self.num_val,
+            self.max_operand >= self.min_operand,
             "data.synthetic.max_operand",
-            f"{self.max_operand} gives only {(self.max_operand + 1) ** 2} distinct problems, fewer than "
-            f"num_train + num_val = {self.num_train + self.num_val}; raise max_operand",
+            f"{self.max_operand} is below data.synthetic.min_operand={self.min_operand}",
+        )
+        distinct = (self.max_operand - self.min_operand + 1) ** 2
+        require(
+            distinct >= self.num_train + self.num_val,
+            "data.synthetic.max_operand",
+            f"operands {self.min_operand}..{self.max_operand} give only {distinct} distinct problems, fewer than "
+            f"num_train + num_val = {self.num_train + self.num_val}; widen the range or generate fewer",
         )
 
 

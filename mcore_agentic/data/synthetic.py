@@ -30,10 +30,10 @@ SYSTEM_PROMPT = "Use the calculator tool, then reply #### <answer>."
 
 def _pairs(cfg: SyntheticTaskConfig) -> list[tuple[int, int]]:
     """``num_train + num_val`` distinct operand pairs in a seeded order."""
-    side = cfg.max_operand + 1
+    side = cfg.max_operand - cfg.min_operand + 1
     total = cfg.num_train + cfg.num_val
     flat = np.random.default_rng(cfg.seed).choice(side * side, size=total, replace=False)
-    return [(int(v) // side, int(v) % side) for v in flat]
+    return [(cfg.min_operand + int(v) // side, cfg.min_operand + int(v) % side) for v in flat]
 
 
 def _row(a: int, b: int, index: int, split: str) -> dict[str, Any]:

@@ -163,14 +163,20 @@ def test_rows_to_batch():
 
 
 def test_synthetic_task_is_deterministic_and_disjoint():
-    cfg = SyntheticTaskConfig(enable=True, num_train=100, num_val=20, max_operand=20, seed=3)
+    cfg = SyntheticTaskConfig(enable=True, num_train=100, num_val=20, min_operand=0, max_operand=20, seed=3)
     train, val = make_rows(cfg)
     assert (train, val) == make_rows(cfg)
-    assert make_rows(SyntheticTaskConfig(enable=True, num_train=100, num_val=20, max_operand=20, seed=4))[0] != train
+    assert make_rows(SyntheticTaskConfig(enable=True, num_train=100, num_val=20, min_operand=0, max_operand=20, seed=4))[0] != train
     pairs = lambda rows: {tuple(r["extra_info"]["operands"]) for r in rows}  # noqa: E731
     assert len(pairs(train)) == 100 and not pairs(train) & pairs(val)
     assert all(r["data_source"] == DATA_SOURCE for r in train)
     assert all(int(r["reward_model"]["ground_truth"]) == sum(r["extra_info"]["operands"]) for r in train)
+    assert all(0 <= x <= 20 for r in train + val for x in r["extra_info"]["operands"])
+    # Defaults: two-digit operands and two-digit sums (fixed-offset copies).
+    default_train, _ = make_rows(SyntheticTaskConfig(enable=True))
+    assert all(len(str(x)) == 2 for r in default_train for x in [*r["extra_info"]["operands"], int(r["reward_model"]["ground_truth"])])
+    with pytest.raises(ConfigError, match="distinct problems"):
+        SyntheticTaskConfig(num_train=30, num_val=0, min_operand=1, max_operand=5)
     RLDataset.from_rows(train, "synthetic")  # rows pass the dataset's own validation
 
 
@@ -178,7 +184,7 @@ def test_synthetic_ideal_trajectory_is_real(tokenizer, calculator_schemas):
     """The demonstration's tool reply is what the real calculator returns; its rendering scores 1."""
     tools, schemas = calculator_schemas
     tool = CalculatorTool(tools[0]["config"], tools[0]["tool_schema"])
-    cfg = SyntheticTaskConfig(enable=True, num_train=8, num_val=0, max_operand=50)
+    cfg = SyntheticTaskConfig(enable=True, num_train=8, num_val=0)
     for conv in sft_conversations(cfg)[:4]:
         call = conv[2]["tool_calls"][0]["function"]
         result = asyncio.run(tool.execute("i", call["arguments"]))
