@@ -7,7 +7,6 @@ CP=2 (load-balanced sequence split, logits gathered back).
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -64,22 +63,6 @@ def _forward_logits(chunks: list, input_ids: torch.Tensor, par: ParallelConfig) 
     return logits
 
 
-@contextlib.contextmanager
-def tied_embedding_cpu_workaround():
-    """TEMPORARY: ``LanguageModule.setup_embeddings_and_output_layer`` calls ``weight.data.cuda()`` for tied
-    embeddings with PP > 1, which megatron_patches does not cover yet; make ``Tensor.cuda`` the identity while
-    the model is built (CPU only). Remove once megatron_patches handles that call site."""
-    if torch.cuda.is_available():
-        yield
-        return
-    original = torch.Tensor.cuda
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    try:
-        yield
-    finally:
-        torch.Tensor.cuda = original
-
-
 def _logits_body(rank: int, world_size: int, par: ParallelConfig, cases: list[tuple[str, str, torch.Tensor]]) -> dict:
     import megatron_patches
     from mcore_agentic.models.hf_io import load_hf_config
@@ -93,8 +76,7 @@ def _logits_body(rank: int, world_size: int, par: ParallelConfig, cases: list[tu
         hf_config = load_hf_config(path)
         bridge = get_bridge(hf_config)
         tcfg = bridge.transformer_config(hf_config, par)
-        with tied_embedding_cpu_workaround():
-            chunks = bridge.build_model(hf_config, tcfg)
+        chunks = bridge.build_model(hf_config, tcfg)
         for chunk in chunks:
             chunk.eval()
         bridge.load_hf_weights(chunks, path)

@@ -21,7 +21,6 @@ import torch
 from mcore_agentic.parallel.config import ParallelConfig
 from tests.helpers.distributed import run_distributed
 from tests.unit.models._hf_fixtures import VOCAB, make_tiny_hf, pack, unpack
-from tests.unit.models.test_megatron_vs_hf_logits import tied_embedding_cpu_workaround
 
 LAYOUTS = (
     ParallelConfig(tensor_model_parallel_size=2),
@@ -41,8 +40,7 @@ def _real_rows(bridge, name: str, param: torch.Tensor, tp_rank: int) -> slice:
 
 def _build(bridge, hf_config, par):
     tcfg = bridge.transformer_config(hf_config, par)
-    with tied_embedding_cpu_workaround():
-        return bridge.build_model(hf_config, tcfg)
+    return bridge.build_model(hf_config, tcfg)
 
 
 def _roundtrip_body(rank: int, world_size: int, checkpoints: list[str]) -> dict:
