@@ -296,8 +296,12 @@ class DenseDecoderBridge(Bridge):
         return global_name == "output_layer.weight" and bool(self.hf_config.tie_word_embeddings)
 
     def ignored_hf_keys(self, hf_state: Mapping[str, torch.Tensor]) -> list[str]:
-        # Some tied checkpoints still store lm_head.weight (a copy of embed_tokens); it carries nothing new.
-        return ["lm_head.weight"] if self.hf_config.tie_word_embeddings and "lm_head.weight" in hf_state else []
+        # Some tied checkpoints still store lm_head.weight (a copy of embed_tokens), and old Llama ones the
+        # RoPE inverse frequencies (recomputed from rope_theta): neither carries a weight.
+        ignored = [key for key in hf_state if key.endswith("rotary_emb.inv_freq")]
+        if self.hf_config.tie_word_embeddings and "lm_head.weight" in hf_state:
+            ignored.append("lm_head.weight")
+        return ignored
 
     def _hf_shape(self, hf_name: str) -> tuple[int, ...]:
         d = self.dims()

@@ -158,6 +158,8 @@ def test_param_mapping_errors_name_the_key() -> None:
     assert emb.shape == (1024, 64) and emb[1000:].eq(0).all()
     ((name, back),) = bridge.megatron_param_to_hf("embedding.word_embeddings.weight", emb)
     assert name == "model.embed_tokens.weight" and back.shape == (1000, 64)
+    keys = {"lm_head.weight": 0, "model.layers.0.self_attn.rotary_emb.inv_freq": 0, "model.norm.weight": 0}
+    assert sorted(bridge.ignored_hf_keys(keys)) == ["lm_head.weight", "model.layers.0.self_attn.rotary_emb.inv_freq"]
 
 
 def test_model_config_validation() -> None:
