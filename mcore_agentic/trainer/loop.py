@@ -152,6 +152,7 @@ class RLTrainer:
                     self.c.actor, demonstrations(self.cfg), self.chat, self.schemas,
                     steps=steps, batch_size=self.c.sizes.sequences_per_step, seed=self.cfg.seed,
                     pad_token_id=self.pad_id, max_length=self.cfg.data.max_sequence_length,
+                    log=self._sft_progress,
                 )
             self.sft_summary = {
                 "sft/steps": float(steps),
@@ -163,6 +164,12 @@ class RLTrainer:
             if self.c.ref is not None:  # the KL anchor is the warm-started policy, as after any SFT
                 self.c.ref.engine.bridge.load_hf_weights(self.c.ref.engine.chunks, self.c.actor.export_hf_weights())
         self.state.sft_done = True
+
+    def _sft_progress(self, metrics: dict[str, float], step: int) -> None:
+        steps = self.cfg.trainer.sft_warmup_steps
+        every = max(1, steps // 6)
+        if self.c.layout.rank == 0 and ((step + 1) % every == 0 or step + 1 == steps):
+            print(f"SFT warm start {step + 1}/{steps}: loss {metrics['sft/sft_loss']:.4f}", flush=True)
 
     # ----------------------------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
