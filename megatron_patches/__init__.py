@@ -13,6 +13,11 @@ Public API::
     megatron_patches.applied() -> tuple[str, ...]
     megatron_patches.PATCH_NAMES
 
+Patches rebind names inside megatron-core modules (mostly their module-global
+``torch``, see ``_cpu_torch``) — never the real ``torch`` module, except two
+construction-time contexts (``Tensor.type`` names in the optimizer constructors,
+``Tensor.cuda`` as identity in a few setup/checkpoint functions) that restore on exit.
+
 The context-parallel attention module is not a patch (nothing is replaced): use
 ``megatron_patches.cp_attention.ContextParallelDotProductAttention`` in a layer spec.
 """

@@ -24,7 +24,7 @@ attention dropout under the RNG tracker, ``apply_query_key_layer_scaling``.
 Not supported (raises): packed sequences (THD), attention bias, sliding windows,
 non-vanilla softmax.
 
-Versions: megatron-core 0.16.x - 0.19.x (``DotProductAttention`` constructor).
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped) (``DotProductAttention`` constructor).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Reason: DDP + the distributed optimizer reduce-scatter/all-gather these buffers;
 on gloo they must be CPU tensors. Streams are inert on CPU (work is already
 ordered). No numerical change.
 
-Versions: megatron-core 0.16.x - 0.19.x. Remove when DDP takes a device.
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped). Remove when DDP takes a device.
 """
 
 from __future__ import annotations

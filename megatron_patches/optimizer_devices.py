@@ -32,7 +32,7 @@ Reason: CUDA hard-coded; on CPU these are CPU tensors reduced over gloo. The
 norm falls back to ``torch.norm`` per tensor when apex/TE's multi-tensor L2
 norm is unavailable (megatron's own fallback). No numerical change.
 
-Versions: megatron-core 0.16.x - 0.19.x. Remove when the optimizer takes a device.
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped). Remove when the optimizer takes a device.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ def clip_grad_by_total_norm_fp32(
 def cuda_type_names() -> Iterator[None]:
     """Within the block, ``cpu_tensor.type()`` returns the CUDA tensor-type name of the same dtype."""
     real_type = torch._C.TensorBase.type
+    previous = torch.Tensor.__dict__.get("type")  # None unless a caller's block is already active
 
     def type_as_cuda(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         if dtype is None and not kwargs and self.device.type == "cpu":
@@ -95,7 +96,10 @@ def cuda_type_names() -> Iterator[None]:
     try:
         yield
     finally:
-        del torch.Tensor.type  # falls back to TensorBase.type
+        if previous is None:
+            del torch.Tensor.type  # falls back to TensorBase.type
+        else:
+            torch.Tensor.type = previous
 
 
 def _with_cuda_type_names(init: Any) -> Any:

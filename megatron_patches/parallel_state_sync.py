@@ -6,7 +6,7 @@ call ``torch.cuda.synchronize()`` and pass ``device_ids=[torch.cuda.current_devi
 
 Reason: on CPU there is nothing to synchronise; these calls raise without CUDA.
 
-Versions: megatron-core 0.16.x - 0.19.x. Remove when these paths check the backend.
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped). Remove when these paths check the backend.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ and call ``torch.cuda.synchronize()``), ``megatron.core.pipeline_parallel.schedu
 Reason: PP=2 on gloo needs CPU receive buffers; gloo supports the batched
 isend/irecv Megatron issues. No numerical change.
 
-Versions: megatron-core 0.16.x - 0.19.x. Remove when the schedules take a device.
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped). Remove when the schedules take a device.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ saves/restores ``torch.cuda.get_rng_state()``. The pipeline schedules call
 Reason: CUDA hard-coded. With the default mode (``disabled``) it only runs the
 flag reductions; on CPU those are CPU tensors and the "CUDA" RNG is the CPU one.
 
-Versions: megatron-core 0.16.x - 0.19.x. Remove when it takes a device.
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped). Remove when it takes a device.
 """
 
 from __future__ import annotations

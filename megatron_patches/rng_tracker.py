@@ -15,7 +15,7 @@ generator, so the tracker swaps that one. Same seeding rules
 (``seed + 2718 + tp_rank`` for the TP region) as on GPU, so per-rank streams
 differ exactly where Megatron intends them to.
 
-Versions: megatron-core 0.16.x - 0.19.x (same private helpers). Remove when
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped) (same private helpers). Remove when
 megatron-core's tracker is device-agnostic (none announced).
 """
 

@@ -10,7 +10,7 @@ chunks (``r`` and ``2*CP-1-r``); Megatron builds that chunk index with
 replacement selects the same chunks with an index on the embedding's own device:
 identical result.
 
-Versions: megatron-core 0.16.x - 0.19.x. Remove when the index is built on the
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped). Remove when the index is built on the
 embedding's device upstream.
 """
 

@@ -12,7 +12,7 @@ becomes a no-op on CPU.
 Reason: these hard-code CUDA; on CPU every such buffer must be a CPU tensor so
 gloo collectives can run on it. No numerical change: the same ops on CPU.
 
-Versions: megatron-core 0.16.x - 0.19.x. Remove when megatron-core takes a device
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped). Remove when megatron-core takes a device
 argument on these paths (none announced).
 """
 

@@ -10,7 +10,7 @@ all-reduce over the embedding group. ``.cuda()`` raises without CUDA. The method
 runs with ``Tensor.cuda`` as the identity (``_cpu_torch.tensor_cuda_is_identity``) so
 the all-reduce runs on the CPU tensor (gloo): identical result. Construction-time only.
 
-Versions: megatron-core 0.16.x - 0.19.x. Remove when the method stops moving the
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped). Remove when the method stops moving the
 weight (it is already on the model's device).
 """
 

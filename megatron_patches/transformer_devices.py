@@ -15,7 +15,7 @@ attention score buffer, on ``torch.cuda.current_device()``).
 
 Reason: CUDA hard-coded on the forward path. No numerical change.
 
-Versions: megatron-core 0.16.x - 0.19.x. Remove when megatron-core allocates on the
+Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped). Remove when megatron-core allocates on the
 input's device on these paths.
 """
 

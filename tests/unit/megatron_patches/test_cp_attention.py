@@ -43,7 +43,7 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone().requires_grad_(True)
 
 
-def _cp_body(rank: int, world_size: int) -> dict[str, Any]:
+def _cp_body(rank: int, world_size: int) -> bytes:
     from megatron.core import parallel_state
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
@@ -92,7 +92,7 @@ def _cp_body(rank: int, world_size: int) -> dict[str, Any]:
     theirs = _core_attention(DotProductAttention, cfg)(q, k, v, None)
     result["cp1"] = (ours, theirs)
     parallel_state.destroy_model_parallel()
-    return result
+    return T.pack(result)
 
 
 def _gpt_logits(cp: int, attention: type, state: dict | None) -> dict[str, Any]:
@@ -127,7 +127,7 @@ def _gpt_logits(cp: int, attention: type, state: dict | None) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def results() -> list[dict[str, Any]]:
-    return run_distributed(_cp_body, 2)
+    return [T.unpack(r) for r in run_distributed(_cp_body, 2)]
 
 
 @pytest.mark.parametrize("what", ["out", "dq", "dk", "dv"])

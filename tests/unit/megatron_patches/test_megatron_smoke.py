@@ -74,18 +74,18 @@ def _tp2_forward_backward() -> dict[str, Any]:
     return {"loss": float(loss), "grads": grads}
 
 
-def _body(rank: int, world_size: int) -> dict[str, Any]:
+def _body(rank: int, world_size: int) -> bytes:
     from megatron.core import parallel_state
 
     megatron_patches.apply()
     out = {"tp2": _tp2_forward_backward(), "tp2_step": _train_step(tp=2, pp=1), "pp2_step": _train_step(tp=1, pp=2)}
     parallel_state.destroy_model_parallel()
-    return out
+    return T.pack(out)
 
 
 @pytest.fixture(scope="module")
 def results() -> list[dict[str, Any]]:
-    return run_distributed(_body, 2)
+    return [T.unpack(r) for r in run_distributed(_body, 2)]
 
 
 def test_tp2_forward_backward(results):

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import megatron_patches
 from tests.helpers.distributed import run_distributed
+from tests.unit.megatron_patches._tiny_gpt import pack, unpack
 
 
 def _init(tp: int = 1, pp: int = 1, cp: int = 1) -> None:
@@ -241,14 +242,14 @@ def _all_probes(rank: int, world_size: int, tmp_root: str) -> dict[str, Any]:
     record["clip/with"] = probe_clip_grads()
     record["after_revert_all"] = (megatron_patches.revert(), megatron_patches.applied())[1]
     parallel_state.destroy_model_parallel()
-    return record
+    return pack(record)
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory) -> list[dict[str, Any]]:
     if torch.cuda.is_available():
         pytest.skip("CPU/gloo patches are no-ops with CUDA")
-    return run_distributed(_all_probes, 2, args=(str(tmp_path_factory.mktemp("ckpt")),))
+    return [unpack(r) for r in run_distributed(_all_probes, 2, args=(str(tmp_path_factory.mktemp("ckpt")),))]
 
 
 @pytest.mark.parametrize("name", [n for n in megatron_patches.PATCH_NAMES])

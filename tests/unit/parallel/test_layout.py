@@ -10,6 +10,7 @@ from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import validate_parallel
 from tests.helpers.distributed import run_distributed
+from tests.unit.megatron_patches._tiny_gpt import pack, unpack
 
 MODEL = dict(num_attention_heads=8, num_query_groups=2, num_layers=4)
 
@@ -78,7 +79,7 @@ def test_config_post_init(kwargs, field):
     assert info.value.field == field
 
 
-def _init_tp2(rank: int, world_size: int) -> dict[str, Any]:
+def _init_tp2(rank: int, world_size: int) -> bytes:
     import torch
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
@@ -100,11 +101,11 @@ def _init_tp2(rank: int, world_size: int) -> dict[str, Any]:
         "tp_draw": tp_draw,
     }
     destroy_parallel()
-    return out
+    return pack(out)
 
 
 def test_initialize_tp2_on_two_ranks():
-    results = run_distributed(_init_tp2, 2)
+    results = [unpack(r) for r in run_distributed(_init_tp2, 2)]
     for rank, res in enumerate(results):
         lay = res["layout"]
         assert (lay.world_size, lay.rank, lay.tensor_model_parallel_size, lay.data_parallel_size) == (2, rank, 2, 1)
