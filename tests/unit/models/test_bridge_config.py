@@ -158,6 +158,12 @@ def test_param_mapping_errors_name_the_key() -> None:
     assert emb.shape == (1024, 64) and emb[1000:].eq(0).all()
     ((name, back),) = bridge.megatron_param_to_hf("embedding.word_embeddings.weight", emb)
     assert name == "model.embed_tokens.weight" and back.shape == (1000, 64)
+    # TransformerEngine-spec names (norms fused into the following linear) map like the local ones.
+    assert bridge.hf_names("decoder.layers.1.self_attention.linear_qkv.layer_norm_weight") == [
+        "model.layers.1.input_layernorm.weight"]
+    assert bridge.hf_names("decoder.layers.1.mlp.linear_fc1.layer_norm_weight") == [
+        "model.layers.1.post_attention_layernorm.weight"]
+    assert bridge.tp_split_dim("decoder.layers.1.mlp.linear_fc1.layer_norm_weight") is None
     keys = {"lm_head.weight": 0, "model.layers.0.self_attn.rotary_emb.inv_freq": 0, "model.norm.weight": 0}
     assert sorted(bridge.ignored_hf_keys(keys)) == ["lm_head.weight", "model.layers.0.self_attn.rotary_emb.inv_freq"]
 
