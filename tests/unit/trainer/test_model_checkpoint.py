@@ -1,10 +1,10 @@
 """Megatron dist checkpoints of actor/critic + optimizer + LR schedule, resumed at the same and at another TP.
 
-Three spawned 2-rank process groups:
+Two spawned 2-rank process groups:
 
-* ``save`` at TP=1 (DP=2): actor and critic update on batch 1, are saved through the
-  checkpoint manager, then update on batch 2 (the uninterrupted run);
-* ``save`` at TP=2: the same for the actor alone;
+* ``save``, first at TP=2 (actor), then at TP=1 / DP=2 (actor and critic): the workers
+  update on batch 1, are saved through the checkpoint manager, then update on batch 2
+  (the uninterrupted runs);
 * ``load`` at TP=1 (DP=2), a fresh process group whose workers start from *different*
   HF weights: each checkpoint is loaded and the batch-2 update is run again.
 
@@ -68,16 +68,23 @@ def _snapshot(actor, critic) -> dict:
     return out
 
 
-def _save_body(rank: int, world_size: int, path: str, root: str, tp: int, with_critic: bool) -> bytes:
+def _save_body(rank: int, world_size: int, path: str, roots: dict) -> bytes:
+    from mcore_agentic.parallel.layout import destroy_parallel
     from mcore_agentic.trainer.checkpoint import CheckpointManager
     from mcore_agentic.trainer.model_checkpoint import model_state_writers
 
-    actor, critic = _workers(path, *setup_rank(tp), with_critic)
-    _update(actor, critic, seed=1)
-    CheckpointManager(root).save(1, {"step": 1}, writers=model_state_writers(actor=actor, critic=critic))
-    saved = _snapshot(actor, critic)
-    _update(actor, critic, seed=2)
-    return _to_bytes({"saved": saved, "next": _snapshot(actor, critic)})
+    out = {}
+    for name, tp, with_critic in (("tp2", 2, False), ("tp1", 1, True)):  # one process group, two layouts
+        actor, critic = _workers(path, *setup_rank(tp), with_critic)
+        _update(actor, critic, seed=1)
+        writers = model_state_writers(actor=actor, critic=critic)
+        CheckpointManager(roots[name]).save(1, {"step": 1}, writers=writers)
+        saved = _snapshot(actor, critic)
+        _update(actor, critic, seed=2)
+        out[name] = {"saved": saved, "next": _snapshot(actor, critic)}
+        del actor, critic, writers
+        destroy_parallel()
+    return _to_bytes(out)
 
 
 def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> bytes:
@@ -111,10 +118,8 @@ def runs(tmp_path_factory) -> dict:
     path = str(make_tiny_hf(base / "hf0", seed=0))
     other = str(make_tiny_hf(base / "hf1", seed=1))
     roots = {"tp1": str(base / "run_tp1"), "tp2": str(base / "run_tp2")}
-    saves = {
-        "tp1": _load(run_distributed(_save_body, 2, (path, roots["tp1"], 1, True))),
-        "tp2": _load(run_distributed(_save_body, 2, (path, roots["tp2"], 2, False))),
-    }
+    per_rank = _load(run_distributed(_save_body, 2, (path, roots)))
+    saves = {name: [r[name] for r in per_rank] for name in roots}
     loads = _load(run_distributed(_load_body, 2, (other, roots)))
     return {"saves": saves, "loads": loads, "roots": roots}
 
