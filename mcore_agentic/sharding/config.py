@@ -23,10 +23,12 @@ class ShardingConfig:
     gathered, converted to engine (HF) layout and sent in buckets no larger than this. Bigger buckets
     mean fewer collectives; smaller ones less memory. See :mod:`mcore_agentic.sharding.exporter`."""
 
-    flat_gather: bool = True
+    flat_gather: bool = False
     """Gather each bucket with one flat all-gather over TP and one broadcast per owning PP stage
-    (instead of two collectives per tensor). The flat buffer is part of the budget, so a flat bucket
-    carries about half of ``bucket_size_mb`` of weights."""
+    instead of two collectives per tensor. It costs two extra copies of the bucket, and the flat
+    buffer is part of the budget (a flat bucket carries about half of ``bucket_size_mb`` of weights);
+    it pays only where per-collective latency dominates (many small tensors). Measured on CPU/gloo
+    (``bench/weight_sync.py``, 246M params, TP=2) per-tensor was faster at 16/64/256 MiB buckets."""
 
     offload_actor_params: bool = False
     """Move the actor's parameters off the device while the rollout runs (after they were exported)."""

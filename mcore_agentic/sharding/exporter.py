@@ -179,7 +179,7 @@ class StreamingExporter:
         chunks: list[Any],
         *,
         bucket_bytes: int,
-        flat_gather: bool = True,
+        flat_gather: bool = False,
         tracker: LiveBytes | None = None,
     ) -> None:
         if bucket_bytes <= 0:

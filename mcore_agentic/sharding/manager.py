@@ -175,7 +175,11 @@ class ShardingManager:
             if self.cfg.check_weight_version:
                 self.check()
         except BaseException:
-            self._reload()  # leave the actor trainable when the sync fails
+            # Leave things as before the rollout: engine released, actor trainable.
+            try:
+                self.engine.release_memory()
+            finally:
+                self._reload()
             raise
         self._training_rng = RngState.capture()
         self._rollout_rng.restore()

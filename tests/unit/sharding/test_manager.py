@@ -1,4 +1,4 @@
-"""Weight sync from Megatron actors (TP=2 with tied embeddings, PP=2, CP=2) into the transformers engine.
+"""Weight sync from Megatron actors (TP=2 and PP=2 with tied embeddings, CP=2) into the transformers engine.
 
 One spawned 2-rank gloo group runs the layouts one after the other (Megatron's parallel state is
 torn down and rebuilt between them) and, per layout, every check:
@@ -36,8 +36,7 @@ class Layout:
     tied: bool = False
 
 
-# Tied embeddings with PP > 1 are not covered: megatron-core moves the shared output weight to CUDA.
-LAYOUTS = {"tp2_tied": Layout(tp=2, tied=True), "pp2": Layout(pp=2), "cp2": Layout(cp=2)}
+LAYOUTS = {"tp2_tied": Layout(tp=2, tied=True), "pp2_tied": Layout(pp=2, tied=True), "cp2": Layout(cp=2)}
 
 
 def _state(engine) -> list[torch.Tensor]:
@@ -90,6 +89,7 @@ def _body(rank: int, world_size: int, paths: dict[str, str]) -> bytes:
 def _layout_checks(path: str, lay: Layout) -> dict:
     import megatron_patches
     from mcore_agentic.algorithms.config import PolicyLossConfig
+    from mcore_agentic.config.errors import ConfigError
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import initialize_parallel
     from mcore_agentic.rollout.engines.hf import HFEngine
@@ -145,6 +145,20 @@ def _layout_checks(path: str, lay: Layout) -> dict:
     except StaleWeightsError as exc:
         out["stale"] = str(exc)
     out["sync"] = manager.last_sync
+
+    # Bare model chunks + bridge (no MegatronEngine): flat gather, params and grads offloaded.
+    bare_cfg = ShardingConfig(bucket_size_mb=0.05, flat_gather=True, offload_actor_params=True,
+                              offload_actor_grads=True)
+    chunks = list(actor.engine.chunks)
+    before = _state(actor.engine)
+    with ShardingManager(chunks, engine, bare_cfg, bridge=actor.engine.bridge, version=version):
+        out["bare_lp"] = teacher_forced_log_probs(engine.model, batch)
+    out["bare_state_kept"] = all(torch.equal(a, b) for a, b in zip(before, _state(actor.engine)))
+    try:
+        ShardingManager(chunks, engine, ShardingConfig(offload_actor_optimizer=True), bridge=actor.engine.bridge)
+        out["bare_optimizer_error"] = None
+    except ConfigError as exc:
+        out["bare_optimizer_error"] = exc.field
     return out
 
 
@@ -170,6 +184,14 @@ def test_engine_log_probs_match_actor_after_each_sync(runs, name):
             assert (r["engine_lp"][step] - r["old_lp"][step]).abs().max().item() <= TOL, (name, step)
         assert r["engine_released"]
         assert r["sync"].buckets > 1 and r["sync"].version == 1
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_manager_over_bare_chunks(runs, name):
+    for r in runs[name]:
+        assert (r["bare_lp"] - r["old_lp"][2]).abs().max().item() <= TOL
+        assert r["bare_state_kept"]
+        assert r["bare_optimizer_error"] == "sharding.offload_actor_optimizer"
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
