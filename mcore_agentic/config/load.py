@@ -16,7 +16,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.config.schema import RLConfig
-from mcore_agentic.config.walk import _suggest, build, leaf_paths, to_dict
+from mcore_agentic.config.walk import build, leaf_paths, suggest_key, to_dict
 
 __all__ = ["CONFIG_DIR", "build", "check_overrides", "compose", "load_config", "to_dict"]
 
@@ -66,7 +66,7 @@ def check_overrides(overrides: Sequence[str]) -> None:
             continue
         parent, _, last = key.rpartition(".")
         siblings = [leaf.rpartition(".")[2] for leaf in leaves if leaf.rpartition(".")[0] == parent]
-        raise ConfigError(key, f"unknown key; {_suggest(last, parent, siblings, leaves)}")
+        raise ConfigError(key, f"unknown key; {suggest_key(last, parent, siblings, leaves)}")
 
 
 def compose(

@@ -94,7 +94,7 @@ def _dataclass_in(tp: Any) -> type | None:
     return None
 
 
-def _suggest(key: str, path: str, known: Sequence[str], root_leaves: Sequence[str]) -> str:
+def suggest_key(key: str, path: str, known: Sequence[str], root_leaves: Sequence[str]) -> str:
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     if close:
         return f"did you mean {_join(path, close[0])}?"
@@ -199,7 +199,7 @@ def build(cls: type[T], data: Mapping[str, Any], path: str = "", root_leaves: Se
     accepted = accepted_keys(cls)
     for key in data:
         if not isinstance(key, str) or key not in accepted:
-            raise ConfigError(_join(path, str(key)), f"unknown key; {_suggest(str(key), path, list(accepted), root_leaves)}")
+            raise ConfigError(_join(path, str(key)), f"unknown key; {suggest_key(str(key), path, list(accepted), root_leaves)}")
 
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
