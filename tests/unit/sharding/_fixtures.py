@@ -13,11 +13,11 @@ VOCAB = 300  # not a multiple of 128: Megatron pads the vocabulary, which the ex
 PROMPT, RESPONSE = 5, 8
 
 
-def hf_config(*, tied: bool = False) -> Any:
+def hf_config(*, tied: bool = False, layers: int = 2) -> Any:
     import transformers
 
     config = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
         tie_word_embeddings=tied, torch_dtype="float32", use_sliding_window=False,
     )
@@ -41,8 +41,8 @@ def random_model(config: Any, seed: int) -> torch.nn.Module:
     return model
 
 
-def save_checkpoint(path: Path, *, tied: bool = False, seed: int = 0) -> str:
-    random_model(hf_config(tied=tied), seed).save_pretrained(str(path), safe_serialization=True)
+def save_checkpoint(path: Path, *, tied: bool = False, seed: int = 0, layers: int = 2) -> str:
+    random_model(hf_config(tied=tied, layers=layers), seed).save_pretrained(str(path), safe_serialization=True)
     return str(path)
 
 

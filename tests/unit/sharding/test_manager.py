@@ -10,7 +10,9 @@ torn down and rebuilt between them) and, per layout, every check:
 - a twin actor that never syncs ends the same PPO updates with bitwise the same weights and
   optimizer state (offload of params, grads and optimizer on during the rollouts);
 - the rollout's RNG stream is its own, and the training RNG is restored on exit;
-- a trainer that updated without syncing gets ``StaleWeightsError``.
+- a trainer that updated without syncing gets ``StaleWeightsError``;
+
+and a PP=2 x VP=2 export (4 tied layers) reproduces the HF checkpoint exactly.
 """
 
 from __future__ import annotations
@@ -81,9 +83,38 @@ def _body(rank: int, world_size: int, paths: dict[str, str]) -> bytes:
         out[name] = _layout_checks(paths[name], lay)
         out[name]["seconds"] = time.perf_counter() - start
         destroy_parallel()
+    out["vpp"] = _virtual_pipeline_export(paths["vpp"])
+    destroy_parallel()
     buf = io.BytesIO()
     torch.save(out, buf)  # bytes through the queue: no shared-memory tensors outliving the child
     return buf.getvalue()
+
+
+def _virtual_pipeline_export(path: str) -> dict:
+    """PP=2 x VP=2 (4 layers, tied): every streamed tensor equals the checkpoint's, in both gather modes."""
+    from mcore_agentic.models.hf_io import SafetensorsState, load_hf_config
+    from mcore_agentic.models.registry import get_bridge
+    from mcore_agentic.parallel.config import ParallelConfig
+    from mcore_agentic.parallel.layout import initialize_parallel
+    from mcore_agentic.sharding.exporter import StreamingExporter
+
+    par = ParallelConfig(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)
+    initialize_parallel(par, seed=1)
+    config = load_hf_config(path)
+    bridge = get_bridge(config)
+    chunks = bridge.build_model(config, bridge.transformer_config(config, par))
+    bridge.load_hf_weights(chunks, path)
+    state = SafetensorsState(path)
+    out = {"chunks": len(chunks), "expected": sorted(state)}
+    for flat in (True, False):
+        exporter = StreamingExporter(bridge, chunks, bucket_bytes=40 * 1024, flat_gather=flat)
+        names, equal = [], True
+        for bucket in exporter.buckets():
+            for name, tensor in bucket:
+                names.append(name)
+                equal &= torch.equal(tensor, state[name])
+        out[flat] = (names, equal)
+    return out
 
 
 def _layout_checks(path: str, lay: Layout) -> dict:
@@ -168,8 +199,9 @@ def runs(tmp_path_factory) -> dict:
         name: save_checkpoint(tmp_path_factory.mktemp(name) / "qwen2", tied=lay.tied, seed=0)
         for name, lay in LAYOUTS.items()
     }
+    paths["vpp"] = save_checkpoint(tmp_path_factory.mktemp("vpp") / "qwen2", tied=True, seed=5, layers=4)
     per_rank = [torch.load(io.BytesIO(b), weights_only=False) for b in run_distributed(_body, 2, args=(paths,))]
-    return {name: [r[name] for r in per_rank] for name in LAYOUTS}
+    return {name: [r[name] for r in per_rank] for name in [*LAYOUTS, "vpp"]}
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -231,3 +263,11 @@ def test_stale_engine_is_an_error(runs, name):
     for r in runs[name]:
         assert r["versions"] == (1, 2)
         assert "weight version 1" in r["stale"] and "version 2" in r["stale"]
+
+
+def test_virtual_pipeline_export_equals_checkpoint(runs):
+    for r in runs["vpp"]:
+        assert r["chunks"] == 2
+        for flat in (True, False):
+            names, equal = r[flat]
+            assert sorted(names) == r["expected"] and equal, flat
