@@ -88,12 +88,16 @@ def _save_body(rank: int, world_size: int, path: str, roots: dict) -> bytes:
 
 
 def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> bytes:
+    import torch.distributed as dist
+
     from mcore_agentic.trainer.checkpoint import CheckpointManager
-    from mcore_agentic.trainer.model_checkpoint import model_state_readers
+    from mcore_agentic.trainer.model_checkpoint import load_worker, model_state_readers, save_worker
+    from mcore_agentic.workers.engine import MegatronEngine
 
     out = {}
     par, layout = setup_rank(1)
-    for name, root in roots.items():
+    for name in ("tp1", "tp2"):
+        root = roots[name]
         with_critic = name == "tp1"
         actor, critic = _workers(other_path, par, layout, with_critic)
         before = actor.export_hf_weights()
@@ -105,6 +109,26 @@ def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> byte
         res["next"] = _snapshot(actor, critic)
         out[name] = res
         del actor, critic
+
+    # Weights only, into a frozen engine (no optimizer), as an HF export from a checkpoint does.
+    frozen = MegatronEngine(model_path=other_path, dtype="float32", parallel=par, layout=layout, optim=None)
+    load_worker(Path(roots["tp2"]) / "global_step_1" / "actor", frozen)
+    out["frozen_tp2"] = frozen.export_hf_weights()
+    # A weights-only checkpoint cannot resume a trainable worker: a clear error, raised on every rank
+    # before any collective (only the common state was read).
+    weights_only = Path(roots["tp1"]).parent / "weights_only"
+    if rank == 0:
+        weights_only.mkdir()
+    dist.barrier()
+    save_worker(weights_only, frozen)
+    actor, _ = _workers(other_path, par, layout, False)
+    try:
+        load_worker(weights_only, actor)
+        out["weights_only_error"] = None
+    except ValueError as e:
+        out["weights_only_error"] = str(e)
+    load_worker(weights_only, actor, load_optimizer=False)
+    out["weights_only_into_actor"] = _equal(actor.export_hf_weights(), out["frozen_tp2"])
     return _to_bytes(out)
 
 
@@ -148,6 +172,14 @@ def test_save_tp2_load_tp1_reproduces_the_weights(runs):
         saved = runs["saves"]["tp2"][0]["saved"]
         assert not _equal(got["before"], saved["actor"])  # the loading run started elsewhere
         assert _equal(got["loaded"]["actor"], saved["actor"])
+
+
+def test_weights_only_load_into_frozen_engine_and_clear_error(runs):
+    saved = runs["saves"]["tp2"][0]["saved"]["actor"]
+    for r in runs["loads"]:
+        assert _equal(r["frozen_tp2"], saved)
+        assert r["weights_only_error"] is not None and "load_optimizer=False" in r["weights_only_error"]
+        assert r["weights_only_into_actor"]
 
 
 def test_resume_same_tp_is_bitwise(runs):
