@@ -124,6 +124,16 @@ class MegatronEngine:
         # default allgather token dispatcher even for dense models.
         self.tcfg.variable_seq_lengths = True
         chunks = self.bridge.build_model(self.hf_config, self.tcfg)
+        if len(chunks) > 1:
+            # Interleaved (VPP) schedule: its shape exchange with variable lengths pairs tensors of the
+            # wrong micro-batches; every micro-batch of a step gets the same shape instead (see
+            # micro_batches), announced through seq_length/micro_batch_size.
+            self.tcfg.variable_seq_lengths = False
+            if not torch.cuda.is_available():
+                # gloo matches a batched isend/irecv pair by (peer, tag) only; with PP=2 the next and
+                # previous stage are the same peer, so an activation and a gradient sent in one batch
+                # can swap. Unbatched p2p posts sends/recvs in Megatron's even/odd order instead.
+                self.tcfg.batch_p2p_comm = False
         self.bridge.load_hf_weights(chunks, model_path)
         if customize is not None:
             customize(chunks)
@@ -223,11 +233,22 @@ class MegatronEngine:
         else:
             groups = fixed_micro_batches(len(batch), batching.micro_batch_size)
         prompt_len = batch["prompts"].shape[1]
+        min_len = 0
+        if len(self.chunks) > 1:
+            # Megatron's interleaved (VPP) schedule mixes up tensor shapes of different micro-batches:
+            # give every micro-batch of the step the same shape.
+            if batching.use_dynamic_bsz or len(batch) % batching.micro_batch_size:
+                raise ValueError(
+                    "virtual pipeline stages need equal micro-batches: use_dynamic_bsz=false and a "
+                    f"micro-batch size dividing the {len(batch)} rows per rank"
+                )
+            min_len = int(batch["attention_mask"].sum(1).max())
         mbs = []
         for rows in groups:
             data = batch.index(rows)
             packed = pack_sequences(
-                data["input_ids"], data["attention_mask"], prompt_len, cp_size=cp, multiple_of=multiple
+                data["input_ids"], data["attention_mask"], prompt_len, cp_size=cp, multiple_of=multiple,
+                min_len=min_len,
             )
             pos = cp_positions(packed.padded_len, cp, self.layout.cp_rank, device=packed.tokens.device)
             mbs.append(

@@ -84,11 +84,13 @@ def pack_sequences(
     cp_size: int = 1,
     multiple_of: int = 1,
     pad_token_id: int = 0,
+    min_len: int = 0,
 ) -> PackedSequences:
     """Roll each row so its real tokens start at 0; cut/pad to a length the CP layout can split.
 
     ``input_ids``/``attention_mask`` are ``[b, P + R]``; ``prompt_len`` is P.
-    ``multiple_of`` is an extra length multiple (the TP size with sequence parallelism).
+    ``multiple_of`` is an extra length multiple (the TP size with sequence parallelism);
+    ``min_len`` pads to at least that length (equal shapes across micro-batches).
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
@@ -103,7 +105,7 @@ def pack_sequences(
     # Leading pads = index of the first real token (rows with no real token: 0).
     first = torch.where(mask.any(1), mask.long().argmax(1), torch.zeros_like(lengths))
     max_len = int(lengths.max()) if lengths.numel() else 0
-    padded = pad_to_multiple(max(max_len, 1), cp_size, multiple_of)
+    padded = pad_to_multiple(max(max_len, min_len, 1), cp_size, multiple_of)
     cols = torch.arange(padded, device=input_ids.device).unsqueeze(0)
     src = (first.unsqueeze(1) + cols).clamp(max=total - 1)
     real = cols < lengths.unsqueeze(1)

@@ -13,12 +13,12 @@ VOCAB = 500  # not a multiple of 128: Megatron pads the vocabulary, which log-pr
 PROMPT, RESPONSE = 6, 10
 
 
-def make_tiny_hf(path: Path, *, seed: int = 0) -> Path:
-    """A random 2-layer Qwen2 (hidden 64, GQA 4/2) saved as safetensors; weights scaled to carry signal."""
+def make_tiny_hf(path: Path, *, seed: int = 0, layers: int = 2) -> Path:
+    """A random ``layers``-layer Qwen2 (hidden 64, GQA 4/2) saved as safetensors; weights scaled to carry signal."""
     import transformers
 
     config = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
         tie_word_embeddings=False, torch_dtype="float32", use_sliding_window=False,
     )
@@ -82,12 +82,15 @@ def hf_response_log_probs(path: str, batch: Batch, temperature: float = 1.0) -> 
     return out * batch["attention_mask"][:, PROMPT:]
 
 
-def setup_rank(tp: int = 1, pp: int = 1, cp: int = 1, seed: int = 1) -> Any:
+def setup_rank(tp: int = 1, pp: int = 1, cp: int = 1, seed: int = 1, vpp: int | None = None) -> Any:
     """Apply the CPU patches and initialise Megatron's parallel state; returns the layout."""
     import megatron_patches
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import initialize_parallel
 
     megatron_patches.apply()
-    cfg = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp)
+    cfg = ParallelConfig(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
+        virtual_pipeline_model_parallel_size=vpp,
+    )
     return cfg, initialize_parallel(cfg, seed)

@@ -34,6 +34,7 @@ class Layout:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    vpp: int | None = None
     micro: int = 2
     dynamic: bool = False
 
@@ -43,6 +44,7 @@ LAYOUTS = {
     "tp2": Layout(tp=2, micro=1),
     "pp2": Layout(pp=2, dynamic=True),
     "cp2": Layout(cp=2, micro=4),
+    "pp2_vpp2": Layout(pp=2, vpp=2, micro=2),  # interleaved schedule: 1 of the 4 layers per virtual stage
 }
 
 
@@ -70,7 +72,7 @@ def _body(path: str, lay: Layout) -> dict:
     from mcore_agentic.workers.reference import Reference
 
     t0 = time.time()
-    par, layout = setup_rank(lay.tp, lay.pp, lay.cp)
+    par, layout = setup_rank(lay.tp, lay.pp, lay.cp, vpp=lay.vpp)
     batching = dict(ppo_micro_batch_size_per_gpu=lay.micro, use_dynamic_bsz=lay.dynamic, ppo_max_token_len_per_gpu=40)
     actor_cfg = ActorConfig(
         parallel=par, ppo_mini_batch_size=4, **batching, optim=OptimConfig(lr=5e-3, eps=1e-3, clip_grad=1.0),
@@ -79,7 +81,8 @@ def _body(path: str, lay: Layout) -> dict:
     )
     common = dict(model_path=path, dtype="float32", layout=layout)
     actor = Actor(actor_cfg, temperature=TEMPERATURE, **common)
-    ref = Reference(RefConfig(log_prob_micro_batch_size_per_gpu=3, param_offload=True), parallel=par,
+    ref_micro = lay.micro if lay.vpp else 3  # VPP needs equal micro-batches
+    ref = Reference(RefConfig(log_prob_micro_batch_size_per_gpu=ref_micro, param_offload=True), parallel=par,
                     temperature=TEMPERATURE, **common)
     out: dict = {"layout": layout}
     batch = make_batch(8)
@@ -109,7 +112,7 @@ def _body(path: str, lay: Layout) -> dict:
     del actor, ref
 
     critic_cfg = CriticConfig(
-        ppo_mini_batch_size=8, **batching, optim=OptimConfig(lr=1e-2, eps=1e-3), value_loss=ValueLossConfig(cliprange_value=0.2)
+        ppo_mini_batch_size=8, **batching, optim=OptimConfig(lr=1e-1, eps=1.0), value_loss=ValueLossConfig(cliprange_value=0.2)
     )
     critic = Critic(critic_cfg, parallel=par, **common)
     cbatch = critic.compute_values(batch)
@@ -133,7 +136,7 @@ def _to_bytes(obj) -> bytes:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    path = str(make_tiny_hf(tmp_path_factory.mktemp("hf") / "qwen2"))
+    path = str(make_tiny_hf(tmp_path_factory.mktemp("hf") / "qwen2", layers=4))
     per_rank = [torch.load(io.BytesIO(b), weights_only=False) for b in run_distributed(_all_layouts, 2, args=(path,))]
     results = {name: [r[name] for r in per_rank] for name in LAYOUTS}
     return {"path": path, "results": results}
