@@ -1,1 +1,13 @@
-"""Actor, reference and critic over a shared Megatron engine."""
+"""Actor, reference and critic over a shared Megatron engine.
+
+Modules (import them directly; nothing heavy is imported here):
+
+- ``config``: ``ActorConfig`` / ``RefConfig`` / ``CriticConfig`` / ``OptimConfig`` (light imports);
+- ``engine``: ``MegatronEngine`` — bridge build, DDP, optimizer + LR schedule, pipeline schedule,
+  CP split/gather, micro-batching; ``forward_only`` / ``forward_backward`` / ``step``;
+- ``actor``: ``Actor.compute_log_prob`` / ``update_policy`` / ``sft_step``;
+- ``reference``: ``Reference.compute_ref_log_prob``;
+- ``critic``: ``Critic.compute_values`` / ``update_critic`` (zero-initialised value head);
+- ``sequence``, ``micro_batch``, ``offload``: left-padding removal and response mapping,
+  token-budget micro-batches, storage-level offload to CPU and back.
+"""
