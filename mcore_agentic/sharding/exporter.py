@@ -24,7 +24,9 @@ budget in bytes and ``T`` the largest full tensor, the exporter holds at most
 full tensors and needs one gather buffer and one merged/converted copy of the current
 tensor on top; flat mode keeps the gather buffer and the flat receive buffer of the same
 bucket alive together, so it fills a bucket with up to ``S / 2``. Pass a
-:class:`LiveBytes` to measure it.
+:class:`LiveBytes` to measure it. One caveat, seen on gloo: the process group's worker
+thread may keep the previous collective's buffer referenced until it runs the next one
+(``LiveBytes`` sees this, since the tensor's Python object lives as long as C++ holds it).
 """
 
 from __future__ import annotations
