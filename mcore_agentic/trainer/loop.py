@@ -97,6 +97,7 @@ class RLTrainer:
             with t.phase("reward"):
                 extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]
                 local = exp.score_rollout(local, c.reward_fn, c.tokenizer, extra)
+            with t.phase("gather"):  # includes waiting for the slowest rank's rollout
                 batch = exp.gather_dp(local, c.layout, self.pad_id)
             with t.phase("old_log_prob"):
                 batch = c.actor.compute_log_prob(batch, calculate_entropy=True)

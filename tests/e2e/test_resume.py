@@ -96,3 +96,28 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path: Path) -> Non
         assert _comparable(rows_b[step]) == _comparable(rows_a[step]), f"step {step} differs after resume"
         assert _noisy(rows_b[step]) == pytest.approx(_noisy(rows_a[step]), abs=1e-5)
     assert (b / "ckpt" / "global_step_3" / "COMPLETE").exists()
+
+    # The trained actor exports to a Hugging Face checkpoint that transformers loads.
+    _check_export(b / "ckpt" / "global_step_3", tmp_path / "hf")
+
+
+def _check_export(step_dir: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mcore_agentic.models.hf_io import load_hf_state_dict
+
+    env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, "launch/export_hf.py", "--checkpoint", str(step_dir), "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-5000:]
+    model = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
+    base_dir = ROOT / json.loads((step_dir / "config.json").read_text())["model"]["model_path"]
+    base = load_hf_state_dict(base_dir)
+    exported = load_hf_state_dict(out)
+    assert sorted(exported) == sorted(base)
+    assert all(exported[k].shape == base[k].shape for k in base)
+    # SFT + 3 RL steps moved the weights away from the random initialisation.
+    assert any(not torch.equal(exported[k], base[k]) for k in base)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert torch.isfinite(model(input_ids=ids).logits).all()
