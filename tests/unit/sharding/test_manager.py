@@ -185,6 +185,20 @@ def _layout_checks(path: str, lay: Layout) -> dict:
     with ShardingManager(chunks, engine, bare_cfg, bridge=actor.engine.bridge, version=version):
         out["bare_lp"] = teacher_forced_log_probs(engine.model, batch)
     out["bare_state_kept"] = all(torch.equal(a, b) for a, b in zip(before, _state(actor.engine)))
+
+    # A sync that fails (engine of another shape) leaves the actor trainable and the engine released.
+    bad_config = hf_config(tied=lay.tied)
+    bad_config.intermediate_size = 80
+    bad_engine = HFEngine(random_model(bad_config, seed=5))
+    before = _state(actor.engine)
+    try:
+        with ShardingManager(actor, bad_engine, sharding, version=version):
+            pass
+        out["bad_error"] = None
+    except ValueError as exc:
+        out["bad_error"] = str(exc)
+    out["bad_state_kept"] = all(torch.equal(a, b) for a, b in zip(before, _state(actor.engine)))
+    out["bad_engine_released"] = all(p.device.type == "meta" for p in bad_engine.model.parameters())
     try:
         ShardingManager(chunks, engine, ShardingConfig(offload_actor_optimizer=True), bridge=actor.engine.bridge)
         out["bare_optimizer_error"] = None
@@ -224,6 +238,13 @@ def test_manager_over_bare_chunks(runs, name):
         assert (r["bare_lp"] - r["old_lp"][2]).abs().max().item() <= TOL
         assert r["bare_state_kept"]
         assert r["bare_optimizer_error"] == "sharding.offload_actor_optimizer"
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_failed_sync_restores_actor_and_releases_engine(runs, name):
+    for r in runs[name]:
+        assert "mlp.gate_proj.weight" in r["bad_error"] and "shape" in r["bad_error"]
+        assert r["bad_state_kept"] and r["bad_engine_released"]
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
