@@ -185,33 +185,24 @@ def build_rollout_engine(cfg: RLConfig, device: torch.device) -> Any:
     )
 
 
-class DirectWeightSync:
-    """Context manager: on entry, stream the actor's HF weights into the rollout engine, then check the version.
+def build_weight_sync(cfg: RLConfig, actor: Any, engine: Any) -> Any:
+    """The sharding manager: ``with`` it around a rollout, the engine holds the actor's current weights.
 
-    A stand-in for the sharding package's manager (not in the tree when this was written):
-    the bridge exports one full tensor at a time (collective over TP/PP), so the peak extra
-    memory is one tensor; the engine checks that every tensor arrived.
+    The config tree has no ``sharding`` group yet, so its defaults apply (no offload, 512 MiB
+    buckets, weight-version check on). The trainer bumps ``.version`` after every actor update.
     """
+    from mcore_agentic.sharding.config import ShardingConfig
+    from mcore_agentic.sharding.manager import ShardingManager
 
-    def __init__(self, actor: Any, engine: Any):
-        self.actor = actor
-        self.engine = engine
-        self.version = 0
-
-    def __enter__(self) -> DirectWeightSync:
-        self.version += 1
-        eng = self.actor.engine
-        self.engine.update_weights(eng.bridge.export_hf_weights(eng.chunks), version=self.version)
-        self.engine.finish_weight_update(self.version)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
+    return ShardingManager(actor, engine, ShardingConfig(), rollout_seed=cfg.seed)
 
 
-def build_weight_sync(actor: Any, engine: Any) -> Any:
-    """The context manager that refreshes the rollout engine's weights before each rollout."""
-    return DirectWeightSync(actor, engine)
+def sync_metrics(weight_sync: Any) -> dict[str, float]:
+    """Seconds of the last weight sync's phases (``timing_s/sharding/*``)."""
+    times = getattr(weight_sync, "times", None)
+    if times is None:
+        return {}
+    return {f"timing_s/sharding/{k}": float(v) for k, v in vars(times).items() if isinstance(v, int | float)}
 
 
 # ----------------------------------------------------------------------------------- bookkeeping
@@ -289,7 +280,7 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
         tools=tools,
         interactions=interactions,
         executor=executor,
-        weight_sync=build_weight_sync(actor, engine),
+        weight_sync=build_weight_sync(cfg, actor, engine),
         reward_fn=build_reward_fn(cfg.reward),
         kl_ctrl=build_kl_controller(cfg.algorithm.kl_ctrl),
         total_steps=steps,

@@ -17,7 +17,7 @@ from mcore_agentic.data.batch import Batch
 from mcore_agentic.rollout.driver import generate_sequences_sync
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
-from mcore_agentic.trainer.build import Components, model_state_io, tool_schemas
+from mcore_agentic.trainer.build import Components, model_state_io, sync_metrics, tool_schemas
 from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
 from mcore_agentic.utils.timing import PhaseTimer
 
@@ -89,11 +89,10 @@ class RLTrainer:
         start = time.perf_counter()
         with t.phase("step"):
             local_rows = exp.dp_split_rows(rows, c.layout)
-            with t.phase("weight_sync"), c.weight_sync:
-                pass  # the engine now holds the actor's weights (version checked by the engine)
-            with t.phase("gen"):
-                rollout_cfg = dataclasses.replace(self.cfg.rollout, seed=self.rollout_seed(step))
+            rollout_cfg = dataclasses.replace(self.cfg.rollout, seed=self.rollout_seed(step))
+            with t.phase("gen"), c.weight_sync:  # enter: the engine gets the actor's current weights
                 local = self.rollout(local_rows, rollout_cfg)
+            sync = sync_metrics(c.weight_sync)
             with t.phase("reward"):
                 extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]
                 local = exp.score_rollout(local, c.reward_fn, c.tokenizer, extra)
@@ -116,7 +115,8 @@ class RLTrainer:
             if c.critic is None or step > self.cfg.critic.warmup_steps:
                 with t.phase("update_actor"):
                     update_metrics.update(prefix("actor/", c.actor.update_policy(batch)))
-        return self.step_metrics(batch, {**adv_metrics, **update_metrics}, time.perf_counter() - start)
+                c.weight_sync.version.bump()  # the engine must resync before the next rollout
+        return self.step_metrics(batch, {**adv_metrics, **update_metrics, **sync}, time.perf_counter() - start)
 
     def rollout(self, rows: list[dict[str, Any]], rollout_cfg: Any) -> Batch:
         c = self.c
@@ -162,6 +162,7 @@ class RLTrainer:
                 **self.timer.pop(),
             }
             logger.info("SFT warm start: %s", self.sft_summary)
+            self.c.weight_sync.version.bump()
             if self.c.ref is not None:  # the KL anchor is the warm-started policy, as after any SFT
                 self.c.ref.engine.bridge.load_hf_weights(self.c.ref.engine.chunks, self.c.actor.export_hf_weights())
         self.state.sft_done = True
@@ -180,12 +181,11 @@ class RLTrainer:
             return {}
         with self.timer.phase("validate"):
             rows = c.val_rows[c.layout.dp_rank :: c.layout.data_parallel_size]
-            with c.weight_sync:
-                pass
             val_cfg = dataclasses.replace(self.cfg.rollout, n=1, temperature=0.0, seed=self.cfg.seed)
             local: dict[str, float] = {}
-            if rows:
-                batch = self.rollout(rows, val_cfg)
+            with c.weight_sync:
+                batch = self.rollout(rows, val_cfg) if rows else None
+            if batch is not None:
                 batch = exp.score_rollout(batch, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in rows])
                 m = exp.rollout_metrics(batch)
                 local = {f"val/{k}": m[k] for k in ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")}
