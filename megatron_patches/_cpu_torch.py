@@ -145,7 +145,9 @@ class CpuTorch:
         value = getattr(torch, name)
         if name in _FACTORIES:
             value = _cpu_factory(value)
-            self._cache[name] = value
+        # torch's top-level names are fixed after import; caching keeps hot-path lookups (torch.matmul in the
+        # TP layers) to one dict hit instead of a __getattr__ round trip.
+        self._cache[name] = value
         return value
 
     def __repr__(self) -> str:
