@@ -50,8 +50,6 @@ FORMAT = "mcore_agentic.model_checkpoint/1"
 OPTIMIZER_SHARDING_TYPE = "fully_reshardable"
 """Distributed-optimizer sharding type: reshardable across TP, PP and DP (see the module docstring)."""
 
-_WORKERS = ("actor", "critic")
-
 
 def _sharded_metadata() -> dict[str, Any]:
     # chained_optim_avoid_prefix: no "chained_<i>." prefix on fully-reshardable keys (Megatron-LM's default too);
