@@ -98,7 +98,7 @@ def test_explicit_log_dir_port_and_gpu_count_from_slurm_gpus_per_node(tmp_path):
 
 
 def test_ray_tool_pool_head_and_workers(tmp_path):
-    result, calls = _run(tmp_path, "rollout.n=4", RAY_TOOL_POOL="1", RAY_PORT="6380", FAKE_WAIT_FOR="--address=")
+    result, calls = _run(tmp_path, "rollout.n=4", RAY_TOOL_POOL="1", RAY_PORT="6380", FAKE_WAIT_FOR="start\t--address=")
     assert result.returncode == 0, result.stderr
     log_dir = tmp_path / "logs" / "rl-test-4242"
     sruns = [c for c in calls if c[0] == "srun"]
@@ -110,7 +110,7 @@ def test_ray_tool_pool_head_and_workers(tmp_path):
     workers = next(c for c in sruns if "--address=gpu-node-07:6380" in c and "start" in c)
     assert "--nodes=2" in workers and "--exclude=gpu-node-07" in workers
     assert ["ray", "status", "--address=gpu-node-07:6380"] in calls  # waited for the head
-    train = sruns[-1]
+    train = next(c for c in sruns if "torchrun" in c)
     assert train[train.index("launch/pretrain_rl.py") + 1 :] == [
         "rollout.n=4", f"trainer.log_dir={log_dir}", "rollout.multi_turn.tool_executor=ray",
     ]
