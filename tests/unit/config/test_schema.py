@@ -94,3 +94,12 @@ def test_generated_reference_files_are_fresh():
     assert (REPO / "docs" / "configuration.md").read_text() == render_markdown(), (
         "run python launch/dump_config_reference.py"
     )
+
+
+def test_missing_and_broken_interpolation_name_the_key():
+    with pytest.raises(ConfigError) as info:
+        load_config(OmegaConf.create({"model": {"model_path": "???"}}))
+    assert info.value.field == "model.model_path" and "required" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        load_config(OmegaConf.create({"model": {"model_path": "x"}, "data": {"max_prompt_length": "${nowhere}"}}))
+    assert info.value.field == "data.max_prompt_length"
