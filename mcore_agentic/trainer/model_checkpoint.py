@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,26 @@ def _engine(worker: Any) -> Any:
     if not hasattr(engine, "chunks"):
         raise TypeError(f"{type(worker).__name__} is neither a worker with an .engine nor a MegatronEngine")
     return engine
+
+
+_OFFLOAD_GROUPS = ("params", "grads", "optimizer")
+
+
+@contextmanager
+def _onloaded(engine: Any) -> Iterator[None]:
+    """Bring offloaded state back for the duration (save reads it, load writes it), then offload it again.
+
+    Loading into offloaded storage would be undone by the next ``reload()``, which copies
+    the bytes saved at offload time back in; so we reload first and offload afterwards.
+    """
+    offloaded = [g for g in _OFFLOAD_GROUPS if engine.offloader.is_offloaded(g)]
+    if offloaded:
+        engine.reload()
+    try:
+        yield
+    finally:
+        if offloaded:
+            engine.offload(**{g: g in offloaded for g in _OFFLOAD_GROUPS})
 
 
 def _model_keys(chunks: list[Any]) -> list[str]:
@@ -197,12 +218,11 @@ def save_worker(directory: str | os.PathLike, worker: Any, *, with_optimizer: bo
         with_optimizer = engine.optimizer is not None
     if with_optimizer and engine.optimizer is None:
         raise ValueError("save_worker(with_optimizer=True): this engine has no optimizer (built with optim=None)")
-    if engine.offloader.is_offloaded("params") or engine.offloader.is_offloaded("optimizer"):
-        raise RuntimeError("save_worker: reload() the worker before saving; its parameters/optimizer are offloaded")
-    state = _state_dict(worker, with_optimizer=with_optimizer, is_loading=False)
-    dist_checkpointing.save(
-        state, str(directory), preprocess_common_before_consistancy_check=_drop_gathered_param_state
-    )
+    with _onloaded(engine):
+        state = _state_dict(worker, with_optimizer=with_optimizer, is_loading=False)
+        dist_checkpointing.save(
+            state, str(directory), preprocess_common_before_consistancy_check=_drop_gathered_param_state
+        )
 
 
 def load_worker(directory: str | os.PathLike, worker: Any, *, load_optimizer: bool = True) -> dict[str, Any]:
@@ -227,22 +247,21 @@ def load_worker(directory: str | os.PathLike, worker: Any, *, load_optimizer: bo
             f"{directory} holds no optimizer state (saved without an optimizer): "
             "load it with load_optimizer=False to take the weights only"
         )
-    if engine.offloader.is_offloaded("params") or engine.offloader.is_offloaded("optimizer"):
-        raise RuntimeError("load_worker: reload() the worker before loading; its parameters/optimizer are offloaded")
-    sharded = _state_dict(worker, with_optimizer=want_optimizer, is_loading=True)
-    for key in ("updates", "contents", "format"):
-        sharded.pop(key)
-    if not want_optimizer:
-        sharded.pop("scheduler", None)
-    loaded = dist_checkpointing.load(sharded, str(directory))
-    for key, chunk in zip(_model_keys(engine.chunks), engine.chunks):
-        unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
-    if want_optimizer:
-        _load_optimizer(engine.optimizer, loaded["optimizer"])
-        # Sets num_steps and the optimizer's lr/wd from the schedule; refuses a changed lr/warmup/decay config.
-        engine.scheduler.load_state_dict(common["scheduler"])
-        if hasattr(worker, "_updates"):
-            worker._updates = int(common["updates"])
+    with _onloaded(engine):
+        sharded = _state_dict(worker, with_optimizer=want_optimizer, is_loading=True)
+        for key in ("updates", "contents", "format"):
+            sharded.pop(key)
+        if not want_optimizer:
+            sharded.pop("scheduler", None)
+        loaded = dist_checkpointing.load(sharded, str(directory))
+        for key, chunk in zip(_model_keys(engine.chunks), engine.chunks):
+            unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
+        if want_optimizer:
+            _load_optimizer(engine.optimizer, loaded["optimizer"])
+            # Sets num_steps and the optimizer's lr/wd from the schedule; refuses a changed lr/warmup/decay config.
+            engine.scheduler.load_state_dict(common["scheduler"])
+            if hasattr(worker, "_updates"):
+                worker._updates = int(common["updates"])
     return common
 
 

@@ -78,7 +78,12 @@ def _save_body(rank: int, world_size: int, path: str, roots: dict) -> bytes:
         actor, critic = _workers(path, *setup_rank(tp), with_critic)
         _update(actor, critic, seed=1)
         writers = model_state_writers(actor=actor, critic=critic)
+        if tp == 1:  # colocated mode: a save may find the actor offloaded; it stays offloaded
+            actor.engine.offload()
         CheckpointManager(roots[name]).save(1, {"step": 1}, writers=writers)
+        if tp == 1:
+            assert all(actor.engine.offloader.is_offloaded(g) for g in ("params", "grads", "optimizer"))
+            actor.engine.reload()
         saved = _snapshot(actor, critic)
         _update(actor, critic, seed=2)
         out[name] = {"saved": saved, "next": _snapshot(actor, critic)}
@@ -102,7 +107,12 @@ def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> byte
         actor, critic = _workers(other_path, par, layout, with_critic)
         before = actor.export_hf_weights()
         mgr = CheckpointManager(root)
+        if with_critic:  # loading into an offloaded worker: the loaded state is what comes back on reload
+            critic.engine.offload()
         loaded = mgr.load(mgr.latest(), readers=model_state_readers(actor=actor, critic=critic))
+        if with_critic:
+            assert critic.engine.offloader.is_offloaded("params")
+            critic.engine.reload()
         assert loaded.global_step == 1
         res = {"before": before, "loaded": _snapshot(actor, critic), "updates": actor._updates}
         _update(actor, critic, seed=2)
