@@ -30,8 +30,18 @@ Usage with :class:`~mcore_agentic.trainer.checkpoint.CheckpointManager`::
 
 or directly ``save_model_state(step_dir, actor=..., critic=...)`` /
 ``load_model_state(step_dir, actor=..., critic=...)``. Every rank must call.
-The async writer of ``torch_dist`` may spawn processes that re-import the main
-module: scripts that save must keep their work under ``if __name__ == "__main__"``.
+A weights-only load (``load_optimizer=False``, or an engine built with
+``optim=None``) is the path of an HF export from a checkpoint. Offloaded workers
+are reloaded for the save/load and offloaded again afterwards.
+
+``torch_dist``'s file writer starts a ``spawn``-context manager process (which
+re-imports the main module) and needs ``psutil``: scripts that save must keep
+their work under ``if __name__ == "__main__"``.
+
+megatron-core 0.16.1 with torch's Adam (no Apex/TransformerEngine, i.e. on CPU)
+needs three fixes here, each a no-op with TE/Apex: placeholder Adam state before
+building a loading state dict, ``step`` set aside in the fully-reshardable tensor
+load, and per-parameter ``step`` tensors after it (see :func:`_load_optimizer`).
 """
 
 from __future__ import annotations
