@@ -91,3 +91,12 @@ def test_progress_bar_counts_steps_and_shows_reward():
     bar.close()
     assert "reward=0.5" in out.getvalue() and "3/4" in out.getvalue()
     StepProgress(4, enabled=False).update({"critic/score/mean": 1.0})  # rank != 0: nothing happens
+
+
+def test_progress_bar_defaults_to_rank_zero(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    assert StepProgress(4).bar is None
+    monkeypatch.setenv("RANK", "0")
+    bar = StepProgress(4, file=io.StringIO())
+    assert bar.bar is not None
+    bar.close()
