@@ -67,15 +67,25 @@ def train_step(t: Trainable, step: int = 0) -> dict[str, Any]:
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    from mcore_agentic.parallel.cp_split import cp_positions, cp_split
+
     dp_size, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     tokens, labels = global_batch(step)
+    positions = torch.arange(SEQ).unsqueeze(0)
+    cp_size = ps.get_context_parallel_world_size()
+    if cp_size > 1:  # each CP rank holds chunks r and 2*CP-1-r of every sequence (DDP averages over DP x CP)
+        cp_rank = ps.get_context_parallel_rank()
+        tokens, labels = (cp_split(x, cp_size, cp_rank, seq_dim=1) for x in (tokens, labels))
+        positions = cp_positions(SEQ, cp_size, cp_rank).unsqueeze(0)
     rows = GLOBAL_BATCH // dp_size
     micro_batches = iter([(tokens[i : i + 1], labels[i : i + 1]) for i in range(dp_rank * rows, (dp_rank + 1) * rows)])
-    positions = torch.arange(SEQ).unsqueeze(0)
 
-    def loss_func(per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        loss = per_token_loss.float().mean()
-        return loss, {"loss": loss.detach()}
+    def loss_func(per_token_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        # (sum, token count, report): the schedule divides by the count and the micro-batch number. (The legacy
+        # 2-tuple form is instead multiplied by the CP size, expecting each CP rank's share of the global mean.)
+        total = per_token_loss.float().sum()
+        count = torch.tensor(per_token_loss.numel(), dtype=torch.int)  # the schedules sum counts in int
+        return total, count, {"loss": (total / count).detach()}
 
     def forward_step(data_iterator, chunk):
         tok, lab = next(data_iterator)
@@ -86,7 +96,7 @@ def train_step(t: Trainable, step: int = 0) -> dict[str, Any]:
     t.optimizer.zero_grad()
     losses = get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=micro_batches, model=t.model, num_microbatches=rows,
-        seq_length=SEQ, micro_batch_size=1, forward_only=False,
+        seq_length=SEQ // cp_size, micro_batch_size=1, forward_only=False,
     )
     ok, grad_norm, _ = t.optimizer.step()
     return {"ok": ok, "grad_norm": grad_norm, "losses": [float(x["loss"]) for x in losses]}

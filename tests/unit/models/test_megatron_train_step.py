@@ -1,5 +1,5 @@
-"""One training step (forward, backward, Megatron DDP + distributed optimizer + grad clipping) at TP=2 and at
-PP=2 gives the same updated weights as TP=1 (DP=2), within 1e-5 relative, compared as full HF-named tensors.
+"""One training step (forward, backward, Megatron DDP + distributed optimizer + grad clipping) at TP=2, at PP=2
+and at CP=2 gives the same updated weights as TP=1 (DP=2), within 1e-5 relative, compared as full HF-named tensors.
 
 One spawn of 2 gloo ranks runs the three layouts in turn on the same tiny Qwen2 checkpoint (tied
 embeddings: at PP=2 the embedding gradient crosses stages) and the same global batch of 4 sequences:
@@ -24,6 +24,7 @@ LAYOUTS = {
     "tp1": ParallelConfig(),
     "tp2": ParallelConfig(tensor_model_parallel_size=2),
     "pp2": ParallelConfig(pipeline_model_parallel_size=2),
+    "cp2": ParallelConfig(context_parallel_size=2),  # local spec + megatron_patches' CP attention
 }
 RTOL = 1e-5
 
@@ -63,7 +64,7 @@ def test_step_taken_with_same_grad_norm(results):
             assert res[name]["grad_norm"] == pytest.approx(ref, rel=RTOL), name
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "cp2"])
 def test_updated_weights_match_tp1(results, layout):
     initial, ref = results[0]["initial"], results[0]["tp1"]["weights"]
     for res in results:
