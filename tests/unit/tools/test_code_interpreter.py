@@ -15,7 +15,9 @@ SCHEMA = {"type": "function", "function": {"name": "code_interpreter"}}
 @pytest.fixture(scope="module")
 def tool():
     executor = LocalExecutor(max_workers=4)
-    code_tool = PythonCodeTool({"timeout_s": 3, "cpu_time_s": 3, "memory_mb": 512, "max_output_chars": 200}, SCHEMA)
+    # The CPU limit sits well above the wall-clock limit, so a busy loop always ends by the wall clock
+    # (equal limits race: a fast CPU spends its 3 CPU-seconds before the 3 s timer fires).
+    code_tool = PythonCodeTool({"timeout_s": 3, "cpu_time_s": 30, "memory_mb": 512, "max_output_chars": 200}, SCHEMA)
     code_tool.bind_executor(executor)
     yield code_tool
     executor.shutdown()
@@ -47,6 +49,18 @@ def test_infinite_loop_times_out(tool):
     result = _run(tool, "while True:\n    pass")
     assert result.is_error and result.metrics["timed_out"] == 1
     assert "timed out after 3 s" in result.text
+
+
+def test_cpu_time_limit_is_an_observation():
+    executor = LocalExecutor(max_workers=1)
+    cpu_bound = PythonCodeTool({"timeout_s": 60, "cpu_time_s": 1}, SCHEMA)
+    cpu_bound.bind_executor(executor)
+    try:
+        result = _run(cpu_bound, "while True:\n    pass")
+    finally:
+        executor.shutdown()
+    assert result.is_error and result.metrics["timed_out"] == 0
+    assert "CPU time limit exceeded" in result.text and result.metrics["duration_s"] < 30
 
 
 def test_reading_outside_the_working_directory_is_blocked(tool):
