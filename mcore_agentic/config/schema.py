@@ -11,13 +11,14 @@ YAML group     dataclass                                   owner
 ``rollout``    :class:`~mcore_agentic.rollout.config.RolloutConfig`     rollout
 ``algorithm``  :class:`~mcore_agentic.algorithms.config.AlgorithmConfig` algorithms
 ``reward``     :class:`~mcore_agentic.rewards.config.RewardConfig`      rewards
+``sharding``   :class:`~mcore_agentic.sharding.config.ShardingConfig`   sharding
 ``trainer``    :class:`~mcore_agentic.trainer.config.TrainerConfig`     trainer
 =============  =========================================  ==========================
 
-Groups not written yet (e.g. sharding/bucket sizes) get a
-field here when their package adds its dataclass: add the field, a block in
-``configs/ppo_trainer.yaml`` and, if it interacts with other groups, a rule in
-:mod:`mcore_agentic.config.rules`.
+A package that adds a group adds its field here, regenerates
+``configs/ppo_trainer.yaml`` and ``docs/configuration.md`` with
+``launch/dump_config_reference.py`` and, if it interacts with other groups, adds
+a rule in :mod:`mcore_agentic.config.rules`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from mcore_agentic.data.config import DataConfig
 from mcore_agentic.models.config import ModelConfig
 from mcore_agentic.rewards.config import RewardConfig
 from mcore_agentic.rollout.config import RolloutConfig
+from mcore_agentic.sharding.config import ShardingConfig
 from mcore_agentic.trainer.config import TrainerConfig
 from mcore_agentic.workers.config import ActorConfig, CriticConfig, RefConfig
 
@@ -56,6 +58,8 @@ class RLConfig:
     """Advantage estimator, discounting and KL in the reward."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Which reward function scores finished responses (built-in rules by data_source, or a custom one)."""
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    """Weight sync into the rollout engine (bucket size, gather mode, version check) and rollout-time offload."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run length, logging, validation, checkpoints and resume."""
 

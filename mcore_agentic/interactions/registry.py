@@ -94,5 +94,5 @@ def select_interaction(interactions: Mapping[str, BaseInteraction], interaction_
             return next(iter(interactions.values()))
         raise ConfigError("interaction_kwargs.name", f"missing and {len(interactions)} interactions are configured; set it to one of {sorted(interactions)}")
     if name not in interactions:
-        raise ConfigError("interaction_kwargs.name", f"unknown interaction {name!r}; configured: {sorted(interactions) or 'none (set rollout.interaction_config_file)'}")
+        raise ConfigError("interaction_kwargs.name", f"unknown interaction {name!r}; configured: {sorted(interactions) or 'none (set rollout.multi_turn.interaction_config_path)'}")
     return interactions[name]

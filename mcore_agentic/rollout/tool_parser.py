@@ -1,6 +1,6 @@
 """Tool-call parsing from generated text, and argument validation against a tool's JSON schema.
 
-Formats (``rollout.tool_call_format``):
+Formats (``rollout.multi_turn.format``):
 
 * ``hermes`` (alias ``qwen2_5``, ``qwen``): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
   any number per turn. A final block missing its ``</tool_call>`` (the engine
@@ -250,11 +250,11 @@ _PARSERS: dict[str, Callable[[], ToolCallParser]] = {
 
 
 def get_tool_parser(fmt: str) -> ToolCallParser:
-    """The parser for ``rollout.tool_call_format``."""
+    """The parser for ``rollout.multi_turn.format``."""
     try:
         return _PARSERS[fmt]()
     except KeyError:
-        raise ConfigError("rollout.tool_call_format", f"unknown format {fmt!r}: use one of {sorted(_PARSERS)}") from None
+        raise ConfigError("rollout.multi_turn.format", f"unknown format {fmt!r}: use one of {sorted(_PARSERS)}") from None
 
 
 # ---------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def load_tools(
     so blocking tool work runs where the rollout says (local pool or Ray).
     """
     if config_file is not None and tools is not None:
-        raise ConfigError("rollout.tools_config_file", "give either a tools YAML file or an inline tools list, not both")
+        raise ConfigError("rollout.multi_turn.tool_config_path", "give either a tools YAML file or an inline tools list, not both")
     if config_file is not None:
         entries, where = read_yaml_list(config_file, "tools"), f"{config_file}: tools"
     else:

@@ -92,7 +92,7 @@ class OptimConfig:
 
 def _validate_batching(cfg: ActorConfig | CriticConfig, group: str) -> None:
     prefix = group + "."
-    require(cfg.ppo_mini_batch_size > 0, f"{prefix}ppo_mini_batch_size", "must be > 0 (sequences per update)")
+    require(cfg.ppo_mini_batch_size > 0, f"{prefix}ppo_mini_batch_size", "must be > 0 (prompts per optimizer step)")
     require(
         cfg.ppo_micro_batch_size_per_gpu > 0,
         f"{prefix}ppo_micro_batch_size_per_gpu",
@@ -118,7 +118,9 @@ class ActorConfig:
     use_distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks (Megatron distributed optimizer)."""
     ppo_mini_batch_size: int = 16
-    """Sequences per optimizer step (global, all DP ranks together)."""
+    """Prompts per optimizer step, all DP ranks together (verl's unit: ``* rollout.n`` sequences).
+
+    The trainer hands the worker this value in sequences; a worker used on its own counts sequences."""
     ppo_micro_batch_size_per_gpu: int = 4
     """Sequences per forward/backward on one rank when ``use_dynamic_bsz`` is false."""
     use_dynamic_bsz: bool = False
@@ -137,11 +139,12 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig, metadata=_FLAT)
     """PPO clip ranges, loss aggregation, entropy and KL-loss terms (keys ``actor.clip_ratio_low`` ...)."""
     param_offload: bool = False
-    """Move parameters to CPU between uses (colocated mode)."""
+    """Move parameters off the device while the rollout runs (after the weight export); verl's key,
+    the same switch as ``sharding.offload_actor_params`` (either turns it on)."""
     grad_offload: bool = False
-    """Move DDP gradient buffers to CPU between updates."""
+    """Move DDP gradient buffers off the device while the rollout runs (= ``sharding.offload_actor_grads``)."""
     optimizer_offload: bool = False
-    """Move optimizer state to CPU between updates."""
+    """Move optimizer state off the device while the rollout runs (= ``sharding.offload_actor_optimizer``)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
 
@@ -177,7 +180,7 @@ class CriticConfig:
     use_distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks."""
     ppo_mini_batch_size: int = 16
-    """Sequences per optimizer step (global)."""
+    """Prompts per critic optimizer step, all DP ranks together (``* rollout.n`` sequences)."""
     ppo_micro_batch_size_per_gpu: int = 4
     """Sequences per forward/backward on one rank (fixed micro-batching)."""
     use_dynamic_bsz: bool = False
@@ -195,11 +198,11 @@ class CriticConfig:
     warmup_steps: int = 0
     """Critic-only updates before the actor starts updating (the trainer reads it)."""
     param_offload: bool = False
-    """Move parameters to CPU between uses."""
+    """Move parameters off the device from the end of each critic update to the next value forward."""
     grad_offload: bool = False
-    """Move gradient buffers to CPU between updates."""
+    """Move gradient buffers off the device between critic updates."""
     optimizer_offload: bool = False
-    """Move optimizer state to CPU between updates."""
+    """Move optimizer state off the device between critic updates."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     """Optimizer and LR schedule of the critic."""
 

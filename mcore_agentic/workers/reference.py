@@ -8,7 +8,10 @@ the device between calls and come back only for :meth:`compute_ref_log_prob`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+import torch
 
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.batch import Batch
@@ -65,6 +68,19 @@ class Reference:
             if self.cfg.param_offload:
                 self.engine.offload(params=True)
         return batch.update({"ref_log_probs": out["log_probs"]})
+
+    def load_hf_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Make ``weights`` (HF names, full tensors) the new KL anchor, e.g. the policy after an SFT warm start.
+
+        Offloaded parameters are brought back for the copy and offloaded again after it.
+        """
+        if self.cfg.param_offload:
+            self.engine.reload()
+        try:
+            self.engine.bridge.load_hf_weights(self.engine.chunks, weights)
+        finally:
+            if self.cfg.param_offload:
+                self.engine.offload(params=True)
 
 
 __all__ = ["Reference"]

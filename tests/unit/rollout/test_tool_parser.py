@@ -141,7 +141,7 @@ def test_mistral_errors_and_plain_text():
 
 
 def test_unknown_format_names_the_key():
-    with pytest.raises(ConfigError, match=r"rollout.tool_call_format.*hermes"):
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.format.*hermes"):
         get_tool_parser("chatml-ish")
 
 
