@@ -146,6 +146,13 @@ def validate(cfg: RLConfig, world_size: int) -> BatchSizes:
         "rollout.tensor_model_parallel_size",
         f"={rollout_tp} does not divide the world size {world_size}: use a divisor of {world_size}",
     )
+    engines = world_size // rollout_tp
+    require(
+        cfg.data.train_batch_size % engines == 0,
+        "data.train_batch_size",
+        f"={cfg.data.train_batch_size} prompts do not split over the {engines} rollout engines "
+        f"(world size {world_size} / rollout.tensor_model_parallel_size {rollout_tp}): use a multiple of {engines}",
+    )
 
     # Data: something to train on, and length budgets the rollout agrees with.
     require(

@@ -108,7 +108,9 @@ class RolloutConfig:
     seed: int | None = None
     """Base sampling seed; request i of a batch samples with ``seed + i`` (reproducible). Null: unseeded."""
     tensor_model_parallel_size: int = 1
-    """Tensor parallel size of the rollout engine; tools run once per rollout group of this many ranks."""
+    """Ranks per rollout engine: groups of this many consecutive ranks share one engine (on the group's
+    first rank, which also runs the tools), so world_size / this = engines, independent of training TP/PP/CP.
+    SGLang shards the model over the group's GPUs; the transformers engine is not sharded."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory SGLang may hold for weights and KV cache (``mem_fraction_static``)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)

@@ -213,9 +213,16 @@ def _request_metrics(r: RolloutRequest) -> dict[str, Any]:
 def generate_sequences_sync(*args: Any, **kwargs: Any) -> Batch:
     """:func:`generate_sequences` from synchronous code.
 
-    Inside an already running event loop (Ray actors, notebooks) ``asyncio.run`` is not allowed,
-    so the rollout then runs on a fresh loop in a helper thread.
+    An engine bound to one event loop (``engine.event_loop``: SGLang, whose request handler
+    lives on the loop of its first request) gets every rollout run on that loop: a fresh loop
+    per rollout would leave the second rollout waiting forever. Other engines run on a fresh
+    loop; inside an already running loop (Ray actors, notebooks), where ``asyncio.run`` is not
+    allowed, on a fresh loop in a helper thread.
     """
+    engine = kwargs.get("engine", args[1] if len(args) > 1 else None)
+    loop = getattr(engine, "event_loop", None)
+    if loop is not None:
+        return loop.run_until_complete(generate_sequences(*args, **kwargs))
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -7,8 +7,10 @@ on enter
      / ``offload_actor_optimizer``; the export does not need them);
   2. ``engine.resume_memory()``;
   3. stream the actor's weights into the engine in buckets (:class:`StreamingExporter` ->
-     transport) under the trainer's :class:`WeightVersion`; every rank's engine gets the
-     *full* model whatever the training TP/PP/CP (rollout TP=1 per rank);
+     transport) under the trainer's :class:`WeightVersion`; every engine gets the *full* model
+     whatever the training TP/PP/CP. The export is a collective over all ranks; a rank without
+     an engine (``engine=None``: a rollout group's non-leader, see
+     :mod:`mcore_agentic.parallel.rollout_placement`) joins it and drops the buckets;
   4. offload the actor's parameters (``offload_actor_params``; after the export read them);
   5. ``engine.flush_cache()``; check the engine's version (``check_weight_version``);
   6. swap the torch / Python / NumPy global RNG states to the rollout's own, so rollout
@@ -35,7 +37,7 @@ from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.bridge import Bridge
 from mcore_agentic.sharding.config import ShardingConfig
 from mcore_agentic.sharding.exporter import StreamingExporter
-from mcore_agentic.sharding.transports import SyncStats, WeightTransport, make_transport
+from mcore_agentic.sharding.transports import SyncStats, WeightTransport, discard, make_transport
 from mcore_agentic.sharding.version import StaleWeightsError, WeightVersion
 from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors
 
@@ -141,10 +143,15 @@ class ShardingManager:
         self._training_rng: RngState | None = None
         self.last_sync: SyncStats | None = None
         self.times = PhaseTimes()
+        self.offloaded_bytes = 0
+        """Bytes the last ``with`` block moved off the device (0 without offload)."""
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> SyncStats:
         """Stream the actor's weights into the engine under the current version (collective)."""
+        if self.engine is None:  # no engine on this rank: join the export's collectives, keep nothing
+            self.last_sync = discard(self.exporter.buckets(), self.version.value)
+            return self.last_sync
         self.last_sync = self.transport.send(self.exporter.buckets(), self.engine, self.version.value)
         if int(self.engine.weight_version) != self.version.value:
             raise StaleWeightsError(int(self.engine.weight_version), self.version.value)
@@ -152,18 +159,21 @@ class ShardingManager:
 
     def check(self) -> None:
         """Raise :class:`StaleWeightsError` if the engine does not hold the trainer's current weights."""
-        self.version.check(self.engine)
+        if self.engine is not None:
+            self.version.check(self.engine)
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> ShardingManager:
         self.times = PhaseTimes()
+        self.offloaded_bytes = 0
         try:
             t = time.perf_counter()
             self._ensure_params_loaded()
             self._offload(params=False, grads=self.cfg.offload_actor_grads, optimizer=self.cfg.offload_actor_optimizer)
             self.times.offload += time.perf_counter() - t
             t = time.perf_counter()
-            self.engine.resume_memory()
+            if self.engine is not None:
+                self.engine.resume_memory()
             self.times.resume = time.perf_counter() - t
             t = time.perf_counter()
             self.sync_weights()
@@ -171,13 +181,15 @@ class ShardingManager:
             t = time.perf_counter()
             self._offload(params=self.cfg.offload_actor_params, grads=False, optimizer=False)
             self.times.offload += time.perf_counter() - t
-            self.engine.flush_cache()
+            if self.engine is not None:
+                self.engine.flush_cache()
             if self.cfg.check_weight_version:
                 self.check()
         except BaseException:
             # Leave things as before the rollout: engine released, actor trainable.
             try:
-                self.engine.release_memory()
+                if self.engine is not None:
+                    self.engine.release_memory()
             finally:
                 self._reload()
             raise
@@ -191,7 +203,8 @@ class ShardingManager:
             self._training_rng.restore()
             self._training_rng = None
         t = time.perf_counter()
-        self.engine.release_memory()
+        if self.engine is not None:
+            self.engine.release_memory()
         self.times.release = time.perf_counter() - t
         t = time.perf_counter()
         self._reload()
@@ -207,13 +220,13 @@ class ShardingManager:
         if not (params or grads or optimizer):
             return
         if self._actor is not None:
-            self._actor.offload(params=params, grads=grads, optimizer=optimizer)
+            self.offloaded_bytes += self._actor.offload(params=params, grads=grads, optimizer=optimizer)
             return
         own = self._own_offloader
         if params and not own.is_offloaded("params"):
-            own.offload("params", model_param_tensors(self.chunks))
+            self.offloaded_bytes += own.offload("params", model_param_tensors(self.chunks))
         if grads and not own.is_offloaded("grads"):
-            own.offload("grads", model_grad_tensors(self.chunks))
+            self.offloaded_bytes += own.offload("grads", model_grad_tensors(self.chunks))
 
     def _reload(self) -> None:
         if self._actor is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,37 +173,73 @@ def build_critic(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> A
 
 
 # ----------------------------------------------------------------------------------- rollout
-def build_rollout_engine(cfg: RLConfig, device: torch.device) -> Any:
-    """This rank's rollout engine (rollout TP = 1 on CPU: every DP rank holds a full engine)."""
+def build_rollout_placement(cfg: RLConfig, layout: Any) -> Any:
+    """Rollout groups of ``rollout.tensor_model_parallel_size`` consecutive ranks, each within one node."""
+    from mcore_agentic.parallel.rollout_placement import RolloutPlacement, check_groups_within_nodes
+
+    placement = RolloutPlacement(layout.world_size, layout.rank, cfg.rollout.tensor_model_parallel_size)
+    check_groups_within_nodes(placement.tensor_parallel_size, int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size)))
+    return placement
+
+
+SGLANG_BASE_PORT = 30000
+"""Engine ``i`` of a node listens from ``SGLANG_BASE_PORT + 100 * i`` (SGLang picks its other ports above it)."""
+
+
+def build_rollout_engine(cfg: RLConfig, placement: Any, device: torch.device) -> Any:
+    """The rollout group leader's engine; None on the group's other ranks (see :mod:`~mcore_agentic.parallel.rollout_placement`).
+
+    ``hf``: transformers on this rank's device (rollout TP only sets how many ranks share it: the
+    model is not sharded). ``sglang``: an in-process ``sglang.Engine`` with TP = the group size over
+    the group's GPUs, starting at this rank's.
+    """
+    if not placement.is_leader:
+        return None
     if cfg.rollout.name == "hf":
         from mcore_agentic.rollout.engines.hf import HFEngine
 
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
         return HFEngine.from_pretrained(cfg.model.model_path, dtype=dtype, device=str(device), seed=cfg.seed)
-    raise ConfigError(
-        "rollout.name",
-        f"{cfg.rollout.name!r} is not wired into the trainer yet; use rollout.name=hf (SGLang: see docs/gpu.md)",
+    from mcore_agentic.rollout.engines.sglang import SGLangEngine
+
+    local_rank = device.index if device.index is not None else 0
+    return SGLangEngine(
+        str(cfg.model.model_path),
+        tensor_model_parallel_size=placement.tensor_parallel_size,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        seed=cfg.seed,
+        base_gpu_id=local_rank,
+        dtype=cfg.model.dtype,
+        port=SGLANG_BASE_PORT + 100 * (local_rank // placement.tensor_parallel_size),
     )
 
 
 def build_weight_sync(cfg: RLConfig, actor: Any, engine: Any) -> Any:
     """The sharding manager: ``with`` it around a rollout, the engine holds the actor's current weights.
 
-    The config tree has no ``sharding`` group yet, so its defaults apply (no offload, 512 MiB
-    buckets, weight-version check on). The trainer bumps ``.version`` after every actor update.
+    The ``sharding`` group sets buckets and checks; rollout-time offload is on where either
+    ``sharding.offload_actor_*`` or verl's ``actor.*_offload`` key asks for it. The trainer bumps
+    ``.version`` after every actor update.
     """
-    from mcore_agentic.sharding.config import ShardingConfig
     from mcore_agentic.sharding.manager import ShardingManager
 
-    return ShardingManager(actor, engine, ShardingConfig(), rollout_seed=cfg.seed)
+    sharding = dataclasses.replace(
+        cfg.sharding,
+        offload_actor_params=cfg.sharding.offload_actor_params or cfg.actor.param_offload,
+        offload_actor_grads=cfg.sharding.offload_actor_grads or cfg.actor.grad_offload,
+        offload_actor_optimizer=cfg.sharding.offload_actor_optimizer or cfg.actor.optimizer_offload,
+    )
+    return ShardingManager(actor, engine, sharding, rollout_seed=cfg.seed)
 
 
 def sync_metrics(weight_sync: Any) -> dict[str, float]:
-    """Seconds of the last weight sync's phases (``timing_s/sharding/*``)."""
+    """Seconds of the last weight sync's phases (``timing_s/sharding/*``) and the MiB it offloaded."""
     times = getattr(weight_sync, "times", None)
     if times is None:
         return {}
-    return {f"timing_s/sharding/{k}": float(v) for k, v in vars(times).items() if isinstance(v, int | float)}
+    metrics = {f"timing_s/sharding/{k}": float(v) for k, v in vars(times).items() if isinstance(v, int | float)}
+    metrics["sharding/offloaded_mb"] = getattr(weight_sync, "offloaded_bytes", 0) / 2**20
+    return metrics
 
 
 # ----------------------------------------------------------------------------------- bookkeeping
@@ -213,16 +250,9 @@ def build_checkpoint_manager(cfg: RLConfig) -> Any:
 
 
 def model_state_io(actor: Any, critic: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Checkpoint writer/reader callbacks for actor/critic model + optimizer state.
+    """Checkpoint writer/reader callbacks for actor/critic model + optimizer state (Megatron dist checkpoints)."""
+    from mcore_agentic.trainer import model_checkpoint as mc
 
-    Uses ``mcore_agentic.trainer.model_checkpoint`` (another engineer's module) when it
-    exists; without it checkpoints hold only trainer/data/RNG state and resuming restarts
-    the models from ``model.model_path`` (a warning says so).
-    """
-    try:
-        from mcore_agentic.trainer import model_checkpoint as mc
-    except ImportError:
-        return {}, {}
     return mc.model_state_writers(actor=actor, critic=critic), mc.model_state_readers(actor=actor, critic=critic)
 
 
@@ -239,7 +269,10 @@ class Components:
     actor: Any
     ref: Any
     critic: Any
+    placement: Any
+    """:class:`~mcore_agentic.parallel.rollout_placement.RolloutPlacement`: which rank rolls out which prompts."""
     engine: Any
+    """This rank's rollout engine; None off a rollout group's leader."""
     tools: dict[str, Any]
     interactions: dict[str, Any]
     executor: Any
@@ -265,7 +298,8 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     ref = restrict_vocab(build_reference(cfg, layout), len(tokenizer))
     critic = build_critic(cfg, layout, sizes, steps)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    engine = build_rollout_engine(cfg, device)
+    placement = build_rollout_placement(cfg, layout)
+    engine = build_rollout_engine(cfg, placement, device)
     return Components(
         cfg=cfg,
         layout=layout,
@@ -276,6 +310,7 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
         actor=actor,
         ref=ref,
         critic=critic,
+        placement=placement,
         engine=engine,
         tools=tools,
         interactions=interactions,

@@ -2,13 +2,12 @@
 
 Order of one step (called by :mod:`.loop`):
 
-1. :func:`score_rollout` (per DP rank, on its own rollout): decode each response, call the
+1. :func:`score_rollout` (on each rollout leader, over its own rollout): decode each response, call the
    reward function chosen by ``data_source`` (or the custom one), add the tools' rewards and
    the interaction's final score; ``seq_scores`` [B] plus per-sample accuracy.
-2. :func:`gather_dp` (collective): every DP rank's rollout concatenated in DP-rank order and
-   re-padded to common widths, so every rank holds the same global batch and the engine's
-   contiguous DP split hands each rank back its own rows (GRPO groups never straddle ranks:
-   prompts, not samples, were split).
+2. :func:`gather_rollouts` (collective): every rollout group's rollout (its leader's)
+   concatenated in group order and re-padded to common widths, so every rank holds the same
+   global batch; the training engine's contiguous DP split then hands each replica its rows.
 3. :func:`compute_experience`: scores on the last sampled token, KL-in-reward (controller
    updated after), advantages by ``algorithm.adv_estimator`` over whole groups.
 """
@@ -112,27 +111,25 @@ def concat_padded(batches: Sequence[Batch], pad_token_id: int) -> Batch:
     return Batch.concat(parts)
 
 
-def gather_dp(local: Batch, layout: Any, pad_token_id: int) -> Batch:
-    """The global batch (every DP rank's rollout, in DP-rank order), identical on every rank.
+def gather_rollouts(local: Batch | None, placement: Any, pad_token_id: int) -> Batch:
+    """The global batch (every rollout group's rollout, in group order), identical on every rank.
 
-    Collective over the whole world: ranks of one DP replica (TP/PP/CP peers) rolled out the
-    same prompts with their own engine; only the first rank of each replica contributes.
+    Collective over the whole world. ``local`` is the leader's scored rollout of its group's
+    prompts, None on the other ranks of the group (they hold no engine, see
+    :mod:`mcore_agentic.parallel.rollout_placement`). Advantages are computed on this global
+    batch on every rank; the training engine's contiguous DP split then hands each replica its rows.
     """
-    if not dist.is_initialized() or layout.world_size == 1:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        if local is None:
+            raise ValueError("a world of one rank must have rolled out (it is its own rollout leader)")
         return local
-    objs: list[Any] = [None] * layout.world_size
-    dist.all_gather_object(objs, (layout.dp_rank, layout.tp_rank, layout.pp_rank, layout.cp_rank, local))
-    firsts = {o[0]: o[4] for o in objs if o[1] == 0 and o[2] == 0 and o[3] == 0}
-    return concat_padded([firsts[r] for r in range(layout.data_parallel_size)], pad_token_id)
-
-
-def dp_split_rows(rows: Sequence[Any], layout: Any) -> list[Any]:
-    """This DP rank's contiguous share of a step's prompt rows (rows must split evenly)."""
-    dp = layout.data_parallel_size
-    if len(rows) % dp:
-        raise ValueError(f"{len(rows)} prompts do not split over {dp} data-parallel ranks")
-    k = len(rows) // dp
-    return list(rows[layout.dp_rank * k : (layout.dp_rank + 1) * k])
+    objs: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(objs, (placement.group_index, local))
+    parts = {g: b for g, b in objs if b is not None}
+    missing = sorted(set(range(placement.num_groups)) - set(parts))
+    if missing:
+        raise RuntimeError(f"rollout groups {missing} returned no batch (their leader did not roll out)")
+    return concat_padded([parts[g] for g in range(placement.num_groups)], pad_token_id)
 
 
 def all_reduce_mean(values: dict[str, float], counts: float) -> dict[str, float]:
@@ -189,6 +186,7 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
     n = max(len(rm), 1)
     scores = batch["seq_scores"]
     out = {
+        "rollout/num_sequences": float(len(rm)),
         "reward/mean": float(scores.mean()),
         "reward/max": float(scores.max()),
         "reward/min": float(scores.min()),

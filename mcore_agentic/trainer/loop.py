@@ -1,8 +1,8 @@
 """The PPO/GRPO step loop: the algorithm top to bottom, built by :mod:`.build`, maths in :mod:`.experience`.
 
-One step: prompts -> weight sync (context manager) -> rollout of this DP rank's prompts ->
-rewards -> global batch -> old log-probs -> ref log-probs -> values -> advantages ->
-critic update -> actor update -> metrics -> checkpoint -> validation.
+One step: prompts -> weight sync (context manager) -> rollout of this rollout group's prompts
+(on its leader) -> rewards -> global batch -> old log-probs -> ref log-probs -> values ->
+advantages -> critic update -> actor update -> metrics -> checkpoint -> validation.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mcore_agentic.utils.timing import PhaseTimer
 
 logger = logging.getLogger(__name__)
 
-# Rollout seeds: request j of DP rank r at step k samples with base + (k * dp + r) * SEED_STRIDE + j.
+# Rollout seeds: request j of rollout group g (of G) at step k samples with base + (k * G + g) * SEED_STRIDE + j.
 SEED_STRIDE = 100_003
 
 
@@ -88,16 +88,17 @@ class RLTrainer:
         c, t = self.c, self.timer
         start = time.perf_counter()
         with t.phase("step"):
-            local_rows = exp.dp_split_rows(rows, c.layout)
+            local_rows = c.placement.split_rows(rows)
             rollout_cfg = dataclasses.replace(self.cfg.rollout, seed=self.rollout_seed(step))
             with t.phase("gen"), c.weight_sync:  # enter: the engine gets the actor's current weights
-                local = self.rollout(local_rows, rollout_cfg)
+                local = self.rollout(local_rows, rollout_cfg)  # None off the group's leader
             sync = sync_metrics(c.weight_sync)
             with t.phase("reward"):
-                extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]
-                local = exp.score_rollout(local, c.reward_fn, c.tokenizer, extra)
-            with t.phase("gather"):  # includes waiting for the slowest rank's rollout
-                batch = exp.gather_dp(local, c.layout, self.pad_id)
+                if local is not None:
+                    extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]
+                    local = exp.score_rollout(local, c.reward_fn, c.tokenizer, extra)
+            with t.phase("gather"):  # includes waiting for the slowest group's rollout
+                batch = exp.gather_rollouts(local, c.placement, self.pad_id)
             with t.phase("old_log_prob"):
                 batch = c.actor.compute_log_prob(batch, calculate_entropy=True)
             if c.ref is not None:
@@ -105,6 +106,7 @@ class RLTrainer:
                     batch = c.ref.compute_ref_log_prob(batch)
             if c.critic is not None:
                 with t.phase("values"):
+                    c.critic.reload()  # no-op unless critic.*_offload moved it away after the last update
                     batch = c.critic.compute_values(batch)
             with t.phase("adv"):
                 batch, adv_metrics = exp.compute_experience(batch, self.cfg.algorithm, c.kl_ctrl)
@@ -112,22 +114,27 @@ class RLTrainer:
             if c.critic is not None:
                 with t.phase("update_critic"):
                     update_metrics.update(prefix("critic/", c.critic.update_critic(batch)))
+                    c.critic.offload()  # what critic.*_offload names stays off the device until the next step
             if c.critic is None or step > self.cfg.critic.warmup_steps:
                 with t.phase("update_actor"):
                     update_metrics.update(prefix("actor/", c.actor.update_policy(batch)))
                 c.weight_sync.version.bump()  # the engine must resync before the next rollout
         return self.step_metrics(batch, {**adv_metrics, **update_metrics, **sync}, time.perf_counter() - start)
 
-    def rollout(self, rows: list[dict[str, Any]], rollout_cfg: Any) -> Batch:
+    def rollout(self, rows: list[dict[str, Any]], rollout_cfg: Any) -> Batch | None:
+        """The group's rollout of ``rows`` on its leader (the rank holding the engine); None elsewhere."""
         c = self.c
+        if c.engine is None:
+            return None
         return generate_sequences_sync(
             rows, c.engine, c.tools, c.interactions, rollout_cfg, self.chat, c.executor
         )
 
     def rollout_seed(self, step: int) -> int:
-        """Deterministic per step and DP rank, so a resumed run samples what the uninterrupted one did."""
+        """Deterministic per step and rollout group, so a resumed run samples what the uninterrupted one did."""
         base = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.seed
-        return base + (step * self.c.layout.data_parallel_size + self.c.layout.dp_rank) * SEED_STRIDE
+        p = self.c.placement
+        return base + (step * p.num_groups + p.group_index) * SEED_STRIDE
 
     def step_metrics(self, batch: Batch, extra: dict[str, float], seconds: float) -> dict[str, Any]:
         m: dict[str, Any] = {}
@@ -164,7 +171,7 @@ class RLTrainer:
             logger.info("SFT warm start: %s", self.sft_summary)
             self.c.weight_sync.version.bump()
             if self.c.ref is not None:  # the KL anchor is the warm-started policy, as after any SFT
-                self.c.ref.engine.bridge.load_hf_weights(self.c.ref.engine.chunks, self.c.actor.export_hf_weights())
+                self.c.ref.load_hf_weights(self.c.actor.export_hf_weights())
         self.state.sft_done = True
 
     def _sft_progress(self, metrics: dict[str, float], step: int) -> None:
@@ -175,17 +182,19 @@ class RLTrainer:
 
     # ----------------------------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
-        """Greedy single-sample rollout of this rank's share of the validation prompts; mean reward/accuracy."""
+        """Greedy single-sample rollout of each group's share of the validation prompts; mean reward/accuracy."""
         c = self.c
         if not c.val_rows:
             return {}
         with self.timer.phase("validate"):
-            rows = c.val_rows[c.layout.dp_rank :: c.layout.data_parallel_size]
+            rows = c.placement.strided_rows(c.val_rows)
             val_cfg = dataclasses.replace(self.cfg.rollout, n=1, temperature=0.0, seed=self.cfg.seed)
             local: dict[str, float] = {}
             with c.weight_sync:
                 batch = self.rollout(rows, val_cfg) if rows else None
-            if batch is not None:
+            if batch is None:
+                rows = []  # off the leader: weigh nothing in the mean
+            else:
                 batch = exp.score_rollout(batch, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in rows])
                 m = exp.rollout_metrics(batch)
                 local = {f"val/{k}": m[k] for k in ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")}
@@ -196,12 +205,6 @@ class RLTrainer:
 
     # ----------------------------------------------------------------------------------- checkpoints
     def save(self, step: int) -> None:
-        if not self.writers:
-            logger.warning(
-                "checkpoint at step %d skipped: no model/optimizer checkpointing available "
-                "(mcore_agentic.trainer.model_checkpoint is missing)", step,
-            )
-            return
         state = {
             "loop": dataclasses.asdict(self.state),
             "dataloader": self.c.train_loader.state_dict(),
@@ -217,9 +220,6 @@ class RLTrainer:
         t = self.cfg.trainer
         path = resolve_resume_path(t.checkpoint_dir, t.resume_mode, t.resume_from_path)
         if path is None:
-            return
-        if not self.readers:
-            logger.warning("not resuming from %s: model checkpointing is unavailable; starting fresh", path)
             return
         loaded = self.ckpt.load(path, readers=self.readers)
         s = loaded.trainer_state

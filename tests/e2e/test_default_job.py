@@ -94,3 +94,47 @@ def test_default_job_short(tmp_path: Path) -> None:
     assert (logs / "response_length_curve.png").stat().st_size > 0
     assert "finished 3 RL steps" in result.stdout
     assert "mean reward: first 3 steps" in result.stdout
+
+
+@pytest.mark.parametrize("rollout_tp", [1, 2])
+def test_tensor_parallel_actor_and_rollout_groups(tmp_path: Path, rollout_tp: int) -> None:
+    """A TP=2 actor (one training replica over both ranks) with rollout TP=1 (two engines, each rolling
+    out its own half of the prompts) or rollout TP=2 (one engine on rank 0; rank 1 only joins the
+    weight export): every step holds each prompt's samples once, and the engine(s) hold the
+    TP-sharded actor's weights after every sync."""
+    extra = [
+        "actor.tensor_model_parallel_size=2", f"rollout.tensor_model_parallel_size={rollout_tp}",
+        "actor.ppo_micro_batch_size_per_gpu=4", "trainer.total_training_steps=2", "trainer.test_freq=2",
+        "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
+    ]
+    result = launch(job_overrides(tmp_path, extra))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    rows = read_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert sorted(rows) == [1, 2]
+    for row in rows.values():
+        assert row["rollout/num_sequences"] == 4 * 2  # data.train_batch_size x rollout.n, no duplicates
+        assert row["rollout/logprob_diff_max"] < 1e-3, row["rollout/logprob_diff_max"]
+        assert row["response_length/mean"] > 0
+    assert 0.0 <= rows[2]["val/reward/mean"] <= 1.0
+
+
+def test_ppo_with_critic_reference_and_offload(tmp_path: Path) -> None:
+    """The GAE path of the loop: critic warm-up, values, KL loss against the reference, and every
+    offload switch on (actor during rollout through the sharding manager, critic between updates,
+    reference between uses)."""
+    extra = [
+        "algorithm.adv_estimator=gae", "critic.warmup_steps=1", "critic.ppo_mini_batch_size=2",
+        "critic.ppo_micro_batch_size_per_gpu=2", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1",
+        "actor.param_offload=true", "actor.grad_offload=true", "actor.optimizer_offload=true",
+        "critic.param_offload=true", "critic.optimizer_offload=true", "ref.param_offload=true",
+        "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        "trainer.logger=[console,jsonl]",
+    ]
+    result = launch(job_overrides(tmp_path, extra))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    rows = read_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert sorted(rows) == [1, 2]
+    assert "critic/vf_loss" in rows[1] and "actor/pg_loss" not in rows[1]  # step 1: critic warm-up only
+    assert "actor/pg_loss" in rows[2] and "actor/kl_loss" in rows[2]
+    assert rows[2]["actor/kl_loss"] > 0.0  # KL against the warm-started reference, after the first mini-batch
+    assert all(rows[s]["sharding/offloaded_mb"] > 0.0 for s in (1, 2))  # actor state left the device for the rollout

@@ -69,6 +69,10 @@ class RolloutEngine(Protocol):
     Hugging Face-named tensors each), then ``finish_weight_update(version)`` once; only then
     does ``weight_version`` change. Memory: ``release_memory`` frees weights and KV cache for
     the training phase, ``resume_memory`` re-allocates them (weights must be synced again).
+
+    An engine whose async machinery is bound to one event loop exposes it as ``event_loop``
+    (optional attribute); :func:`~mcore_agentic.rollout.driver.generate_sequences_sync` then
+    runs every rollout on that loop.
     """
 
     weight_version: int

@@ -16,6 +16,7 @@ The engine runs with ``skip_tokenizer_init=True``: ids in, ids out, no detokeniz
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -86,17 +87,29 @@ def sglang_engine_kwargs(
     tensor_model_parallel_size: int,
     gpu_memory_utilization: float,
     seed: int | None,
+    base_gpu_id: int = 0,
+    dtype: str = "auto",
+    port: int | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Constructor arguments of ``sglang.Engine`` for a colocated rollout engine."""
+    """Constructor arguments of ``sglang.Engine`` for a colocated rollout engine.
+
+    ``base_gpu_id``: the first GPU of the engine's rollout group (the leader's ``LOCAL_RANK``); the
+    engine's TP schedulers take GPUs ``base_gpu_id .. base_gpu_id + tp - 1``. ``port``: distinct per
+    engine on one node (several leaders start engines at once). ``extra`` overrides anything.
+    """
     kwargs: dict[str, Any] = {
         "model_path": model_path,
         "tp_size": tensor_model_parallel_size,
+        "base_gpu_id": base_gpu_id,
+        "dtype": dtype,
         "mem_fraction_static": gpu_memory_utilization,
         "skip_tokenizer_init": True,
         "enable_memory_saver": True,  # release/resume_memory_occupation around training
         "log_level": "error",
     }
+    if port is not None:
+        kwargs["port"] = port
     if seed is not None:
         kwargs["random_seed"] = seed
     kwargs.update(extra or {})
@@ -113,6 +126,9 @@ class SGLangEngine:
         tensor_model_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.5,
         seed: int | None = None,
+        base_gpu_id: int = 0,
+        dtype: str = "auto",
+        port: int | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ):
         try:
@@ -130,10 +146,17 @@ class SGLangEngine:
                 tensor_model_parallel_size=tensor_model_parallel_size,
                 gpu_memory_utilization=gpu_memory_utilization,
                 seed=seed,
+                base_gpu_id=base_gpu_id,
+                dtype=dtype,
+                port=port,
                 extra=engine_kwargs,
             )
         )
         self.weight_version = 0
+        self._released = False
+        # SGLang's request handler task lives on the loop of the first request; every rollout must
+        # run there (the driver runs engines that have an ``event_loop`` on it, never asyncio.run).
+        self.event_loop: asyncio.AbstractEventLoop = getattr(self._engine, "loop", None) or asyncio.new_event_loop()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
         output = await self._engine.async_generate(**to_sglang_request(prompt_ids, params))
@@ -147,11 +170,17 @@ class SGLangEngine:
         self._engine.flush_cache()
         self.weight_version = version
 
+    # Idempotent, like HFEngine's: the sharding manager resumes before the first sync, when
+    # the freshly built engine still holds its memory (the memory saver refuses a double resume).
     def release_memory(self) -> None:
-        self._engine.release_memory_occupation()
+        if not self._released:
+            self._engine.release_memory_occupation()
+            self._released = True
 
     def resume_memory(self) -> None:
-        self._engine.resume_memory_occupation()
+        if self._released:
+            self._engine.resume_memory_occupation()
+            self._released = False
 
     def flush_cache(self) -> None:
         self._engine.flush_cache()

@@ -75,6 +75,15 @@ def test_parallel_and_rollout_sizes_divide_world():
     assert _field(4, "rollout.tensor_model_parallel_size=3") == "rollout.tensor_model_parallel_size"
 
 
+def test_prompts_split_over_rollout_engines_not_training_replicas():
+    # TP=2 on 4 ranks is 2 training replicas but 4 rollout engines (rollout TP=1): 6 prompts do not split.
+    common = ("actor.tensor_model_parallel_size=2", "actor.ppo_mini_batch_size=6", "actor.ppo_micro_batch_size_per_gpu=3",
+              "rollout.n=2")
+    assert _field(4, "data.train_batch_size=6", *common) == "data.train_batch_size"
+    sizes = validate(_cfg("data.train_batch_size=6", "rollout.tensor_model_parallel_size=2", *common), 4)
+    assert sizes.rollout_data_parallel_size == 2 and sizes.data_parallel_size == 2
+
+
 def test_group_estimators_need_several_samples():
     assert _field(2, "rollout.n=1", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=1") == "rollout.n"
 

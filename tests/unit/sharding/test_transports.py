@@ -10,7 +10,7 @@ import torch
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.rollout.engines.hf import HFEngine
 from mcore_agentic.sharding.exporter import LiveBytes
-from mcore_agentic.sharding.transports import TensorTransport, make_transport
+from mcore_agentic.sharding.transports import TensorTransport, discard, make_transport
 from mcore_agentic.sharding.version import StaleWeightsError, WeightVersion
 from tests.unit.sharding._fixtures import hf_config, make_batch, random_model, teacher_forced_log_probs
 
@@ -34,6 +34,20 @@ def test_tensor_transport_makes_engine_equal_source(tied):
     assert stats.bytes == sum(t.numel() * 4 for t in state.values())
     assert torch.equal(teacher_forced_log_probs(engine.model, batch), want)
     WeightVersion(3).check(engine)
+
+
+def test_discard_drains_every_bucket_and_counts_it():
+    state = random_model(hf_config(), seed=0).state_dict()
+    pulled = []
+
+    def buckets():  # a generator, as the exporter's: each bucket is produced only when pulled
+        for bucket in _buckets(state, 4):
+            pulled.append(len(bucket))
+            yield bucket
+
+    stats = discard(buckets(), version=5)
+    assert sum(pulled) == len(state) == stats.tensors and stats.buckets == len(pulled) and stats.version == 5
+    assert stats.bytes == sum(t.numel() * 4 for t in state.values())
 
 
 def test_incomplete_sync_is_refused_and_keeps_the_version():
