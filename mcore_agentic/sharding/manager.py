@@ -10,7 +10,7 @@ on enter
      transport) under the trainer's :class:`WeightVersion`; every engine gets the *full* model
      whatever the training TP/PP/CP. The export is a collective over all ranks; a rank without
      an engine (``engine=None``: a rollout group's non-leader, see
-     :mod:`mcore_agentic.parallel.rollout_placement`) joins it and drops the buckets;
+     :mod:`mcore_agentic.parallel.rollout_placement`) joins it through :class:`NoEngine`;
   4. offload the actor's parameters (``offload_actor_params``; after the export read them);
   5. ``engine.flush_cache()``; check the engine's version (``check_weight_version``);
   6. swap the torch / Python / NumPy global RNG states to the rollout's own, so rollout
@@ -37,7 +37,7 @@ from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.bridge import Bridge
 from mcore_agentic.sharding.config import ShardingConfig
 from mcore_agentic.sharding.exporter import StreamingExporter
-from mcore_agentic.sharding.transports import SyncStats, WeightTransport, discard, make_transport
+from mcore_agentic.sharding.transports import SyncStats, WeightTransport, make_transport
 from mcore_agentic.sharding.version import StaleWeightsError, WeightVersion
 from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors
 
@@ -93,6 +93,26 @@ def _numpy_state() -> Any:
     return np.random.get_state()
 
 
+class NoEngine:
+    """The engine of a rank that holds none (a rollout group's non-leader): it joins the export's
+    collectives like every rank, and a sync to it drops each bucket as it arrives."""
+
+    def __init__(self) -> None:
+        self.weight_version = 0
+
+    def update_weights(self, named_tensors: Any, *, version: int) -> None:
+        del named_tensors, version
+
+    def finish_weight_update(self, version: int) -> None:
+        self.weight_version = version
+
+    def release_memory(self) -> None: ...
+
+    def resume_memory(self) -> None: ...
+
+    def flush_cache(self) -> None: ...
+
+
 @dataclass
 class PhaseTimes:
     """Seconds spent in each step of the last enter/exit."""
@@ -132,7 +152,7 @@ class ShardingManager:
                 "needs the actor's MegatronEngine (its optimizer), not bare model chunks: pass the engine or set false",
             )
         self.cfg = cfg
-        self.engine = engine
+        self.engine = engine if engine is not None else NoEngine()
         self.bridge = bridge
         self.chunks = chunks
         self.version = version if version is not None else WeightVersion()
@@ -149,9 +169,6 @@ class ShardingManager:
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> SyncStats:
         """Stream the actor's weights into the engine under the current version (collective)."""
-        if self.engine is None:  # no engine on this rank: join the export's collectives, keep nothing
-            self.last_sync = discard(self.exporter.buckets(), self.version.value)
-            return self.last_sync
         self.last_sync = self.transport.send(self.exporter.buckets(), self.engine, self.version.value)
         if int(self.engine.weight_version) != self.version.value:
             raise StaleWeightsError(int(self.engine.weight_version), self.version.value)
@@ -159,8 +176,7 @@ class ShardingManager:
 
     def check(self) -> None:
         """Raise :class:`StaleWeightsError` if the engine does not hold the trainer's current weights."""
-        if self.engine is not None:
-            self.version.check(self.engine)
+        self.version.check(self.engine)
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> ShardingManager:
@@ -172,8 +188,7 @@ class ShardingManager:
             self._offload(params=False, grads=self.cfg.offload_actor_grads, optimizer=self.cfg.offload_actor_optimizer)
             self.times.offload += time.perf_counter() - t
             t = time.perf_counter()
-            if self.engine is not None:
-                self.engine.resume_memory()
+            self.engine.resume_memory()
             self.times.resume = time.perf_counter() - t
             t = time.perf_counter()
             self.sync_weights()
@@ -181,15 +196,13 @@ class ShardingManager:
             t = time.perf_counter()
             self._offload(params=self.cfg.offload_actor_params, grads=False, optimizer=False)
             self.times.offload += time.perf_counter() - t
-            if self.engine is not None:
-                self.engine.flush_cache()
+            self.engine.flush_cache()
             if self.cfg.check_weight_version:
                 self.check()
         except BaseException:
             # Leave things as before the rollout: engine released, actor trainable.
             try:
-                if self.engine is not None:
-                    self.engine.release_memory()
+                self.engine.release_memory()
             finally:
                 self._reload()
             raise
@@ -203,8 +216,7 @@ class ShardingManager:
             self._training_rng.restore()
             self._training_rng = None
         t = time.perf_counter()
-        if self.engine is not None:
-            self.engine.release_memory()
+        self.engine.release_memory()
         self.times.release = time.perf_counter() - t
         t = time.perf_counter()
         self._reload()
@@ -236,4 +248,4 @@ class ShardingManager:
                 self._own_offloader.reload(group)
 
 
-__all__ = ["PhaseTimes", "RngState", "ShardingManager"]
+__all__ = ["NoEngine", "PhaseTimes", "RngState", "ShardingManager"]

@@ -8,10 +8,9 @@ over NCCL to a remote engine) as another subclass and a name in :data:`TRANSPORT
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -40,19 +39,6 @@ class WeightTransport(ABC):
         """Deliver every bucket to ``engine``, then ``finish_weight_update(version)``."""
 
 
-def _stream(buckets: Iterable[HFBucket], version: int, deliver: Callable[[HFBucket], None] | None) -> SyncStats:
-    """Hand each bucket to ``deliver`` (None: drop it) and count what went by."""
-    start = time.perf_counter()
-    n_buckets = n_tensors = n_bytes = 0
-    for bucket in buckets:
-        if deliver is not None:
-            deliver(bucket)
-        n_buckets += 1
-        n_tensors += len(bucket)
-        n_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-    return SyncStats(version, n_buckets, n_tensors, n_bytes, time.perf_counter() - start)
-
-
 class TensorTransport(WeightTransport):
     """In-process: ``engine.update_weights(bucket, version=v)`` per bucket (HFEngine; SGLang's
     ``update_weights_from_tensor``), then ``engine.finish_weight_update(v)``."""
@@ -61,14 +47,14 @@ class TensorTransport(WeightTransport):
 
     def send(self, buckets: Iterable[HFBucket], engine: Any, version: int) -> SyncStats:
         start = time.perf_counter()
-        stats = _stream(buckets, version, lambda bucket: engine.update_weights(bucket, version=version))
+        n_buckets = n_tensors = n_bytes = 0
+        for bucket in buckets:
+            engine.update_weights(bucket, version=version)
+            n_buckets += 1
+            n_tensors += len(bucket)
+            n_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
         engine.finish_weight_update(version)
-        return dataclasses.replace(stats, seconds=time.perf_counter() - start)
-
-
-def discard(buckets: Iterable[HFBucket], version: int) -> SyncStats:
-    """Run the export to its end and keep nothing: a rank without an engine still joins its collectives."""
-    return _stream(buckets, version, None)
+        return SyncStats(version, n_buckets, n_tensors, n_bytes, time.perf_counter() - start)
 
 
 TRANSPORTS: dict[str, type[WeightTransport]] = {TensorTransport.name: TensorTransport}
@@ -81,4 +67,4 @@ def make_transport(name: str) -> WeightTransport:
     return TRANSPORTS[name]()
 
 
-__all__ = ["SyncStats", "TRANSPORTS", "TensorTransport", "WeightTransport", "discard", "make_transport"]
+__all__ = ["SyncStats", "TRANSPORTS", "TensorTransport", "WeightTransport", "make_transport"]

@@ -124,7 +124,7 @@ class RLTrainer:
     def rollout(self, rows: list[dict[str, Any]], rollout_cfg: Any) -> Batch | None:
         """The group's rollout of ``rows`` on its leader (the rank holding the engine); None elsewhere."""
         c = self.c
-        if c.engine is None:
+        if not c.placement.is_leader:
             return None
         return generate_sequences_sync(
             rows, c.engine, c.tools, c.interactions, rollout_cfg, self.chat, c.executor

@@ -10,7 +10,8 @@ import torch
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.rollout.engines.hf import HFEngine
 from mcore_agentic.sharding.exporter import LiveBytes
-from mcore_agentic.sharding.transports import TensorTransport, discard, make_transport
+from mcore_agentic.sharding.manager import NoEngine
+from mcore_agentic.sharding.transports import TensorTransport, make_transport
 from mcore_agentic.sharding.version import StaleWeightsError, WeightVersion
 from tests.unit.sharding._fixtures import hf_config, make_batch, random_model, teacher_forced_log_probs
 
@@ -36,18 +37,20 @@ def test_tensor_transport_makes_engine_equal_source(tied):
     WeightVersion(3).check(engine)
 
 
-def test_discard_drains_every_bucket_and_counts_it():
+def test_sync_to_no_engine_drains_every_bucket_and_advances_its_version():
+    """A rank without an engine still pulls every bucket (the export's collectives run as buckets are pulled)."""
     state = random_model(hf_config(), seed=0).state_dict()
     pulled = []
 
-    def buckets():  # a generator, as the exporter's: each bucket is produced only when pulled
+    def buckets():
         for bucket in _buckets(state, 4):
             pulled.append(len(bucket))
             yield bucket
 
-    stats = discard(buckets(), version=5)
-    assert sum(pulled) == len(state) == stats.tensors and stats.buckets == len(pulled) and stats.version == 5
-    assert stats.bytes == sum(t.numel() * 4 for t in state.values())
+    engine = NoEngine()
+    stats = TensorTransport().send(buckets(), engine, version=5)
+    assert sum(pulled) == len(state) == stats.tensors and stats.buckets == len(pulled)
+    WeightVersion(5).check(engine)
 
 
 def test_incomplete_sync_is_refused_and_keeps_the_version():
