@@ -14,8 +14,6 @@ reported by torchrun as the worker's ``exitcode: 2``; torchrun itself exits 1.)
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
 import os
 import sys
@@ -71,15 +69,6 @@ def check_parallel(cfg: Any, world_size: int) -> None:
         validate_parallel(par, world_size, field_prefix="actor", **shape)
 
 
-def trainer_entry() -> Any:
-    """``mcore_agentic.trainer.run`` if the trainer package provides it, else None."""
-    try:
-        trainer = importlib.import_module("mcore_agentic.trainer")
-    except ImportError:
-        return None
-    return getattr(trainer, "run", None)
-
-
 def launch(dict_cfg: DictConfig) -> int:
     """Run one job from a composed Hydra config; returns the process exit code."""
     import torch.distributed as dist
@@ -97,13 +86,9 @@ def launch(dict_cfg: DictConfig) -> int:
 
         megatron_patches.apply()
         layout = initialize_parallel(cfg.actor.parallel, cfg.seed)
-        run = trainer_entry()
-        if run is None:
-            print(layout.describe(), flush=True)
-        elif "layout" in inspect.signature(run).parameters:
-            run(cfg, layout=layout)
-        else:
-            run(cfg)
+        from mcore_agentic.trainer import run
+
+        run(cfg, layout=layout)
     except ConfigError as exc:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
