@@ -60,10 +60,6 @@ class RolloutPlacement:
     def is_leader(self) -> bool:
         return self.rank == self.leader_rank
 
-    @property
-    def group_ranks(self) -> list[int]:
-        return list(range(self.leader_rank, self.leader_rank + self.tensor_parallel_size))
-
     def split_rows(self, rows: Sequence[T]) -> list[T]:
         """This group's contiguous share of a step's prompts (they must split evenly over the groups)."""
         if len(rows) % self.num_groups:
