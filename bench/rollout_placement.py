@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     from mcore_agentic.parallel.rollout_placement import RolloutPlacement
     from mcore_agentic.rollout.config import MultiTurnConfig, RolloutConfig
     from mcore_agentic.rollout.engines.hf import HFEngine
-    from mcore_agentic.rollout.executor import make_executor
+    from mcore_agentic.tools.executor import make_executor
     from mcore_agentic.tools.registry import load_tools
 
     init_distributed()

@@ -18,6 +18,7 @@ is ignored. Outputs are 0 at masked positions.
 Outcome estimators (GRPO, RLOO, REINFORCE++-baseline) use the per-sequence score
 ``sum(token_level_rewards * mask)`` and compare sequences that share a prompt
 (``index``: one uid per sequence). A group of one has no baseline and gets advantage 0.
+Sequences without sampled tokens (failed or aborted requests) are left out of their group.
 """
 
 from __future__ import annotations
@@ -69,14 +70,20 @@ def group_ids(index: Index, batch_size: int, device: torch.device | None = None)
     return torch.tensor(ids, dtype=torch.long, device=device), len(dense)
 
 
-def _group_stats(scores: torch.Tensor, gid: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, ...]:
-    """Per-sequence (group count, group sum, group mean, unbiased group std); std is 0 for groups of one."""
-    counts = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(
-        0, gid, torch.ones_like(scores)
-    )
-    sums = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, scores)
-    mean = sums / counts
-    sq_dev = torch.zeros_like(sums).index_add_(0, gid, (scores - mean[gid]).square())
+def _group_stats(
+    scores: torch.Tensor, gid: torch.Tensor, num_groups: int, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """Per-sequence (group count, group sum, group mean, unbiased group std) over the group's sequences that
+    sampled at least one token; std is 0 for groups of one.
+
+    A sequence without sampled tokens (a failed or aborted request: its loss mask is all 0) took no action,
+    so it neither trains nor moves its group's baseline.
+    """
+    acted = (response_mask.sum(dim=-1) > 0).to(scores.dtype)
+    counts = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, acted)
+    sums = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, scores * acted)
+    mean = sums / counts.clamp(min=1)
+    sq_dev = torch.zeros_like(sums).index_add_(0, gid, (scores - mean[gid]).square() * acted)
     std = torch.sqrt(sq_dev / (counts - 1).clamp(min=1))
     return counts[gid], sums[gid], mean[gid], std[gid]
 
@@ -143,7 +150,7 @@ def compute_grpo_outcome_advantage(
     """
     scores = _sequence_scores(token_level_rewards, response_mask)
     gid, num_groups = group_ids(index, scores.shape[0], scores.device)
-    counts, _, mean, std = _group_stats(scores, gid, num_groups)
+    counts, _, mean, std = _group_stats(scores, gid, num_groups, response_mask)
     adv = scores - mean
     if norm_adv_by_std_in_grpo:
         adv = adv / (std + epsilon)
@@ -161,7 +168,7 @@ def compute_rloo_outcome_advantage(
     """RLOO (Ahmadian et al. 2024): ``score_i - mean_{j != i} score_j`` within the group; ``(adv, adv)``."""
     scores = _sequence_scores(token_level_rewards, response_mask)
     gid, num_groups = group_ids(index, scores.shape[0], scores.device)
-    counts, sums, _, _ = _group_stats(scores, gid, num_groups)
+    counts, sums, _, _ = _group_stats(scores, gid, num_groups, response_mask)
     baseline = (sums - scores) / (counts - 1).clamp(min=1)
     adv = torch.where(counts > 1, scores - baseline, torch.zeros_like(scores))
     adv = _broadcast(adv, response_mask)
@@ -204,7 +211,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     """
     scores = _sequence_scores(token_level_rewards, response_mask)
     gid, num_groups = group_ids(index, scores.shape[0], scores.device)
-    counts, _, mean, _ = _group_stats(scores, gid, num_groups)
+    counts, _, mean, _ = _group_stats(scores, gid, num_groups, response_mask)
     centred = torch.where(counts > 1, scores - mean, torch.zeros_like(scores))
     per_token = _broadcast(centred, response_mask)
     adv = torch.where(response_mask.bool(), masked_whiten(per_token, response_mask), torch.zeros_like(per_token))

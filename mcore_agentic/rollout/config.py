@@ -13,7 +13,7 @@ from mcore_agentic.config.errors import require
 
 SanityCheckMode = Literal["strict", "ignore_strippable", "disable"]
 SANITY_CHECK_MODES: tuple[str, ...] = ("strict", "ignore_strippable", "disable")
-TOOL_PARSER_FORMATS: tuple[str, ...] = ("hermes", "qwen2_5", "qwen", "llama3_json", "mistral")
+TOOL_PARSER_FORMATS: tuple[str, ...] = ("hermes", "qwen2_5", "qwen", "llama3_json", "mistral", "qwen3_coder")
 ENGINES: tuple[str, ...] = ("hf", "sglang")
 TOOL_EXECUTORS: tuple[str, ...] = ("local", "ray")
 
@@ -40,7 +40,9 @@ class MultiTurnConfig:
     """YAML of interactions (``interaction: [{name, class_name, config}]``)."""
     format: str = "hermes"
     """Tool-call parser for the model's output: ``hermes`` (``<tool_call>{json}</tool_call>``; aliases ``qwen2_5``,
-    ``qwen``), ``llama3_json``, ``mistral``."""
+    ``qwen``), ``llama3_json``, ``mistral``, ``qwen3_coder`` (Qwen3-Coder / Qwen3.5 XML calls
+    ``<tool_call><function=NAME><parameter=ARG>...``, values typed by the tool's schema; use with the
+    ``qwen3_coder`` chat template)."""
     tokenization_sanity_check_mode: SanityCheckMode = "strict"
     """Compare each trajectory with a full render of its messages: ``strict`` warns on any difference,
     ``ignore_strippable`` ignores whitespace-only differences, ``disable`` skips the check."""
@@ -50,8 +52,11 @@ class MultiTurnConfig:
     False (default): the engine sees exactly the trajectory's ids (token-in, token-out)."""
     tool_executor: Literal["local", "ray"] = "local"
     """Where blocking tool work runs: ``local`` (an asyncio thread pool) or ``ray`` (a Ray actor pool)."""
+    tool_executor_workers: int | None = None
+    """Most blocking tool calls running at once (e.g. code sandboxes); a call waits for a free slot, and that wait
+    never counts against ``tool_timeout``. Null: ``min(32, CPUs + 4)`` for ``local``, unbounded for ``ray``."""
     tool_timeout: float = 30.0
-    """Seconds one tool call may take; a call past it becomes an error observation."""
+    """Seconds one tool call may run (waiting for an executor slot excluded); past it, an error observation."""
 
     def __post_init__(self) -> None:
         p = "rollout.multi_turn."
@@ -83,6 +88,11 @@ class MultiTurnConfig:
             f"got {self.tool_executor!r}; use one of {list(TOOL_EXECUTORS)}",
         )
         require(self.tool_timeout > 0, p + "tool_timeout", f"must be positive seconds, got {self.tool_timeout}")
+        require(
+            self.tool_executor_workers is None or self.tool_executor_workers >= 1,
+            p + "tool_executor_workers",
+            f"must be >= 1 or null, got {self.tool_executor_workers}",
+        )
 
 
 @dataclass(frozen=True)

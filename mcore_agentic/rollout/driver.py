@@ -38,7 +38,7 @@ from mcore_agentic.data.batch import Batch
 from mcore_agentic.rollout.agent_loop import AgentContext, run_request
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.engines.base import RolloutEngine
-from mcore_agentic.rollout.request import RequestState, RolloutRequest
+from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest
 from mcore_agentic.rollout.tokenization import ChatTokenizer, log_mismatch
 from mcore_agentic.rollout.tool_parser import get_tool_parser
 
@@ -51,11 +51,11 @@ def build_plugins(cfg: RolloutConfig) -> tuple[dict[str, Any], dict[str, Any], A
     Tools are bound to the executor; the caller shuts the executor down at the end of the run.
     """
     from mcore_agentic.interactions.registry import load_interactions
-    from mcore_agentic.rollout.executor import make_executor
+    from mcore_agentic.tools.executor import make_executor
     from mcore_agentic.tools.registry import load_tools
 
     mt = cfg.multi_turn
-    executor = make_executor(mt.tool_executor)
+    executor = make_executor(mt.tool_executor, max_workers=mt.tool_executor_workers)
     tools = load_tools(mt.tool_config_path, executor=executor) if mt.tool_config_path else {}
     interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
     return tools, interactions, executor
@@ -103,7 +103,7 @@ async def generate_sequences(
     """Roll out every row ``cfg.n`` times, all requests concurrently; return the collated batch.
 
     ``tokenizer``: a HF tokenizer with a chat template, or a :class:`ChatTokenizer`.
-    ``executor``: the tools' executor (``make_executor(cfg.multi_turn.tool_executor)``); bound to
+    ``executor``: the tools' executor (``make_executor(cfg.multi_turn.tool_executor, max_workers=cfg.multi_turn.tool_executor_workers)``); bound to
     every tool that accepts one.
     """
     chat = tokenizer if isinstance(tokenizer, ChatTokenizer) else ChatTokenizer(tokenizer)
@@ -177,6 +177,10 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
         "request_metrics": [_request_metrics(r) for r in requests],
     }
     failed = sum(r.state is RequestState.FAILED for r in requests)
+    aborted = sum(r.state is RequestState.COMPLETED and r.finish_reason is FinishReason.ABORTED for r in requests)
+    for i, r in enumerate(requests):  # the request zeroed its own mask; this guards the batch against any path that did not
+        if r.state is RequestState.FAILED or r.finish_reason is FinishReason.ABORTED:
+            response_mask[i].zero_()
     return Batch(
         tensors={
             "prompts": prompts,
@@ -190,6 +194,7 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
         meta=meta,
         info={
             "rollout/failed_requests": failed,
+            "rollout/aborted_requests": aborted,
             "rollout/sanity_check_mismatches": sum(r.metrics.sanity_check_mismatch for r in requests),
             "rollout/mean_assistant_turns": sum(r.metrics.assistant_turns for r in requests) / b,
             "rollout/tool_calls": sum(r.metrics.tool_calls for r in requests),

@@ -1,7 +1,8 @@
 """One conversation's rollout state: the request state machine and its typed trajectory.
 
 A :class:`RolloutRequest` moves ``pending -> running -> (tool_calling | interacting
--> running)* -> completed``, or to ``failed`` from any live state. Illegal moves
+-> running)* -> completed``, or to ``failed`` from any live state. A failed request, and
+one the engine aborted, keeps its row but trains on nothing (its loss mask is all 0). Illegal moves
 raise :class:`IllegalTransition` (they are bugs in the loop, not model errors).
 The :class:`Trajectory` holds the token ids in sequence order with a parallel loss
 mask and rollout logprobs; :meth:`Trajectory.append` is the only way to grow it, so
@@ -138,6 +139,10 @@ class Trajectory:
         self.ids.extend(int(x) for x in ids)
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
 
+    def exclude_from_loss(self) -> None:
+        """Mask every token: the row stays in the batch (shapes, metrics) but trains on nothing."""
+        self.loss_mask[:] = [0] * len(self.loss_mask)
+
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` tokens (ids, mask and logprobs together)."""
         if length < self.prompt_len:
@@ -182,17 +187,25 @@ class RolloutRequest:
         self.state = new
 
     def complete(self, reason: FinishReason) -> None:
+        """End as ``completed``; an engine abort (``aborted``) leaves an unfinished turn, which trains on nothing."""
         self.finish_reason = reason
         self.transition(RequestState.COMPLETED)
+        if reason is FinishReason.ABORTED:
+            self.trajectory.exclude_from_loss()
         self._close()
 
     def fail(self, error: str) -> None:
-        """End as ``failed`` (from any live state) with finish reason ``aborted``."""
+        """End as ``failed`` (from any live state) with finish reason ``aborted``: the row trains on nothing.
+
+        Its sampled tokens were real samples, but the episode never reached an outcome the reward
+        can judge; scored 0 and kept in the loss they would be pushed down for the environment's fault.
+        """
         if self.state in (RequestState.COMPLETED, RequestState.FAILED):
             raise IllegalTransition(f"request {self.request_id} already ended as {self.state.value}")
         self.error = error
         self.finish_reason = FinishReason.ABORTED
         self.transition(RequestState.FAILED)
+        self.trajectory.exclude_from_loss()
         self._close()
 
     @property

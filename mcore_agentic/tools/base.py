@@ -12,7 +12,7 @@ Contract with the rollout loop:
   loop calls :func:`safe_execute`, which turns exceptions and timeouts into an
   error observation;
 * blocking work (running code, scoring) goes through ``self.executor``
-  (:mod:`mcore_agentic.rollout.executor`), so the event loop that drives many
+  (:mod:`mcore_agentic.tools.executor`), so the event loop that drives many
   requests at once is never blocked.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from mcore_agentic.rollout.executor import ToolExecutor
+    from mcore_agentic.tools.executor import ToolExecutor
 
 
 @dataclass
@@ -83,7 +83,7 @@ class BaseTool:
     def executor(self) -> ToolExecutor:
         """The bound executor, or a process-wide local thread pool if none was bound."""
         if self._executor is None:
-            from mcore_agentic.rollout.executor import default_executor
+            from mcore_agentic.tools.executor import default_executor
 
             self._executor = default_executor()
         return self._executor
@@ -154,17 +154,56 @@ async def safe_execute(
     """``tool.execute`` that never raises for the model's sake.
 
     An exception becomes ``ToolResponse(is_error=True, text="Error: ...")``;
-    exceeding ``timeout`` seconds cancels the call and becomes a timeout
-    observation. Cancellation of the caller itself still propagates. The
-    timeout can only fire at an ``await``: a tool that blocks inside
-    ``execute`` must move that work to ``run_blocking`` / its executor.
+    running past ``timeout`` seconds cancels the call and becomes a timeout
+    observation. Time the call spends waiting for an executor slot does not
+    count (see :class:`~mcore_agentic.tools.executor.ToolClock`). Cancellation
+    of the caller itself still propagates. The timeout can only fire at an
+    ``await``: a tool that blocks inside ``execute`` must move that work to
+    ``run_blocking`` / its executor.
     """
+    from mcore_agentic.tools.executor import TOOL_CLOCK, ToolClock
+
+    clock = ToolClock()
+    token = TOOL_CLOCK.set(clock)
     try:
-        result = await asyncio.wait_for(tool.execute(instance_id, parameters, **execute_kwargs), timeout)
-        return _coerce(tool.name, result)
-    except TimeoutError:
-        after = f" after {timeout:g} s" if timeout is not None else ""
-        return error_response(f"Error: tool '{tool.name}' timed out{after}.", timeout=1)
+        task = asyncio.ensure_future(tool.execute(instance_id, parameters, **execute_kwargs))  # inherits the clock
+    finally:
+        TOOL_CLOCK.reset(token)
+    try:
+        if not await _within(task, timeout, clock):
+            after = f" after {timeout:g} s" if timeout is not None else ""
+            return error_response(f"Error: tool '{tool.name}' timed out{after}.", timeout=1)
+        return _coerce(tool.name, task.result())
     except Exception as exc:  # noqa: BLE001 -- any tool failure is an observation, not a crash
         detail = str(exc).strip() or "(no message)"
         return error_response(f"Error: tool '{tool.name}' failed: {type(exc).__name__}: {detail}", exception=1)
+
+
+async def _within(task: asyncio.Future[Any], timeout: float | None, clock: Any) -> bool:
+    """Wait for ``task``; False (and ``task`` cancelled) once it has run ``timeout`` s outside slot waits."""
+    if timeout is None:
+        await task
+        return True
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        while not task.done():
+            if clock.waiting:
+                resumed = asyncio.ensure_future(clock.resumed().wait())
+                try:
+                    await asyncio.wait({task, resumed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    resumed.cancel()
+                continue
+            now = loop.time()
+            remaining = timeout - (now - started - clock.waited_until(now))
+            if remaining <= 0:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return False
+            await asyncio.wait({task}, timeout=remaining)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    task.result()  # re-raise the tool's own exception, if any
+    return True

@@ -31,7 +31,7 @@ from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.tools.base import BaseTool, ToolProtocol
 
 if TYPE_CHECKING:
-    from mcore_agentic.rollout.executor import ToolExecutor
+    from mcore_agentic.tools.executor import ToolExecutor
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _LIFECYCLE = ("create", "execute", "calc_reward", "release")

@@ -254,17 +254,21 @@ class _Worker:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-_warned_unsafe = False
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message)
 
 
 def _warn_unsafe_once() -> None:
-    global _warned_unsafe
-    if not _warned_unsafe:
-        _warned_unsafe = True
-        logger.warning(
-            "code tool: sandbox: unsafe_subprocess runs model-written code WITHOUT isolation (same user, "
-            "host filesystem and processes visible; only resource limits and an audit hook); use sandbox: bwrap"
-        )
+    _warn_once(
+        "unsafe",
+        "code tool: sandbox: unsafe_subprocess runs model-written code WITHOUT isolation (same user, "
+        "host filesystem and processes visible; only resource limits and an audit hook); use sandbox: bwrap",
+    )
 
 
 class Sandbox:
@@ -295,6 +299,14 @@ class Sandbox:
                 check_usable(self._bwrap_prefix(None, None), self._image.python)
             except SandboxUnavailable as exc:
                 raise ConfigError("sandbox", str(exc)) from None
+            if limits.max_processes > 0 and os.geteuid() == 0:
+                _warn_once(
+                    "nproc-root",
+                    f"code tool: max_processes={limits.max_processes} is not enforced as a count while the trainer "
+                    "runs as root (the sandbox user maps to host root, which the kernel exempts from RLIMIT_NPROC); "
+                    "the processes still die with their sandbox. Run as an unprivileged user, or use "
+                    "max_processes: 0 (no new processes, enforced by seccomp)",
+                )
         else:
             _warn_unsafe_once()
         self._fill()
@@ -379,10 +391,10 @@ class Sandbox:
             raise RuntimeError("Sandbox.run after close()")
         worker = self._take()
         try:
-            self._fill()
             start = time.monotonic()
             worker.attach(timeout_s=_KILL_GRACE_S)
             worker.send(code.encode("utf-8", errors="replace"))
+            self._fill()  # the replacement boots while this code runs
             timed_out = False
             try:
                 worker.proc.wait(timeout=self.limits.timeout_s)

@@ -69,13 +69,13 @@ def build_tokenizer(model_path: str | Path) -> Any:
 def build_tools(cfg: RLConfig) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """``(tools, interactions, executor)`` of ``rollout.multi_turn`` (empty when multi-turn is off)."""
     from mcore_agentic.interactions.registry import load_interactions
-    from mcore_agentic.rollout.executor import make_executor
+    from mcore_agentic.tools.executor import make_executor
     from mcore_agentic.tools.registry import load_tools
 
     mt = cfg.rollout.multi_turn
     if not mt.enable:
         return {}, {}, None
-    executor = make_executor(mt.tool_executor)
+    executor = make_executor(mt.tool_executor, max_workers=mt.tool_executor_workers)
     tools = load_tools(mt.tool_config_path, executor=executor) if mt.tool_config_path else {}
     interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
     return tools, interactions, executor

@@ -21,7 +21,7 @@ from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rollout.config import MultiTurnConfig, RolloutConfig
 from mcore_agentic.rollout.driver import generate_sequences_sync
 from mcore_agentic.rollout.engines.hf import HFEngine
-from mcore_agentic.rollout.executor import make_executor
+from mcore_agentic.tools.executor import make_executor
 from mcore_agentic.tools.registry import load_tools
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from mcore_agentic.rollout.executor import LocalExecutor
 from mcore_agentic.tools.base import safe_execute
 from mcore_agentic.tools.code_interpreter import PythonCodeTool, strip_code_fence
+from mcore_agentic.tools.executor import LocalExecutor
 
 SCHEMA = {"type": "function", "function": {"name": "code_interpreter"}}
 
@@ -184,7 +184,7 @@ def test_refuses_to_start_without_a_working_bwrap(tmp_path):
 def test_unsafe_subprocess_only_when_asked_and_warns_once(caplog):
     import mcore_agentic.tools.sandbox as sandbox_module
 
-    sandbox_module._warned_unsafe = False
+    sandbox_module._warned.discard("unsafe")
     with caplog.at_level("WARNING", logger="mcore_agentic.tools.sandbox"):
         unsafe = PythonCodeTool({"sandbox": "unsafe_subprocess", "timeout_s": 5, "warm_pool": 0}, SCHEMA)
         PythonCodeTool({"sandbox": "unsafe_subprocess", "timeout_s": 6, "warm_pool": 0}, SCHEMA)

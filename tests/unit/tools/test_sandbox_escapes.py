@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from mcore_agentic.rollout.executor import LocalExecutor
 from mcore_agentic.rollout.tool_parser import ToolCall, get_tool_parser, validate_tool_call
 from mcore_agentic.tools.base import ToolResponse, safe_execute
 from mcore_agentic.tools.code_interpreter import PythonCodeTool
+from mcore_agentic.tools.executor import LocalExecutor
 
 SCHEMA = {
     "type": "function",

@@ -5,22 +5,28 @@ code or scores an answer would stall every request if it blocked that loop, so
 it hands the blocking callable to a :class:`ToolExecutor` and awaits the
 result. ``rollout.tool_executor`` picks the kind (``local`` | ``ray``).
 
-Timeouts: ``run(..., timeout=s)`` raises ``TimeoutError`` after ``s`` seconds.
-A thread cannot be killed, so with :class:`LocalExecutor` (threads) the
-callable keeps running in the background until it returns — callables that
-can hang must bound themselves (the code tool's subprocess has its own
-wall-clock kill). :class:`RayExecutor` force-cancels the task (kills its
-worker) on timeout.
+Slots and timeouts: at most ``max_workers`` callables run at once
+(``rollout.multi_turn.tool_executor_workers``); a call first waits for a slot,
+then runs. ``run(..., timeout=s)`` raises ``TimeoutError`` after ``s`` seconds
+*of running*: the wait for a slot never counts, and neither does it count
+against :func:`mcore_agentic.tools.base.safe_execute`'s tool timeout, which
+pauses its clock (:class:`ToolClock`) while the call waits. A slot is given back
+when the callable returns, not when its caller stops waiting: a thread cannot
+be killed, so with :class:`LocalExecutor` a timed-out callable keeps its slot
+until it ends (the code tool's sandbox bounds itself with its own wall-clock
+kill). :class:`RayExecutor` force-cancels the task (kills its worker) on timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import multiprocessing
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -39,6 +45,80 @@ class ToolExecutor(Protocol):
         ...
 
 
+class ToolClock:
+    """How long one tool call has waited for executor slots; :func:`safe_execute` leaves that time out of its timeout."""
+
+    def __init__(self) -> None:
+        self.waited = 0.0
+        self._waiting = 0
+        self._since = 0.0
+        self._resumed: asyncio.Event | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self._waiting > 0
+
+    def resumed(self) -> asyncio.Event:
+        """Set whenever no slot wait is in progress (created on the running loop)."""
+        if self._resumed is None:
+            self._resumed = asyncio.Event()
+            if not self._waiting:
+                self._resumed.set()
+        return self._resumed
+
+    def pause(self, now: float) -> None:
+        if self._waiting == 0:
+            self._since = now
+            self.resumed().clear()
+        self._waiting += 1
+
+    def resume(self, now: float) -> None:
+        self._waiting -= 1
+        if self._waiting == 0:
+            self.waited += now - self._since
+            self.resumed().set()
+
+    def waited_until(self, now: float) -> float:
+        """Seconds spent waiting for slots so far, the current wait included."""
+        return self.waited + (now - self._since if self._waiting else 0.0)
+
+
+TOOL_CLOCK: contextvars.ContextVar[ToolClock | None] = contextvars.ContextVar("tool_clock", default=None)
+"""Set by :func:`safe_execute` for the duration of one tool call."""
+
+
+class _Slots:
+    """At most ``limit`` callables in flight, per event loop (an asyncio semaphore cannot span loops)."""
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+    async def run(self, start: Callable[[], asyncio.Future[Any]], timeout: float | None) -> Any:
+        """Wait for a slot (not timed), call ``start()``, then wait ``timeout`` s for its future; free the slot when it ends."""
+        if self.limit is None:
+            return await asyncio.wait_for(start(), timeout)
+        loop = asyncio.get_running_loop()
+        slots = self._per_loop.get(loop)
+        if slots is None:
+            slots = self._per_loop[loop] = asyncio.Semaphore(self.limit)
+        clock = TOOL_CLOCK.get()
+        if clock is not None:
+            clock.pause(loop.time())
+        try:
+            await slots.acquire()
+        finally:
+            if clock is not None:
+                clock.resume(loop.time())
+        try:
+            future = start()
+        except BaseException:
+            slots.release()
+            raise
+        future.add_done_callback(lambda _: slots.release())
+        return await asyncio.wait_for(asyncio.shield(future), timeout)
+
+
 class LocalExecutor:
     """asyncio + a ``concurrent.futures`` pool in this process (threads by default).
 
@@ -49,8 +129,10 @@ class LocalExecutor:
 
     def __init__(self, max_workers: int | None = None, processes: bool = False):
         if max_workers is not None and max_workers < 1:
-            raise ConfigError("rollout.tool_executor_workers", f"must be >= 1, got {max_workers}")
+            raise ConfigError("rollout.multi_turn.tool_executor_workers", f"must be >= 1, got {max_workers}")
+        max_workers = max_workers or min(32, (os.cpu_count() or 1) + 4)  # concurrent.futures' own default
         self.max_workers = max_workers
+        self._slots = _Slots(max_workers)
         self.processes = processes
         if processes:
             # spawn, not fork: the trainer process holds threads (torch, gloo) that fork would copy mid-lock.
@@ -65,8 +147,7 @@ class LocalExecutor:
         if self._closed:
             raise RuntimeError("LocalExecutor.run after shutdown()")
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
-        return await asyncio.wait_for(future, timeout)
+        return await self._slots.run(lambda: loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs)), timeout)
 
     def shutdown(self) -> None:
         if not self._closed:
@@ -98,8 +179,14 @@ class RayExecutor:
         num_cpus: int | None = None,
         num_cpus_per_task: float = 1.0,
         init_kwargs: dict[str, Any] | None = None,
+        max_workers: int | None = None,
     ):
         import ray
+
+        if max_workers is not None and max_workers < 1:
+            raise ConfigError("rollout.multi_turn.tool_executor_workers", f"must be >= 1, got {max_workers}")
+        self.max_workers = max_workers
+        self._slots = _Slots(max_workers)
 
         self._ray = ray
         self._owns_ray = False
@@ -121,12 +208,18 @@ class RayExecutor:
     async def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         if self._closed:
             raise RuntimeError("RayExecutor.run after shutdown()")
-        ref = self._remote.remote(fn, args, kwargs)
+        refs: list[Any] = []
+
+        def start() -> asyncio.Future[Any]:
+            refs.append(self._remote.remote(fn, args, kwargs))
+            return asyncio.wrap_future(refs[0].future())
+
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+            return await self._slots.run(start, timeout)
         except TimeoutError:
             # A thread can't be stopped, but a Ray worker can: don't leave runaway work behind.
-            self._ray.cancel(ref, force=True)
+            if refs:
+                self._ray.cancel(refs[0], force=True)
             raise
 
     def shutdown(self) -> None:

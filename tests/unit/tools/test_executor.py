@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from mcore_agentic.config.errors import ConfigError
-from mcore_agentic.rollout.executor import LocalExecutor, RayExecutor, ToolExecutor, make_executor
+from mcore_agentic.tools.base import BaseTool, ToolResponse, safe_execute
+from mcore_agentic.tools.executor import LocalExecutor, RayExecutor, ToolExecutor, make_executor
 from mcore_agentic.tools.registry import load_tools
 
 REPO = Path(__file__).resolve().parents[3]
@@ -118,3 +119,72 @@ def test_ray_executor_runs_tasks_in_workers_and_cancels_on_timeout():
     assert value == 49 and pid != os.getpid()  # ran in a Ray worker process
     assert observation.text == "42" and not observation.is_error
     assert not ray.is_initialized()  # we started Ray, so we shut it down
+
+
+def test_slot_wait_never_counts_against_the_run_timeout():
+    """One slot, four calls of 0.3 s each with a 0.5 s run timeout: the last waits 0.9 s for its slot, then runs."""
+    executor = LocalExecutor(max_workers=1)
+
+    async def main():
+        return await asyncio.gather(*(executor.run(time.sleep, 0.3, timeout=0.5) for _ in range(4)))
+
+    try:
+        started = time.monotonic()
+        asyncio.run(main())
+        assert time.monotonic() - started >= 1.2  # they really did run one at a time
+    finally:
+        executor.shutdown()
+
+
+def test_a_run_past_its_timeout_still_times_out_and_keeps_its_slot_until_it_ends():
+    executor = LocalExecutor(max_workers=1)
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            await executor.run(time.sleep, 0.6, timeout=0.1)
+        started = time.monotonic()
+        await executor.run(time.sleep, 0.0, timeout=5)
+        return time.monotonic() - started
+
+    try:
+        waited = asyncio.run(main())
+    finally:
+        executor.shutdown()
+    assert waited >= 0.3  # the timed-out sleep held the only slot until it returned
+
+
+class _SleepTool(BaseTool):
+    async def execute(self, instance_id, parameters, **kwargs):
+        await self.run_blocking(time.sleep, parameters["seconds"])
+        return ToolResponse(text=f"slept {instance_id}")
+
+
+def test_safe_execute_timeout_excludes_the_wait_for_an_executor_slot():
+    executor = LocalExecutor(max_workers=1)
+    tool = _SleepTool({}, {"type": "function", "function": {"name": "sleep"}})
+    tool.bind_executor(executor)
+
+    async def main():
+        calls = [safe_execute(tool, f"r{i}", {"seconds": 0.3}, timeout=0.6) for i in range(4)]
+        return await asyncio.gather(*calls)
+
+    try:
+        results = asyncio.run(main())
+        slow = asyncio.run(safe_execute(tool, "slow", {"seconds": 1.0}, timeout=0.3))
+    finally:
+        executor.shutdown()
+    assert [r.text for r in results] == [f"slept r{i}" for i in range(4)]
+    assert slow.is_error and "timed out after 0.3 s" in slow.text
+
+
+def test_executor_size_is_a_config_key():
+    from mcore_agentic.rollout.config import MultiTurnConfig
+
+    assert MultiTurnConfig(tool_executor_workers=3).tool_executor_workers == 3
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.tool_executor_workers: must be >= 1"):
+        MultiTurnConfig(tool_executor_workers=0)
+    executor = make_executor("local", max_workers=3)
+    try:
+        assert executor.max_workers == 3
+    finally:
+        executor.shutdown()
