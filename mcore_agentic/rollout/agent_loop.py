@@ -31,7 +31,13 @@ from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest
 from mcore_agentic.rollout.tokenization import ChatTokenizer
-from mcore_agentic.rollout.tool_parser import ToolCall, ToolCallError, ToolCallParser, validate_tool_call
+from mcore_agentic.rollout.tool_parser import (
+    ToolCall,
+    ToolCallError,
+    ToolCallParser,
+    parameters_schema,
+    validate_tool_call,
+)
 from mcore_agentic.tools.base import ToolProtocol, ToolResponse, error_response, safe_execute
 
 logger = logging.getLogger(__name__)
@@ -163,7 +169,8 @@ class AgentSession:
             text = chat.decode(ids[:-1] if ended else ids)
             calls: list[ToolCall | ToolCallError] = []
             if self.instances:
-                content, calls = self.ctx.parser.parse(text)
+                schemas = {name: parameters_schema(inst.tool) for name, inst in self.instances.items()}
+                content, calls = self.ctx.parser.parse(text, schemas=schemas)
                 valid = [c for c in calls if isinstance(c, ToolCall)]
                 for c in valid:  # the message keeps malformed calls' text, as the model wrote it
                     text = text.replace(c.raw, "", 1)
