@@ -77,6 +77,7 @@ class AgentSession:
         self.mt = ctx.cfg.multi_turn
         self.instances: dict[str, _ToolInstance] = {}
         self.schemas: list[dict[str, Any]] | None = None
+        self.argument_schemas: dict[str, dict[str, Any]] = {}
         self.interaction: Any = None
         self.interaction_id: str | None = None
         self.num_prompt_messages = len(request.messages)
@@ -110,6 +111,7 @@ class AgentSession:
             instance_id = await tool.create(instance_id=req.request_id, **(kwargs.get("create_kwargs") or {}))
             self.instances[name] = _ToolInstance(tool, instance_id, kwargs)
         self.schemas = [t.get_openai_tool_schema() for t in selected.values()] or None
+        self.argument_schemas = {name: parameters_schema(tool) for name, tool in selected.items()}
         if req.interaction_kwargs and self.mt.enable:
             if not ctx.interactions:
                 raise RequestDataError(
@@ -169,8 +171,7 @@ class AgentSession:
             text = chat.decode(ids[:-1] if ended else ids)
             calls: list[ToolCall | ToolCallError] = []
             if self.instances:
-                schemas = {name: parameters_schema(inst.tool) for name, inst in self.instances.items()}
-                content, calls = self.ctx.parser.parse(text, schemas=schemas)
+                content, calls = self.ctx.parser.parse(text, schemas=self.argument_schemas)
                 valid = [c for c in calls if isinstance(c, ToolCall)]
                 for c in valid:  # the message keeps malformed calls' text, as the model wrote it
                     text = text.replace(c.raw, "", 1)

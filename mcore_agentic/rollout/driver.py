@@ -178,9 +178,6 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
     }
     failed = sum(r.state is RequestState.FAILED for r in requests)
     aborted = sum(r.state is RequestState.COMPLETED and r.finish_reason is FinishReason.ABORTED for r in requests)
-    for i, r in enumerate(requests):  # the request zeroed its own mask; this guards the batch against any path that did not
-        if r.state is RequestState.FAILED or r.finish_reason is FinishReason.ABORTED:
-            response_mask[i].zero_()
     return Batch(
         tensors={
             "prompts": prompts,

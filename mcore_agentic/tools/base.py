@@ -21,10 +21,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from mcore_agentic.tools.executor import ToolExecutor
+from mcore_agentic.tools.executor import TOOL_CLOCK, ToolClock, ToolExecutor, default_executor
 
 
 @dataclass
@@ -83,8 +82,6 @@ class BaseTool:
     def executor(self) -> ToolExecutor:
         """The bound executor, or a process-wide local thread pool if none was bound."""
         if self._executor is None:
-            from mcore_agentic.tools.executor import default_executor
-
             self._executor = default_executor()
         return self._executor
 
@@ -161,8 +158,6 @@ async def safe_execute(
     ``await``: a tool that blocks inside ``execute`` must move that work to
     ``run_blocking`` / its executor.
     """
-    from mcore_agentic.tools.executor import TOOL_CLOCK, ToolClock
-
     clock = ToolClock()
     token = TOOL_CLOCK.set(clock)
     try:
@@ -179,7 +174,7 @@ async def safe_execute(
         return error_response(f"Error: tool '{tool.name}' failed: {type(exc).__name__}: {detail}", exception=1)
 
 
-async def _within(task: asyncio.Future[Any], timeout: float | None, clock: Any) -> bool:
+async def _within(task: asyncio.Future[Any], timeout: float | None, clock: ToolClock) -> bool:
     """Wait for ``task``; False (and ``task`` cancelled) once it has run ``timeout`` s outside slot waits."""
     if timeout is None:
         await task

@@ -151,9 +151,14 @@ def _read_capped(path: Path, limit: int) -> tuple[str, bool]:
 
 def _signal_of(returncode: int, isolation: str) -> str | None:
     """The signal that ended the code: negative codes (direct child), 128+N from bwrap (its child)."""
-    number = -returncode if returncode < 0 else returncode - 128 if isolation == "bwrap" and 128 < returncode < 128 + 65 else 0
+    if returncode < 0:
+        number = -returncode
+    elif isolation == "bwrap" and 128 < returncode < 128 + 65:
+        number = returncode - 128
+    else:
+        return None
     try:
-        return signal.Signals(number).name if number else None
+        return signal.Signals(number).name
     except ValueError:
         return None
 
@@ -263,20 +268,11 @@ def _warn_once(key: str, message: str) -> None:
         logger.warning(message)
 
 
-def _warn_unsafe_once() -> None:
-    _warn_once(
-        "unsafe",
-        "code tool: sandbox: unsafe_subprocess runs model-written code WITHOUT isolation (same user, "
-        "host filesystem and processes visible; only resource limits and an audit hook); use sandbox: bwrap",
-    )
-
-
 class Sandbox:
     """Runs code under one :class:`SandboxLimits`; thread-safe; see the module docstring."""
 
     def __init__(self, limits: SandboxLimits):
         self.limits = limits
-        self.isolation: str = limits.sandbox
         self._idle: collections.deque[_Worker] = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
@@ -308,7 +304,11 @@ class Sandbox:
                     "max_processes: 0 (no new processes, enforced by seccomp)",
                 )
         else:
-            _warn_unsafe_once()
+            _warn_once(
+                "unsafe",
+                "code tool: sandbox: unsafe_subprocess runs model-written code WITHOUT isolation (same user, "
+                "host filesystem and processes visible; only resource limits and an audit hook); use sandbox: bwrap",
+            )
         self._fill()
 
     # -- workers ------------------------------------------------------------------------------------
@@ -341,7 +341,7 @@ class Sandbox:
 
     def _spawn(self) -> _Worker:
         root = Path(tempfile.mkdtemp(prefix="mcore_agentic_sandbox_"))
-        if self.isolation != "bwrap":
+        if self.limits.sandbox != "bwrap":
             workdir = root / "work"
             workdir.mkdir()
             argv = self._interpreter_args(bootstrap_source())
@@ -407,7 +407,7 @@ class Sandbox:
             stderr, err_cut = _read_capped(worker.err_path, self.limits.max_output_chars)
         finally:
             worker.close()
-        sig = None if timed_out else _signal_of(rc, self.isolation)
+        sig = None if timed_out else _signal_of(rc, self.limits.sandbox)
         return ExecutionResult(
             stdout=stdout,
             stderr=stderr,
@@ -417,7 +417,7 @@ class Sandbox:
             duration_s=duration,
             stdout_truncated=out_cut,
             stderr_truncated=err_cut,
-            isolation=self.isolation,
+            isolation=self.limits.sandbox,
         )
 
     def close(self) -> None:
