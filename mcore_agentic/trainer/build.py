@@ -183,15 +183,16 @@ def build_rollout_placement(cfg: RLConfig, layout: Any) -> Any:
 
 
 SGLANG_BASE_PORT = 30000
-"""Engine ``i`` of a node listens from ``SGLANG_BASE_PORT + 100 * i`` (SGLang picks its other ports above it)."""
+"""Engine ``i`` of a node: ``port=SGLANG_BASE_PORT + 100 * i`` (unbound on one node: IPC + a free NCCL port)."""
 
 
 def build_rollout_engine(cfg: RLConfig, placement: Any, device: torch.device) -> Any:
     """The rollout group leader's engine; None on the group's other ranks (see :mod:`~mcore_agentic.parallel.rollout_placement`).
 
     ``hf``: transformers on this rank's device (rollout TP only sets how many ranks share it: the
-    model is not sharded). ``sglang``: an in-process ``sglang.Engine`` with TP = the group size over
-    the group's GPUs, starting at this rank's.
+    model is not sharded). ``vllm``: vLLM's engine in this process (rollout TP=1, so every rank builds
+    one, at the same point: vLLM creates its groups over the whole world). ``sglang``: an in-process
+    ``sglang.Engine`` with TP = the group size over the group's GPUs, starting at this rank's.
     """
     if not placement.is_leader:
         return None
@@ -200,6 +201,10 @@ def build_rollout_engine(cfg: RLConfig, placement: Any, device: torch.device) ->
 
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
         return HFEngine.from_pretrained(cfg.model.model_path, dtype=dtype, device=str(device), seed=cfg.seed)
+    if cfg.rollout.name == "vllm":
+        from mcore_agentic.rollout.engines import build_engine
+
+        return build_engine(cfg.rollout, cfg.model.model_path, device=device.type, dtype=cfg.model.dtype, seed=cfg.seed)
     from mcore_agentic.rollout.engines.sglang import SGLangEngine
 
     local_rank = device.index if device.index is not None else 0
@@ -211,6 +216,8 @@ def build_rollout_engine(cfg: RLConfig, placement: Any, device: torch.device) ->
         base_gpu_id=local_rank,
         dtype=cfg.model.dtype,
         port=SGLANG_BASE_PORT + 100 * (local_rank // placement.tensor_parallel_size),
+        # rollout.seed promises reproducible samples: SGLang honours seeds only with deterministic inference
+        deterministic=cfg.rollout.seed is not None,
     )
 
 

@@ -63,6 +63,18 @@ _TP_DIM = {
 }
 
 
+
+def rope_settings(hf_config: Any) -> tuple[float, dict[str, Any] | None]:
+    """RoPE base and scaling dict of an HF config, in either transformers line.
+
+    transformers 5 keeps both in ``rope_parameters`` (``{"rope_theta": ..., "rope_type": ...}``);
+    4.x had ``rope_theta`` and an optional ``rope_scaling`` dict.
+    """
+    params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"]), params
+    return float(hf_config.rope_theta), getattr(hf_config, "rope_scaling", None)
+
 @dataclasses.dataclass(frozen=True)
 class _Dims:
     hidden: int
@@ -108,9 +120,9 @@ class DenseDecoderBridge(Bridge):
         )
 
     def rope_kwargs(self, hf_config: Any) -> dict[str, Any]:
-        """``GPTModel`` rotary arguments for ``hf_config.rope_theta`` / ``rope_scaling``."""
-        kwargs: dict[str, Any] = {"position_embedding_type": "rope", "rotary_base": hf_config.rope_theta}
-        scaling = hf_config.rope_scaling
+        """``GPTModel`` rotary arguments for the config's RoPE base and scaling (see :func:`rope_settings`)."""
+        theta, scaling = rope_settings(hf_config)
+        kwargs: dict[str, Any] = {"position_embedding_type": "rope", "rotary_base": theta}
         if not scaling:
             return kwargs
         rope_type = scaling.get("rope_type", scaling.get("type"))

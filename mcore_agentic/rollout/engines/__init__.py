@@ -1,4 +1,4 @@
-"""Generation engines behind one async interface: transformers (CPU) and SGLang (GPU, optional)."""
+"""Generation engines behind one async interface: transformers (the reference), vLLM (CPU and GPU) and SGLang (GPU)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 def build_engine(cfg: RolloutConfig, model_path: str | Path, *, device: str = "cpu", **kwargs: Any) -> RolloutEngine:
     """The engine ``rollout.name`` names, loaded from a local HF checkpoint directory.
 
-    ``hf``: :class:`~mcore_agentic.rollout.engines.hf.HFEngine` on ``device``; ``sglang``:
+    ``hf``: :class:`~mcore_agentic.rollout.engines.hf.HFEngine` on ``device``; ``vllm``:
+    :class:`~mcore_agentic.rollout.engines.vllm.VLLMEngine` (in-process, TP=1); ``sglang``:
     :class:`~mcore_agentic.rollout.engines.sglang.SGLangEngine` with ``rollout.tensor_model_parallel_size``
     and ``rollout.gpu_memory_utilization``. ``kwargs`` go to the engine's constructor.
     """
@@ -21,6 +22,24 @@ def build_engine(cfg: RolloutConfig, model_path: str | Path, *, device: str = "c
         from mcore_agentic.rollout.engines.hf import HFEngine
 
         return HFEngine.from_pretrained(model_path, device=device, seed=cfg.seed or 0, **kwargs)
+    if cfg.name == "vllm":
+        from mcore_agentic.rollout.engines.vllm import VLLMEngine, default_kv_cache_bytes
+
+        dtype = kwargs.pop("dtype", "float32")
+        kv_bytes = cfg.kv_cache_memory_mb * 2**20 if cfg.kv_cache_memory_mb is not None else None
+        if kv_bytes is None and device == "cpu":  # vLLM would otherwise reserve half the machine's memory
+            kv_bytes = default_kv_cache_bytes(model_path, max_model_len=cfg.effective_max_model_len, dtype=dtype)
+        return VLLMEngine(
+            model_path,
+            device=device,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            seed=kwargs.pop("seed", cfg.seed),
+            dtype=dtype,
+            max_model_len=cfg.effective_max_model_len,
+            kv_cache_memory_bytes=kv_bytes,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            **kwargs,
+        )
     from mcore_agentic.rollout.engines.sglang import SGLangEngine
 
     return SGLangEngine(

@@ -192,7 +192,7 @@ class HFEngine:
         keep = self._sample_all(new_rows, out.logits[:, -1, :])
         if not keep:
             return rows, cache, mask
-        new_cache = _select(out.past_key_values.to_legacy_cache(), keep)
+        new_cache = _select(_to_legacy(out.past_key_values), keep)
         new_rows = [new_rows[i] for i in keep]
         new_mask = new_mask[keep]
         if not rows:
@@ -205,8 +205,6 @@ class HFEngine:
         self, rows: list[_Row], cache: Legacy, mask: torch.Tensor
     ) -> tuple[list[_Row], Legacy | None, torch.Tensor | None]:
         """Feed every row its last sampled token, sample the next one, drop finished rows."""
-        from transformers.cache_utils import DynamicCache
-
         n = len(rows)
         tokens = torch.tensor([[r.last] for r in rows], dtype=torch.long)
         positions = torch.tensor([[r.next_position] for r in rows], dtype=torch.long)
@@ -216,7 +214,7 @@ class HFEngine:
             input_ids=tokens.to(dev),
             attention_mask=mask.to(dev),
             position_ids=positions.to(dev),
-            past_key_values=DynamicCache.from_legacy_cache(cache),
+            past_key_values=_from_legacy(cache),
             use_cache=True,
         )
         self.steps_run += 1
@@ -226,7 +224,7 @@ class HFEngine:
         keep = self._sample_all(rows, out.logits[:, -1, :])
         if not keep:
             return [], None, None
-        legacy = out.past_key_values.to_legacy_cache()
+        legacy = _to_legacy(out.past_key_values)
         if len(keep) < n:
             legacy, mask, rows = _select(legacy, keep), mask[keep], [rows[i] for i in keep]
         # Drop leading columns that are padding for every remaining row.
@@ -350,6 +348,21 @@ def _deliver(pending: _Pending, result: GenerationOutput | BaseException) -> Non
         pending.loop.call_soon_threadsafe(resolve)
     except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
         pass
+
+
+def _to_legacy(cache: Any) -> Legacy:
+    """Per-layer (keys, values) of a transformers ``DynamicCache`` (5.x dropped ``to_legacy_cache``)."""
+    return tuple((layer.keys, layer.values) for layer in cache.layers)
+
+
+def _from_legacy(legacy: Legacy) -> Any:
+    """A ``DynamicCache`` holding per-layer (keys, values) (5.x dropped ``from_legacy_cache``)."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache()
+    for layer, (keys, values) in enumerate(legacy):
+        cache.update(keys, values, layer)
+    return cache
 
 
 def _select(cache: Legacy, rows: list[int]) -> Legacy:

@@ -1,4 +1,4 @@
-"""An in-process ``sglang.Engine`` behind the ``RolloutEngine`` interface (GPU only).
+"""An in-process ``sglang.Engine`` (SGLang 0.5.23) behind the ``RolloutEngine`` interface (GPU only).
 
 SGLang is imported only when :class:`SGLangEngine` is constructed, so this module
 imports everywhere. The translation in both directions is kept in pure functions
@@ -11,45 +11,80 @@ temperature-scaled distribution (before top-k/top-p) unless the environment sets
 constructor refuses that, so both engines record the same quantity
 (see :mod:`mcore_agentic.rollout.engines.base`).
 
+Seeds: SGLang uses a request's ``sampling_seed`` only when the engine runs with
+``enable_deterministic_inference`` (batch-invariant kernels, pytorch sampling; slower).
+``SGLangEngine(deterministic=True)`` turns that on and passes ``SamplingParams.seed``, so the
+same seed, prompt and weights give the same completion; an unseeded request then gets a fresh
+random seed (SGLang would give every unseeded request seed 42, making a group's samples equal).
+With ``deterministic=False`` (the default) seeds have no effect and are not sent; the first
+seeded request logs a warning.
+
+Weight sync: every ``update_weights_from_tensor`` runs inside one SGLang weight-update session
+(``begin_weight_update`` at a sync's first bucket, ``end_weight_update`` in
+:meth:`SGLangEngine.finish_weight_update`). Every call's result is checked; a failure raises
+``RuntimeError`` naming the call and SGLang's message, closes the session and leaves
+``weight_version`` unchanged (the weights may be partly updated: sync again before generating).
+
 The engine runs with ``skip_tokenizer_init=True``: ids in, ids out, no detokenization.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import random
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams
 
+logger = logging.getLogger(__name__)
+
 _INSTALL_HINT = "SGLangEngine needs SGLang, installed on GPU machines only: pip install 'mcore-agentic[gpu]'"
+_SEED_BITS = 62  # SGLang accepts any int64 sampling_seed
 
 
-def to_sglang_sampling_params(params: SamplingParams) -> dict[str, Any]:
-    """The ``sampling_params`` dict of ``sglang.Engine.async_generate`` for ``params``."""
+def sglang_env_flag(name: str) -> bool:
+    """Whether SGLang 0.5.23 reads the boolean environment variable ``name`` as set.
+
+    SGLang has two readers: ``get_bool_env_var`` (``srt/layers/sampler.py``; "true"/"1") and
+    ``envs.<name>.get()`` (``EnvBool``, ``srt/layers/logprob_processor.py``; also "yes"/"y").
+    Both lower-case the raw value without stripping it and read anything else as false; this
+    is True when either of them would switch on.
+    """
+    value = os.environ.get(name)
+    return value is not None and value.lower() in ("true", "1", "yes", "y")
+
+
+def to_sglang_sampling_params(params: SamplingParams, *, deterministic: bool = False) -> dict[str, Any]:
+    """The ``sampling_params`` dict of ``sglang.Engine.async_generate`` for ``params``.
+
+    ``sampling_seed`` is sent only on a ``deterministic`` engine (elsewhere SGLang ignores it).
+    """
     out: dict[str, Any] = {
         "max_new_tokens": params.max_new_tokens,
         "temperature": params.temperature,  # SGLang treats 0 as greedy (top_k=1)
         "top_p": params.top_p,
-        "top_k": params.top_k,
+        "top_k": params.top_k,  # -1: whole vocabulary
         "stop_token_ids": list(params.stop_token_ids),
         "skip_special_tokens": False,
         # keep the stop token in the output: token-in/token-out keeps what was sampled
         "no_stop_trim": True,
     }
-    if params.seed is not None:
+    if deterministic and params.seed is not None:
         out["sampling_seed"] = params.seed
     return out
 
 
-def to_sglang_request(prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
+def to_sglang_request(prompt_ids: list[int], params: SamplingParams, *, deterministic: bool = False) -> dict[str, Any]:
     """Keyword arguments of ``sglang.Engine.async_generate`` for one request."""
     return {
         "input_ids": list(prompt_ids),
-        "sampling_params": to_sglang_sampling_params(params),
+        "sampling_params": to_sglang_sampling_params(params, deterministic=deterministic),
         "return_logprob": True,
     }
 
@@ -57,7 +92,8 @@ def to_sglang_request(prompt_ids: list[int], params: SamplingParams) -> dict[str
 def from_sglang_output(output: dict[str, Any]) -> GenerationOutput:
     """A :class:`GenerationOutput` from one ``async_generate`` result dict.
 
-    Ids and logprobs come from ``meta_info["output_token_logprobs"]`` (``(logprob, id, text)``
+    With ``skip_tokenizer_init`` the result is ``{"output_ids", "meta_info"}`` (no ``text``).
+    Ids and logprobs come from ``meta_info["output_token_logprobs"]`` (``(logprob, id, None)``
     triples, one per sampled token); ``output_ids``, when present, must agree.
     ``meta_info["finish_reason"]`` is ``{"type": "stop"|"length"|"abort", ...}`` (or None while
     unfinished, read as abort).
@@ -90,13 +126,17 @@ def sglang_engine_kwargs(
     base_gpu_id: int = 0,
     dtype: str = "auto",
     port: int | None = None,
+    deterministic: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Constructor arguments of ``sglang.Engine`` for a colocated rollout engine.
+    """Constructor arguments of ``sglang.Engine`` (fields of SGLang 0.5.23's ``ServerArgs``).
 
     ``base_gpu_id``: the first GPU of the engine's rollout group (the leader's ``LOCAL_RANK``); the
-    engine's TP schedulers take GPUs ``base_gpu_id .. base_gpu_id + tp - 1``. ``port``: distinct per
-    engine on one node (several leaders start engines at once). ``extra`` overrides anything.
+    engine's TP schedulers take GPUs ``base_gpu_id .. base_gpu_id + tp - 1``. ``port``: SGLang's HTTP
+    port; the in-process engine binds nothing on it on one node (its processes talk over ``ipc://``
+    files and NCCL's store takes ``nccl_port``, a random free port in 22000-29999 unless ``extra``
+    sets one); with DP attention SGLang derives ZMQ ports from it. ``deterministic``:
+    ``enable_deterministic_inference`` (needed for per-request seeds). ``extra`` overrides anything.
     """
     kwargs: dict[str, Any] = {
         "model_path": model_path,
@@ -106,6 +146,7 @@ def sglang_engine_kwargs(
         "mem_fraction_static": gpu_memory_utilization,
         "skip_tokenizer_init": True,
         "enable_memory_saver": True,  # release/resume_memory_occupation around training
+        "enable_deterministic_inference": deterministic,
         "log_level": "error",
     }
     if port is not None:
@@ -116,8 +157,28 @@ def sglang_engine_kwargs(
     return kwargs
 
 
+def _check(call: str, result: Any, *, during: str, then: str, none_ok: bool = False) -> None:
+    """Raise ``RuntimeError`` if ``result`` of ``sglang.Engine.<call>`` reports a failure.
+
+    SGLang 0.5.23 returns ``(success, message)`` from begin/end_weight_update and
+    update_weights_from_tensor, a ``FlushCacheReqOutput`` (``.success``, ``.message``) from
+    flush_cache and None from release/resume_memory_occupation (``none_ok``). The error reads
+    "sglang.Engine.<call> failed during <during>: <SGLang's message>; <then>".
+    """
+    if result is None and none_ok:
+        return
+    if isinstance(result, tuple) and len(result) == 2:
+        success, message = result
+    elif hasattr(result, "success"):
+        success, message = result.success, getattr(result, "message", "")
+    else:
+        raise RuntimeError(f"sglang.Engine.{call} returned {result!r}, no success flag: SGLangEngine targets 0.5.23")
+    if not success:
+        raise RuntimeError(f"sglang.Engine.{call} failed during {during}: {message or 'no message'}; {then}")
+
+
 class SGLangEngine:
-    """``RolloutEngine`` over an in-process ``sglang.Engine``."""
+    """``RolloutEngine`` over an in-process ``sglang.Engine`` (SGLang 0.5.23)."""
 
     def __init__(
         self,
@@ -129,61 +190,126 @@ class SGLangEngine:
         base_gpu_id: int = 0,
         dtype: str = "auto",
         port: int | None = None,
+        deterministic: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
     ):
         try:
             import sglang
         except ImportError as exc:
             raise ImportError(_INSTALL_HINT) from exc
-        if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true", "yes"):
+        if sglang_env_flag("SGLANG_RETURN_ORIGINAL_LOGPROB"):
             raise RuntimeError(
                 "SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would return temperature-1 logprobs, but the rollout "
                 "records temperature-scaled ones (what the trainer recomputes); unset it"
             )
-        self._engine = sglang.Engine(
-            **sglang_engine_kwargs(
-                model_path,
-                tensor_model_parallel_size=tensor_model_parallel_size,
-                gpu_memory_utilization=gpu_memory_utilization,
-                seed=seed,
-                base_gpu_id=base_gpu_id,
-                dtype=dtype,
-                port=port,
-                extra=engine_kwargs,
+        if not hasattr(sglang.Engine, "begin_weight_update"):
+            raise ImportError(
+                f"sglang {getattr(sglang, '__version__', '?')} has no Engine.begin_weight_update: "
+                "SGLangEngine targets SGLang 0.5.23; pip install 'sglang[srt]==0.5.23'"
             )
+        kwargs = sglang_engine_kwargs(
+            model_path,
+            tensor_model_parallel_size=tensor_model_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=seed,
+            base_gpu_id=base_gpu_id,
+            dtype=dtype,
+            port=port,
+            deterministic=deterministic,
+            extra=engine_kwargs,
         )
+        self.deterministic = bool(kwargs.get("enable_deterministic_inference"))
+        """Whether ``SamplingParams.seed`` takes effect (SGLang's ``enable_deterministic_inference``)."""
+        self._engine = sglang.Engine(**kwargs)
         self.weight_version = 0
         self._released = False
+        self._session_open = False  # an SGLang weight-update session is open: a sync is under way
+        self._weights_valid = True  # False from resume_memory() or a sync's first bucket until a sync finishes
+        self._seed_rng = random.Random(seed)
+        self._warned_seed = False
         # SGLang's request handler task lives on the loop of the first request; every rollout must
         # run there (the driver runs engines that have an ``event_loop`` on it, never asyncio.run).
         self.event_loop: asyncio.AbstractEventLoop = getattr(self._engine, "loop", None) or asyncio.new_event_loop()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
-        output = await self._engine.async_generate(**to_sglang_request(prompt_ids, params))
+        if not self._weights_valid:
+            raise RuntimeError(
+                "SGLangEngine.generate before a weight sync finished (after resume_memory() or a failed sync); "
+                "sync the weights first"
+            )
+        if self.deterministic and params.seed is None:
+            # SGLang would seed every unseeded request with 42: a group's samples would all be equal
+            params = replace(params, seed=self._seed_rng.getrandbits(_SEED_BITS))
+        elif params.seed is not None and not self.deterministic and not self._warned_seed:
+            self._warned_seed = True
+            logger.warning(
+                "SamplingParams.seed has no effect on SGLangEngine(deterministic=False): SGLang uses sampling_seed "
+                "only with enable_deterministic_inference; pass deterministic=True for reproducible samples"
+            )
+        request = to_sglang_request(prompt_ids, params, deterministic=self.deterministic)
+        output = await self._engine.async_generate(**request)
         return from_sglang_output(output)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
-        # One bucket; the prefix cache is flushed once the whole sync is in (finish_weight_update).
-        self._engine.update_weights_from_tensor(named_tensors=list(named_tensors), flush_cache=False)
+        """Load one bucket; a sync's first bucket opens SGLang's weight-update session."""
+        tensors = list(named_tensors)
+        during = f"the weight sync to version {version}"
+        if not self._session_open:
+            self._weights_valid = False
+            _check("begin_weight_update", self._engine.begin_weight_update(), during=during, then="nothing was loaded")
+            self._session_open = True
+        try:
+            # One bucket; the prefix cache is flushed once the whole sync is in (finish_weight_update).
+            result = self._engine.update_weights_from_tensor(named_tensors=tensors, flush_cache=False)
+            _check("update_weights_from_tensor", result, during=during, then="weights partly updated: sync again")
+        except BaseException:
+            self._close_session()
+            raise
 
     def finish_weight_update(self, version: int) -> None:
-        self._engine.flush_cache()
+        """Close the weight-update session and flush the prefix cache; only then report ``version``."""
+        if not self._session_open:
+            raise RuntimeError(
+                f"SGLangEngine.finish_weight_update({version}) with no update_weights bucket since the last sync: "
+                "send the weights first"
+            )
+        self._session_open = False
+        during = f"the weight sync to version {version}"
+        _check("end_weight_update", self._engine.end_weight_update(), during=during, then="sync again")
+        _check("flush_cache", self._engine.flush_cache(), during=during, then="wait for running requests, sync again")
         self.weight_version = version
+        self._weights_valid = True
+
+    def _close_session(self) -> None:
+        """End the open weight-update session of a failed or abandoned sync (SGLang has no abort)."""
+        if not self._session_open:
+            return
+        self._session_open = False
+        try:
+            result = self._engine.end_weight_update()
+            _check("end_weight_update", result, during="closing a failed sync's session", then="restart the engine")
+        except Exception as exc:  # the sync's own error is the one raised
+            logger.warning("%s", exc)
 
     # Idempotent, like HFEngine's: the sharding manager resumes before the first sync, when
     # the freshly built engine still holds its memory (the memory saver refuses a double resume).
     def release_memory(self) -> None:
+        self._close_session()  # a sync whose export failed midway leaves its session open
         if not self._released:
-            self._engine.release_memory_occupation()
+            result = self._engine.release_memory_occupation()
+            _check("release_memory_occupation", result, during="release_memory", then="stop the rollout", none_ok=True)
             self._released = True
 
     def resume_memory(self) -> None:
         if self._released:
-            self._engine.resume_memory_occupation()
+            result = self._engine.resume_memory_occupation()
+            _check("resume_memory_occupation", result, during="resume_memory", then="restart the engine", none_ok=True)
             self._released = False
+            # without enable_weights_cpu_backup the memory saver keeps no copy: the weights must be synced
+            self._weights_valid = False
 
     def flush_cache(self) -> None:
-        self._engine.flush_cache()
+        _check("flush_cache", self._engine.flush_cache(), during="flush_cache", then="wait for running requests")
 
     def shutdown(self) -> None:
         self._engine.shutdown()

@@ -37,7 +37,7 @@ def test_builds_loads_offline_and_generates(arch, tmp_path):
     assert model.generation_config.pad_token_id == tokenizer.pad_token_id == 1024
 
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "1+1?"}], add_generation_prompt=True, return_tensors="pt"
+        [{"role": "user", "content": "1+1?"}], add_generation_prompt=True, return_tensors="pt", return_dict=False
     )
     out = model.generate(prompt, max_new_tokens=6, do_sample=False)
     assert out.shape[1] > prompt.shape[1]

@@ -1,13 +1,20 @@
 """SGLangEngine's translation to and from sglang.Engine, without a GPU or SGLang installed.
 
-The response dicts are shaped like ``sglang.Engine.async_generate(input_ids=..., return_logprob=True)``
-results with ``skip_tokenizer_init=True``.
+The stand-in below behaves like SGLang 0.5.23's ``sglang.Engine`` (read from its source:
+``srt/entrypoints/engine.py``, ``srt/managers/scheduler_components/weight_updater.py``,
+``srt/managers/tokenizer_control_mixin.py``, ``srt/managers/tokenizer_manager.py``):
+weight updates only inside a ``begin_weight_update``/``end_weight_update`` session,
+``(success, message)`` results, a ``FlushCacheReqOutput``-like ``flush_cache`` result, None from the
+memory calls, result dicts without ``text`` under ``skip_tokenizer_init``, and a constructor that
+rejects keys that are no ``ServerArgs`` field. ``test_engines_sglang_api.py`` checks the adapter
+against the real classes where SGLang is installed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import sys
 import types
 
@@ -19,43 +26,189 @@ from mcore_agentic.rollout.engines.sglang import (
     SGLangEngine,
     from_sglang_output,
     sglang_engine_kwargs,
+    sglang_env_flag,
     to_sglang_request,
     to_sglang_sampling_params,
 )
 
+# Real ServerArgs fields of SGLang 0.5.23 (a subset of its 546: msgspec.structs.fields(ServerArgs)).
+SERVER_ARGS_FIELDS = frozenset(
+    """model_path tokenizer_path tp_size dp_size base_gpu_id gpu_id_step dtype mem_fraction_static
+    skip_tokenizer_init enable_memory_saver enable_weights_cpu_backup enable_deterministic_inference
+    random_seed log_level port host nccl_port dist_init_addr nnodes node_rank sampling_backend
+    attention_backend load_format context_length max_running_requests max_total_tokens
+    chunked_prefill_size disable_radix_cache trust_remote_code kv_cache_dtype quantization
+    schedule_policy sampling_defaults preferred_sampling_params rl_on_policy_target""".split()
+)
+# API fields of SGLang 0.5.23's srt/sampling/sampling_params.py::SamplingParams.
+SAMPLING_PARAMS_FIELDS = frozenset(
+    """max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p frequency_penalty
+    presence_penalty repetition_penalty min_new_tokens n beam_width json_schema regex ebnf structural_tag
+    ignore_eos skip_special_tokens spaces_between_special_tokens no_stop_trim stream_interval logit_bias
+    sampling_seed custom_params watermark""".split()
+)
+# Keyword arguments of SGLang 0.5.23's Engine.async_generate that the adapter may use.
+ASYNC_GENERATE_KWARGS = frozenset(
+    """prompt sampling_params input_ids return_logprob logprob_start_len top_logprobs_num token_ids_logprob
+    lora_path stream rid""".split()
+)
+NO_SESSION = "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
+
+
+class _FlushCacheReqOutput:
+    """Like ``sglang.srt.managers.io_struct.FlushCacheReqOutput``."""
+
+    def __init__(self, success: bool, message: str = ""):
+        self.success = success
+        self.message = message
+
+
+class _SGLangEngine:
+    """Stands in for SGLang 0.5.23's ``sglang.Engine`` (not installable without CUDA); records the calls.
+
+    Like SGLang's, its request handling is bound to the event loop of the first request.
+    """
+
+    reply = [11, 12]
+    finish = "length"
+
+    def __init__(self, **kwargs):
+        unknown = sorted(set(kwargs) - SERVER_ARGS_FIELDS)
+        if unknown:  # ServerArgs is a msgspec.Struct: TypeError on an unknown keyword
+            raise TypeError(f"Unexpected keyword argument {unknown[0]!r}")
+        self.kwargs = kwargs
+        self.calls: list[tuple] = []
+        self.loop = asyncio.new_event_loop()  # Engine.loop: where its sync methods run their coroutines
+        self.handler_loop = None
+        self.session: str | None = None  # the scheduler's _WeightUpdateSession
+        self.weights: dict[str, torch.Tensor] = {}
+        self.fail_update: str | None = None  # SGLang's message for a failing bucket
+        self.fail_end: str | None = None
+        self.busy = False  # requests running: flush_cache refuses
+        self.released = False
+
+    async def async_generate(self, **request):
+        unknown = sorted(set(request) - ASYNC_GENERATE_KWARGS)
+        if unknown:
+            raise TypeError(f"async_generate() got an unexpected keyword argument {unknown[0]!r}")
+        unknown = sorted(set(request.get("sampling_params") or {}) - SAMPLING_PARAMS_FIELDS)
+        if unknown:
+            raise TypeError(f"Unexpected keyword argument {unknown[0]!r}")  # SamplingParams(**sampling_params)
+        self.calls.append(("async_generate", request))
+        loop = asyncio.get_running_loop()
+        self.handler_loop = self.handler_loop or loop
+        if loop is not self.handler_loop:
+            raise RuntimeError("async_generate on another event loop than the handler's: SGLang would hang here")
+        meta = {"id": "9f1c", "finish_reason": {"type": self.finish}, "prompt_tokens": len(request["input_ids"])}
+        if request.get("return_logprob"):
+            meta["output_token_logprobs"] = [(-0.5 / (i + 1), t, None) for i, t in enumerate(self.reply)]
+        return {"output_ids": list(self.reply), "meta_info": meta}  # skip_tokenizer_init: no "text"
+
+    def begin_weight_update(self, selector: str = "all"):
+        self.calls.append(("begin_weight_update",))
+        if self.session is not None:
+            return False, "a weight-update session is already open; call end_weight_update() first"
+        self.session = selector
+        return True, "Success"
+
+    def end_weight_update(self):
+        self.calls.append(("end_weight_update",))
+        if self.session is None:
+            return False, "no weight-update session is open; call begin_weight_update() first"
+        self.session = None
+        if self.fail_end:
+            return False, self.fail_end
+        return True, "Success"
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        self.calls.append(("update_weights_from_tensor", [n for n, _ in named_tensors], flush_cache))
+        if self.session is None:
+            return False, NO_SESSION
+        if self.fail_update:
+            return False, self.fail_update
+        self.weights.update(named_tensors)
+        if flush_cache and self.busy:
+            return False, "Weights were updated, but the cache was not flushed because requests are still running"
+        return True, "Success"
+
+    def flush_cache(self):
+        self.calls.append(("flush_cache",))
+        return _FlushCacheReqOutput(success=not self.busy)
+
+    def release_memory_occupation(self, tags=None):
+        self.calls.append(("release_memory_occupation",))
+        if self.released:  # the memory saver pauses a region only once
+            raise RuntimeError("memory already released")
+        self.released = True
+
+    def resume_memory_occupation(self, tags=None):
+        self.calls.append(("resume_memory_occupation",))
+        if not self.released:  # the scheduler's offload_tags.remove(tag) fails
+            raise KeyError("weights")
+        self.released = False
+
+    def shutdown(self):
+        self.calls.append(("shutdown",))
+
+
+@pytest.fixture
+def fake_sglang(monkeypatch):
+    module = types.ModuleType("sglang")
+    module.__version__ = "0.5.23"
+    module.Engine = _SGLangEngine
+    monkeypatch.setitem(sys.modules, "sglang", module)
+    monkeypatch.delenv("SGLANG_RETURN_ORIGINAL_LOGPROB", raising=False)
+    loops: list[asyncio.AbstractEventLoop] = []
+    new_loop = asyncio.new_event_loop
+    monkeypatch.setattr(asyncio, "new_event_loop", lambda: loops.append(new_loop()) or loops[-1])
+    yield module
+    for loop in loops:
+        loop.close()
+
+
+def _sync(engine: SGLangEngine, version: int, buckets: list[list[str]]) -> None:
+    for names in buckets:
+        engine.update_weights([(n, torch.full((1,), float(version))) for n in names], version=version)
+    engine.finish_weight_update(version)
+
+
+def _generate(engine: SGLangEngine, prompt: list[int], params: SamplingParams):
+    """One request on the engine's loop, as the driver runs them (SGLang binds its handler to one loop)."""
+    return engine.event_loop.run_until_complete(engine.generate(prompt, params))
+
 
 def test_request_translation():
     params = SamplingParams(max_new_tokens=64, stop_token_ids=[151645, 151643], temperature=0.7, top_p=0.9, top_k=20, seed=7)
-    req = to_sglang_request([1, 2, 3], params)
-    assert req == {
-        "input_ids": [1, 2, 3],
-        "return_logprob": True,
-        "sampling_params": {
-            "max_new_tokens": 64,
-            "temperature": 0.7,
-            "top_p": 0.9,
-            "top_k": 20,
-            "stop_token_ids": [151645, 151643],
-            "skip_special_tokens": False,
-            "no_stop_trim": True,
-            "sampling_seed": 7,
-        },
+    sampling = {
+        "max_new_tokens": 64,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "stop_token_ids": [151645, 151643],
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
     }
-    unseeded = to_sglang_sampling_params(SamplingParams(max_new_tokens=1, temperature=0.0))
+    # SGLang uses sampling_seed only with enable_deterministic_inference: sent only there
+    assert to_sglang_request([1, 2, 3], params) == {"input_ids": [1, 2, 3], "return_logprob": True, "sampling_params": sampling}
+    req = to_sglang_request([1, 2, 3], params, deterministic=True)
+    assert req["sampling_params"] == {**sampling, "sampling_seed": 7}
+    unseeded = to_sglang_sampling_params(SamplingParams(max_new_tokens=1, temperature=0.0), deterministic=True)
     assert "sampling_seed" not in unseeded and unseeded["temperature"] == 0.0 and unseeded["top_k"] == -1
+    assert set(req["sampling_params"]) <= SAMPLING_PARAMS_FIELDS and set(req) <= ASYNC_GENERATE_KWARGS
 
 
 def _response(finish: dict | None, triples: list, output_ids: list | None = None) -> dict:
+    """An ``async_generate`` result under ``skip_tokenizer_init``: no ``text`` key."""
     out = {
-        "text": "",
         "meta_info": {
             "id": "9f1c",
             "finish_reason": finish,
             "prompt_tokens": 3,
-            "completion_tokens": len(triples),
-            "cached_tokens": 0,
-            "e2e_latency": 0.05,
+            "weight_version": "default",
+            "num_retractions": 0,
             "output_token_logprobs": triples,
+            "output_token_logprobs_length": len(triples),
+            "e2e_latency": 0.05,
         },
     }
     if output_ids is not None:
@@ -69,73 +222,49 @@ def test_response_translation_stop_length_abort():
     assert out.token_ids == [785, 4226, 151645]
     assert out.log_probs == [-0.25, -1.5, -0.01]
     assert out.finish_reason == "stop"
-    length = from_sglang_output(_response({"type": "length", "length": 2}, triples[:2]))
+    length = from_sglang_output(_response({"type": "length", "length": 2}, triples[:2], [785, 4226]))
     assert length.finish_reason == "length" and length.token_ids == [785, 4226]
-    aborted = from_sglang_output(_response({"type": "abort", "message": "memory released"}, []))
+    aborted = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}  # FINISH_ABORT.to_json()
+    aborted = from_sglang_output(_response(aborted, [], []))
     assert aborted.finish_reason == "abort" and aborted.token_ids == []
     assert from_sglang_output(_response(None, triples[:1])).finish_reason == "abort"
 
 
 def test_response_translation_errors():
     with pytest.raises(ValueError, match="return_logprob"):
-        from_sglang_output({"meta_info": {"finish_reason": {"type": "stop"}}})
+        from_sglang_output({"output_ids": [], "meta_info": {"finish_reason": {"type": "stop"}}})
     with pytest.raises(ValueError, match="disagree"):
         from_sglang_output(_response({"type": "stop"}, [(-0.1, 5, None)], [6]))
     with pytest.raises(ValueError, match="meta_info"):
         from_sglang_output({"output_ids": [1]})
 
 
-def test_engine_kwargs():
+def test_engine_kwargs_are_server_args_fields():
     kw = sglang_engine_kwargs("/ckpt", tensor_model_parallel_size=2, gpu_memory_utilization=0.6, seed=3)
     assert kw["tp_size"] == 2 and kw["mem_fraction_static"] == 0.6 and kw["random_seed"] == 3
     assert kw["skip_tokenizer_init"] is True and kw["enable_memory_saver"] is True
+    assert kw["enable_deterministic_inference"] is False
     assert kw["base_gpu_id"] == 0 and kw["dtype"] == "auto" and "port" not in kw
+    assert set(kw) <= SERVER_ARGS_FIELDS
     kw = sglang_engine_kwargs(
         "/ckpt", tensor_model_parallel_size=2, gpu_memory_utilization=0.6, seed=None, base_gpu_id=2,
-        dtype="bfloat16", port=30100, extra={"log_level": "info"},
+        dtype="bfloat16", port=30100, deterministic=True, extra={"log_level": "info"},
     )
     assert (kw["base_gpu_id"], kw["dtype"], kw["port"], kw["log_level"]) == (2, "bfloat16", 30100, "info")
-    assert "random_seed" not in kw
+    assert kw["enable_deterministic_inference"] is True and "random_seed" not in kw
+    assert set(kw) <= SERVER_ARGS_FIELDS
 
 
-class _RecordingSGLangEngine:
-    """Stands in for ``sglang.Engine`` (not installable without CUDA): records the calls the adapter makes.
-
-    Like SGLang's, its request handling is bound to the event loop of the first request.
-    """
-
-    reply = [11, 12]
-    finish = "length"
-
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-        self.calls: list[tuple] = []
-        self.handler_loop = None
-
-    async def async_generate(self, **request):
-        self.calls.append(("async_generate", request))
-        loop = asyncio.get_running_loop()
-        self.handler_loop = self.handler_loop or loop
-        if loop is not self.handler_loop:
-            raise RuntimeError("async_generate on another event loop than the handler's: SGLang would hang here")
-        triples = [(-0.5 / (i + 1), t, None) for i, t in enumerate(self.reply)]
-        return {"output_ids": list(self.reply), "meta_info": {"finish_reason": {"type": self.finish},
-                                                              "output_token_logprobs": triples}}
-
-    def update_weights_from_tensor(self, named_tensors, flush_cache=True):
-        self.calls.append(("update_weights_from_tensor", [n for n, _ in named_tensors], flush_cache))
-
-    def __getattr__(self, name):
-        if name not in ("flush_cache", "release_memory_occupation", "resume_memory_occupation", "shutdown"):
-            raise AttributeError(name)
-        return lambda *a, **k: self.calls.append((name,))
+def test_unknown_engine_kwarg_is_refused_like_server_args(fake_sglang):
+    with pytest.raises(TypeError, match="bogus_key"):
+        SGLangEngine("/ckpt", engine_kwargs={"bogus_key": 1})
 
 
-def test_adapter_calls_sglang_engine_as_the_sharding_manager_needs(monkeypatch):
-    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=_RecordingSGLangEngine))
+def test_adapter_calls_sglang_engine_as_the_sharding_manager_needs(fake_sglang):
     engine = SGLangEngine("/ckpt", tensor_model_parallel_size=2, base_gpu_id=2, dtype="bfloat16", port=30100)
     inner = engine._engine
     assert inner.kwargs["tp_size"] == 2 and inner.kwargs["base_gpu_id"] == 2 and inner.kwargs["port"] == 30100
+    assert engine.event_loop is inner.loop
 
     # The sharding manager resumes before the first sync, while the new engine still holds its memory:
     # that resume is a no-op (the memory saver refuses a double resume); release/resume then alternate.
@@ -146,17 +275,145 @@ def test_adapter_calls_sglang_engine_as_the_sharding_manager_needs(monkeypatch):
     engine.release_memory()
     engine.release_memory()
     engine.resume_memory()
-    assert engine.weight_version == 1
+    _sync(engine, 2, [["a", "b", "c"]])
+    assert engine.weight_version == 2
     assert inner.calls == [
+        ("begin_weight_update",),  # the sync's first bucket opens the session ...
         ("update_weights_from_tensor", ["a", "b"], False),  # buckets never flush the cache ...
         ("update_weights_from_tensor", ["c"], False),
-        ("flush_cache",),  # ... the finished sync does, once
+        ("end_weight_update",),  # ... finish closes it
+        ("flush_cache",),  # ... the finished sync flushes, once
         ("release_memory_occupation",),
         ("resume_memory_occupation",),
+        ("begin_weight_update",),
+        ("update_weights_from_tensor", ["a", "b", "c"], False),
+        ("end_weight_update",),
+        ("flush_cache",),
     ]
-    out = asyncio.run(engine.generate([1, 2], SamplingParams(max_new_tokens=2, seed=4)))
+    out = _generate(engine, [1, 2], SamplingParams(max_new_tokens=2))
     assert (out.token_ids, out.log_probs, out.finish_reason) == ([11, 12], [-0.5, -0.25], "length")
-    assert inner.calls[-1][1]["input_ids"] == [1, 2] and inner.calls[-1][1]["sampling_params"]["sampling_seed"] == 4
+    assert inner.calls[-1][1]["input_ids"] == [1, 2] and inner.calls[-1][1]["return_logprob"] is True
+
+
+def test_weights_load_inside_a_weight_update_session(fake_sglang):
+    """SGLang 0.5.23 loads nothing outside a begin/end_weight_update session (and says so in its result)."""
+    engine = SGLangEngine("/ckpt")
+    _sync(engine, 1, [["a", "b"], ["c"]])
+    inner = engine._engine
+    assert sorted(inner.weights) == ["a", "b", "c"] and all(float(t) == 1.0 for t in inner.weights.values())
+    assert inner.session is None and engine.weight_version == 1
+
+
+def test_failed_bucket_raises_closes_the_session_and_keeps_the_version(fake_sglang):
+    engine = SGLangEngine("/ckpt")
+    _sync(engine, 1, [["a"]])
+    inner = engine._engine
+    engine.update_weights([("a", torch.zeros(1))], version=2)
+    inner.fail_update = "Failed to update parameter online: shape mismatch for 'b'."
+    with pytest.raises(RuntimeError, match=r"update_weights_from_tensor failed during the weight sync to version 2: "
+                                           r"Failed to update parameter online: shape mismatch for 'b'\."):
+        engine.update_weights([("b", torch.zeros(1))], version=2)
+    assert engine.weight_version == 1 and inner.session is None  # closed: the next sync can open one
+    with pytest.raises(RuntimeError, match="no update_weights bucket"):
+        engine.finish_weight_update(2)
+    assert engine.weight_version == 1
+    with pytest.raises(RuntimeError, match="before a weight sync finished"):  # partly updated weights
+        _generate(engine, [1], SamplingParams(max_new_tokens=1))
+    inner.fail_update = None
+    _sync(engine, 2, [["a"], ["b"]])
+    assert engine.weight_version == 2
+    assert _generate(engine, [1], SamplingParams(max_new_tokens=1)).token_ids == [11, 12]
+
+
+def test_failed_session_or_flush_keeps_the_version(fake_sglang):
+    engine = SGLangEngine("/ckpt")
+    inner = engine._engine
+    inner.session = "all"  # someone else left a session open
+    with pytest.raises(RuntimeError, match="begin_weight_update failed .*already open"):
+        engine.update_weights([("a", torch.zeros(1))], version=1)
+    inner.session = None
+    inner.fail_end = "post-load failed"
+    engine.update_weights([("a", torch.zeros(1))], version=1)
+    with pytest.raises(RuntimeError, match="end_weight_update failed during the weight sync to version 1: post-load"):
+        engine.finish_weight_update(1)
+    assert engine.weight_version == 0
+    inner.fail_end, inner.busy = None, True
+    engine.update_weights([("a", torch.zeros(1))], version=1)
+    with pytest.raises(RuntimeError, match="flush_cache failed"):
+        engine.finish_weight_update(1)
+    assert engine.weight_version == 0 and inner.session is None
+    with pytest.raises(RuntimeError, match="flush_cache failed during flush_cache"):
+        engine.flush_cache()
+
+
+def test_an_abandoned_sync_is_closed_on_release(fake_sglang):
+    """An exporter that fails midway never calls finish: release_memory ends the open session."""
+    engine = SGLangEngine("/ckpt")
+    engine.update_weights([("a", torch.zeros(1))], version=1)
+    engine.release_memory()
+    inner = engine._engine
+    assert inner.session is None and engine.weight_version == 0
+    engine.resume_memory()
+    _sync(engine, 1, [["a"]])
+    assert engine.weight_version == 1
+
+
+def test_generate_after_resume_needs_a_sync(fake_sglang):
+    engine = SGLangEngine("/ckpt")
+    engine.release_memory()
+    engine.resume_memory()
+    with pytest.raises(RuntimeError, match="sync the weights first"):
+        _generate(engine, [1], SamplingParams(max_new_tokens=1))
+
+
+def test_seeds_need_deterministic_inference(fake_sglang, caplog):
+    plain = SGLangEngine("/ckpt")
+    assert plain._engine.kwargs["enable_deterministic_inference"] is False
+    with caplog.at_level(logging.WARNING, logger="mcore_agentic.rollout.engines.sglang"):
+        for _ in range(2):
+            _generate(plain, [1], SamplingParams(max_new_tokens=1, seed=5))
+    assert "sampling_seed" not in plain._engine.calls[-1][1]["sampling_params"]
+    assert sum("deterministic=True" in r.getMessage() for r in caplog.records) == 1
+
+    det = SGLangEngine("/ckpt", deterministic=True, seed=0)
+    assert det._engine.kwargs["enable_deterministic_inference"] is True and det.deterministic
+    _generate(det, [1], SamplingParams(max_new_tokens=1, seed=5))
+    for _ in range(2):
+        _generate(det, [1], SamplingParams(max_new_tokens=1))
+    seeds = [c[1]["sampling_params"]["sampling_seed"] for c in det._engine.calls]
+    # unseeded requests get distinct seeds: SGLang would give them all 42, and a group's samples would be equal
+    assert seeds[0] == 5 and len(set(seeds)) == 3 and all(0 <= s < 2**63 for s in seeds)
+    assert SGLangEngine("/ckpt", engine_kwargs={"enable_deterministic_inference": True}).deterministic
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [("1", True), ("true", True), ("TRUE", True), ("yes", True), ("Y", True),
+     ("0", False), ("false", False), ("no", False), ("", False), (" 1", False), ("on", False), (None, False)],
+)
+def test_return_original_logprob_is_read_like_sglang(fake_sglang, monkeypatch, value, on):
+    """get_bool_env_var takes true/1, envs' EnvBool also yes/y; neither strips; anything else is false."""
+    if value is not None:
+        monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", value)
+    assert sglang_env_flag("SGLANG_RETURN_ORIGINAL_LOGPROB") is on
+    if on:
+        with pytest.raises(RuntimeError, match="SGLANG_RETURN_ORIGINAL_LOGPROB is set"):
+            SGLangEngine("/ckpt")
+    else:
+        SGLangEngine("/ckpt")
+
+
+def test_older_sglang_without_weight_update_sessions_is_refused(fake_sglang, monkeypatch):
+    class OldEngine:  # SGLang before begin/end_weight_update: updates load outside any session
+        def __init__(self, **kwargs):
+            raise AssertionError("the adapter must refuse before starting an engine")
+
+        def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True): ...
+
+    monkeypatch.setattr(fake_sglang, "Engine", OldEngine)
+    monkeypatch.setattr(fake_sglang, "__version__", "0.5.2")
+    with pytest.raises(ImportError, match=r"sglang 0\.5\.2 has no Engine\.begin_weight_update.*0\.5\.23"):
+        SGLangEngine("/ckpt")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang is installed here")
@@ -165,7 +422,7 @@ def test_missing_sglang_says_how_to_install():
         SGLangEngine("/nonexistent")
 
 
-def test_every_rollout_runs_on_the_engines_event_loop(monkeypatch):
+def test_every_rollout_runs_on_the_engines_event_loop(fake_sglang, monkeypatch):
     """SGLang's request handler lives on the loop of the first request; a fresh loop per rollout
     (``asyncio.run``) would hang the second rollout. The driver runs them all on ``engine.event_loop``."""
     from mcore_agentic.models.tokenizer import load_qwen_tokenizer
@@ -173,9 +430,8 @@ def test_every_rollout_runs_on_the_engines_event_loop(monkeypatch):
     from mcore_agentic.rollout.driver import generate_sequences_sync
 
     tok = load_qwen_tokenizer("qwen2_5", vocab_size=4096)
-    monkeypatch.setattr(_RecordingSGLangEngine, "reply", [*tok.encode("4"), tok.convert_tokens_to_ids("<|im_end|>")])
-    monkeypatch.setattr(_RecordingSGLangEngine, "finish", "stop")
-    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=_RecordingSGLangEngine))
+    monkeypatch.setattr(_SGLangEngine, "reply", [*tok.encode("4"), tok.convert_tokens_to_ids("<|im_end|>")])
+    monkeypatch.setattr(_SGLangEngine, "finish", "stop")
     engine = SGLangEngine("/ckpt")
     rows = [{"prompt": [{"role": "user", "content": "2+2?"}]}]
     cfg = RolloutConfig(n=2, multi_turn=MultiTurnConfig(enable=False))

