@@ -103,6 +103,10 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
         tracker.close()
         if components.executor is not None:
             components.executor.shutdown()
+        # vLLM tears down its process groups on shutdown: do it while the trainer's world still exists
+        shutdown = getattr(components.engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
     log_dir = Path(cfg.trainer.resolved_log_dir)
     metrics_path = log_dir / "metrics.jsonl"
     artefacts: dict[str, str] = {}

