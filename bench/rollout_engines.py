@@ -1,14 +1,15 @@
 """The default job's rollout on each CPU engine: transformers (the reference) vs vLLM in-process, same run.
 
 Same prompts (the default job's first ``--prompts`` training rows), same tiny checkpoint, same
-sampling (``rollout.*`` of ``configs/ppo_trainer.yaml``, ``rollout.seed`` set so every request is
+sampling (``rollout.*`` of ``configs/default_tiny.yaml``, ``rollout.seed`` set so every request is
 seeded), same tools, the real driver and agent loop. Per engine:
 
 * start-up seconds (checkpoint load; vLLM also builds its scheduler and KV cache);
 * one weight sync: the checkpoint's tensors in ``sharding.bucket_size_mb`` buckets, ``update_weights``
   per bucket then ``finish_weight_update`` (the engine side of the sharding manager's sync);
 * the rollout ``--repeats`` times: trajectories/s, sampled tokens/s (loss-mask tokens);
-* vLLM's prefix-cache hit rate (prompt tokens served from cache / prompt tokens).
+* vLLM's prefix-cache hit rate (prompt tokens served from cache / prompt tokens);
+* what ``release_memory`` frees: the process's resident memory before and after it (MiB).
 
 Usage: ``python bench/rollout_engines.py [--prompts 32] [--repeats 2] [overrides ...]`` (overrides as for
 ``launch/pretrain_rl.py``, e.g. ``rollout.n=8``).
@@ -21,6 +22,7 @@ import gc
 import time
 from typing import Any
 
+import psutil
 import torch
 
 from mcore_agentic.config.load import compose, load_config
@@ -73,6 +75,13 @@ def run_engine(name: str, cfg: Any, rows: list[dict], tools: dict, interactions:
     cache = getattr(engine, "cache", None)
     if cache is not None:
         out["hit_rate"] = cache.hit_rate
+    process = psutil.Process()
+    gc.collect()
+    before = process.memory_info().rss
+    engine.release_memory()
+    gc.collect()
+    out["released_mb"] = (before - process.memory_info().rss) / 2**20
+    engine.resume_memory()
     if hasattr(engine, "shutdown"):
         engine.shutdown()
     del engine
@@ -86,7 +95,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    cfg = load_config(compose(overrides=["rollout.seed=0", *args.overrides]))
+    cfg = load_config(compose("default_tiny", overrides=["rollout.seed=0", *args.overrides]))
     model_path = ensure_model(cfg)
     tokenizer = build_tokenizer(model_path)
     tools, interactions, executor = build_tools(cfg)
@@ -104,10 +113,11 @@ def main() -> None:
     hf, vl = results["hf"], results["vllm"]
     print(f"default job rollout: {len(rows)} prompts x n={cfg.rollout.n}, {args.repeats} repeats, "
           f"response_length={cfg.rollout.response_length}, model {model_path.name}, 1 thread")
-    print(f"{'engine':>14} {'start s':>8} {'sync s':>8} {'traj/s':>8} {'tok/s':>8} {'1st roll s':>10} {'cache hit':>9}")
+    print(f"{'engine':>14} {'start s':>8} {'sync s':>8} {'traj/s':>8} {'tok/s':>8} {'1st roll s':>10} {'cache hit':>9} "
+          f"{'freed MiB':>9}")
     for name, r in (("transformers", hf), ("vLLM", vl)):
         print(f"{name:>14} {r['startup_s']:>8.2f} {r['sync_s']:>8.3f} {r['traj_per_s']:>8.2f} {r['tok_per_s']:>8.0f} "
-              f"{r['first_s']:>10.2f} {r['hit_rate']:>9.2f}")
+              f"{r['first_s']:>10.2f} {r['hit_rate']:>9.2f} {r['released_mb']:>9.1f}")
     print(f"vLLM / transformers: trajectories/s {vl['traj_per_s'] / hf['traj_per_s']:.2f}x, "
           f"tokens/s {vl['tok_per_s'] / hf['tok_per_s']:.2f}x, weight sync {vl['sync_s'] / hf['sync_s']:.2f}x the time")
 

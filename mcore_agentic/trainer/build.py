@@ -196,15 +196,11 @@ def build_rollout_engine(cfg: RLConfig, placement: Any, device: torch.device) ->
     """
     if not placement.is_leader:
         return None
-    if cfg.rollout.name == "hf":
-        from mcore_agentic.rollout.engines.hf import HFEngine
-
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
-        return HFEngine.from_pretrained(cfg.model.model_path, dtype=dtype, device=str(device), seed=cfg.seed)
-    if cfg.rollout.name == "vllm":
+    if cfg.rollout.name in ("hf", "vllm"):
         from mcore_agentic.rollout.engines import build_engine
 
-        return build_engine(cfg.rollout, cfg.model.model_path, device=device.type, dtype=cfg.model.dtype, seed=cfg.seed)
+        return build_engine(cfg.rollout, cfg.model.model_path, device=str(device) if cfg.rollout.name == "hf" else
+                            device.type, dtype=cfg.model.dtype, seed=cfg.seed)
     from mcore_agentic.rollout.engines.sglang import SGLangEngine
 
     local_rank = device.index if device.index is not None else 0

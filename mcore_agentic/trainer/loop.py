@@ -90,9 +90,15 @@ class RLTrainer:
         with t.phase("step"):
             local_rows = c.placement.split_rows(rows)
             rollout_cfg = dataclasses.replace(self.cfg.rollout, seed=self.rollout_seed(step))
+            cache = getattr(c.engine, "cache", None)  # vLLM's prefix-cache counters
+            cached_before = (cache.prompt_tokens, cache.cached_tokens) if cache is not None else (0, 0)
             with t.phase("gen"), c.weight_sync:  # enter: the engine gets the actor's current weights
                 local = self.rollout(local_rows, rollout_cfg)  # None off the group's leader
             sync = sync_metrics(c.weight_sync)
+            if cache is not None:
+                prompt_tokens = cache.prompt_tokens - cached_before[0]
+                hits = cache.cached_tokens - cached_before[1]
+                sync["rollout/prefix_cache_hit_rate"] = hits / prompt_tokens if prompt_tokens else 0.0
             with t.phase("reward"):
                 if local is not None:
                     extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]

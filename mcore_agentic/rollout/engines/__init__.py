@@ -16,12 +16,18 @@ def build_engine(cfg: RolloutConfig, model_path: str | Path, *, device: str = "c
     ``hf``: :class:`~mcore_agentic.rollout.engines.hf.HFEngine` on ``device``; ``vllm``:
     :class:`~mcore_agentic.rollout.engines.vllm.VLLMEngine` (in-process, TP=1); ``sglang``:
     :class:`~mcore_agentic.rollout.engines.sglang.SGLangEngine` with ``rollout.tensor_model_parallel_size``
-    and ``rollout.gpu_memory_utilization``. ``kwargs`` go to the engine's constructor.
+    and ``rollout.gpu_memory_utilization``. ``dtype`` (``model.dtype``'s names) and ``seed`` default to
+    float32 and ``rollout.seed``; other ``kwargs`` go to the engine's constructor.
     """
     if cfg.name == "hf":
+        import torch
+
         from mcore_agentic.rollout.engines.hf import HFEngine
 
-        return HFEngine.from_pretrained(model_path, device=device, seed=cfg.seed or 0, **kwargs)
+        dtype = kwargs.pop("dtype", "float32")
+        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        seed = kwargs.pop("seed", cfg.seed)
+        return HFEngine.from_pretrained(model_path, dtype=torch_dtype, device=device, seed=seed or 0, **kwargs)
     if cfg.name == "vllm":
         from mcore_agentic.rollout.engines.vllm import VLLMEngine, default_kv_cache_bytes
 

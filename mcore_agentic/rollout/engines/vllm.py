@@ -35,9 +35,14 @@ training (docs/benchmarks.md measures it).
 
 Distributed: vLLM joins the torch.distributed world the trainer already initialised and
 creates its groups with ``new_group`` over all ranks, so every rank must build its engine at
-the same point (rollout TP=1: every rank leads its own group). A tensor-parallel vLLM engine
-over a rollout group is a GPU path (``VLLMEngine(tensor_model_parallel_size>1)``, vLLM's
-multiprocess executor plus its CUDA-IPC weight transfer) verified only by contract tests.
+the same point (rollout TP=1: every rank leads its own group). On CPU the executor is
+``uni``; on GPUs ``external_launcher`` (each rank's engine on its ``LOCAL_RANK`` GPU), a path
+no test here can run. A tensor-parallel vLLM engine over a rollout group would need vLLM's
+cross-process (CUDA IPC) weight transfer: not built; use SGLang for that.
+
+Process-wide side effects of vLLM's start-up that the adapter undoes: the global RNG seeding,
+the torch thread count and vLLM's disabling of ``torch.set_num_threads``; and at shutdown the
+destruction of the default process group when the trainer owns it.
 """
 
 from __future__ import annotations
@@ -103,6 +108,11 @@ def vllm_engine_kwargs(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of ``vllm.EngineArgs`` for a colocated rollout engine (``extra`` overrides anything)."""
+    if tensor_model_parallel_size != 1:
+        raise ValueError(
+            f"VLLMEngine runs one engine per rank (tensor_model_parallel_size=1), got {tensor_model_parallel_size}: "
+            "a tensor-parallel vLLM engine needs a cross-process weight transfer this adapter does not have yet"
+        )
     kwargs: dict[str, Any] = {
         "model": model_path,
         "skip_tokenizer_init": True,
@@ -111,8 +121,10 @@ def vllm_engine_kwargs(
         "tensor_parallel_size": tensor_model_parallel_size,
         "enable_prefix_caching": enable_prefix_caching,
         "logprobs_mode": "processed_logprobs",
-        "weight_transfer_config": {"backend": INPROC_BACKEND if tensor_model_parallel_size == 1 else "ipc"},
-        "distributed_executor_backend": "uni" if tensor_model_parallel_size == 1 else "mp",
+        "weight_transfer_config": {"backend": INPROC_BACKEND},
+        # CPU: one process, rank 0 of vLLM's own view. GPU: each torchrun rank hosts its engine on its
+        # LOCAL_RANK's GPU inside the trainer's world (vLLM's SPMD mode, as verl colocates it).
+        "distributed_executor_backend": "uni" if device == "cpu" else "external_launcher",
         "enable_sleep_mode": device != "cpu",
     }
     if device == "cpu":
@@ -270,8 +282,7 @@ class VLLMEngine:
             from vllm.v1.engine.llm_engine import LLMEngine
         except ImportError as exc:
             raise ImportError(_INSTALL_HINT) from exc
-        if tensor_model_parallel_size == 1:
-            register_inproc_backend()
+        register_inproc_backend()
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietReload())
         self.model_path = Path(model_path)
         self.device = device
@@ -298,8 +309,7 @@ class VLLMEngine:
             torch.set_num_threads = set_num_threads
             torch.set_num_threads(threads)
             rng.restore()
-        if tensor_model_parallel_size == 1:
-            self._engine.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
+        self._engine.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
         self.tensor_model_parallel_size = tensor_model_parallel_size
         self.allowed_token_ids = _allowed_token_ids(self.model_path)
         self.expected_weights = _checkpoint_shapes(self.model_path)

@@ -223,3 +223,42 @@ def test_weight_sync_is_checked_and_effective(engine, hf_models):
     engine.finish_weight_update(2)
     back = _gather(engine, [PROMPTS[0]], [SamplingParams(max_new_tokens=8, seed=3)])[0]
     assert (_teacher_forced(hf_models[0], PROMPTS[0], back, 1.0) - torch.tensor(back.log_probs)).abs().max() <= 1e-5
+
+
+def test_gpu_arguments_and_sleep_contract(model_dirs):
+    """The GPU path cannot run here: its engine arguments are vLLM's, and memory calls map to sleep/wake."""
+    args = vllm_engine_kwargs(
+        str(model_dirs[0]), device="cuda", tensor_model_parallel_size=1, gpu_memory_utilization=0.4, seed=1,
+        dtype="bfloat16", max_model_len=256, kv_cache_memory_bytes=None, enable_prefix_caching=True,
+    )
+    assert args["distributed_executor_backend"] == "external_launcher" and args["enable_sleep_mode"]
+    assert args["gpu_memory_utilization"] == 0.4 and "enforce_eager" not in args
+    vllm.EngineArgs(**args)
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=1"):
+        vllm_engine_kwargs(str(model_dirs[0]), device="cuda", tensor_model_parallel_size=2, gpu_memory_utilization=0.4,
+                           seed=1, dtype="bfloat16", max_model_len=256, kv_cache_memory_bytes=None,
+                           enable_prefix_caching=True)
+
+    class SleepRecorder:  # stands in for vLLM's LLMEngine on a GPU: records the memory calls
+        def __init__(self):
+            self.calls = []
+
+        def sleep(self, level):
+            self.calls.append(("sleep", level))
+
+        def wake_up(self, tags=None):
+            self.calls.append(("wake_up", tags))
+            return True
+
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.__dict__.update(device="cuda", _engine=SleepRecorder(), _released=False, _weights_invalid=False,
+                           _running={}, _lock=__import__("threading").Lock())
+    import queue
+
+    engine._inbox = queue.Queue()
+    engine.release_memory()
+    engine.release_memory()  # idempotent
+    engine.resume_memory()
+    assert engine._engine.calls == [("sleep", 2), ("wake_up", None)]
+    with pytest.raises(RuntimeError, match="before a weight sync finished"):
+        engine._check_usable()  # level-2 sleep dropped the weights: a sync must come first
