@@ -22,9 +22,11 @@ def test_defaults_and_effective_max_model_len():
         ({"top_p": 0.0}, "rollout.top_p"),
         ({"top_k": 0}, "rollout.top_k"),
         ({"temperature": -1.0}, "rollout.temperature"),
-        ({"name": "vllm"}, "rollout.name"),
+        ({"name": "trtllm"}, "rollout.name"),
         ({"max_model_len": 100, "prompt_length": 128}, "rollout.max_model_len"),
         ({"tensor_model_parallel_size": 0}, "rollout.tensor_model_parallel_size"),
+        ({"name": "vllm", "tensor_model_parallel_size": 2}, "rollout.tensor_model_parallel_size"),
+        ({"kv_cache_memory_mb": 0}, "rollout.kv_cache_memory_mb"),
     ],
 )
 def test_bad_rollout_values(kwargs, field):
