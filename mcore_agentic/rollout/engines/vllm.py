@@ -286,6 +286,8 @@ class VLLMEngine:
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietReload())
         self.model_path = Path(model_path)
         self.device = device
+        if device == "cpu":
+            _check_cpu_head_dim(self.model_path)
         args = vllm_engine_kwargs(
             str(model_path),
             device=device,
@@ -581,6 +583,23 @@ def _deliver(pending: _Pending, result: GenerationOutput | BaseException) -> Non
         pending.loop.call_soon_threadsafe(resolve)
     except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
         pass
+
+
+def _check_cpu_head_dim(path: Path) -> None:
+    """One clear line, before vLLM fails deep in its kernels, when its CPU attention cannot take the head size."""
+    import json
+
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = json.loads((path / "config.json").read_text())
+    config = config.get("text_config", config)
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ValueError(
+            f"{path}: head_dim {head_dim} is not one vLLM's CPU attention takes ({supported}); use rollout.name=hf, "
+            "or a model with one of those (a tiny preset checkpoint from before head_dim 32: delete it to rebuild)"
+        )
 
 
 def _finish_reload(worker: Any) -> None:

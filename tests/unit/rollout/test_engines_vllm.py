@@ -262,3 +262,9 @@ def test_gpu_arguments_and_sleep_contract(model_dirs):
     assert engine._engine.calls == [("sleep", 2), ("wake_up", None)]
     with pytest.raises(RuntimeError, match="before a weight sync finished"):
         engine._check_usable()  # level-2 sleep dropped the weights: a sync must come first
+
+
+def test_unsupported_head_dim_is_one_clear_error(tmp_path):
+    path = make_tiny_hf_model(tmp_path / "hd16", vocab_size=256, num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(ValueError, match="head_dim 16 is not one vLLM's CPU attention takes"):
+        VLLMEngine(path)
