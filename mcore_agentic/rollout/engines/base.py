@@ -10,6 +10,7 @@ greedy, uses temperature 1). That is what the trainer recomputes from the same i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -88,3 +89,23 @@ class RolloutEngine(Protocol):
     def resume_memory(self) -> None: ...
 
     def flush_cache(self) -> None: ...
+
+
+def deliver(future: asyncio.Future, loop: asyncio.AbstractEventLoop, result: GenerationOutput | BaseException) -> None:
+    """Resolve a caller's ``future`` on its own event ``loop`` from an engine's worker thread.
+
+    A future already done (cancelled by its caller) is left alone; a closed loop means nobody waits any more.
+    """
+
+    def resolve() -> None:
+        if future.done():
+            return
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+    try:
+        loop.call_soon_threadsafe(resolve)
+    except RuntimeError:  # the caller's loop is closed
+        pass

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams
+from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams, deliver
 
 Legacy = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values): [B, heads, T, head_dim]
 
@@ -334,20 +334,7 @@ class HFEngine:
 
 
 def _deliver(pending: _Pending, result: GenerationOutput | BaseException) -> None:
-    """Resolve a request's future on its own event loop (from the worker thread)."""
-
-    def resolve() -> None:
-        if pending.future.done():
-            return
-        if isinstance(result, BaseException):
-            pending.future.set_exception(result)
-        else:
-            pending.future.set_result(result)
-
-    try:
-        pending.loop.call_soon_threadsafe(resolve)
-    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
-        pass
+    deliver(pending.future, pending.loop, result)
 
 
 def _to_legacy(cache: Any) -> Legacy:

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from mcore_agentic.rollout.engines.base import EngineFinishReason, GenerationOutput, SamplingParams
+from mcore_agentic.rollout.engines.base import EngineFinishReason, GenerationOutput, SamplingParams, deliver
 
 INPROC_BACKEND = "mcore_inproc"
 _INSTALL_HINT = (
@@ -569,20 +569,7 @@ class VLLMEngine:
 
 
 def _deliver(pending: _Pending, result: GenerationOutput | BaseException) -> None:
-    """Resolve a request's future on its own event loop (from the worker thread)."""
-
-    def resolve() -> None:
-        if pending.future.done():
-            return
-        if isinstance(result, BaseException):
-            pending.future.set_exception(result)
-        else:
-            pending.future.set_result(result)
-
-    try:
-        pending.loop.call_soon_threadsafe(resolve)
-    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
-        pass
+    deliver(pending.future, pending.loop, result)
 
 
 def _check_cpu_head_dim(path: Path) -> None:
