@@ -239,6 +239,7 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    cache_counted: bool = False
 
 
 @dataclass
@@ -283,7 +284,9 @@ class VLLMEngine:
         except ImportError as exc:
             raise ImportError(_INSTALL_HINT) from exc
         register_inproc_backend()
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietReload())
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        if not any(isinstance(f, _QuietReload) for f in reload_log.filters):
+            reload_log.addFilter(_QuietReload())
         self.model_path = Path(model_path)
         self.device = device
         if device == "cpu":
@@ -429,9 +432,9 @@ class VLLMEngine:
         pending = self._running.get(out.request_id)
         if pending is None:
             return None
-        if out.num_cached_tokens and not getattr(pending, "_counted", False):
+        if out.num_cached_tokens and not pending.cache_counted:  # reported with every delta; count it once
             self.cache.cached_tokens += int(out.num_cached_tokens)
-            pending._counted = True  # type: ignore[attr-defined]
+            pending.cache_counted = True
         completion = out.outputs[0]
         ids = list(completion.token_ids)
         pending.token_ids.extend(ids)
