@@ -185,6 +185,15 @@ class _Pending:
 
 
 @dataclass
+class _AbortOrder:
+    """Requests for the worker to abort (None: all of them); ``done`` is set once it has."""
+
+    request_ids: list[str] | None
+    done: threading.Event = field(default_factory=threading.Event)
+    count: int = 0
+
+
+@dataclass
 class CacheStats:
     """Prompt tokens the engine was asked to prefill, and how many of them the prefix cache served."""
 
@@ -264,6 +273,7 @@ class VLLMEngine:
         self.cache = CacheStats()
         self._ids = itertools.count()
         self._inbox: queue.Queue[_Pending] = queue.Queue()
+        self._aborts: queue.Queue[_AbortOrder] = queue.Queue()
         self._running: dict[str, _Pending] = {}
         self._lock = threading.Lock()  # every call into vLLM
         self._thread: threading.Thread | None = None
@@ -289,27 +299,48 @@ class VLLMEngine:
             raise
 
     def abort(self) -> int:
-        """Abort every queued and running request; each caller gets what was sampled so far, finish ``abort``."""
-        with self._lock:
-            waiting = []
-            while True:
-                try:
-                    waiting.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            running = list(self._running.values())
-            if running:
-                self._engine.abort_request([p.request_id for p in running])
-            self._running.clear()
-        for p in waiting + running:
-            _deliver(p, GenerationOutput(p.token_ids, p.log_probs, "abort"))
-        return len(waiting) + len(running)
+        """Abort every queued and running request; each caller gets what was sampled so far, finish ``abort``.
+
+        The worker thread carries the order out between two steps (it holds the engine lock while it
+        steps, so an abort from outside could wait for the whole batch); returns how many were aborted.
+        """
+        order = _AbortOrder(None)
+        self._aborts.put(order)
+        self._ensure_worker()
+        order.done.wait()
+        return order.count
 
     def _abort_ids(self, request_ids: list[str]) -> None:
-        with self._lock:
-            live = [rid for rid in request_ids if self._running.pop(rid, None) is not None]
-            if live:
-                self._engine.abort_request(live)
+        self._aborts.put(_AbortOrder(list(request_ids)))
+        self._ensure_worker()
+
+    def _apply_aborts(self) -> None:
+        """Carry out pending abort orders (worker thread, engine lock held)."""
+        while True:
+            try:
+                order = self._aborts.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                waiting: list[_Pending] = []
+                if order.request_ids is None:
+                    victims = list(self._running.values())
+                    while True:
+                        try:
+                            waiting.append(self._inbox.get_nowait())
+                        except queue.Empty:
+                            break
+                else:
+                    victims = [self._running[r] for r in order.request_ids if r in self._running]
+                for p in victims:
+                    del self._running[p.request_id]
+                if victims:
+                    self._engine.abort_request([p.request_id for p in victims])
+                for p in waiting + victims:
+                    _deliver(p, GenerationOutput(p.token_ids, p.log_probs, "abort"))
+                order.count = len(waiting) + len(victims)
+            finally:
+                order.done.set()
 
     def _ensure_worker(self) -> None:
         with self._thread_lock:
@@ -328,11 +359,12 @@ class VLLMEngine:
         torch.set_num_threads(torch.get_num_threads())
         while True:
             with self._thread_lock:
-                if self._inbox.empty() and not self._running:
+                if self._inbox.empty() and not self._running and self._aborts.empty():
                     self._thread = None
                     return
             try:
                 with self._lock:
+                    self._apply_aborts()
                     while True:
                         try:
                             p = self._inbox.get_nowait()

@@ -126,7 +126,7 @@ def test_prefix_cache_serves_earlier_turns(engine):
 def test_abort_returns_what_was_sampled(engine):
     async def main():
         task = asyncio.ensure_future(engine.generate([9] * 8, SamplingParams(max_new_tokens=2000, seed=3)))
-        while not any(p.token_ids for p in list(engine._running.values())):
+        while not any(p.token_ids for p in engine._running.copy().values()):
             await asyncio.sleep(0.005)
         assert engine.abort() == 1
         return await task
