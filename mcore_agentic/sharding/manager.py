@@ -12,7 +12,8 @@ on enter
      an engine (``engine=None``: a rollout group's non-leader, see
      :mod:`mcore_agentic.parallel.rollout_placement`) joins it through :class:`NoEngine`;
   4. offload the actor's parameters (``offload_actor_params``; after the export read them);
-  5. ``engine.flush_cache()``; check the engine's version (``check_weight_version``);
+  5. check the engine's version (``check_weight_version``); the engine's own
+     ``finish_weight_update`` dropped whatever it cached under the old weights;
   6. swap the torch / Python / NumPy global RNG states to the rollout's own, so rollout
      sampling neither perturbs nor is perturbed by training randomness;
 
@@ -26,12 +27,9 @@ or a plain list of model chunks plus a ``bridge`` (parameters and grads offloada
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.bridge import Bridge
@@ -39,58 +37,8 @@ from mcore_agentic.sharding.config import ShardingConfig
 from mcore_agentic.sharding.exporter import StreamingExporter
 from mcore_agentic.sharding.transports import SyncStats, WeightTransport, make_transport
 from mcore_agentic.sharding.version import StaleWeightsError, WeightVersion
+from mcore_agentic.utils.seeding import RngState
 from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors
-
-
-@dataclass
-class RngState:
-    """The global RNG states a rollout and the training loop must not share."""
-
-    torch_cpu: torch.Tensor
-    torch_cuda: list[torch.Tensor] | None
-    python: Any
-    numpy: Any
-
-    @classmethod
-    def capture(cls) -> RngState:
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        return cls(torch.get_rng_state(), cuda, random.getstate(), _numpy_state())
-
-    @classmethod
-    def seeded(cls, seed: int) -> RngState:
-        """The states each generator has right after being seeded with ``seed``; the global ones are untouched."""
-        cuda = None
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            saved = torch.cuda.get_rng_state_all()
-            torch.cuda.manual_seed_all(seed)
-            cuda = torch.cuda.get_rng_state_all()
-            torch.cuda.set_rng_state_all(saved)
-        numpy_state = None
-        try:
-            import numpy as np
-
-            numpy_state = np.random.RandomState(seed % 2**32).get_state()
-        except ImportError:
-            pass
-        return cls(torch.Generator().manual_seed(seed).get_state(), cuda, random.Random(seed).getstate(), numpy_state)
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.torch_cpu)
-        if self.torch_cuda is not None:
-            torch.cuda.set_rng_state_all(self.torch_cuda)
-        random.setstate(self.python)
-        if self.numpy is not None:
-            import numpy as np
-
-            np.random.set_state(self.numpy)
-
-
-def _numpy_state() -> Any:
-    try:
-        import numpy as np
-    except ImportError:
-        return None
-    return np.random.get_state()
 
 
 class NoEngine:
@@ -196,7 +144,6 @@ class ShardingManager:
             t = time.perf_counter()
             self._offload(params=self.cfg.offload_actor_params, grads=False, optimizer=False)
             self.times.offload += time.perf_counter() - t
-            self.engine.flush_cache()
             if self.cfg.check_weight_version:
                 self.check()
         except BaseException:

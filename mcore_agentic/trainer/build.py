@@ -196,24 +196,16 @@ def build_rollout_engine(cfg: RLConfig, placement: Any, device: torch.device) ->
     """
     if not placement.is_leader:
         return None
-    if cfg.rollout.name in ("hf", "vllm"):
-        from mcore_agentic.rollout.engines import build_engine
+    from mcore_agentic.rollout.engines import build_engine
 
-        return build_engine(cfg.rollout, cfg.model.model_path, device=str(device) if cfg.rollout.name == "hf" else
-                            device.type, dtype=cfg.model.dtype, seed=cfg.seed)
-    from mcore_agentic.rollout.engines.sglang import SGLangEngine
-
-    local_rank = device.index if device.index is not None else 0
-    return SGLangEngine(
-        str(cfg.model.model_path),
-        tensor_model_parallel_size=placement.tensor_parallel_size,
-        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        seed=cfg.seed,
-        base_gpu_id=local_rank,
-        dtype=cfg.model.dtype,
-        port=SGLANG_BASE_PORT + 100 * (local_rank // placement.tensor_parallel_size),
-        # rollout.seed promises reproducible samples: SGLang honours seeds only with deterministic inference
-        deterministic=cfg.rollout.seed is not None,
+    placement_kwargs: dict[str, Any] = {}
+    if cfg.rollout.name == "sglang":  # the group's GPUs start at the leader's; one port per engine of the node
+        local_rank = device.index if device.index is not None else 0
+        placement_kwargs = dict(
+            base_gpu_id=local_rank, port=SGLANG_BASE_PORT + 100 * (local_rank // placement.tensor_parallel_size)
+        )
+    return build_engine(
+        cfg.rollout, cfg.model.model_path, device=str(device), dtype=cfg.model.dtype, seed=cfg.seed, **placement_kwargs
     )
 
 

@@ -48,10 +48,13 @@ def build_engine(cfg: RolloutConfig, model_path: str | Path, *, device: str = "c
         )
     from mcore_agentic.rollout.engines.sglang import SGLangEngine
 
+    seed = kwargs.pop("seed", cfg.seed)
     return SGLangEngine(
         str(model_path),
         tensor_model_parallel_size=cfg.tensor_model_parallel_size,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
-        seed=cfg.seed,
+        seed=seed,
+        # rollout.seed promises reproducible samples: SGLang honours seeds only with deterministic inference
+        deterministic=kwargs.pop("deterministic", cfg.seed is not None),
         **kwargs,
     )

@@ -67,8 +67,9 @@ class RolloutEngine(Protocol):
     """An inference engine colocated with the trainer.
 
     Weight sync: ``update_weights`` may be called several times per sync (one bucket of
-    Hugging Face-named tensors each), then ``finish_weight_update(version)`` once; only then
-    does ``weight_version`` change. Memory: ``release_memory`` frees weights and KV cache for
+    Hugging Face-named tensors each), then ``finish_weight_update(version)`` once; only then, and only
+    when the whole sync succeeded, does ``weight_version`` change, and no cache computed under the old
+    weights (a prefix cache) survives it. Memory: ``release_memory`` frees weights and KV cache for
     the training phase, ``resume_memory`` re-allocates them (weights must be synced again).
 
     An engine whose async machinery is bound to one event loop exposes it as ``event_loop``

