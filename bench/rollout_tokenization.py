@@ -1,114 +1,100 @@
-"""Per-trajectory cost of tokenizing multi-turn conversations: delta tokenization vs full re-tokenization.
+"""Per-trajectory tokenization cost of the real agent loop, against the floor, at 8..128 turns.
 
-Each turn of the conversation is an assistant message with a tool call followed by a
-~300-character tool result. To produce the next prompt for the engine:
+A batch of ``--conversations`` calculator tool loops of ``T`` turns each (see
+``tool_loop_workload``) runs through ``generate_sequences`` (parser, tool validation, instant tool, delta tokenization, the
+sanity check) with a replay engine that answers instantly, so the wall time is the loop's
+own CPU work; figures are per trajectory (the batch's time over its size). They are compared
+with, in the same run:
 
-* ``delta`` (ours, as the agent loop does it): the assistant's ids are the engine's (already
-  tokenized), the tool turn is :meth:`ChatTokenizer.env_segment` (one template render when it
-  extends the decoded trajectory, else two; tokenize only the delta);
-* ``full`` (baseline): render the whole conversation with the generation prompt and
-  tokenize all of it, every turn (what a re-tokenizing rollout does).
+* ``floor``: one render + tokenize of each final conversation (what any tokenization of
+  a trajectory must cost at least);
+* ``before``: the agent loop as it was (``LegacySession``: whole-trajectory decode and
+  whole-conversation renders every turn, ``difflib`` check), strict check on.
 
-Both run the same Jinja template; the difference is what gets tokenized each turn.
-Usage: ``python bench/rollout_tokenization.py [--turns 8 16 32] [--repeats 5]``.
+``x floor`` should stay under 2 with the strict check on (it costs one floor by itself)
+and the per-turn cost flat: ``exp`` is the local growth exponent of the time between
+successive lengths (1 = linear, 2 = quadratic). CPU work runs inline (``tokenizer_threads=0``)
+so the figures are CPU cost, not overlap.
+Usage: ``python bench/rollout_tokenization.py [--turns 8 16 32 64 128] [--conversations 8] [--repeats 5]
+[--before-max-turns 64]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import random
-import time
+import asyncio
+import math
+import sys
+from pathlib import Path
 
-from mcore_agentic.models.tokenizer import load_qwen_tokenizer
-from mcore_agentic.rollout.request import Trajectory
-from mcore_agentic.rollout.tokenization import ChatTokenizer
+sys.path.insert(0, str(Path(__file__).parent))
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-        },
-    }
-]
-WORDS = "the model adds numbers and checks each partial result before it answers carefully".split()
+from tool_loop_workload import LegacyChat, best_of, legacy_rollout, rollout_config, workload  # noqa: E402
 
-
-def conversation(turns: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    rng = random.Random(seed)
-    initial = [
-        {"role": "system", "content": "You are a careful math assistant."},
-        {"role": "user", "content": "Add up the following numbers: " + ", ".join(str(rng.randint(1, 999)) for _ in range(20))},
-    ]
-    later = []
-    for t in range(turns):
-        expr = " + ".join(str(rng.randint(1, 999)) for _ in range(4))
-        thought = " ".join(rng.choice(WORDS) for _ in range(25))
-        later.append(
-            {
-                "role": "assistant",
-                "content": f"Step {t}: {thought}",
-                "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": expr}}}],
-            }
-        )
-        later.append({"role": "tool", "content": json.dumps({"result": rng.randint(1, 5000), "log": " ".join(rng.choice(WORDS) for _ in range(45))})})
-    return initial, later
-
-
-def run_delta(chat: ChatTokenizer, initial, later, sampled: list[list[int]]) -> Trajectory:
-    messages = list(initial)
-    traj = Trajectory()
-    traj.set_prompt(chat.prompt_ids(messages, tools=TOOLS))
-    for k in range(0, len(later), 2):
-        traj.append(sampled[k // 2], sampled=True, log_probs=[0.0] * len(sampled[k // 2]))
-        messages.append(later[k])
-        messages.append(later[k + 1])
-        segment = chat.env_segment(
-            messages, len(messages) - 1, tools=TOOLS, sampled_eot=True, history_text=chat.decode(traj.ids)
-        )
-        traj.append(segment.ids, sampled=False)
-    return traj
-
-
-def run_full(chat: ChatTokenizer, initial, later) -> list[int]:
-    messages = list(initial)
-    ids = chat.prompt_ids(messages, tools=TOOLS)
-    for k in range(0, len(later), 2):
-        messages.append(later[k])
-        messages.append(later[k + 1])
-        ids = chat.prompt_ids(messages, tools=TOOLS)  # re-render and re-tokenize everything
-    return ids
-
-
-def best_of(fn, args: tuple, repeats: int) -> float:
-    """Fastest of ``repeats`` runs of ``fn(*args)``, in seconds (least disturbed by other load)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - start)
-    return min(times)
+from mcore_agentic.models.tokenizer import load_qwen_tokenizer  # noqa: E402
+from mcore_agentic.rollout.driver import generate_sequences  # noqa: E402
+from mcore_agentic.rollout.tokenization import ChatTokenizer  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--turns", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--turns", type=int, nargs="+", default=[8, 16, 32, 64, 128])
+    ap.add_argument("--conversations", type=int, default=8, help="trajectories per batch")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--before-max-turns", type=int, default=64, help="skip the (quadratic) before column beyond this")
     args = ap.parse_args()
-    chat = ChatTokenizer(load_qwen_tokenizer("qwen2_5"))  # the full Qwen vocabulary
-    print(f"{'turns':>5} {'tokens':>7} {'delta ms':>9} {'full ms':>9} {'full/delta':>10}")
+    tokenizer = load_qwen_tokenizer("qwen2_5")  # the full Qwen vocabulary
+    chat, legacy = ChatTokenizer(tokenizer), LegacyChat(tokenizer)
+    print(f"{'turns':>5} {'tokens':>7} {'floor ms':>9} | {'strict ms':>9} {'x floor':>7} {'ms/turn':>7} {'exp':>5} | "
+          f"{'no-check ms':>11} {'x floor':>7} | {'before ms':>9} {'x floor':>7} | {'paths':<24}")
+    previous: tuple[int, float] | None = None
     for turns in args.turns:
-        initial, later = conversation(turns)
-        sampled = [chat.assistant_turn_ids(m, tools=TOOLS) for m in later[::2]]
-        traj = run_delta(chat, initial, later, sampled)
-        # same ids either way (the template is append-only), so the comparison is like for like
-        assert traj.ids == run_full(chat, initial, later)[: len(traj.ids)]
-        d_best = best_of(run_delta, (chat, initial, later, sampled), args.repeats)
-        f_best = best_of(run_full, (chat, initial, later), args.repeats)
-        print(f"{turns:>5} {len(traj.ids):>7} {d_best * 1e3:>9.1f} {f_best * 1e3:>9.1f} {f_best / d_best:>9.2f}x")
+        k = args.conversations
+        rows, engine, tool = workload(chat, turns, k)
+
+        def run(strict: bool, engine=engine, rows=rows, tool=tool, turns=turns):
+            engine.reset()
+            cfg = rollout_config(turns, strict=strict, threads=0)
+            return asyncio.run(generate_sequences(rows, engine, {"calculator": tool}, None, cfg, chat))
+
+        cfg = rollout_config(turns, strict=True, threads=0)
+
+        def before(engine=engine, rows=rows, tool=tool, cfg=cfg):
+            engine.reset()
+            return asyncio.run(legacy_rollout(rows, engine, tool, cfg, legacy))
+
+        batch = run(True)
+        schemas = [tool.tool_schema]
+
+        def floor(conversations=batch.meta["messages"], schemas=schemas):
+            return [chat.encode(chat.render(m, tools=schemas, add_generation_prompt=False)) for m in conversations]
+
+        # interleaved, fastest of each: the machine's speed drifts, so all columns see the same drift
+        timed = {"strict": lambda: run(True), "floor": floor, "free": lambda: run(False)}
+        if turns <= args.before_max_turns:
+            timed["before"] = before
+        best = dict.fromkeys(timed, float("inf"))
+        for _ in range(args.repeats):
+            for name, fn in timed.items():
+                seconds, _ = best_of(fn, 1)
+                best[name] = min(best[name], seconds / k)
+        strict_s, floor_s, free_s = best["strict"], best["floor"], best["free"]
+        metrics = batch.meta["request_metrics"][0]
+        assert all(m["state"] == "completed" and m["assistant_turns"] == turns + 1 for m in batch.meta["request_metrics"])
+        assert batch.info["rollout/sanity_check_mismatches"] == 0, metrics
+        for row, ids in enumerate(floor()):  # the trajectory is the full render's tokenization
+            kept = batch.tensors["input_ids"][row][batch.tensors["attention_mask"][row].bool()].tolist()
+            assert ids[: ids.index(chat.eot_id, len(ids) - 2) + 1] == kept
+        n_tokens = int(batch.tensors["attention_mask"].sum()) // k
+        if "before" in best:
+            before_cols = f"{best['before'] * 1e3:>9.1f} {best['before'] / floor_s:>7.1f}"
+        else:
+            before_cols = f"{'-':>9} {'-':>7}"
+        exp = f"{math.log(strict_s / previous[1]) / math.log(turns / previous[0]):>5.2f}" if previous else f"{'':>5}"
+        previous = (turns, strict_s)
+        paths = f"1r={turns - metrics['template_drift'] - metrics['template_fallback']} drift={metrics['template_drift']}"
+        print(f"{turns:>5} {n_tokens:>7} {floor_s * 1e3:>9.1f} | {strict_s * 1e3:>9.1f} {strict_s / floor_s:>7.2f} "
+              f"{strict_s / turns * 1e3:>7.2f} {exp} | {free_s * 1e3:>11.1f} {free_s / floor_s:>7.2f} | {before_cols} | {paths:<24}")
 
 
 if __name__ == "__main__":

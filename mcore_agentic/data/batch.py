@@ -50,6 +50,12 @@ class Batch:
         if len(set(sizes.values())) > 1:
             raise ValueError(f"Batch fields disagree on batch size: {sizes}")
 
+    def __repr__(self) -> str:
+        """Shapes and keys, never the values: asyncio formats a finished task's result (Python 3.11's
+        ``asyncio.run`` does at exit), and printing every tensor of a rollout batch takes seconds."""
+        shapes = ", ".join(f"{k}={tuple(v.shape)}" for k, v in self.tensors.items())
+        return f"Batch(len={len(self)}, tensors[{shapes}], meta={sorted(self.meta)}, info={sorted(self.info)})"
+
     def __len__(self) -> int:
         for v in self.tensors.values():
             return v.shape[0]

@@ -3,7 +3,9 @@
 One :class:`AgentSession` drives one :class:`RolloutRequest` through its state machine:
 
 * ``running``: sample an assistant turn within the remaining length budget; keep the
-  sampled ids (loss mask 1) and decode them only to build the assistant message;
+  sampled ids (loss mask 1) and decode them only to build the assistant message, whose
+  content keeps the sampled text exactly (whitespace included) so the chat template
+  re-renders the turn as it was sampled (:func:`assistant_message`);
 * ``tool_calling``: parse calls (``rollout.multi_turn.format``), validate them against
   the sample's tools, run up to ``max_parallel_calls`` concurrently through
   ``safe_execute``; malformed / unknown / invalid / failing / timed-out calls become
@@ -13,6 +15,12 @@ One :class:`AgentSession` drives one :class:`RolloutRequest` through its state m
 * ``completed`` with a finish reason, or ``failed`` on an unexpected error (the batch
   still completes; the failed row trains on nothing).
 
+Tokenization is incremental (:class:`~mcore_agentic.rollout.tokenization.ConversationTokenizer`:
+per turn only the new messages are rendered and tokenized). The CPU-heavy steps (the
+prompt, each environment delta, the end-of-trajectory sanity check, an inference-template
+prompt) run on ``AgentContext.cpu_pool`` when one is given, so one request's rendering and
+tokenizing never stalls the event loop the other requests' generation and tools run on.
+
 Tool instances are created per request with the sample's ``tools_kwargs``
 (``{tool: {create_kwargs, execute_kwargs, calc_reward_kwargs, release_kwargs}}``), scored
 with ``calc_reward`` at the end, and always released, even on failure.
@@ -21,16 +29,18 @@ with ``calc_reward`` at the end, and always released, even on failure.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest
-from mcore_agentic.rollout.tokenization import ChatTokenizer
+from mcore_agentic.rollout.tokenization import ChatTokenizer, ConversationTokenizer, TokenizationPath
 from mcore_agentic.rollout.tool_parser import (
     ToolCall,
     ToolCallError,
@@ -59,6 +69,8 @@ class AgentContext:
     parser: ToolCallParser
     tools: Mapping[str, ToolProtocol] = field(default_factory=dict)
     interactions: Mapping[str, Any] = field(default_factory=dict)
+    cpu_pool: Executor | None = None
+    """Threads for rendering, tokenizing and the sanity check (None: on the event loop)."""
 
 
 @dataclass
@@ -81,7 +93,7 @@ class AgentSession:
         self.interaction: Any = None
         self.interaction_id: str | None = None
         self.num_prompt_messages = len(request.messages)
-        self.used_fallback = False
+        self.tokens: ConversationTokenizer | None = None
         self.max_len = min(ctx.cfg.prompt_length + ctx.cfg.response_length, ctx.cfg.effective_max_model_len)
 
     async def run(self) -> RolloutRequest:
@@ -91,7 +103,7 @@ class AgentSession:
             await self._start()
             reason = await self._turns()
             await self._score()
-            self._sanity_check(reason)
+            await self._cpu(self._sanity_check, reason)
             req.complete(reason)
         except Exception as exc:  # noqa: BLE001 -- one request's failure must not take the batch down
             if not req.done:
@@ -100,6 +112,13 @@ class AgentSession:
         finally:
             await self._release()
         return req
+
+    async def _cpu(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on the context's CPU pool (the event loop stays free), or inline without one."""
+        pool = self.ctx.cpu_pool
+        if pool is None:
+            return fn(*args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args, **kwargs))
 
     # -- setup --------------------------------------------------------------------------------------
 
@@ -123,7 +142,8 @@ class AgentSession:
             self.interaction = select_interaction(ctx.interactions, req.interaction_kwargs)
             kwargs = {k: v for k, v in req.interaction_kwargs.items() if k != "name"}
             self.interaction_id = await self.interaction.start_interaction(instance_id=req.request_id, **kwargs)
-        prompt = ctx.chat.prompt_ids(req.messages, tools=self.schemas)
+        self.tokens = await self._cpu(ctx.chat.conversation, req.messages, tools=self.schemas)
+        prompt = self.tokens.prompt_ids
         if len(prompt) > ctx.cfg.prompt_length:
             req.trajectory.set_prompt(prompt[-ctx.cfg.prompt_length :])  # a row for the batch; trains on nothing
             raise RequestDataError(
@@ -169,16 +189,12 @@ class AgentSession:
                 return FinishReason.ABORTED
             ended = bool(ids) and ids[-1] in chat.stop_token_ids
             text = chat.decode(ids[:-1] if ended else ids)
+            assert self.tokens is not None
+            self.tokens.sampled(text + chat.decode(ids[-1:]) if ended else text)
             calls: list[ToolCall | ToolCallError] = []
             if self.instances:
                 content, calls = self.ctx.parser.parse(text, schemas=self.argument_schemas)
-                valid = [c for c in calls if isinstance(c, ToolCall)]
-                for c in valid:  # the message keeps malformed calls' text, as the model wrote it
-                    text = text.replace(c.raw, "", 1)
-                content = text.strip() if len(valid) != len(calls) else content
-                message: dict[str, Any] = {"role": "assistant", "content": content}
-                if valid:
-                    message["tool_calls"] = [c.to_openai() for c in valid]
+                message = assistant_message(text, content, calls)
             else:
                 message = {"role": "assistant", "content": text}
             req.messages.append(message)
@@ -187,12 +203,13 @@ class AgentSession:
             if not mt.enable:
                 return FinishReason.STOP
             sampled_eot: bool = bool(ids) and ids[-1] == chat.eot_id
+            sampled_text = text + chat.eot_text if sampled_eot else None
             if calls:
                 if req.metrics.assistant_turns >= mt.max_assistant_turns:
                     return FinishReason.TOOL_CALLS
                 req.transition(RequestState.TOOL_CALLING)
                 tool_messages = await self._run_tools(calls)
-                if not self._append_env(tool_messages, sampled_eot):
+                if not await self._append_env(tool_messages, sampled_eot, sampled_text):
                     return FinishReason.LENGTH
                 req.transition(RequestState.RUNNING)
                 continue
@@ -206,7 +223,7 @@ class AgentSession:
             req.interaction_scores.append(float(score))
             if terminate or req.metrics.assistant_turns >= mt.max_assistant_turns:
                 return FinishReason.STOP
-            if not self._append_env([{"role": "user", "content": str(reply)}], sampled_eot):
+            if not await self._append_env([{"role": "user", "content": str(reply)}], sampled_eot, sampled_text):
                 return FinishReason.LENGTH
             req.transition(RequestState.RUNNING)
 
@@ -230,7 +247,7 @@ class AgentSession:
         )
         if self.mt.use_inference_chat_template and turn > 0:
             # Production-style prompt (templates like Qwen3 drop earlier reasoning); trained ids keep it all.
-            prompt = ctx.chat.prompt_ids(req.messages, tools=self.schemas)
+            prompt = await self._cpu(ctx.chat.prompt_ids, list(req.messages), tools=self.schemas)
         else:
             prompt = req.trajectory.ids
         started = time.perf_counter()
@@ -238,18 +255,18 @@ class AgentSession:
         req.metrics.generate_seconds += time.perf_counter() - started
         return out
 
-    def _append_env(self, new_messages: list[dict[str, Any]], sampled_eot: bool) -> bool:
+    async def _append_env(self, new_messages: list[dict[str, Any]], sampled_eot: bool, sampled_text: str | None) -> bool:
         """Append environment messages and their delta ids (+ next generation prompt); False if out of room."""
         req, traj = self.req, self.req.trajectory
         start = len(req.messages)
         req.messages.extend(new_messages)
-        chat = self.ctx.chat
-        segment = chat.env_segment(
-            req.messages, start, tools=self.schemas, sampled_eot=sampled_eot, history_text=chat.decode(traj.ids)
+        assert self.tokens is not None
+        segment = await self._cpu(
+            self.tokens.env_segment, list(req.messages), start, sampled_text=sampled_text, sampled_eot=sampled_eot
         )
-        if segment.used_fallback:
-            self.used_fallback = True
-            req.metrics.template_fallback += 1
+        req.metrics.template_fallback += int(segment.used_fallback)
+        req.metrics.template_drift += int(segment.path is TokenizationPath.TWO_RENDERS)
+        req.metrics.tokenization_full_context += int(segment.path is TokenizationPath.FULL_CONTEXT)
         traj.append(segment.ids, sampled=False)
         if len(traj) >= self.max_len or traj.response_len >= self.ctx.cfg.response_length:
             traj.truncate(min(self.max_len, traj.prompt_len + self.ctx.cfg.response_length))
@@ -284,7 +301,10 @@ class AgentSession:
             )
             return call.name, response
 
-        results = await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
+        if len(calls) == 1:  # the common case, without a task per call
+            results = [await one(0, calls[0])]
+        else:
+            results = await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
         self.req.metrics.tool_seconds += time.perf_counter() - started
         messages = []
         for call, (name, response) in zip(calls, results):
@@ -311,18 +331,18 @@ class AgentSession:
         mode = self.mt.tokenization_sanity_check_mode
         if mode == "disable":
             return
-        req, chat = self.req, self.ctx.chat
-        traj = req.trajectory
-        reference = chat.reference_ids(
+        req, traj = self.req, self.req.trajectory
+        diffs = self.ctx.chat.check_trajectory(
             traj.ids,
             traj.loss_mask,
             req.messages,
             tools=self.schemas,
             num_prompt_messages=self.num_prompt_messages,
-            used_fallback=self.used_fallback,
+            used_fallback=self.tokens is not None and self.tokens.used_fallback,
+            mode=mode,
+            truncated=reason in (FinishReason.LENGTH, FinishReason.ABORTED),
+            ids_text=self.tokens.text if self.tokens is not None else None,
         )
-        truncated = reason in (FinishReason.LENGTH, FinishReason.ABORTED)
-        diffs = chat.sanity_check(traj.ids, reference, mode=mode, truncated=truncated)
         req.metrics.sanity_check_mismatch = int(bool(diffs))
         req.sanity_check_diffs = diffs
 
@@ -337,6 +357,41 @@ class AgentSession:
                 await self.interaction.finalize_interaction(self.interaction_id)
             except Exception as exc:  # noqa: BLE001
                 logger.warning("finalizing interaction for request %s failed: %s", self.req.request_id, exc)
+
+
+def assistant_message(text: str, content: str, calls: list[ToolCall | ToolCallError]) -> dict[str, Any]:
+    """The assistant message of a sampled turn's ``text`` (the parser gave ``content`` and ``calls``).
+
+    The message is what the chat template renders back into the history, so its content keeps
+    what the model sampled, whitespace included: when all calls parsed and nothing but
+    whitespace follows the first one, the content is the text before it, less the one newline
+    the templates write between content and calls (``"Reasoning. \\n<tool_call>..."`` keeps
+    ``"Reasoning. "``; the parser's content, SGLang's ``normal_text``, is edge-stripped). Text
+    after or between calls cannot be rendered in place: the parser's joined content is kept.
+    Malformed calls stay in the content as the model wrote them (their error observation
+    tells the model what was wrong).
+    """
+    valid = [c for c in calls if isinstance(c, ToolCall)]
+    if valid and len(valid) == len(calls):
+        first = text.find(valid[0].raw)
+        rest = text[first:]
+        for c in valid:
+            rest = rest.replace(c.raw, "", 1)
+        if first >= 0 and not rest.strip():
+            content = text[:first]
+            content = content[:-1] if content.endswith("\n") else content
+    elif valid:
+        for c in valid:
+            text = text.replace(c.raw, "", 1)
+        content = text.strip()
+    elif calls:
+        content = text.strip()
+    else:
+        content = text
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if valid:
+        message["tool_calls"] = [c.to_openai() for c in valid]
+    return message
 
 
 def _clip(text: str, limit: int) -> str:

@@ -46,6 +46,10 @@ class MultiTurnConfig:
     tokenization_sanity_check_mode: SanityCheckMode = "strict"
     """Compare each trajectory with a full render of its messages: ``strict`` warns on any difference,
     ``ignore_strippable`` ignores whitespace-only differences, ``disable`` skips the check."""
+    tokenizer_threads: int = 2
+    """Threads that render, tokenize and sanity-check trajectories off the rollout's event loop (the fast
+    tokenizer releases the GIL), so one long conversation's CPU work never stalls the others' generation
+    and tools; 0 does it on the event loop."""
     use_inference_chat_template: bool = False
     """True: the engine's prompt each turn is the chat template's render of the conversation (templates
     like Qwen3 then drop earlier reasoning, as in production); the trained ids keep everything.
@@ -82,6 +86,7 @@ class MultiTurnConfig:
             p + "tokenization_sanity_check_mode",
             f"got {self.tokenization_sanity_check_mode!r}; use one of {list(SANITY_CHECK_MODES)}",
         )
+        require(self.tokenizer_threads >= 0, p + "tokenizer_threads", f"must be >= 0, got {self.tokenizer_threads}")
         require(
             self.tool_executor in TOOL_EXECUTORS,
             p + "tool_executor",

@@ -23,6 +23,7 @@ rank only and broadcasts the batch to the others.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import concurrent.futures
 import copy
@@ -38,6 +39,7 @@ from mcore_agentic.data.batch import Batch
 from mcore_agentic.rollout.agent_loop import AgentContext, run_request
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.engines.base import RolloutEngine
+from mcore_agentic.rollout.loop_monitor import LoopStallMonitor
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest
 from mcore_agentic.rollout.tokenization import ChatTokenizer, log_mismatch
 from mcore_agentic.rollout.tool_parser import get_tool_parser
@@ -104,7 +106,8 @@ async def generate_sequences(
 
     ``tokenizer``: a HF tokenizer with a chat template, or a :class:`ChatTokenizer`.
     ``executor``: the tools' executor (``make_executor(cfg.multi_turn.tool_executor, max_workers=cfg.multi_turn.tool_executor_workers)``); bound to
-    every tool that accepts one.
+    every tool that accepts one. Rendering, tokenizing and the sanity check run on
+    ``rollout.multi_turn.tokenizer_threads`` threads (0: on the event loop).
     """
     chat = tokenizer if isinstance(tokenizer, ChatTokenizer) else ChatTokenizer(tokenizer)
     tools = dict(tools or {})
@@ -112,6 +115,9 @@ async def generate_sequences(
         for tool in tools.values():
             if hasattr(tool, "bind_executor"):
                 tool.bind_executor(executor)
+    requests = build_requests(rows, cfg)
+    threads = cfg.multi_turn.tokenizer_threads
+    pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="rollout-cpu") if threads else None
     ctx = AgentContext(
         engine=engine,
         chat=chat,
@@ -119,15 +125,22 @@ async def generate_sequences(
         parser=get_tool_parser(cfg.multi_turn.format),
         tools=tools,
         interactions=dict(interactions or {}),
+        cpu_pool=pool,
     )
-    requests = build_requests(rows, cfg)
-    await asyncio.gather(*(run_request(r, ctx) for r in requests))
+    try:
+        async with LoopStallMonitor() as monitor:
+            await asyncio.gather(*(run_request(r, ctx) for r in requests))
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
     mismatched = [r for r in requests if r.metrics.sanity_check_mismatch]
     if mismatched:
         log_mismatch(mismatched[0].request_id, mismatched[0].sanity_check_diffs)
         if len(mismatched) > 1:
             logger.warning("%d of %d trajectories differ from their template render", len(mismatched), len(requests))
-    return collate(requests, cfg, pad_token_id=_pad_id(chat.tokenizer))
+    batch = collate(requests, cfg, pad_token_id=_pad_id(chat.tokenizer))
+    batch.info["rollout/event_loop_max_stall_s"] = monitor.max_stall_s
+    return batch
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -156,13 +169,13 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
     for i, r in enumerate(requests):
         t = r.trajectory
         if t.prompt_len:
-            prompts[i, p - t.prompt_len :] = torch.tensor(t.prompt_ids)
+            prompts[i, p - t.prompt_len :] = _tensor(t.prompt_ids, "q")
             prompt_mask[i, p - t.prompt_len :] = 1
         if t.response_len:
-            responses[i, : t.response_len] = torch.tensor(t.response_ids)
+            responses[i, : t.response_len] = _tensor(t.response_ids, "q")
             response_attn[i, : t.response_len] = 1
-            response_mask[i, : t.response_len] = torch.tensor(t.response_mask)
-            log_probs[i, : t.response_len] = torch.tensor(t.response_log_probs, dtype=torch.float32)
+            response_mask[i, : t.response_len] = _tensor(t.response_mask, "q")
+            log_probs[i, : t.response_len] = _tensor(t.response_log_probs, "f")
     attention_mask = torch.cat([prompt_mask, response_attn], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     meta = {
@@ -193,11 +206,21 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
             "rollout/failed_requests": failed,
             "rollout/aborted_requests": aborted,
             "rollout/sanity_check_mismatches": sum(r.metrics.sanity_check_mismatch for r in requests),
+            "rollout/template_drift_turns": sum(r.metrics.template_drift for r in requests),
+            "rollout/tokenization_full_context_turns": sum(r.metrics.tokenization_full_context for r in requests),
             "rollout/mean_assistant_turns": sum(r.metrics.assistant_turns for r in requests) / b,
             "rollout/tool_calls": sum(r.metrics.tool_calls for r in requests),
             "rollout/tool_errors": sum(r.metrics.tool_errors for r in requests),
         },
     )
+
+
+def _tensor(values: list[int] | list[float], typecode: str) -> torch.Tensor:
+    """A 1-D int64 (``"q"``) or float32 (``"f"``) tensor of a Python list, through ``array`` (7x faster than
+    ``torch.tensor`` on long lists, which converts element by element)."""
+    data = array.array(typecode, values)
+    dtype = torch.int64 if typecode == "q" else torch.float32
+    return torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
 
 
 def _request_metrics(r: RolloutRequest) -> dict[str, Any]:

@@ -63,6 +63,10 @@ class RequestMetrics:
     """1 when the trajectory differs from the template's render of its messages (see tokenization)."""
     template_fallback: int = 0
     """Env deltas computed with the fixed base conversation because the template rewrote history."""
+    template_drift: int = 0
+    """Env deltas after a sampled turn the template re-renders differently (two renders; the check reports it)."""
+    tokenization_full_context: int = 0
+    """Env deltas computed from full-history renders because the template failed the context probe."""
     prompt_tokens: int = 0
     response_tokens: int = 0
     generate_seconds: float = 0.0
@@ -131,12 +135,12 @@ class Trajectory:
         if sampled:
             if log_probs is None or len(log_probs) != len(ids):
                 raise ValueError(f"sampled segment of {len(ids)} ids needs as many log_probs, got {log_probs!r:.80}")
-            self.log_probs.extend(float(x) for x in log_probs)
+            self.log_probs.extend(map(float, log_probs))
         else:
             if log_probs is not None:
                 raise ValueError("environment tokens carry no log_probs")
             self.log_probs.extend([0.0] * len(ids))
-        self.ids.extend(int(x) for x in ids)
+        self.ids.extend(map(int, ids))
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
 
     def exclude_from_loss(self) -> None:

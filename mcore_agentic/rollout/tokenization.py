@@ -1,36 +1,64 @@
-"""Token-in, token-out tokenization of multi-turn trajectories, and its sanity check.
+"""Token-in, token-out tokenization of multi-turn trajectories in linear time, and its sanity check.
 
-Assistant turns are never tokenized here: the trajectory keeps the exact ids the
-engine sampled (up to and including the end-of-turn token ``<|im_end|>``). Only
-what the environment adds is tokenized, as the *delta* of two chat-template
-renders::
+Assistant turns are never tokenized here: the trajectory keeps the exact ids the engine
+sampled (up to and including the end-of-turn token ``<|im_end|>``). Only what the
+environment adds (tool results, user turns, the next generation prompt) is tokenized,
+as the *delta* of chat-template renders.
 
-    prev = render(messages[:start], add_generation_prompt=False)   # ends "...<|im_end|>\\n"
-    curr = render(messages,         add_generation_prompt=True)    # + tool/user turns + "<|im_start|>assistant\\n"
-    env  = curr[cut:]   # cut = just after the <|im_end|> the model sampled
+Per turn, :class:`ConversationTokenizer` renders only a small conversation: a short
+prefix, the assistant turn just sampled and the new messages (its *local context*), never
+the whole history, and tokenizes only the new text::
 
-so the env segment also carries the template's end-of-turn suffix the model did
-not sample (the ``\\n`` after ``<|im_end|>``; the whole ``<|im_end|>\\n`` if the
-model stopped on another stop token).
-When the new render starts with the decoded trajectory itself (the usual case: no
-drift, no rewrite), that text stands in for ``prev``: one render per turn, same ids.
+    head  = render(prefix, add_generation_prompt=True)                  # once
+    local = render(prefix + [last assistant] + new, add_generation_prompt=True)
+    env   = local[len(head) + len(sampled turn text):]                  # "one render"
 
-Templates that rewrite history (Qwen3 strips earlier ``<think>`` blocks once a
-new user query arrives) break ``curr.startswith(prev)``. Then the delta is taken
-against a fixed base conversation (system + user + a placeholder assistant turn,
-verl's ``BASE_CHAT_HISTORY`` idea), cutting after the placeholder's end-of-turn
-token, which no later message can rewrite.
+The prefix is one short user message without tool schemas (:data:`LIGHT_PREFIX`, the cheapest
+render) or, for a template whose environment turns depend on the system prompt or the tools,
+the request's own prompt messages and tools.
 
-The sanity check compares a finished trajectory with a full render of its
-messages (or, when the fallback was used, with the stitched per-turn renders:
-the full render legitimately differs there) and reports text diffs.
+That is exact when the template re-renders the sampled turn as it was sampled (the usual
+case: the agent loop builds the assistant message so that it does). Otherwise a second
+render of ``prompt + [last assistant]`` finds where the environment text starts ("two
+renders", the turn drifted and the end-of-trajectory check will say so). Templates that
+rewrite history (Qwen3 strips earlier ``<think>`` blocks once a new user query arrives)
+break that prefix too; then the delta is taken after a fixed base conversation (system +
+user + a placeholder assistant turn, verl's ``BASE_CHAT_HISTORY`` idea), cut after the
+placeholder's end-of-turn token, which no later message can rewrite ("base fallback").
+
+The local context is enough when the template renders environment messages the same
+whatever came before the last assistant turn. :meth:`ChatTokenizer.local_context` checks
+that once per template and tool list, on a probe conversation (two tool groups, a user
+turn, calls with and without content, a system prompt and the tools): local deltas must
+equal full-history deltas there, first with the light prefix, then with the prompt. A
+template that numbers tool results, or otherwise looks further back, fails both and its
+requests take the correct, quadratic path (two full renders per turn, "full context"),
+counted per request in ``metrics.tokenization_full_context``.
+
+The sanity check compares a finished trajectory with one full render of its messages (or,
+when the base fallback was used, with the stitched per-turn renders: the full render
+legitimately differs there) and reports text diffs. It costs one render of the whole
+conversation and the re-tokenization of the sampled turns only (:meth:`ChatTokenizer.encodes_to`:
+the text between added tokens is tokenized independently, and everything else in the
+trajectory was tokenized from the same text already); a mismatch is then described by a
+linear diff (each resync looks a bounded window ahead; no quadratic ``difflib``). In ``ignore_strippable`` mode exactly the
+differences that only add, drop or change whitespace are ignored, whatever the token
+boundaries.
+
+Thread safety: renders and tokenizations may run in worker threads (the agent loop does,
+to keep its event loop free); the fast tokenizer's ``encode`` releases the GIL.
 """
 
 from __future__ import annotations
 
-import difflib
+import functools
+import json
 import logging
+import re
+import threading
+from collections import Counter
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -41,21 +69,34 @@ BASE_CHAT_HISTORY: tuple[dict[str, str], ...] = (
     {"role": "user", "content": "I am a user."},
 )
 _BASE_ASSISTANT = {"role": "assistant", "content": "OK."}
+# The cheapest local context: the sampled turn and the new messages after one short user turn.
+LIGHT_PREFIX: tuple[dict[str, str], ...] = ({"role": "user", "content": "."},)
 
 Messages = list[dict[str, Any]]
 
 
+class TokenizationPath(StrEnum):
+    """How one environment delta was computed (see the module docstring)."""
+
+    ONE_RENDER = "one_render"
+    TWO_RENDERS = "two_renders"
+    BASE_FALLBACK = "base_fallback"
+    FULL_CONTEXT = "full_context"
+
+
 @dataclass(frozen=True)
 class EnvSegment:
-    """Environment-added ids (loss mask 0) and whether the base-conversation fallback made them."""
+    """Environment-added ids (loss mask 0), their text, and how they were computed."""
 
     ids: list[int]
     text: str
     used_fallback: bool
+    """The base-conversation fallback made them: the template rewrote history."""
+    path: TokenizationPath = TokenizationPath.FULL_CONTEXT
 
 
 class ChatTokenizer:
-    """Chat-template renders and delta tokenization for one tokenizer (and tool schema list).
+    """Chat-template renders and delta tokenization for one tokenizer.
 
     ``tokenizer`` is a Hugging Face tokenizer with a chat template. ``eot_token`` is the
     token that ends an assistant turn in the template (default: the tokenizer's eos,
@@ -72,14 +113,22 @@ class ChatTokenizer:
             raise ValueError(f"end-of-turn token {self.eot_text!r} is not in the tokenizer's vocabulary")
         self.eot_id: int = int(eot_id)
         self.template_kwargs = dict(template_kwargs or {})
+        # The Rust tokenizer directly (same ids, a third faster on long text) unless it truncates or pads.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        plain = backend is not None and backend.truncation is None and backend.padding is None
+        self._backend = backend if plain else None
+        self._local_context: dict[str, str] = {}
+        self._lock = threading.Lock()
+        stops = {self.eot_id}
+        if tokenizer.eos_token_id is not None:
+            stops.add(int(tokenizer.eos_token_id))
+        self._stop_token_ids = sorted(stops)
+        self._split_ids = self._hard_split_ids()
 
     @property
     def stop_token_ids(self) -> list[int]:
         """Token ids that end an assistant turn: the template's end-of-turn and the tokenizer's eos."""
-        ids = {self.eot_id}
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return sorted(ids)
+        return list(self._stop_token_ids)
 
     # -- primitives ---------------------------------------------------------------------------------
 
@@ -93,9 +142,13 @@ class ChatTokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
+        if self._backend is not None and self._backend.decoder is not None:
+            return self._backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     # -- trajectory pieces --------------------------------------------------------------------------
@@ -103,6 +156,10 @@ class ChatTokenizer:
     def prompt_ids(self, messages: Messages, *, tools: list[dict] | None) -> list[int]:
         """The initial prompt: full render with the generation prompt (tool schemas included)."""
         return self.encode(self.render(messages, tools=tools, add_generation_prompt=True))
+
+    def conversation(self, messages: Messages, *, tools: list[dict] | None) -> ConversationTokenizer:
+        """Incremental tokenization of a conversation whose prompt is ``messages`` (rendered and tokenized now)."""
+        return ConversationTokenizer(self, messages, tools=tools)
 
     def env_segment(
         self,
@@ -113,7 +170,10 @@ class ChatTokenizer:
         sampled_eot: bool | None,
         history_text: str | None = None,
     ) -> EnvSegment:
-        """Ids for ``messages[start:]`` (tool results, user turns) plus the next generation prompt.
+        """Ids for ``messages[start:]`` (tool results, user turns) plus the next generation prompt, in full context.
+
+        Renders the whole conversation (twice, or once with ``history_text``): correct for any template,
+        quadratic over a trajectory. :class:`ConversationTokenizer` is the linear path; it falls back here.
 
         ``messages[start - 1]`` is the turn already in the trajectory. ``sampled_eot``: True if it is a
         sampled assistant turn that ended with the end-of-turn token, False if a sampled assistant turn
@@ -121,8 +181,7 @@ class ChatTokenizer:
         sampled turn (its render is already in the trajectory in full).
 
         ``history_text``: the decoded trajectory so far. When the new render starts with it exactly, it
-        stands in for the first render (one template render per turn instead of two; same result, since
-        then trajectory text + delta == the template's render).
+        stands in for the first render (same result, since then trajectory text + delta == the render).
         """
         if not 0 < start <= len(messages):
             raise ValueError(f"start={start} must be in 1..{len(messages)}")
@@ -134,10 +193,42 @@ class ChatTokenizer:
         if curr.startswith(prev):
             text = curr[self._cut(prev, len(prev), sampled_eot) :]
             return EnvSegment(self.encode(text), text, used_fallback=False)
-        # The template rewrote an earlier turn; take the delta after a base conversation instead.
+        return self._base_fallback(messages[start:], tools=tools, sampled_eot=sampled_eot, path=TokenizationPath.FULL_CONTEXT)
+
+    def local_env_segment(
+        self,
+        prompt: Messages,
+        head: str,
+        last: dict[str, Any],
+        new: Messages,
+        *,
+        tools: list[dict] | None,
+        sampled_text: str | None,
+        sampled_eot: bool,
+    ) -> EnvSegment:
+        """Ids for ``new`` after the sampled assistant turn ``last``, rendered in the local context only.
+
+        ``head`` is ``render(prompt, add_generation_prompt=True)``; ``sampled_text`` the decoded sampled
+        turn, end-of-turn token included (None skips the one-render path). Exact for context-free
+        templates (:meth:`local_context`); O(prompt + last turn + new text), whatever the history.
+        """
+        local = self.render([*prompt, last, *new], tools=tools, add_generation_prompt=True)
+        if sampled_eot and sampled_text and local.startswith(head) and local.startswith(sampled_text, len(head)):
+            text = local[len(head) + len(sampled_text) :]
+            return EnvSegment(self.encode(text), text, used_fallback=False, path=TokenizationPath.ONE_RENDER)
+        prev = self.render([*prompt, last], tools=tools, add_generation_prompt=False)
+        if local.startswith(prev):
+            text = local[self._cut(prev, len(prev), sampled_eot) :]
+            return EnvSegment(self.encode(text), text, used_fallback=False, path=TokenizationPath.TWO_RENDERS)
+        return self._base_fallback(new, tools=tools, sampled_eot=sampled_eot, path=TokenizationPath.BASE_FALLBACK)
+
+    def _base_fallback(
+        self, new: Messages, *, tools: list[dict] | None, sampled_eot: bool | None, path: TokenizationPath
+    ) -> EnvSegment:
+        """The template rewrote an earlier turn: the delta of ``new`` after the base conversation instead."""
         base = [*BASE_CHAT_HISTORY, _BASE_ASSISTANT] if sampled_eot is not None else list(BASE_CHAT_HISTORY)
         base_head = self.render(list(BASE_CHAT_HISTORY), tools=tools, add_generation_prompt=False)
-        full = self.render([*base, *messages[start:]], tools=tools, add_generation_prompt=True)
+        full = self.render([*base, *new], tools=tools, add_generation_prompt=True)
         if not full.startswith(base_head):
             raise RuntimeError(
                 "chat template rewrites even the base system/user turns when messages are appended; "
@@ -147,7 +238,7 @@ class ChatTokenizer:
             text = full[len(self.render(base, tools=tools, add_generation_prompt=False)) :]
         else:
             text = full[self._cut(full, len(base_head), sampled_eot, search_from=len(base_head)) :]
-        return EnvSegment(self.encode(text), text, used_fallback=True)
+        return EnvSegment(self.encode(text), text, used_fallback=True, path=path)
 
     def _cut(self, text: str, end: int, sampled_eot: bool | None, search_from: int | None = None) -> int:
         """Where environment text starts in ``text``: after (or at) the closing end-of-turn token."""
@@ -161,11 +252,10 @@ class ChatTokenizer:
             raise RuntimeError(f"chat template render has no end-of-turn token {self.eot_text!r} after an assistant turn")
         return pos + len(self.eot_text) if sampled_eot else pos
 
-    def assistant_turn_ids(self, message: dict[str, Any], *, tools: list[dict] | None) -> list[int]:
+    def assistant_turn_text(self, message: dict[str, Any], *, tools: list[dict] | None) -> str:
         """How the template renders one assistant message, up to and including its end-of-turn token.
 
-        Rendered after the base conversation, so the result does not depend on the history. Used as the
-        reference for sampled turns in the sanity check (and as "sampled" ids in tests).
+        Rendered after the base conversation, so the result does not depend on the history.
         """
         head = self.render(list(BASE_CHAT_HISTORY), tools=tools, add_generation_prompt=True)
         full = self.render([*BASE_CHAT_HISTORY, message], tools=tools, add_generation_prompt=False)
@@ -174,7 +264,162 @@ class ChatTokenizer:
         end = full.find(self.eot_text, len(head))
         if end < 0:
             raise RuntimeError(f"assistant turn render has no end-of-turn token {self.eot_text!r}")
-        return self.encode(full[len(head) : end + len(self.eot_text)])
+        return full[len(head) : end + len(self.eot_text)]
+
+    def assistant_turn_ids(self, message: dict[str, Any], *, tools: list[dict] | None) -> list[int]:
+        """The ids of :meth:`assistant_turn_text`: the reference for sampled turns in the sanity check."""
+        return self.encode(self.assistant_turn_text(message, tools=tools))
+
+    def _hard_split_ids(self) -> frozenset[int] | None:
+        """Added-token ids at which any tokenization of any text splits, or None when that cannot be relied on.
+
+        The fast tokenizer cuts text at added tokens before anything else, so the stretches between two
+        of them tokenize independently: unless a token strips or eats its neighbours (``lstrip``,
+        ``rstrip``, ``single_word``), is matched after normalisation, or could overlap another added
+        token (one holds another's first character past its own start, or is another's prefix).
+        """
+        tokens = getattr(self.tokenizer, "added_tokens_decoder", None)
+        if self._backend is None or not tokens:
+            return None
+        contents = [t.content for t in tokens.values()]
+        firsts = {c[0] for c in contents if c}
+        for t in tokens.values():
+            if t.lstrip or t.rstrip or t.single_word or t.normalized or not t.content:
+                return None
+            if any(ch in firsts for ch in t.content[1:]) or any(o != t.content and o.startswith(t.content) for o in contents):
+                return None
+        return frozenset(int(i) for i in tokens)
+
+    def encodes_to(self, text: str, ids: list[int], sampled: list[int], *, ids_text: str | None = None) -> bool:
+        """Whether ``encode(text) == ids``, where ``ids`` is this module's tokenization of a conversation.
+
+        ``sampled[i]`` is 1 where the engine sampled ``ids[i]``: everything else came from :meth:`encode`
+        of template text that starts or ends at an added token. So when the texts agree, only the
+        stretches between added tokens that hold a sampled id (the sampled turns with the text next to
+        them, e.g. ``"assistant\\n"``) can tokenize differently: those are re-tokenized, nothing else. Same
+        answer as a full tokenization at about half its cost; a tokenizer whose added tokens do not cut
+        text cleanly (see :meth:`_hard_split_ids`) gets the full tokenization.
+
+        ``ids_text``: the text ``ids`` were made from (:attr:`ConversationTokenizer.text`), when known:
+        compared with ``text`` as it is, it saves decoding ``ids`` and normalising ``text``.
+        """
+        splits = self._split_ids
+        if splits is None or len(sampled) != len(ids):
+            return self.encode(text) == ids
+        if ids_text is not None:
+            if ids_text != text:
+                return self.encode(text) == ids  # e.g. the same text up to normalisation
+        else:
+            normalizer = self._backend.normalizer
+            if self.decode(ids) != (normalizer.normalize_str(text) if normalizer is not None else text):
+                return False  # decode(encode(x)) is normalize(x) for a byte-level tokenizer
+        start: int | None = None  # the open stretch holding sampled ids
+        for is_sampled, lo, hi in _runs(sampled):
+            if is_sampled:
+                if start is None:
+                    start = lo
+                    while start > 0 and ids[start - 1] not in splits:
+                        start -= 1
+                continue
+            if start is None:
+                continue
+            cut = next((k for k in range(lo, hi) if ids[k] in splits), None)
+            if cut is None:
+                continue  # no added token in this environment stretch: the sampled stretch goes on
+            if self.encode(self.decode(ids[start:cut])) != ids[start:cut]:
+                return False
+            start = None
+        return start is None or self.encode(self.decode(ids[start:])) == ids[start:]
+
+    def check_trajectory(
+        self,
+        ids: list[int],
+        loss_mask: list[int],
+        messages: Messages,
+        *,
+        tools: list[dict] | None,
+        num_prompt_messages: int,
+        used_fallback: bool,
+        mode: str,
+        truncated: bool = False,
+        ids_text: str | None = None,
+    ) -> list[dict[str, str]]:
+        """The sanity check of one finished trajectory: :meth:`sanity_check` against :meth:`reference_ids`.
+
+        A trajectory that matches the full render (the usual case) costs one render and the
+        re-tokenization of its sampled stretches (:meth:`encodes_to`; ``ids_text`` as there); the full
+        reference is tokenized only to describe a mismatch.
+        """
+        if mode == "disable":
+            return []
+        if not used_fallback and not truncated:
+            text = self._reference_text(ids, messages, tools)
+            if self.encodes_to(text, ids, loss_mask, ids_text=ids_text):
+                return []
+        reference = self.reference_ids(
+            ids, loss_mask, messages, tools=tools, num_prompt_messages=num_prompt_messages, used_fallback=used_fallback
+        )
+        return self.sanity_check(ids, reference, mode=mode, truncated=truncated)
+
+    # -- the context probe --------------------------------------------------------------------------
+
+    def local_context(self, tools: list[dict] | None) -> str:
+        """Which local context gives the full-history deltas on a probe conversation: ``light``, ``prompt`` or ``full``.
+
+        ``light``: :data:`LIGHT_PREFIX` without tools; ``prompt``: the request's prompt and tools;
+        ``full``: none does (or the template cannot render the probe), so every delta is taken from
+        full renders, which is always correct. Checked once per tool list and cached.
+        """
+        key = json.dumps(tools or [], sort_keys=True, default=str)
+        with self._lock:
+            known = self._local_context.get(key)
+        if known is not None:
+            return known
+        verdict = "full"
+        try:
+            if self._probe(tools, light=True):
+                verdict = "light"
+            elif self._probe(tools, light=False):
+                verdict = "prompt"
+        except Exception as exc:  # noqa: BLE001 -- an odd template takes the slow, correct path
+            logger.info("chat template failed the tokenization probe (%s: %s); using full renders", type(exc).__name__, exc)
+        if verdict == "full":
+            logger.warning(
+                "the chat template renders tool/user turns differently depending on earlier turns; "
+                "multi-turn tokenization renders the whole conversation every turn (quadratic in the number of turns)"
+            )
+        with self._lock:
+            self._local_context[key] = verdict
+        return verdict
+
+    @functools.cached_property
+    def light_head(self) -> str:
+        """``render(LIGHT_PREFIX, add_generation_prompt=True)``, rendered once."""
+        return self.render(list(LIGHT_PREFIX), tools=None, add_generation_prompt=True)
+
+    def _probe(self, tools: list[dict] | None, *, light: bool) -> bool:
+        messages = _probe_conversation(tools)
+        prompt = messages[:2]
+        prefix, local_tools = (list(LIGHT_PREFIX), None) if light else (prompt, tools)
+        head = self.light_head if light else self.render(prefix, tools=local_tools, add_generation_prompt=True)
+        start = 0
+        while start < len(messages):
+            if messages[start]["role"] == "assistant" or start <= len(prompt):
+                start += 1
+                continue
+            end = start
+            while end < len(messages) and messages[end]["role"] != "assistant":
+                end += 1
+            last = messages[start - 1]
+            full = self.env_segment(messages[:end], start, tools=tools, sampled_eot=True)
+            local = self.local_env_segment(
+                prefix, head, last, messages[start:end], tools=local_tools,
+                sampled_text=self.assistant_turn_text(last, tools=tools), sampled_eot=True,
+            )  # fmt: skip
+            if (local.text, local.used_fallback) != (full.text, full.used_fallback):
+                return False
+            start = end
+        return True
 
     # -- sanity check -------------------------------------------------------------------------------
 
@@ -197,12 +442,7 @@ class ChatTokenizer:
         render of its assistant message.
         """
         if not used_fallback:
-            # A trajectory that ends on environment text (cut by a length limit) ends in a generation prompt.
-            ends_with_env = bool(messages) and messages[-1].get("role") != "assistant"
-            text = self.render(messages, tools=tools, add_generation_prompt=ends_with_env)
-            if ids and ids[-1] == self.eot_id:
-                text = text[: text.rfind(self.eot_text) + len(self.eot_text)]
-            return self.encode(text)
+            return self.encode(self._reference_text(ids, messages, tools))
         assistants = [m for m in messages[num_prompt_messages:] if m.get("role") == "assistant"]
         out: list[int] = []
         turn = 0
@@ -216,6 +456,15 @@ class ChatTokenizer:
             turn += 1
         return out
 
+    def _reference_text(self, ids: list[int], messages: Messages, tools: list[dict] | None) -> str:
+        """The full render a trajectory without fallback should tokenize to."""
+        # A trajectory that ends on environment text (cut by a length limit) ends in a generation prompt.
+        ends_with_env = bool(messages) and messages[-1].get("role") != "assistant"
+        text = self.render(messages, tools=tools, add_generation_prompt=ends_with_env)
+        if ids and ids[-1] == self.eot_id:
+            text = text[: text.rfind(self.eot_text) + len(self.eot_text)]
+        return text
+
     def sanity_check(
         self,
         ids: list[int],
@@ -224,12 +473,13 @@ class ChatTokenizer:
         mode: str,
         truncated: bool = False,
         context_chars: int = 20,
+        max_diffs: int = 16,
     ) -> list[dict[str, str]]:
-        """Text diffs between the trajectory ``ids`` and ``reference`` that ``mode`` counts.
+        """Text diffs between the trajectory ``ids`` and ``reference`` that ``mode`` counts (at most ``max_diffs``).
 
         ``truncated``: the trajectory was cut by a length limit, so only ``reference``'s prefix of the
-        same text length is compared. Whitespace-only diffs are dropped in ``ignore_strippable`` mode;
-        ``disable`` returns no diffs.
+        same text length is compared. ``ignore_strippable`` drops every difference that is whitespace
+        only (the texts are equal once whitespace is removed); ``disable`` returns no diffs.
         """
         if mode == "disable" or ids == reference:
             return []
@@ -241,28 +491,157 @@ class ChatTokenizer:
             reference = self.encode(ref_text[: len(have)])
             if ids == reference:
                 return []
+        if mode == "ignore_strippable" and _no_space(self.decode(ids)) == _no_space(self.decode(reference)):
+            return []
         diffs = []
-        matcher = difflib.SequenceMatcher(a=reference, b=ids, autojunk=False)
-        for tag, a0, a1, b0, b1 in matcher.get_opcodes():
-            if tag == "equal":
-                continue
+        for a0, a1, b0, b1 in diff_regions(reference, ids):
             expected, actual = self.decode(reference[a0:a1]), self.decode(ids[b0:b1])
-            if mode == "ignore_strippable" and not expected.strip() and not actual.strip():
+            if mode == "ignore_strippable" and _no_space(expected) == _no_space(actual):
                 continue
             before = self.decode(ids[max(0, b0 - 8) : b0])[-context_chars:]
             after = self.decode(ids[b1 : b1 + 8])[:context_chars]
             diffs.append({"expected": expected, "actual": actual, "context": f"{before}[...]{after}"})
+            if len(diffs) >= max_diffs:
+                break
+        if not diffs:  # each region is whitespace-only but the whole is not (a split multi-byte character)
+            diffs.append({"expected": self.decode(reference), "actual": self.decode(ids), "context": "[whole trajectory]"})
         return diffs
 
 
+class ConversationTokenizer:
+    """Linear-time tokenization of one conversation: its prompt once, then per turn only what is new.
+
+    ``messages`` is the prompt (rendered with the generation prompt and tokenized here, see
+    :attr:`prompt_ids`); later calls to :meth:`env_segment` get the whole conversation so far.
+    Counts how each delta was computed (``paths``) and whether the template rewrote history
+    (``used_fallback``: the sanity check's reference is then the stitched renders).
+    """
+
+    def __init__(self, chat: ChatTokenizer, messages: Messages, *, tools: list[dict] | None):
+        self.chat = chat
+        self.tools = tools
+        self.prompt: Messages = list(messages)
+        self.head = chat.render(self.prompt, tools=tools, add_generation_prompt=True)
+        self.prompt_ids: list[int] = chat.encode(self.head)
+        self.context = chat.local_context(tools)
+        if self.context == "light":
+            self._prefix, self._prefix_tools = list(LIGHT_PREFIX), None
+            self._prefix_head = chat.light_head
+        else:
+            self._prefix, self._prefix_tools, self._prefix_head = self.prompt, tools, self.head
+        self.used_fallback = False
+        self.paths: Counter[TokenizationPath] = Counter()
+        self._texts: list[str] = [self.head]
+
+    def sampled(self, text: str) -> None:
+        """Record a sampled turn's decoded text (stop token included), for :attr:`text`."""
+        self._texts.append(text)
+
+    @property
+    def text(self) -> str:
+        """The trajectory's text so far: the prompt, each recorded sampled turn and each environment delta."""
+        return "".join(self._texts)
+
+    def env_segment(self, messages: Messages, start: int, *, sampled_text: str | None, sampled_eot: bool) -> EnvSegment:
+        """Ids for ``messages[start:]`` plus the next generation prompt; ``messages[start - 1]`` was sampled.
+
+        ``sampled_text``: that turn decoded, end-of-turn token included (``None`` if unknown).
+        ``sampled_eot``: whether it ended with the end-of-turn token (see :meth:`ChatTokenizer.env_segment`).
+        """
+        if not len(self.prompt) < start <= len(messages):
+            raise ValueError(f"start={start} must be in {len(self.prompt) + 1}..{len(messages)} (after a sampled turn)")
+        if self.context != "full":
+            segment = self.chat.local_env_segment(
+                self._prefix, self._prefix_head, messages[start - 1], messages[start:],
+                tools=self._prefix_tools, sampled_text=sampled_text, sampled_eot=sampled_eot,
+            )  # fmt: skip
+        else:
+            segment = self.chat.env_segment(messages, start, tools=self.tools, sampled_eot=sampled_eot)
+        self.used_fallback |= segment.used_fallback
+        self.paths[segment.path] += 1
+        self._texts.append(segment.text)
+        return segment
+
+
+def _probe_conversation(tools: list[dict] | None) -> Messages:
+    """A conversation that exercises what a template may render context-dependently: tool groups, calls, a new query."""
+    function = (tools or [{}])[0].get("function") or {}
+    name = function.get("name") or "probe_tool"
+
+    def call(i: int) -> dict[str, Any]:
+        return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": {"value": str(i)}}}
+
+    def result(i: int) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": f"call_{i}", "name": name, "content": f"result {i}"}
+
+    return [
+        {"role": "system", "content": "Probe system prompt."},
+        {"role": "user", "content": "First probe question."},
+        {"role": "assistant", "content": "Calling twice.", "tool_calls": [call(1), call(2)]},
+        result(1),
+        result(2),
+        {"role": "assistant", "content": "Calling again.", "tool_calls": [call(3)]},
+        result(3),
+        {"role": "assistant", "content": "A first answer."},
+        {"role": "user", "content": "Second probe question."},
+        {"role": "assistant", "content": "", "tool_calls": [call(4)]},
+        result(4),
+        {"role": "assistant", "content": "", "tool_calls": [call(5)]},
+        result(5),
+        {"role": "assistant", "content": "Done."},
+    ]
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def _no_space(text: str) -> str:
+    return _SPACE.sub("", text)
+
+
+def diff_regions(a: list[int], b: list[int], *, window: int = 256, anchor: int = 8) -> list[tuple[int, int, int, int]]:
+    """The regions ``(a0, a1, b0, b1)`` where ``a`` and ``b`` differ, in order.
+
+    After each difference, the next common run is the nearest position pair (within ``window`` tokens
+    ahead on each side) where ``anchor`` tokens agree; failing that, the rest is one region. Linear in
+    the lengths (plus ``window * anchor`` per region), unlike ``difflib``'s quadratic matcher.
+    """
+    regions: list[tuple[int, int, int, int]] = []
+    i = j = 0
+    n, m = len(a), len(b)
+    while True:
+        while i < n and j < m and a[i] == b[j]:
+            i += 1
+            j += 1
+        if i == n and j == m:
+            return regions
+        starts: dict[tuple[int, ...], int] = {}
+        for dj in range(min(window, m - j) + 1):
+            starts.setdefault(tuple(b[j + dj : j + dj + anchor]), dj)
+        best: tuple[int, int] | None = None
+        for di in range(min(window, n - i) + 1):
+            dj = starts.get(tuple(a[i + di : i + di + anchor]))
+            if dj is not None and (best is None or di + dj < sum(best)):
+                best = (di, dj)
+        if best is None:
+            regions.append((i, n, j, m))
+            return regions
+        regions.append((i, i + best[0], j, j + best[1]))
+        i, j = i + best[0], j + best[1]
+
+
 def _runs(mask: list[int]) -> list[tuple[bool, int, int]]:
-    """Maximal runs of equal mask values as ``(is_one, start, end)``."""
+    """Maximal runs of equal values of a 0/1 mask as ``(is_one, start, end)`` (found by C-level ``index``)."""
     runs: list[tuple[bool, int, int]] = []
-    start = 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[start]:
-            runs.append((bool(mask[start]), start, i))
-            start = i
+    start, n = 0, len(mask)
+    while start < n:
+        one = bool(mask[start])
+        try:
+            end = mask.index(0 if one else 1, start)
+        except ValueError:
+            end = n
+        runs.append((one, start, end))
+        start = end
     return runs
 
 

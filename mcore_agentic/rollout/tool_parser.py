@@ -85,6 +85,7 @@ from mcore_agentic.rollout.tool_call import (
 )
 from mcore_agentic.rollout.tool_parser_json import HermesParser, Llama3JsonParser, MistralParser
 from mcore_agentic.rollout.tool_parser_qwen3_coder import Qwen3CoderParser
+from mcore_agentic.tools.schema import drop_null_keywords
 
 if TYPE_CHECKING:
     from mcore_agentic.tools.base import ToolProtocol
@@ -147,10 +148,14 @@ def _validator(schema_json: str) -> Any:
 
 
 def parameters_schema(tool: ToolProtocol) -> dict[str, Any]:
-    """The JSON schema of a tool's arguments (an empty object schema when the tool declares none)."""
+    """The JSON schema of a tool's arguments (an empty object schema when the tool declares none).
+
+    Null-valued keywords (``"enum": null`` in verl's dumps) are dropped: registry-loaded and
+    ``BaseTool`` schemas already are, this covers any other tool class.
+    """
     function = tool.get_openai_tool_schema().get("function", {})
     params = function.get("parameters")
-    return params if isinstance(params, dict) else {"type": "object", "properties": {}}
+    return drop_null_keywords(params) if isinstance(params, dict) else {"type": "object", "properties": {}}
 
 
 def _describe(error: Any) -> str:
@@ -205,9 +210,30 @@ def validate_tool_call(call: ToolCall, tools: Mapping[str, ToolProtocol], max_er
         return ToolCallError(call.raw, message, id=call.id, name=call.name)
 
 
-def _schema_problems(call: ToolCall, tool: ToolProtocol, max_errors: int) -> ToolCallError | None:
+_BY_SCHEMA_OBJECT: dict[int, tuple[Any, dict[str, Any], Any]] = {}
+
+
+def _schema_and_validator(tool: ToolProtocol) -> tuple[dict[str, Any], Any]:
+    """The tool's argument schema and its validator, looked up by the schema object the tool returns.
+
+    Tools return the same schema object every call, so the schema is cleaned and serialised (for the
+    validator cache) once per object, not once per call. The entry holds that object, so its id stays
+    unique while cached.
+    """
+    raw = tool.get_openai_tool_schema()
+    hit = _BY_SCHEMA_OBJECT.get(id(raw))
+    if hit is not None and hit[0] is raw:
+        return hit[1], hit[2]
     schema = parameters_schema(tool)
     validator = _validator(json.dumps(schema, sort_keys=True))
+    if len(_BY_SCHEMA_OBJECT) >= 1024:
+        _BY_SCHEMA_OBJECT.clear()
+    _BY_SCHEMA_OBJECT[id(raw)] = (raw, schema, validator)
+    return schema, validator
+
+
+def _schema_problems(call: ToolCall, tool: ToolProtocol, max_errors: int) -> ToolCallError | None:
+    schema, validator = _schema_and_validator(tool)
     errors = sorted(validator.iter_errors(call.arguments), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     if not errors:
         return None

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from mcore_agentic.tools.executor import TOOL_CLOCK, ToolClock, ToolExecutor, default_executor
+from mcore_agentic.tools.schema import drop_null_keywords
 
 
 @dataclass
@@ -68,7 +69,7 @@ class BaseTool:
 
     def __init__(self, config: dict[str, Any], tool_schema: dict[str, Any]):
         self.config = dict(config or {})
-        self.tool_schema = tool_schema
+        self.tool_schema = drop_null_keywords(tool_schema)  # verl dumps write "enum": null
         self.name: str = tool_schema["function"]["name"]
         self._instances: dict[str, dict[str, Any]] = {}
         self._executor: ToolExecutor | None = None

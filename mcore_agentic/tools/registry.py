@@ -29,6 +29,7 @@ import yaml
 
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.tools.base import BaseTool, ToolProtocol
+from mcore_agentic.tools.schema import drop_null_keywords
 
 if TYPE_CHECKING:
     from mcore_agentic.tools.executor import ToolExecutor
@@ -95,9 +96,14 @@ def check_tool_class(cls: type, field: str) -> None:
 
 
 def check_tool_schema(schema: Any, field: str) -> dict[str, Any]:
-    """Validate an OpenAI function schema; returns it as a plain dict."""
+    """Validate an OpenAI function schema; returns it as a plain dict, null-valued keywords dropped.
+
+    verl's dumps write ``"enum": null`` and the like; those keys are dropped (see
+    :mod:`~mcore_agentic.tools.schema`), so they never reach the argument validator.
+    """
     if not isinstance(schema, dict):
         raise ConfigError(field, "missing or not a mapping; give {type: function, function: {name, description, parameters}}")
+    schema = drop_null_keywords(schema)
     if schema.get("type", "function") != "function":
         raise ConfigError(f"{field}.type", f"must be 'function', got {schema.get('type')!r}")
     function = schema.get("function")
