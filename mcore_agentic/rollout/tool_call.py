@@ -11,8 +11,9 @@ downstream: schema validation, chat templates) and lone UTF-16 surrogates, which
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,9 +22,12 @@ MAX_NESTING = 128
 """Most nested JSON arrays/objects a call payload may hold."""
 
 
+_IDS = random.Random(os.urandom(16))  # unique, not secret: one urandom read per process, not per call
+
+
 def new_call_id() -> str:
     """9 alphanumeric characters: the one id shape every chat template accepts (Mistral's insists on it)."""
-    return uuid.uuid4().hex[:9]
+    return f"{_IDS.getrandbits(36):09x}"
 
 
 @dataclass

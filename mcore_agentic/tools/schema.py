@@ -18,13 +18,29 @@ _NULL_OK = frozenset({"const", "default"})
 
 
 def drop_null_keywords(schema: Any) -> Any:
-    """A copy of ``schema`` without null-valued keywords (see the module docstring); other values unchanged."""
+    """``schema`` without null-valued keywords (see the module docstring): the object itself when it has
+    none, else a copy with them dropped; other values unchanged."""
+    return _dropped(schema) if _has_null_keyword(schema) else schema
+
+
+def _has_null_keyword(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return any(
+            (value is None and key not in _NULL_OK) or (key not in _INSTANCE_KEYWORDS and _has_null_keyword(value))
+            for key, value in schema.items()
+        )
+    if isinstance(schema, list):
+        return any(_has_null_keyword(item) for item in schema)
+    return False
+
+
+def _dropped(schema: Any) -> Any:
     if isinstance(schema, dict):
         return {
-            key: value if key in _INSTANCE_KEYWORDS else drop_null_keywords(value)
+            key: value if key in _INSTANCE_KEYWORDS else _dropped(value)
             for key, value in schema.items()
             if value is not None or key in _NULL_OK
         }
     if isinstance(schema, list):
-        return [drop_null_keywords(item) for item in schema]
+        return [_dropped(item) for item in schema]
     return schema
