@@ -45,6 +45,7 @@ def test_bad_rollout_values(kwargs, field):
         ({"tool_timeout": 0}, "tool_timeout"),
         ({"max_parallel_calls": 0}, "max_parallel_calls"),
         ({"max_user_turns": -1}, "max_user_turns"),
+        ({"tokenizer_threads": -1}, "tokenizer_threads"),
     ],
 )
 def test_bad_multi_turn_values(kwargs, field):

@@ -2,7 +2,8 @@
 
 The property test builds trajectories the way the agent loop does: the "sampled" ids of an
 assistant turn are the tokenization of that turn's rendered text up to and including
-``<|im_end|>``; everything else comes from :meth:`ChatTokenizer.env_segment`.
+``<|im_end|>``; everything else comes from :meth:`ChatTokenizer.env_segment` (full context) and,
+side by side, from the linear :class:`ConversationTokenizer` (local context), which must agree.
 """
 
 from __future__ import annotations
@@ -67,16 +68,23 @@ def conversations(draw):
     return initial, later
 
 
-def build(chat: ChatTokenizer, initial, later, tools):
-    """Trajectory + messages + whether the fallback was used, as the agent loop would build them."""
+def build(chat: ChatTokenizer, initial, later, tools, *, full_context: bool = True):
+    """Trajectory + messages + whether the fallback was used, as the agent loop would build them.
+
+    The linear tokenizer gives every delta; with ``full_context`` the full-history delta is computed
+    too (twice: two renders, and the one-render shortcut) and must be the same.
+    """
     messages = [dict(m) for m in initial]
     traj = Trajectory()
-    traj.set_prompt(chat.prompt_ids(messages, tools=tools))
+    tokens = chat.conversation(messages, tools=tools)
+    assert tokens.prompt_ids == chat.prompt_ids(messages, tools=tools)
+    traj.set_prompt(tokens.prompt_ids)
     fallback = False
     i = 0
     while i < len(later):
         sampled = chat.assistant_turn_ids(later[i], tools=tools)
         traj.append(sampled, sampled=True, log_probs=[-1.0] * len(sampled))
+        tokens.sampled(chat.decode(sampled))
         messages.append(later[i])
         i += 1
         start = len(messages)
@@ -84,12 +92,17 @@ def build(chat: ChatTokenizer, initial, later, tools):
             messages.append(later[i])
             i += 1
         if len(messages) > start:
-            seg = chat.env_segment(messages, start, tools=tools, sampled_eot=True)
-            # the one-render shortcut (history text = decoded trajectory) gives the same ids
-            fast = chat.env_segment(messages, start, tools=tools, sampled_eot=True, history_text=chat.decode(traj.ids))
-            assert fast.ids == seg.ids
+            seg = tokens.env_segment(messages, start, sampled_text=chat.decode(sampled), sampled_eot=True)
+            if full_context:
+                full = chat.env_segment(messages, start, tools=tools, sampled_eot=True)
+                # the one-render shortcut (history text = decoded trajectory) gives the same ids
+                fast = chat.env_segment(messages, start, tools=tools, sampled_eot=True, history_text=chat.decode(traj.ids))
+                assert seg.ids == full.ids == fast.ids
+                assert seg.used_fallback == full.used_fallback
             fallback |= seg.used_fallback
             traj.append(seg.ids, sampled=False)
+    assert tokens.text == chat.decode(traj.ids)
+    assert fallback == tokens.used_fallback
     return traj, messages, fallback
 
 
@@ -118,6 +131,8 @@ def test_delta_equals_full_render_and_mask_covers_assistant_turns(chat, conv, wi
     )
     assert reference == traj.ids
     assert chat.sanity_check(traj.ids, reference, mode="strict") == []
+    check = {"tools": tools, "num_prompt_messages": len(initial), "used_fallback": fallback, "mode": "strict"}
+    assert chat.check_trajectory(traj.ids, traj.loss_mask, messages, **check) == []
 
     # loss mask: exactly the assistant turns, each ending with <|im_end|>
     assistants = [m for m in later if m["role"] == "assistant"]

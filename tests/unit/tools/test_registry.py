@@ -146,3 +146,31 @@ def test_bad_files(tmp_path):
         load_tools(tmp_path / "entry.yaml")
     with pytest.raises(ConfigError, match="not both"):
         load_tools(tmp_path / "entry.yaml", tools=[GOOD])
+
+
+def test_verl_dumped_schemas_with_null_keywords_load_and_validate():
+    """verl's pydantic dumps write "enum": null, "items": null ...: dropped at load, never a call-time TypeError."""
+    from mcore_agentic.rollout.tool_parser import ToolCall, validate_tool_call
+
+    params = {
+        "type": "object",
+        "properties": {
+            "expression": {"type": "string", "description": None, "enum": None},
+            "digits": {"type": "array", "items": None, "default": None},
+            "mode": {"type": "string", "enum": ["exact", None], "const": None},
+        },
+        "required": ["expression"],
+    }
+    entry = _entry(tool_schema__function__parameters=params, tool_schema__function__strict=False)
+    tool = load_tools(tools=[entry])["calculator"]
+    cleaned = tool.get_openai_tool_schema()["function"]["parameters"]["properties"]
+    assert cleaned["expression"] == {"type": "string"}
+    assert cleaned["digits"] == {"type": "array", "default": None}  # a null default is data, kept
+    assert cleaned["mode"] == {"type": "string", "enum": ["exact", None], "const": None}
+    assert validate_tool_call(ToolCall(name="calculator", arguments={"expression": "1+1"}, raw=""), {"calculator": tool}) is None
+    bad = validate_tool_call(ToolCall(name="calculator", arguments={"expression": 2}, raw=""), {"calculator": tool})
+    assert "must be of type string" in bad.message
+    # a keyword that is wrong rather than null is rejected at load, in one line naming the field
+    with pytest.raises(ConfigError) as info:
+        load_tools(tools=[_entry(tool_schema__function__parameters__properties__expression={"type": "string", "enum": "x"})])
+    assert info.value.field == "tools[0].tool_schema.function.parameters" and "not a valid JSON schema" in str(info.value)
