@@ -36,13 +36,16 @@ def tokenize_demo(messages: Sequence[dict[str, Any]], chat: ChatTokenizer, tools
     first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
     if first is None:
         raise ValueError("a demonstration needs at least one assistant message")
-    prompt = chat.prompt_ids(messages[:first], tools=tools)
+    tokens = chat.conversation(messages[:first], tools=tools)  # linear in the number of turns
+    prompt = tokens.prompt_ids
     ids: list[int] = []
     mask: list[int] = []
+    last_text = ""
     i = first
     while i < len(messages):
         if messages[i].get("role") == "assistant":
-            turn = chat.assistant_turn_ids(messages[i], tools=tools)
+            last_text = chat.assistant_turn_text(messages[i], tools=tools)
+            turn = chat.encode(last_text)
             ids += turn
             mask += [1] * len(turn)
             i += 1
@@ -50,7 +53,7 @@ def tokenize_demo(messages: Sequence[dict[str, Any]], chat: ChatTokenizer, tools
         end = i
         while end < len(messages) and messages[end].get("role") != "assistant":
             end += 1
-        segment = chat.env_segment(messages[:end], i, tools=tools, sampled_eot=True)
+        segment = tokens.env_segment(messages[:end], i, sampled_text=last_text, sampled_eot=True)
         ids += segment.ids
         mask += [0] * len(segment.ids)
         i = end
