@@ -276,10 +276,17 @@ class ChatTokenizer:
         The fast tokenizer cuts text at added tokens before anything else, so the stretches between two
         of them tokenize independently: unless a token strips or eats its neighbours (``lstrip``,
         ``rstrip``, ``single_word``), is matched after normalisation, or could overlap another added
-        token (one holds another's first character past its own start, or is another's prefix).
+        token (one holds another's first character past its own start, or is another's prefix), or the
+        pre-tokenizer treats the start of a text specially (only byte-level ones without a prefix space
+        qualify: Qwen, Llama 3, GPT-style vocabularies).
         """
         tokens = getattr(self.tokenizer, "added_tokens_decoder", None)
         if self._backend is None or not tokens:
+            return None
+        # Byte-level pre-tokenization without a prefix space: a stretch tokenizes the same wherever it
+        # stands. Metaspace ("prepend_scheme: first") and prefix spaces treat a text's start specially.
+        pre, norm = repr(self._backend.pre_tokenizer), repr(self._backend.normalizer)
+        if "ByteLevel" not in pre or "Metaspace" in pre or "add_prefix_space=True" in pre or "Prepend" in norm:
             return None
         contents = [t.content for t in tokens.values()]
         firsts = {c[0] for c in contents if c}

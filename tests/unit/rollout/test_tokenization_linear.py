@@ -217,3 +217,22 @@ def test_fast_encode_and_decode_match_transformers(text, special):
     assert chat.encode(s) == tok.encode(s, add_special_tokens=False)
     ids = chat.encode(s)
     assert chat.decode(ids) == tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def test_tokenizers_that_treat_a_text_start_specially_get_the_full_tokenization():
+    """A Metaspace pre-tokenizer (SentencePiece-style, prefix "▁" on a text's first word) tokenizes a stretch
+    differently alone and in context: the shortcut must not be used there."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["▁hello", "▁world", "hello", "world", "▁", "<unk>"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", unk_token="<unk>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tok.chat_template = load_qwen_tokenizer("qwen2_5", vocab_size=4096).chat_template
+    chat = ChatTokenizer(tok)
+    assert chat._split_ids is None
+    ids = chat.encode("hello<|im_end|>") + chat.encode("world")
+    text = "hello<|im_end|>world"
+    assert chat.encodes_to(text, ids, [1] * len(ids)) is (chat.encode(text) == ids)
