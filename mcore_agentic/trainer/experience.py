@@ -199,6 +199,8 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
         "rollout/tool_calls_per_sample": sum(m.get("tool_calls", 0) for m in rm) / n,
         "rollout/tool_errors": float(sum(m.get("tool_errors", 0) for m in rm)),
         "rollout/sanity_check_mismatches": float(sum(m.get("sanity_check_mismatch", 0) for m in rm)),
+        "rollout/template_drift_turns": float(sum(m.get("template_drift", 0) for m in rm)),
+        "rollout/tokenization_full_context_turns": float(sum(m.get("tokenization_full_context", 0) for m in rm)),
         "rollout/failed_requests": float(sum(m.get("state") == "failed" for m in rm)),
         "rollout/truncated": sum(r == "length" for r in batch["finish_reason"]) / n,
     }
