@@ -99,8 +99,8 @@ class RLTrainer:
                 prompt_tokens = cache.prompt_tokens - cached_before[0]
                 hits = cache.cached_tokens - cached_before[1]
                 sync["rollout/prefix_cache_hit_rate"] = hits / prompt_tokens if prompt_tokens else 0.0
-            if local is not None:  # this rank's rollout group; rank 0 leads one, so the logged figure is its
-                sync["rollout/event_loop_max_stall_s"] = float(local.info.get("rollout/event_loop_max_stall_s", 0.0))
+            if local is not None:  # a timing (so under timing_s/): this rank's rollout group, rank 0's when logged
+                sync["timing_s/rollout_event_loop_max_stall"] = float(local.info.get("rollout/event_loop_max_stall_s", 0.0))
             with t.phase("reward"):
                 if local is not None:
                     extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]

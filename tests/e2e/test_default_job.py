@@ -35,7 +35,7 @@ SHORT = [
 STEP_KEYS = (
     "reward/mean", "reward/max", "reward/accuracy", "critic/score/mean", "response_length/mean",
     "rollout/num_turns_mean", "rollout/tool_calls", "rollout/tool_errors", "rollout/sanity_check_mismatches",
-    "rollout/template_drift_turns", "rollout/event_loop_max_stall_s",
+    "rollout/template_drift_turns", "timing_s/rollout_event_loop_max_stall",
     "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "actor/entropy", "actor/pg_loss",
     "actor/pg_clipfrac", "actor/grad_norm", "timing_s/gen", "timing_s/update_actor", "timing_s/step",
     "perf/tokens_per_s",
