@@ -190,7 +190,8 @@ class AgentSession:
             ended = bool(ids) and ids[-1] in chat.stop_token_ids
             text = chat.decode(ids[:-1] if ended else ids)
             assert self.tokens is not None
-            self.tokens.sampled(text + chat.decode(ids[-1:]) if ended else text)
+            turn_text = text + chat.decode(ids[-1:]) if ended else text  # the stop token included
+            self.tokens.sampled(turn_text)
             calls: list[ToolCall | ToolCallError] = []
             if self.instances:
                 content, calls = self.ctx.parser.parse(text, schemas=self.argument_schemas)
@@ -203,7 +204,7 @@ class AgentSession:
             if not mt.enable:
                 return FinishReason.STOP
             sampled_eot: bool = bool(ids) and ids[-1] == chat.eot_id
-            sampled_text = text + chat.eot_text if sampled_eot else None
+            sampled_text = turn_text if sampled_eot else None
             if calls:
                 if req.metrics.assistant_turns >= mt.max_assistant_turns:
                     return FinishReason.TOOL_CALLS

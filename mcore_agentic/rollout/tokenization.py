@@ -363,9 +363,11 @@ class ChatTokenizer:
             text = self._reference_text(ids, messages, tools)
             if self.encodes_to(text, ids, loss_mask, ids_text=ids_text):
                 return []
-        reference = self.reference_ids(
-            ids, loss_mask, messages, tools=tools, num_prompt_messages=num_prompt_messages, used_fallback=used_fallback
-        )
+            reference = self.encode(text)  # the mismatch is described against the render already made
+        else:
+            reference = self.reference_ids(
+                ids, loss_mask, messages, tools=tools, num_prompt_messages=num_prompt_messages, used_fallback=used_fallback
+            )
         return self.sanity_check(ids, reference, mode=mode, truncated=truncated)
 
     # -- the context probe --------------------------------------------------------------------------
