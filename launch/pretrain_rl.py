@@ -10,6 +10,15 @@ Megatron's process groups and hands over to ``mcore_agentic.trainer.run``.
 A bad config prints one line ``error: <field>: <fix>`` (rank 0) and exits with
 code 2, no traceback. (Under torchrun the launcher's own exit status is then
 reported by torchrun as the worker's ``exitcode: 2``; torchrun itself exits 1.)
+
+A stop signal (``trainer.stop_signals``, default SIGTERM and SIGUSR1) ends the run
+after the current step and a checkpoint: rank 0 prints one line ``stopped on
+<signal> after step <k>: checkpoint <dir>; ...`` and every rank exits with 75
+(``EX_TEMPFAIL``). Running the same command again resumes. Give ``torchrun``
+``--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1`` (it forwards them to
+the ranks) and a ``--shutdown-timeout`` longer than a step plus a save: it kills
+the ranks that long after forwarding (default 30 s). ``torchrun`` itself then
+exits 1 with its own ``SignalException`` traceback; the ranks' code is 75.
 """
 
 from __future__ import annotations
@@ -74,11 +83,13 @@ def launch(dict_cfg: DictConfig) -> int:
     import torch.distributed as dist
 
     from mcore_agentic.config import load_config
-    from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel
+    from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel, select_device
+    from mcore_agentic.trainer.preemption import EXIT_PREEMPTED, TrainingStopped
 
     rank = int(os.environ.get("RANK", "0"))
     try:
         cfg = load_config(dict_cfg)
+        select_device(cfg.trainer.device)  # before anything initialises CUDA
         init_distributed()
         rank = dist.get_rank()
         check_parallel(cfg, dist.get_world_size())  # before importing megatron: a bad config fails fast and quietly
@@ -94,6 +105,11 @@ def launch(dict_cfg: DictConfig) -> int:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         _shutdown(destroy_parallel)
         return EXIT_CONFIG_ERROR
+    except TrainingStopped as exc:
+        if rank == 0:
+            print(str(exc), file=sys.stderr, flush=True)
+        _shutdown(destroy_parallel)
+        return EXIT_PREEMPTED
     _shutdown(destroy_parallel)
     return 0
 

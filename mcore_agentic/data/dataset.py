@@ -12,9 +12,15 @@ A row (one prompt) holds::
                    "interaction_kwargs": {"name": ..., ...},
                    ...any other keys, passed through}
 
-A bad row raises :class:`ConfigError` naming the field and the row. Prompts
-longer than the budget (measured with the tokenizer's chat template, tool
-schemas included, generation prompt added) are dropped and counted, or refused.
+Files are parquet (verl's layout), or JSON Lines (``.jsonl``: one row object per
+line) and JSON (``.json``: a list of row objects), which slime and NeMo-RL users
+bring. A file that cannot be read (empty, not parquet, not UTF-8, not JSON) or a
+bad row raises :class:`ConfigError`: one line naming the config key, the file,
+the row (or line) and the fix. Prompts longer than the budget (measured with
+the tokenizer's chat template, tool schemas included, generation prompt added)
+are dropped and counted, or refused; a prompt whose text alone cannot fit
+(:func:`cannot_fit`) is dropped before it is tokenised, so a 10 MB row costs
+microseconds, not a minute.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mcore_agentic.config.errors import ConfigError
@@ -56,9 +63,14 @@ def _drop_nones(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if v is not None}
 
 
-def normalize_row(row: Mapping[str, Any], index: int, source: str, prompt_key: str = "prompt") -> dict[str, Any]:
-    """Check one row and return it in canonical form (``extra_info.index`` defaults to ``index``)."""
-    where = f"row {index} of {source}"
+def normalize_row(
+    row: Mapping[str, Any], index: int, source: str, prompt_key: str = "prompt", *, where: str | None = None
+) -> dict[str, Any]:
+    """Check one row and return it in canonical form (``extra_info.index`` defaults to ``index``).
+
+    ``where`` names the row in errors (default ``row <index> of <source>``).
+    """
+    where = where or f"row {index} of {source}"
     if not isinstance(row, Mapping):
         raise _fail("row", where, f"must be a mapping, got {type(row).__name__}")
     if prompt_key not in row or row[prompt_key] is None:
@@ -115,6 +127,29 @@ def normalize_row(row: Mapping[str, Any], index: int, source: str, prompt_key: s
     return out
 
 
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the longest vocabulary entry (byte-level BPE: bytes), an upper bound per token."""
+    cached = getattr(tokenizer, "_mcore_longest_token_chars", None)
+    if cached is None:
+        cached = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        try:
+            tokenizer._mcore_longest_token_chars = cached
+        except AttributeError:
+            pass
+    return max(int(cached), 1)
+
+
+def cannot_fit(messages: list[dict[str, Any]], max_prompt_length: int, tokenizer: Any) -> bool:
+    """True when the prompt certainly exceeds ``max_prompt_length`` tokens, known without tokenising it.
+
+    No token covers more than :func:`longest_token_chars` characters, so ``n`` tokens hold at most
+    ``n * longest`` characters. System, user and tool content is rendered verbatim by chat templates
+    (at most stripped; assistant content is not counted: templates may drop earlier reasoning).
+    """
+    chars = sum(len(m["content"].strip()) for m in messages if m["role"] in ("system", "user", "tool"))
+    return chars > max_prompt_length * longest_token_chars(tokenizer)
+
+
 def prompt_token_length(tokenizer: Any, messages: list[dict[str, Any]], tool_schemas: list[dict] | None) -> int:
     """Tokens of the prompt as the engine sees it: chat template, tool schemas, generation prompt."""
     ids = tokenizer.apply_chat_template(messages, tools=tool_schemas or None, add_generation_prompt=True, tokenize=True)
@@ -148,25 +183,35 @@ class RLDataset(Sequence):
         max_prompt_length: int | None = None,
         filter_overlong_prompts: bool = True,
         tool_schemas: list[dict] | None = None,
+        sources: Sequence[tuple[str, int]] | None = None,
     ) -> RLDataset:
-        """Validate ``rows``; with a tokenizer and ``max_prompt_length``, drop (or refuse) overlong prompts."""
-        checked = [normalize_row(r, i, source, prompt_key) for i, r in enumerate(rows)]
+        """Validate ``rows``; with a tokenizer and ``max_prompt_length``, drop (or refuse) overlong prompts.
+
+        ``sources``: ``(file, row)`` of each row for messages (default: ``source`` and the position).
+        """
+        rows = list(rows)
+        where = list(sources) if sources is not None else [(source, i) for i in range(len(rows))]
+        checked = [
+            normalize_row(r, n, source, prompt_key, where=f"row {i} of {src}") for n, (r, (src, i)) in enumerate(zip(rows, where))
+        ]
         if not checked:
             raise ConfigError("data", f"{source} has no rows")
         dropped = 0
         if tokenizer is not None and max_prompt_length is not None:
             kept = []
-            for i, row in enumerate(checked):
-                length = prompt_token_length(tokenizer, row["prompt"], tool_schemas)
-                if length <= max_prompt_length:
+            for row, (src, i) in zip(checked, where):
+                too_long = cannot_fit(row["prompt"], max_prompt_length, tokenizer)
+                length = None if too_long else prompt_token_length(tokenizer, row["prompt"], tool_schemas)
+                if length is not None and length <= max_prompt_length:
                     kept.append(row)
                 elif filter_overlong_prompts:
                     dropped += 1
                 else:
+                    size = f"{length} tokens exceed" if length is not None else "its text alone cannot fit in"
                     raise _fail(
                         prompt_key,
-                        f"row {i} of {source}",
-                        f"{length} tokens exceed data.max_prompt_length={max_prompt_length}: raise it or set "
+                        f"row {i} of {src}",
+                        f"{size} data.max_prompt_length={max_prompt_length}: raise it or set "
                         "data.filter_overlong_prompts=true",
                     )
             if not kept:
@@ -178,19 +223,105 @@ class RLDataset(Sequence):
         return cls(rows=checked, source=source, num_dropped_overlong=dropped)
 
     @classmethod
-    def from_parquet(cls, files: str | os.PathLike | Sequence[str | os.PathLike], **kwargs: Any) -> RLDataset:
-        """Rows of one or more parquet files, in file order (see :meth:`from_rows` for ``kwargs``)."""
-        import pyarrow.parquet as pq
+    def from_files(
+        cls, files: str | os.PathLike | Sequence[str | os.PathLike], *, field: str = "data.train_files", **kwargs: Any
+    ) -> RLDataset:
+        """Rows of parquet / JSONL / JSON files, in file order (see :meth:`from_rows` for ``kwargs``).
 
+        ``field`` names the config key in errors (``data.train_files`` or ``data.val_files``).
+        """
         paths = [files] if isinstance(files, (str, os.PathLike)) else list(files)
         if not paths:
-            raise ConfigError("data.train_files", "no parquet files given")
+            raise ConfigError(field, "no data files given")
         rows: list[dict[str, Any]] = []
+        sources: list[tuple[str, int]] = []
         for path in paths:
-            if not os.path.isfile(path):
-                raise ConfigError("data.train_files", f"{path} does not exist (run the preprocessing script first?)")
-            rows.extend(pq.read_table(path).to_pylist())
-        return cls.from_rows(rows, source=", ".join(str(p) for p in paths), **kwargs)
+            file_rows = read_rows(path, field)
+            rows.extend(file_rows)
+            sources.extend((str(path), i) for i in range(len(file_rows)))
+        return cls.from_rows(rows, source=", ".join(str(p) for p in paths), sources=sources, **kwargs)
+
+    from_parquet = from_files  # the name verl users know
+
+
+JSON_SUFFIXES = (".jsonl", ".json")
+
+
+def read_rows(path: str | os.PathLike, field: str = "data.train_files") -> list[Any]:
+    """The rows of one data file by its suffix (``.jsonl``, ``.json``, else parquet); one-line errors."""
+    if not os.path.isfile(path):
+        raise ConfigError(field, f"{path} does not exist (run the preprocessing script first?)")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ConfigError(field, f"{path} is empty (0 bytes): regenerate it")
+    suffix = Path(path).suffix.lower()
+    if suffix == ".jsonl":
+        return _read_jsonl(Path(path), field)
+    if suffix == ".json":
+        return _read_json(Path(path), field)
+    return _read_parquet(Path(path), field, size)
+
+
+def _read_parquet(path: Path, field: str, size: int) -> list[Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with open(path, "rb") as f:
+        head = f.read(4)
+        f.seek(max(size - 4, 0))
+        tail = f.read(4)
+    if head != b"PAR1" or tail != b"PAR1":
+        raise ConfigError(
+            field,
+            f"{path} is not a parquet file (no PAR1 magic at its start and end{'; truncated?' if head == b'PAR1' else ''}): "
+            "regenerate it, or name a .jsonl / .json file",
+        )
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ConfigError(field, f"{path} cannot be read as parquet ({_first_line(exc)}): regenerate it") from None
+
+
+def _read_jsonl(path: Path, field: str) -> list[Any]:
+    rows = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(
+                    field, f"{path} line {number} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}): "
+                    "re-encode the file as UTF-8",
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(field, f"{path} line {number} is not JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise ConfigError(field, f"{path} line {number} is a JSON {type(row).__name__}, not a row object")
+            rows.append(row)
+    if not rows:
+        raise ConfigError(field, f"{path} holds no rows (only blank lines)")
+    return rows
+
+
+def _read_json(path: Path, field: str) -> list[Any]:
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(field, f"{path} is not UTF-8 text (byte offset {exc.start}): re-encode it as UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(field, f"{path} is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    if not isinstance(data, list):
+        raise ConfigError(field, f"{path} holds a JSON {type(data).__name__}; a .json data file is a list of row objects")
+    return data
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 def write_parquet(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
@@ -242,6 +373,6 @@ def load_datasets(
         return train, val
     if not cfg.train_file_list:
         raise ConfigError("data.train_files", "no training data: set data.train_files or data.synthetic.enable=true")
-    train = RLDataset.from_parquet(cfg.train_file_list, **common)
-    val = RLDataset.from_parquet(cfg.val_file_list, **common) if cfg.val_file_list else None
+    train = RLDataset.from_files(cfg.train_file_list, field="data.train_files", **common)
+    val = RLDataset.from_files(cfg.val_file_list, field="data.val_files", **common) if cfg.val_file_list else None
     return train, val

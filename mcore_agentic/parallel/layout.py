@@ -181,6 +181,35 @@ class ParallelLayout:
         )
 
 
+def select_device(requested: str) -> str:
+    """Honour ``trainer.device`` before anything touches CUDA; returns ``"cuda"`` or ``"cpu"``.
+
+    ``auto``: CUDA when torch sees a GPU. ``cuda`` without one is a :class:`ConfigError`.
+    ``cpu`` on a machine with GPUs hides them (``CUDA_VISIBLE_DEVICES=""``) so that every
+    later ``torch.cuda.is_available()`` (backend, model init, engine) says CPU; if CUDA was
+    already initialised in this process that cannot work, and it is an error too.
+    """
+    if requested == "cpu":
+        if os.environ.get("CUDA_VISIBLE_DEVICES") != "" and torch.cuda.is_initialized():
+            raise ConfigError(
+                "trainer.device",
+                "cpu was asked for but CUDA is already initialised in this process: "
+                "launch with CUDA_VISIBLE_DEVICES= (empty) instead",
+            )
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        return "cpu"
+    available = torch.cuda.is_available()
+    if requested == "cuda" and not available:
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
+        raise ConfigError(
+            "trainer.device",
+            f"cuda was asked for but torch sees no GPU ({build}); use trainer.device=cpu or auto, or run on a GPU node",
+        )
+    if requested not in ("auto", "cuda"):
+        raise ConfigError("trainer.device", f"{requested!r} is not supported: use auto, cpu or cuda")
+    return "cuda" if available else "cpu"
+
+
 def default_backend() -> str:
     """``nccl`` when CUDA is available, else ``gloo``."""
     return "nccl" if torch.cuda.is_available() else "gloo"

@@ -1,6 +1,8 @@
 """The PPO/GRPO step loop, metrics, logging and checkpoints.
 
-Entry point: :func:`run` (called by ``launch/pretrain_rl.py`` on every rank).
+Entry point: :func:`run` (called by ``launch/pretrain_rl.py`` on every rank). A stop
+signal (``trainer.stop_signals``) ends it with :class:`~.preemption.TrainingStopped`
+after the checkpoint; the launcher turns that into exit code 75.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def current_layout(cfg: Any) -> Any:
     import torch
     from megatron.core import parallel_state
 
-    from mcore_agentic.parallel.layout import current_parallel_layout, initialize_parallel
+    from mcore_agentic.parallel.layout import current_parallel_layout, initialize_parallel, select_device
 
+    select_device(cfg.trainer.device)
     if parallel_state.model_parallel_is_initialized():
         return current_parallel_layout()
     if not torch.cuda.is_available():

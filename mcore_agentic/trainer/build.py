@@ -121,6 +121,11 @@ def restrict_vocab(worker: Any, tokenizer_size: int) -> Any:
     return worker
 
 
+def decay_horizon(optim: Any, run_optimizer_steps: int) -> int:
+    """The LR schedule's length: ``<worker>.optim.total_training_steps`` when set (> 0), else the run's optimizer steps."""
+    return optim.total_training_steps if optim.total_training_steps > 0 else run_optimizer_steps
+
+
 def build_actor(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> Any:
     from mcore_agentic.workers.actor import Actor
 
@@ -131,7 +136,10 @@ def build_actor(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> An
         layout=layout,
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-        total_training_steps=steps * sizes.actor.mini_batches_per_epoch * cfg.actor.ppo_epochs + cfg.trainer.sft_warmup_steps,
+        transformer_impl=cfg.model.transformer_impl,
+        total_training_steps=decay_horizon(
+            cfg.actor.optim, steps * sizes.actor.mini_batches_per_epoch * cfg.actor.ppo_epochs + cfg.trainer.sft_warmup_steps
+        ),
     )
 
 
@@ -152,6 +160,7 @@ def build_reference(cfg: RLConfig, layout: Any) -> Any:
         layout=layout,
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
+        transformer_impl=cfg.model.transformer_impl,
     )
 
 
@@ -168,7 +177,8 @@ def build_critic(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> A
         parallel=cfg.actor.parallel,
         layout=layout,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-        total_training_steps=steps * sizes.critic.mini_batches_per_epoch * cfg.critic.ppo_epochs,
+        transformer_impl=cfg.model.transformer_impl,
+        total_training_steps=decay_horizon(cfg.critic.optim, steps * sizes.critic.mini_batches_per_epoch * cfg.critic.ppo_epochs),
     )
 
 
@@ -241,7 +251,8 @@ def sync_metrics(weight_sync: Any) -> dict[str, float]:
 def build_checkpoint_manager(cfg: RLConfig) -> Any:
     from mcore_agentic.trainer.checkpoint import CheckpointManager
 
-    return CheckpointManager(cfg.trainer.checkpoint_dir, max_to_keep=cfg.trainer.max_ckpt_to_keep)
+    t = cfg.trainer
+    return CheckpointManager(t.checkpoint_dir, max_to_keep=t.max_ckpt_to_keep, verify=t.checkpoint_verify)
 
 
 def model_state_io(actor: Any, critic: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,31 +1,43 @@
-"""Checkpoint directories that are either complete or ignored.
+"""Checkpoint directories that are complete and verified, or ignored.
 
 Layout under the checkpoint root (``trainer.default_local_dir``)::
 
     global_step_<k>/
-        COMPLETE                  marker written last, before the directory gets its final name
-        trainer_state.pt          step, dataloader/sampler state, trainer metric state (rank 0)
-        rng_state_rank<r>.pt      python/numpy/torch(/cuda) RNG states of rank r
-        <name>/                   one empty subdir per writer callback (e.g. "actor" for a Megatron
+        COMPLETE                  marker written last: step, time, the manifest's BLAKE3 digest
+        MANIFEST.json             every other file's size and BLAKE3 digest (see :mod:`.manifest`)
+        trainer_state.pt          step, dataloader/sampler state, trainer metric state (rank 0; weights-only)
+        rng_state_rank<r>.pt      python/numpy/torch(/cuda) RNG states of rank r (weights-only)
+        <name>/                   one subdir per writer callback (e.g. "actor" for a Megatron
                                   dist checkpoint written by the worker code on every rank)
     latest_checkpointed_iteration.txt     "<k>", replaced atomically after global_step_<k> is complete
 
 A save goes to ``.tmp_global_step_<k>/``; after every rank has written its
-part (barrier), rank 0 writes ``COMPLETE`` and renames the directory with one
-``os.replace``, then rewrites the ``latest`` file through a temp file and
-``os.replace``. A crash at any point leaves the previous checkpoint as the
-latest one: :func:`find_latest` only considers ``global_step_<k>`` directories
-holding the marker. Model and optimizer state are not this module's business:
-the trainer passes writer/reader callbacks that get a directory.
+part (barrier), the ranks hash the files between them, rank 0 writes the
+manifest and ``COMPLETE`` and renames the directory with one ``os.replace``,
+then rewrites the ``latest`` file through a temp file and ``os.replace``. A
+crash at any point leaves the previous checkpoint as the latest one: only
+``global_step_<k>`` directories holding the marker count.
+
+Before a resume, :meth:`CheckpointManager.resolve` verifies the candidate
+against its manifest (``trainer.checkpoint_verify``: every byte, or sizes
+only). With ``resume_mode=auto`` a checkpoint that fails is skipped with one
+warning naming the bad file and the newest one that passes is used; an
+explicit path that fails is a one-line :class:`CheckpointError`. Trainer state
+and RNG files hold tensors and plain containers only and load with
+``torch.load(weights_only=True)``: a pickle placed there is refused, never run.
+Model and optimizer state are not this module's business: the trainer passes
+writer/reader callbacks that get a directory.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,12 +48,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.trainer import manifest as mf
+
+logger = logging.getLogger(__name__)
+
 STEP_PREFIX = "global_step_"
 STAGING_PREFIX = ".tmp_" + STEP_PREFIX
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 COMPLETE_MARKER = "COMPLETE"
 TRAINER_STATE_FILE = "trainer_state.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: weights-only trainer state and RNG files, manifest + digest in COMPLETE (1 pickled numpy state)."""
+VERIFY_LEVELS = ("full", "size")
 _STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 
 Writer = Callable[[Path], None]
@@ -95,34 +114,17 @@ def step_of(path: str | os.PathLike) -> int:
     return int(m.group(1))
 
 
-def resolve_resume_path(root: str | os.PathLike, resume_mode: str, resume_from_path: str | None = None) -> Path | None:
-    """Which checkpoint to resume from, per ``trainer.resume_mode``.
-
-    ``auto``: the latest complete checkpoint under ``root`` or None; ``disable``: None;
-    ``resume_path``: ``resume_from_path``; anything else is itself a checkpoint path.
-    An explicit path must be a complete checkpoint, else ``FileNotFoundError`` says why.
-    """
-    if resume_mode == "disable":
-        return None
-    if resume_mode == "auto":
-        return find_latest(root)
-    explicit = resume_from_path if resume_mode == "resume_path" else resume_mode
-    if not explicit:
-        raise FileNotFoundError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
-    path = Path(explicit)
-    if not is_complete(path):
-        raise FileNotFoundError(
-            f"trainer.resume_from_path: {path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); "
-            f"complete ones under its parent: {[str(p) for _, p in list_complete(path.parent)]}"
-        )
-    return path
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be resumed from: one line naming the file and the fix."""
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Python, numpy, torch CPU and (when present) CUDA generator states of this process."""
+    """Python, numpy, torch CPU and (when present) CUDA generator states, as tensors and plain values."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -131,8 +133,10 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: Mapping[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -155,6 +159,28 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _load_weights_only(path: Path) -> Any:
+    """``torch.load(weights_only=True)``; a file that needs more (a pickle with code) is a CheckpointError."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 - UnpicklingError, RuntimeError of a torn zip, ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            "trainer.resume_from_path",
+            f"{path} does not load as a weights-only torch file ({first[:200]}); it was not written by "
+            "this trainer or is damaged: resume from another checkpoint",
+        ) from None
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    """The ``COMPLETE`` marker's record ({} when unreadable)."""
+    try:
+        record = json.loads((path / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 @dataclass(frozen=True)
 class LoadedCheckpoint:
     """What :meth:`CheckpointManager.load` hands back to the trainer."""
@@ -165,14 +191,49 @@ class LoadedCheckpoint:
     """The mapping the trainer passed to ``save`` (dataloader/sampler state, metric state, ...)."""
 
 
+class _Group:
+    """The few collectives the manager needs, on ``process_group`` or trivial in one process."""
+
+    def __init__(self, rank: int | None, process_group: Any, barrier: Callable[[], None] | None):
+        distributed = dist.is_available() and dist.is_initialized()
+        self.group = process_group
+        self.rank = rank if rank is not None else (dist.get_rank(process_group) if distributed else 0)
+        # An injected rank or barrier (tests, or a caller with its own sync) means: no collectives of ours.
+        self.distributed = distributed and rank is None and barrier is None
+        self.world_size = dist.get_world_size(process_group) if self.distributed else 1
+        if barrier is not None:
+            self.barrier = barrier
+        elif distributed:
+            self.barrier = lambda: dist.barrier(group=process_group)
+        else:
+            self.barrier = lambda: None
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+        return box[0]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
 class CheckpointManager:
-    """Saves and loads ``global_step_<k>`` directories under ``root`` atomically, on one or many ranks.
+    """Saves, verifies and loads ``global_step_<k>`` directories under ``root`` atomically, on one or many ranks.
 
     Every rank calls :meth:`save` with the same step; each rank runs the writer
     callbacks (SPMD code such as Megatron's dist checkpointing writes its shard
-    from every rank) and its RNG state, rank 0 writes the trainer state and
-    finalises after a barrier. ``barrier`` defaults to ``torch.distributed.barrier``
-    on ``process_group`` when torch.distributed is initialised, else a no-op.
+    from every rank) and its RNG state, rank 0 writes the trainer state; the
+    ranks hash the files between them and rank 0 finalises. ``barrier`` defaults
+    to ``torch.distributed.barrier`` on ``process_group`` when torch.distributed
+    is initialised, else a no-op. :meth:`verify`, :meth:`resolve` and :meth:`save`
+    are collective (every rank gets the same answer).
     """
 
     def __init__(
@@ -180,22 +241,21 @@ class CheckpointManager:
         root: str | os.PathLike,
         *,
         max_to_keep: int | None = None,
+        verify: str = "full",
         rank: int | None = None,
         process_group: Any = None,
         barrier: Callable[[], None] | None = None,
     ):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"trainer.max_ckpt_to_keep must be positive or null, got {max_to_keep}")
+        if verify not in VERIFY_LEVELS:
+            raise ValueError(f"trainer.checkpoint_verify must be one of {VERIFY_LEVELS}, got {verify!r}")
         self.root = Path(root)
         self.max_to_keep = max_to_keep
-        distributed = dist.is_available() and dist.is_initialized()
-        self.rank = rank if rank is not None else (dist.get_rank(process_group) if distributed else 0)
-        if barrier is not None:
-            self._barrier = barrier
-        elif distributed:
-            self._barrier = lambda: dist.barrier(group=process_group)
-        else:
-            self._barrier = lambda: None
+        self.verify_level = verify
+        self.group = _Group(rank, process_group, barrier)
+        self.rank = self.group.rank
+        self._barrier = self.group.barrier
 
     # ----------------------------------------------------------------- save
     def save(
@@ -207,15 +267,17 @@ class CheckpointManager:
     ) -> Path:
         """Write checkpoint ``step`` and make it the latest; returns its final directory.
 
-        ``trainer_state`` (rank 0's is kept) must be picklable; ``writers`` maps a
-        subdirectory name to a callback run on every rank with that directory;
+        ``trainer_state`` (rank 0's is kept) must hold tensors and plain containers
+        (dict/list/tuple/str/int/float/bool/None: it is loaded weights-only); ``writers``
+        maps a subdirectory name to a callback run on every rank with that directory;
         ``config`` (optional) is stored as ``config.json`` for reference.
         """
         if step < 0:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
         writers = dict(writers or {})
+        reserved = (COMPLETE_MARKER, TRAINER_STATE_FILE, mf.MANIFEST_FILE)
         for name in writers:
-            if not name or "/" in name or name in (COMPLETE_MARKER, TRAINER_STATE_FILE) or name.startswith("."):
+            if not name or "/" in name or name in reserved or name.startswith("."):
                 raise ValueError(f"checkpoint writer name {name!r} must be a plain directory name")
         staging = self.root / f"{STAGING_PREFIX}{step}"
         final = self.root / step_dir_name(step)
@@ -241,10 +303,12 @@ class CheckpointManager:
                 (staging / "config.json").write_text(json.dumps(config, indent=2, default=str))
         self._barrier()  # every rank's part is on disk
 
+        manifest = self._hash_manifest(staging, step)
         if self.rank == 0:
-            _atomic_write_text(
-                staging / COMPLETE_MARKER, json.dumps({"global_step": step, "time": time.time()}) + "\n"
-            )
+            (staging / mf.MANIFEST_FILE).write_bytes(manifest)
+            record = {"global_step": step, "time": time.time(), "format_version": FORMAT_VERSION,
+                      "manifest": {mf.MANIFEST_FILE: mf.bytes_digest(manifest), "hash": mf.HASH_NAME}}
+            _atomic_write_text(staging / COMPLETE_MARKER, json.dumps(record) + "\n")
             _fsync_dir(staging)
             if final.exists():  # re-saving a step (e.g. after resuming from it): retire the old copy first
                 retired = self.root / f".old_{final.name}_{os.getpid()}"
@@ -257,6 +321,16 @@ class CheckpointManager:
         self._barrier()  # nobody reads or moves on before the rename is done
         return final
 
+    def _hash_manifest(self, staging: Path, step: int) -> bytes:
+        """Every rank hashes its share of the staged files; the manifest document (meaningful on rank 0)."""
+        sizes = self.group.broadcast(mf.list_files(staging, exclude=(COMPLETE_MARKER, mf.MANIFEST_FILE))
+                                     if self.rank == 0 else None)
+        mine = mf.shares(sizes, self.group.world_size)[self.group.rank if self.group.distributed else 0]
+        files: dict[str, Any] = {}
+        for part in self.group.all_gather(mf.hash_files(staging, mine)):
+            files.update(part)
+        return mf.manifest_bytes(files, step)
+
     def _apply_retention(self) -> None:
         complete = list_complete(self.root)
         newest = complete[-1][0] if complete else -1
@@ -267,10 +341,94 @@ class CheckpointManager:
                     shutil.rmtree(child, ignore_errors=True)
         if self.max_to_keep is None:
             return
-        for _, path in complete[: -self.max_to_keep]:
-            # Un-mark first so a crash mid-delete leaves an ignored directory, never a half one that counts.
-            (path / COMPLETE_MARKER).unlink()
-            shutil.rmtree(path, ignore_errors=True)
+        # Count only checkpoints that pass the size check: a damaged newer one never pushes out the last good one.
+        good = [(s, p) for s, p in complete if not self._problems(p, full=False, local=True)]
+        if len(good) <= self.max_to_keep:
+            return
+        oldest_kept = good[-self.max_to_keep][0]
+        for step, path in complete:
+            if step < oldest_kept:
+                # Un-mark first so a crash mid-delete leaves an ignored directory, never a half one that counts.
+                (path / COMPLETE_MARKER).unlink()
+                shutil.rmtree(path, ignore_errors=True)
+
+    # ----------------------------------------------------------------- verify
+    def verify(self, path: str | os.PathLike, *, full: bool | None = None) -> list[str]:
+        """Problems of checkpoint ``path`` against its manifest (empty: it verifies); collective.
+
+        ``full`` (default: ``verify="full"`` at construction) re-hashes every byte, split across
+        ranks; otherwise presence and sizes only. Every rank returns the same list.
+        """
+        full = self.verify_level == "full" if full is None else full
+        return self._problems(Path(path), full=full, local=False)
+
+    def _problems(self, path: Path, *, full: bool, local: bool) -> list[str]:
+        if not is_complete(path):
+            return [f"{COMPLETE_MARKER}: missing (the save never finished)"]
+        record = read_marker(path)
+        digest = (record.get("manifest") or {}).get(mf.MANIFEST_FILE)
+        files, problem = mf.read_manifest(path, digest)
+        if files is None:
+            return [problem or "manifest unreadable"]
+        world = 1 if local or not self.group.distributed else self.group.world_size
+        me = 0 if world == 1 else self.group.rank
+        mine = mf.shares({n: int(e.get("size", 0)) for n, e in files.items()}, world)[me]
+        problems = mf.check_files(path, files, mine, full=full)
+        if me == 0:
+            problems += mf.unexpected_files(path, files, exclude=(COMPLETE_MARKER, mf.MANIFEST_FILE))
+        if world > 1:
+            problems = [p for part in self.group.all_gather(problems) for p in part]
+        return sorted(problems)
+
+    def resolve(self, resume_mode: str, resume_from_path: str | None = None) -> Path | None:
+        """Which verified checkpoint to resume from, per ``trainer.resume_mode``; collective.
+
+        ``auto``: the newest complete checkpoint under ``root`` that verifies; a newer one that
+        fails is skipped with one warning naming its first bad file (none verifies: a
+        :class:`CheckpointError`, since starting over would silently drop the run). ``disable``:
+        None. ``resume_path``: ``resume_from_path``; anything else is itself a checkpoint path;
+        an explicit path that is incomplete or fails verification is a :class:`CheckpointError`.
+        """
+        if resume_mode == "disable":
+            return None
+        if resume_mode == "auto":
+            candidates = list_complete(self.root)
+            failed: list[str] = []
+            for _, path in reversed(candidates):
+                problems = self.verify(path)
+                if not problems:
+                    return path
+                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                failed.append(f"{path.name}/{problems[0]}{more}")
+                if self.rank == 0:
+                    logger.warning("checkpoint %s fails verification: %s%s; trying an older one", path, problems[0], more)
+                    print(f"warning: checkpoint {path} fails verification: {problems[0]}{more}; "
+                          "falling back to an older checkpoint", file=sys.stderr, flush=True)
+            if failed:
+                raise CheckpointError(
+                    "trainer.resume_mode",
+                    f"auto: no checkpoint under {self.root} verifies ({'; '.join(failed)}): move the damaged "
+                    "ones away, or set trainer.resume_mode=disable to start over",
+                )
+            return None
+        explicit = resume_from_path if resume_mode == "resume_path" else resume_mode
+        field = "trainer.resume_from_path" if resume_mode == "resume_path" else "trainer.resume_mode"
+        if not explicit:
+            raise CheckpointError("trainer.resume_from_path", "resume_mode=resume_path needs trainer.resume_from_path")
+        path = Path(explicit)
+        if not is_complete(path):
+            raise CheckpointError(
+                field,
+                f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); "
+                f"complete ones under its parent: {[str(p) for _, p in list_complete(path.parent)]}",
+            )
+        problems = self.verify(path)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise CheckpointError(
+                field, f"{path} fails verification: {problems[0]}{more}; resume from another checkpoint"
+            )
+        return path
 
     # ----------------------------------------------------------------- load
     def latest(self) -> Path | None:
@@ -282,14 +440,21 @@ class CheckpointManager:
         readers: Mapping[str, Writer] | None = None,
         restore_rng: bool = True,
     ) -> LoadedCheckpoint:
-        """Read a complete checkpoint: trainer state, this rank's RNG state, then each reader on its subdir."""
+        """Read a complete checkpoint: trainer state, this rank's RNG state, then each reader on its subdir.
+
+        Call :meth:`resolve` (or :meth:`verify`) first: ``load`` checks the format, not the bytes.
+        """
         path = Path(path)
         if not is_complete(path):
-            raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-        # Our own file (numpy RNG state is not a tensor): full unpickling is intended.
-        blob = torch.load(path / TRAINER_STATE_FILE, weights_only=False)
-        if blob.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: checkpoint format {blob.get('format_version')} != {FORMAT_VERSION}")
+            raise CheckpointError("trainer.resume_from_path", f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
+        blob = _load_weights_only(path / TRAINER_STATE_FILE)
+        if not isinstance(blob, dict) or blob.get("format_version") != FORMAT_VERSION:
+            version = blob.get("format_version") if isinstance(blob, dict) else None
+            raise CheckpointError(
+                "trainer.resume_from_path",
+                f"{path}: checkpoint format {version} is not {FORMAT_VERSION} (written by another version); "
+                "start over with trainer.resume_mode=disable",
+            )
         if restore_rng:
             rng_file = path / f"rng_state_rank{self.rank}.pt"
             if not rng_file.is_file():
@@ -297,7 +462,7 @@ class CheckpointManager:
                     f"{rng_file} missing: the checkpoint was written by fewer ranks; pass restore_rng=False "
                     "to resume with fresh RNG streams"
                 )
-            restore_rng_state(torch.load(rng_file, weights_only=False))
+            restore_rng_state(_load_weights_only(rng_file))
         for name, read in (readers or {}).items():
             sub = path / name
             if not sub.is_dir():

@@ -56,7 +56,18 @@ class TrainerConfig:
     resume_from_path: str | None = None
     """Checkpoint directory (global_step_<k>) to resume from when resume_mode=resume_path."""
     max_ckpt_to_keep: int | None = None
-    """Keep only the newest this many checkpoints; null keeps all."""
+    """Keep only the newest this many checkpoints that pass a size check against their manifest (a damaged
+    newer one never pushes out the last good one); null keeps all."""
+    save_every_minutes: float | None = None
+    """Also save after the first step that ends this many minutes after the last save (a safety net against
+    crashes that send no signal); null disables."""
+    checkpoint_verify: Literal["full", "size"] = "full"
+    """Before resuming, check the checkpoint against its manifest: full re-hashes every byte (BLAKE3, split
+    across ranks), size checks presence and sizes only (for very large checkpoints on slow filesystems)."""
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    """Signals that stop training gracefully: the current step finishes, every rank agrees, a checkpoint is
+    written and every rank exits with code 75; the same signal again (3 s or more later) exits at once.
+    Empty: signals keep their default action (a SIGTERM kills the run without a checkpoint)."""
 
     def __post_init__(self) -> None:
         for name in self.logger:
@@ -81,6 +92,22 @@ class TrainerConfig:
             "trainer.max_ckpt_to_keep",
             f"must be positive or null, got {self.max_ckpt_to_keep}",
         )
+        require(
+            self.save_every_minutes is None or self.save_every_minutes > 0,
+            "trainer.save_every_minutes",
+            f"must be positive or null, got {self.save_every_minutes}",
+        )
+        require(
+            self.checkpoint_verify in ("full", "size"),
+            "trainer.checkpoint_verify",
+            f"{self.checkpoint_verify!r} is not supported: use full or size",
+        )
+        from mcore_agentic.trainer.preemption import parse_signals
+
+        try:
+            parse_signals(self.stop_signals)
+        except ValueError as exc:
+            require(False, "trainer.stop_signals", f"{exc}; list signal names such as [SIGTERM, SIGUSR1] or []")
         require(bool(self.resume_mode), "trainer.resume_mode", "must be auto, disable, resume_path or a checkpoint path")
         if self.resume_mode == "resume_path":
             require(

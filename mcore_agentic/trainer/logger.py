@@ -8,6 +8,12 @@ so callers never branch on the rank.
 * ``jsonl``: ``<log_dir>/metrics.jsonl``, one ``{"step": k, ...}`` line per step,
   flushed at once (the end-of-run plots and crash forensics read it);
 * ``tensorboard``: ``<log_dir>/tensorboard`` scalars;
+
+After a resume from step ``k`` the trainer calls :meth:`Tracker.truncate_after` (``k``):
+the steps after ``k`` were logged by the interrupted run but will be trained again,
+so ``metrics.jsonl`` is rewritten without them (and without a line torn by the
+kill) and TensorBoard reopens with ``purge_step=k+1``, which hides the old events
+of those steps. Every step then appears exactly once.
 * ``wandb``: imported only when selected; a clear error when it is not installed.
 """
 
@@ -44,6 +50,22 @@ class JsonlBackend:
         self.path = log_dir / METRICS_FILE
         self._file = open(self.path, "a")
 
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after ``step`` and torn lines (rewritten atomically), then append again."""
+        self._file.close()
+        kept = []
+        for line in self.path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+                kept.append(line)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a")
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
@@ -57,7 +79,15 @@ class TensorBoardBackend:
     def __init__(self, log_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(log_dir / "tensorboard"))
+        self.dir = log_dir / "tensorboard"
+        self.writer = SummaryWriter(log_dir=str(self.dir))
+
+    def truncate_after(self, step: int) -> None:
+        """Reopen with ``purge_step``: TensorBoard discards earlier events of steps after ``step``."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()
+        self.writer = SummaryWriter(log_dir=str(self.dir), purge_step=step + 1)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for k, v in metrics.items():
@@ -186,6 +216,13 @@ class Tracker:
         values = numeric_metrics(metrics)
         for backend in self.backends.values():
             backend.log(values, step)
+
+    def truncate_after(self, step: int) -> None:
+        """Forget what was logged for steps after ``step`` (a resume from ``step`` re-runs them)."""
+        for backend in self.backends.values():
+            truncate = getattr(backend, "truncate_after", None)
+            if truncate is not None:  # console and wandb keep what they showed
+                truncate(step)
 
     def close(self) -> None:
         for backend in self.backends.values():

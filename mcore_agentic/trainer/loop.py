@@ -19,6 +19,7 @@ from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
 from mcore_agentic.trainer.build import Components, model_state_io, sync_metrics, tool_schemas
 from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
+from mcore_agentic.trainer.preemption import StopSignals, TrainingStopped
 from mcore_agentic.utils.timing import PhaseTimer
 
 logger = logging.getLogger(__name__)
@@ -54,35 +55,54 @@ class RLTrainer:
         self.writers, self.readers = model_state_io(c.actor, c.critic)
         self.timer = PhaseTimer()
         self.sft_summary: dict[str, float] = {}
+        self.stop = StopSignals([])  # replaced by the installed one in fit()
 
     # ----------------------------------------------------------------------------------- run
     def fit(self) -> LoopState:
+        """Resume, warm-start, then run RL steps to ``total_steps``; a stop signal ends it with :class:`TrainingStopped`."""
         cfg = self.cfg.trainer
-        self.maybe_resume()
-        if not self.state.sft_done:
-            self.sft_warmup()
-        if cfg.val_before_train and self.state.step == 0:
-            self.tracker.log(self.validate(), 0)
-        progress = self.progress_factory(self.c.total_steps, self.state.step)
-        batches = iter(self.c.train_loader)
-        while self.state.step < self.c.total_steps:
-            rows = next(batches, None)
-            if rows is None:  # epoch boundary: the loader starts the next epoch
-                batches = iter(self.c.train_loader)
-                continue
-            step = self.state.step + 1
-            metrics = self.train_step(rows, step)
-            self.state.step = step
-            self.state.history.append(metrics["reward/mean"])
-            if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == self.c.total_steps):
-                metrics.update(self.validate())
-            self.tracker.log(metrics, step)
-            progress.update(metrics)
-            last = step == self.c.total_steps
-            if (cfg.save_freq > 0 and step % cfg.save_freq == 0) or (last and cfg.resume_mode != "disable"):
-                self.save(step)
-        progress.close()
+        with StopSignals(cfg.stop_signals, save_every_minutes=cfg.save_every_minutes) as stop:
+            self.stop = stop
+            self.maybe_resume()
+            if stop.poll()[0]:  # signalled while the run was being built: nothing new to save
+                raise TrainingStopped(self.state.step, stop.signal_name, None)
+            if not self.state.sft_done:
+                self.sft_warmup()
+                periodic = cfg.save_freq > 0 or cfg.save_every_minutes is not None
+                self.boundary(0, save=cfg.sft_warmup_steps > 0 and periodic and cfg.resume_mode != "disable")
+            if cfg.val_before_train and self.state.step == 0:
+                self.tracker.log(self.validate(), 0)
+            progress = self.progress_factory(self.c.total_steps, self.state.step)
+            batches = iter(self.c.train_loader)
+            try:
+                while self.state.step < self.c.total_steps:
+                    rows = next(batches, None)
+                    if rows is None:  # epoch boundary: the loader starts the next epoch
+                        batches = iter(self.c.train_loader)
+                        continue
+                    step = self.state.step + 1
+                    metrics = self.train_step(rows, step)
+                    self.state.step = step
+                    self.state.history.append(metrics["reward/mean"])
+                    if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == self.c.total_steps):
+                        metrics.update(self.validate())
+                    self.tracker.log(metrics, step)
+                    progress.update(metrics)
+                    last = step == self.c.total_steps
+                    periodic = cfg.save_freq > 0 and step % cfg.save_freq == 0
+                    self.boundary(step, save=periodic or (last and cfg.resume_mode != "disable"), last=last)
+            finally:
+                progress.close()
         return self.state
+
+    def boundary(self, step: int, *, save: bool, last: bool = False) -> None:
+        """End of step ``step`` (0: the warm start): agree on stop / timed save across ranks, save, maybe stop."""
+        stop, due = self.stop.poll()
+        path = None
+        if save or stop or due:
+            path = self.save(step)
+        if stop and not last:
+            raise TrainingStopped(step, self.stop.signal_name, str(path) if path is not None else None)
 
     def train_step(self, rows: list[dict[str, Any]], step: int) -> dict[str, Any]:
         c, t = self.c, self.timer
@@ -190,29 +210,42 @@ class RLTrainer:
 
     # ----------------------------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
-        """Greedy single-sample rollout of each group's share of the validation prompts; mean reward/accuracy."""
+        """Greedy single-sample rollout of each group's share of the validation prompts; mean reward/accuracy.
+
+        ``data.val_batch_size`` (prompts, over all rollout groups) bounds one rollout call; null
+        rolls out each group's whole share at once.
+        """
         c = self.c
         if not c.val_rows:
             return {}
         with self.timer.phase("validate"):
             rows = c.placement.strided_rows(c.val_rows)
             val_cfg = dataclasses.replace(self.cfg.rollout, n=1, temperature=0.0, seed=self.cfg.seed)
+            size = self.cfg.data.val_batch_size
+            chunk = max(1, -(-size // c.placement.num_groups)) if size is not None else max(1, len(rows))
             local: dict[str, float] = {}
+            batches = []
             with c.weight_sync:
-                batch = self.rollout(rows, val_cfg) if rows else None
-            if batch is None:
+                if c.placement.is_leader:
+                    batches = [self.rollout(rows[i : i + chunk], val_cfg) for i in range(0, len(rows), chunk)]
+            if not batches:
                 rows = []  # off the leader: weigh nothing in the mean
             else:
-                batch = exp.score_rollout(batch, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in rows])
-                m = exp.rollout_metrics(batch)
-                local = {f"val/{k}": m[k] for k in ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")}
+                scored = [
+                    exp.score_rollout(b, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in rows[i * chunk : (i + 1) * chunk]])
+                    for i, b in enumerate(batches)
+                ]
+                weights = [len(b) for b in scored]
+                parts = [exp.rollout_metrics(b) for b in scored]
+                keys = ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")
+                local = {f"val/{k}": sum(w * m[k] for w, m in zip(weights, parts)) / sum(weights) for k in keys}
             keys = {"val/reward/mean": 0.0, "val/reward/accuracy": 0.0, "val/rollout/tool_calls_per_sample": 0.0}
             out = exp.all_reduce_mean({**keys, **local}, float(len(rows)))
         out["timing_s/validate"] = self.timer.pop().get("timing_s/validate", 0.0)
         return out
 
     # ----------------------------------------------------------------------------------- checkpoints
-    def save(self, step: int) -> None:
+    def save(self, step: int) -> Any:
         state = {
             "loop": dataclasses.asdict(self.state),
             "dataloader": self.c.train_loader.state_dict(),
@@ -220,13 +253,15 @@ class RLTrainer:
         }
         from mcore_agentic.config.walk import to_dict
 
-        self.ckpt.save(step, state, writers=self.writers, config=to_dict(self.cfg))
+        with self.timer.phase("save_checkpoint"):
+            path = self.ckpt.save(step, state, writers=self.writers, config=to_dict(self.cfg))
+        self.stop.saved()
+        return path
 
     def maybe_resume(self) -> None:
-        from mcore_agentic.trainer.checkpoint import resolve_resume_path
-
+        """Load the checkpoint ``trainer.resume_mode`` names, verified (see :meth:`CheckpointManager.resolve`)."""
         t = self.cfg.trainer
-        path = resolve_resume_path(t.checkpoint_dir, t.resume_mode, t.resume_from_path)
+        path = self.ckpt.resolve(t.resume_mode, t.resume_from_path)
         if path is None:
             return
         loaded = self.ckpt.load(path, readers=self.readers)
@@ -234,6 +269,8 @@ class RLTrainer:
         self.state = LoopState(**s["loop"])
         self.c.train_loader.load_state_dict(s["dataloader"])
         self.c.kl_ctrl.value = s["kl_coef"]
+        self.tracker.truncate_after(self.state.step)  # the steps after it are re-run: each is logged once
+        self.timer.pop()
         if self.c.layout.rank == 0:
             print(f"resumed from {path} at step {self.state.step}", flush=True)
 

@@ -99,6 +99,7 @@ class Actor:
         layout: Any,
         temperature: float = 1.0,
         make_vocab_size_divisible_by: int = 128,
+        transformer_impl: str = "auto",
         total_training_steps: int | None = None,
     ) -> None:
         if not temperature > 0:
@@ -111,6 +112,7 @@ class Actor:
             parallel=cfg.parallel,
             layout=layout,
             make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+            transformer_impl=transformer_impl,
             optim=cfg.optim,
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             total_training_steps=total_training_steps,

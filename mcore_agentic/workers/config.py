@@ -45,7 +45,8 @@ class OptimConfig:
     min_lr: float = 0.0
     """Floor of cosine/linear decay."""
     total_training_steps: int = -1
-    """Optimizer steps in the run (decay horizon); -1 means the trainer supplies it at build time."""
+    """Length of the LR schedule (warmup ratio and decay) in optimizer steps; -1: the run's optimizer steps,
+    computed by the trainer (RL steps x mini-batches x ppo_epochs, plus the SFT warm start for the actor)."""
 
     def __post_init__(self) -> None:
         # Bare field names: the config loader puts the group path (actor.optim) in front.

@@ -65,6 +65,7 @@ class Critic:
         parallel: Any,
         layout: Any,
         make_vocab_size_divisible_by: int = 128,
+        transformer_impl: str = "auto",
         total_training_steps: int | None = None,
     ) -> None:
         self.cfg = cfg
@@ -74,6 +75,7 @@ class Critic:
             parallel=parallel,
             layout=layout,
             make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+            transformer_impl=transformer_impl,
             optim=cfg.optim,
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             total_training_steps=total_training_steps,

@@ -100,6 +100,7 @@ class MegatronEngine:
         use_distributed_optimizer: bool = True,
         total_training_steps: int | None = None,
         customize: Callable[[list[Any]], None] | None = None,
+        transformer_impl: str = "auto",
     ) -> None:
         from mcore_agentic.models.hf_io import load_hf_config
         from mcore_agentic.models.registry import get_bridge
@@ -123,7 +124,9 @@ class MegatronEngine:
         # construction because TransformerConfig.__post_init__ rejects it with the (unused, MoE-only)
         # default allgather token dispatcher even for dense models.
         self.tcfg.variable_seq_lengths = True
-        chunks = self.bridge.build_model(self.hf_config, self.tcfg)
+        from mcore_agentic.models.transformer_impl import use_te_for
+
+        chunks = self.bridge.build_model(self.hf_config, self.tcfg, use_te=use_te_for(transformer_impl))
         if len(chunks) > 1:
             # Interleaved (VPP) schedule: its shape exchange with variable lengths pairs tensors of the
             # wrong micro-batches; every micro-batch of a step gets the same shape instead (see

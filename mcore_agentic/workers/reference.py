@@ -33,6 +33,7 @@ class Reference:
         layout: Any,
         temperature: float = 1.0,
         make_vocab_size_divisible_by: int = 128,
+        transformer_impl: str = "auto",
     ) -> None:
         if not temperature > 0:
             raise ConfigError("rollout.temperature", f"{temperature} must be > 0")
@@ -44,6 +45,7 @@ class Reference:
             parallel=parallel,
             layout=layout,
             make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+            transformer_impl=transformer_impl,
             optim=None,
         )
         self.batching = MicroBatching(

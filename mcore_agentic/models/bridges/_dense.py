@@ -403,11 +403,7 @@ class DenseDecoderBridge(Bridge):
 
 
 def _te_usable() -> bool:
-    """TransformerEngine is used only when it imports and a GPU is present."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """TransformerEngine is used only when it imports and a GPU is present (``model.transformer_impl=auto``)."""
+    from mcore_agentic.models.transformer_impl import transformer_engine_problem
+
+    return transformer_engine_problem() is None

@@ -18,10 +18,10 @@ import torch
 from mcore_agentic.trainer.checkpoint import (
     COMPLETE_MARKER,
     LATEST_FILE,
+    CheckpointError,
     CheckpointManager,
     find_latest,
     read_latest_file,
-    resolve_resume_path,
 )
 from tests.helpers.distributed import run_distributed
 
@@ -85,7 +85,7 @@ def test_writer_raising_midway_leaves_previous_latest(tmp_path):
     # A partial dir that somehow got the final name but no marker is ignored too.
     (tmp_path / "global_step_9").mkdir()
     assert find_latest(tmp_path) == tmp_path / "global_step_1"
-    assert resolve_resume_path(tmp_path, "auto") == tmp_path / "global_step_1"
+    assert mgr.resolve("auto") == tmp_path / "global_step_1"
     # The next good save succeeds and clears the debris of the crashed one.
     mgr.save(3, {"v": 3})
     assert not (tmp_path / ".tmp_global_step_2").exists() and read_latest_file(tmp_path) == 3
@@ -133,14 +133,15 @@ def test_sigkill_mid_write_keeps_previous_checkpoint(tmp_path):
 
 
 def test_resume_modes(tmp_path):
-    assert resolve_resume_path(tmp_path, "auto") is None
-    CheckpointManager(tmp_path).save(5, {})
-    assert resolve_resume_path(tmp_path, "auto") == tmp_path / "global_step_5"
-    assert resolve_resume_path(tmp_path, "disable") is None
-    assert resolve_resume_path(tmp_path, str(tmp_path / "global_step_5")) == tmp_path / "global_step_5"
-    assert resolve_resume_path(tmp_path, "resume_path", str(tmp_path / "global_step_5")) == tmp_path / "global_step_5"
-    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
-        resolve_resume_path(tmp_path, str(tmp_path / "global_step_7"))
+    mgr = CheckpointManager(tmp_path)
+    assert mgr.resolve("auto") is None
+    mgr.save(5, {})
+    assert mgr.resolve("auto") == tmp_path / "global_step_5"
+    assert mgr.resolve("disable") is None
+    assert mgr.resolve(str(tmp_path / "global_step_5")) == tmp_path / "global_step_5"
+    assert mgr.resolve("resume_path", str(tmp_path / "global_step_5")) == tmp_path / "global_step_5"
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        mgr.resolve(str(tmp_path / "global_step_7"))
 
 
 def _two_rank_save(rank: int, world_size: int, root: str) -> dict:
