@@ -7,7 +7,14 @@
 # Everything after the script name is passed to launch/pretrain_rl.py unchanged (Hydra overrides).
 # Environment knobs: REPO_DIR (default: the submit dir), VENV (a virtualenv to activate),
 # NPROC_PER_NODE (default: GPUs on the node), MASTER_PORT, LOG_ROOT (default: $REPO_DIR/logs/slurm),
-# RAY_TOOL_POOL=1 and RAY_PORT (default 6379). See docs/slurm.md.
+# RAY_TOOL_POOL=1 and RAY_PORT (default 6379), REQUEUE (default 1), SHUTDOWN_TIMEOUT (default 900).
+# See docs/slurm.md.
+#
+# Preemption and time limits: Slurm sends this script SIGUSR1 10 minutes before the time limit
+# (--signal=B:USR1@600); the script forwards it to the ranks, which finish their step, checkpoint
+# and exit, and then requeues the job (scontrol requeue): the next run resumes from that checkpoint
+# (trainer.resume_mode=auto). A preemption's SIGTERM reaches the ranks from Slurm directly; with
+# --requeue Slurm puts the job back in the queue itself.
 #SBATCH --job-name=mcore-agentic
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
@@ -15,6 +22,9 @@
 #SBATCH --cpus-per-task=64
 #SBATCH --time=24:00:00
 #SBATCH --exclusive
+#SBATCH --signal=B:USR1@600
+#SBATCH --requeue
+#SBATCH --open-mode=append
 # Slurm does not create directories for --output; this file lands in the submit dir and the
 # per-node logs go to the per-job log dir made below.
 #SBATCH --output=slurm-%x-%j.out
@@ -60,7 +70,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
 LOG_ROOT=${LOG_ROOT:-$REPO_DIR/logs/slurm}
 LOG_DIR=$LOG_ROOT/${SLURM_JOB_NAME:-mcore-agentic}-$SLURM_JOB_ID
 mkdir -p "$LOG_DIR"
-echo "job $SLURM_JOB_ID: $NNODES nodes x $NPROC_PER_NODE processes, rendezvous $HEAD_NODE:$MASTER_PORT, logs $LOG_DIR"
+echo "job $SLURM_JOB_ID (start ${SLURM_RESTART_COUNT:-0}): $NNODES nodes x $NPROC_PER_NODE processes, rendezvous $HEAD_NODE:$MASTER_PORT, logs $LOG_DIR"
 
 OVERRIDES=("$@")
 # Metrics go next to the node logs unless the command line says otherwise.
@@ -108,11 +118,51 @@ if [[ "${RAY_TOOL_POOL:-0}" == 1 ]]; then
     OVERRIDES+=("rollout.multi_turn.tool_executor=ray")
 fi
 
-srun --overlap --nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --output="$LOG_DIR/train-%N.log" \
+# Stop signals. SIGUSR1 (the time-limit warning, sent to this script only) is forwarded to the
+# training step; srun passes it on to torchrun, which forwards it to the ranks (--signals-to-handle) and
+# waits SHUTDOWN_TIMEOUT seconds for them to checkpoint and exit. SIGTERM (preemption, scancel) is sent
+# by Slurm to every process of the job itself: the script only keeps waiting so the ranks can save.
+STOP_SIGNAL=""
+TRAIN_PID=""
+on_usr1() {
+    STOP_SIGNAL=USR1
+    echo "$(date +%H:%M:%S) SIGUSR1: the time limit is near; the ranks finish their step, checkpoint and stop"
+    if [[ -n "$TRAIN_PID" ]]; then kill -USR1 "$TRAIN_PID" 2>/dev/null || true; fi
+}
+on_term() {
+    STOP_SIGNAL=${STOP_SIGNAL:-TERM}
+    echo "$(date +%H:%M:%S) SIGTERM: the ranks finish their step, checkpoint and stop"
+}
+trap on_usr1 USR1
+trap on_term TERM
+
+srun --overlap --nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --open-mode=append \
+    --output="$LOG_DIR/train-%N.log" \
     torchrun \
     --nnodes "$NNODES" \
     --nproc_per_node "$NPROC_PER_NODE" \
     --rdzv_id "$SLURM_JOB_ID" \
     --rdzv_backend c10d \
     --rdzv_endpoint "$HEAD_NODE:$MASTER_PORT" \
-    launch/pretrain_rl.py "${OVERRIDES[@]}"
+    --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
+    --shutdown-timeout "${SHUTDOWN_TIMEOUT:-900}" \
+    launch/pretrain_rl.py "${OVERRIDES[@]}" &
+TRAIN_PID=$!
+# `wait` returns early when a trapped signal arrives: wait again while the step still runs.
+TRAIN_RC=""
+while [[ -z "$TRAIN_RC" ]]; do
+    set +e
+    wait "$TRAIN_PID"
+    rc=$?
+    set -e
+    if ((rc > 128)) && kill -0 "$TRAIN_PID" 2>/dev/null; then
+        continue
+    fi
+    TRAIN_RC=$rc
+done
+
+if [[ "$STOP_SIGNAL" == USR1 && "${REQUEUE:-1}" == 1 ]]; then
+    echo "requeueing job $SLURM_JOB_ID: its next start resumes from the checkpoint the ranks just wrote"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$TRAIN_RC"

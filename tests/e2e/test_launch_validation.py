@@ -88,3 +88,23 @@ def test_unknown_override_key_is_named(tmp_path):
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: actor.tensor_model_paralel_size: unknown key")
     assert "actor.tensor_model_parallel_size" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "words"),
+    [
+        ("trainer.device=cuda", "trainer.device", "cuda was asked for but torch sees no GPU"),
+        ("model.transformer_impl=transformer_engine", "model.transformer_impl", "TransformerEngine is not installed"),
+    ],
+)
+def test_accepted_keys_are_honoured_or_refused_in_one_line(tmp_path, override, field, words):
+    if field == "model.transformer_impl":
+        pytest.importorskip("torch")
+        import importlib.util
+
+        if importlib.util.find_spec("transformer_engine") is not None:
+            pytest.skip("TransformerEngine is installed here")
+    proc = _run([sys.executable, str(LAUNCHER), override], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    output = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(output) == 1 and output[0].startswith(f"error: {field}: ") and words in output[0], output

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,13 @@ _SRUN = _RECORDER + """
 for a in "$@"; do [[ "$a" == --block ]] && exec sleep 60; done
 if [[ -n "${FAKE_WAIT_FOR:-}" && " $* " == *" torchrun "* ]]; then
     for _ in $(seq 1 200); do grep -q -- "$FAKE_WAIT_FOR" "$FAKE_LOG" && break; sleep 0.05; done
+fi
+if [[ -n "${FAKE_TRAIN_RUNS:-}" && " $* " == *" torchrun "* ]]; then
+    # Training that runs until a signal reaches it, like torchrun: then the ranks save and it exits.
+    trap 'printf "srun\\tgot\\tUSR1\\n" >> "$FAKE_LOG"; exit 1' USR1
+    trap 'printf "srun\\tgot\\tTERM\\n" >> "$FAKE_LOG"; exit 1' TERM
+    echo $$ > "$FAKE_LOG.train_pid"
+    for _ in $(seq 1 600); do sleep 0.1; done
 fi
 """
 _RAY = _RECORDER + """
@@ -77,12 +86,14 @@ def test_torchrun_command_and_log_dir(tmp_path):
     assert len(sruns) == 1 and not any(c[0] == "ray" for c in calls)
     port = str(29500 + 4242 % 10000)
     assert sruns[0] == [
-        "srun", "--overlap", "--nodes=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        "srun", "--overlap", "--nodes=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--open-mode=append",
         f"--output={log_dir}/train-%N.log",
         "torchrun", "--nnodes", "3", "--nproc_per_node", "4", "--rdzv_id", "4242",
         "--rdzv_backend", "c10d", "--rdzv_endpoint", f"gpu-node-07:{port}",
+        "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--shutdown-timeout", "900",
         "launch/pretrain_rl.py", *overrides, f"trainer.log_dir={log_dir}",
     ]  # the override with a space survives as one argument
+    assert not any(c[:2] == ["scontrol", "requeue"] for c in calls)  # a run that ends by itself is not requeued
     assert f"rendezvous gpu-node-07:{port}" in result.stdout
 
 
@@ -125,3 +136,58 @@ def test_refuses_to_run_outside_slurm(tmp_path, missing):
     result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode != 0 and missing in result.stderr
     assert not (tmp_path / "calls.log").exists()
+
+
+def test_header_asks_for_the_warning_signal_requeue_and_appending_logs():
+    header = [line.split(None, 1)[1] for line in SCRIPT.read_text().splitlines() if line.startswith("#SBATCH")]
+    assert "--signal=B:USR1@600" in header  # SIGUSR1 to the batch script 10 minutes before the time limit
+    assert "--requeue" in header and "--open-mode=append" in header
+
+
+def _start(tmp_path: Path, **env: str) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / "calls.log"
+    full_env = {
+        "PATH": f"{_fake_bin(tmp_path)}:/usr/bin:/bin", "HOME": str(tmp_path), "FAKE_LOG": str(log),
+        "FAKE_TRAIN_RUNS": "1", "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "rl-test", "SLURM_JOB_NODELIST": "gpu-node-[07-09]",
+        "SLURM_NNODES": "3", "SLURM_GPUS_ON_NODE": "4", "SLURM_SUBMIT_DIR": str(REPO), "LOG_ROOT": str(tmp_path / "logs"),
+        **env,
+    }
+    proc = subprocess.Popen(["bash", str(SCRIPT), "rollout.n=2"], env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    pid_file = Path(f"{log}.train_pid")
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    return proc, log
+
+
+def _calls(log: Path) -> list[list[str]]:
+    return [line.split("\t") for line in log.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("requeue", ["1", "0"])
+def test_time_limit_warning_is_forwarded_then_the_job_requeued(tmp_path, requeue):
+    proc, log = _start(tmp_path, REQUEUE=requeue)
+    proc.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@600 does
+    out, err = proc.communicate(timeout=30)
+    calls = _calls(log)
+    assert ["srun", "got", "USR1"] in calls  # forwarded to the training step
+    assert proc.returncode == 1  # the training step's own exit status
+    requeued = ["scontrol", "requeue", "4242"] in calls
+    assert requeued == (requeue == "1"), out + err
+    assert "SIGUSR1: the time limit is near" in out
+
+
+def test_sigterm_waits_for_the_ranks_and_leaves_requeue_to_slurm(tmp_path):
+    proc, log = _start(tmp_path)
+    proc.send_signal(signal.SIGTERM)  # preemption: Slurm signals the steps itself
+    time.sleep(0.5)
+    assert proc.poll() is None, "the script must keep waiting while the ranks checkpoint"
+    os.kill(int(Path(f"{log}.train_pid").read_text()), signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    calls = _calls(log)
+    assert ["srun", "got", "TERM"] in calls and ["srun", "got", "USR1"] not in calls
+    assert not any(c[:2] == ["scontrol", "requeue"] for c in calls)
+    assert "SIGTERM: the ranks finish their step" in out

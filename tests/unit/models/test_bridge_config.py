@@ -191,3 +191,14 @@ def test_layer_spec_choices() -> None:
     pytest.importorskip("megatron_patches.cp_attention")
     spec = bridge.layer_spec(bridge.transformer_config(hf, _Par(cp=2)), use_te=False)
     assert spec.submodules.self_attention.submodules.core_attention.__name__ == "ContextParallelDotProductAttention"
+
+
+def test_transformer_impl_maps_to_the_layer_spec(monkeypatch) -> None:
+    from mcore_agentic.models import transformer_impl as ti
+
+    assert ti.use_te_for("local") is False and ti.use_te_for("auto") is None
+    if ti.transformer_engine_problem() is not None:
+        with pytest.raises(ConfigError, match="model.transformer_impl: transformer_engine was asked for but"):
+            ti.use_te_for("transformer_engine")
+    monkeypatch.setattr(ti, "transformer_engine_problem", lambda: None)  # as on a GPU node with TE
+    assert ti.use_te_for("transformer_engine") is True

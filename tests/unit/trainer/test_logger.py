@@ -100,3 +100,26 @@ def test_progress_bar_defaults_to_rank_zero(monkeypatch):
     bar = StepProgress(4, file=io.StringIO())
     assert bar.bar is not None
     bar.close()
+
+
+def test_truncate_after_a_resume_keeps_every_step_once(tmp_path):
+    tracker = Tracker(["jsonl", "tensorboard"], tmp_path, rank=0)
+    for step in (1, 2, 3):
+        tracker.log({"x": float(step)}, step)
+    tracker.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "x": 4.')  # torn by the kill
+    # The resumed run: checkpoint at step 1, so steps 2.. are trained (and logged) again.
+    tracker = Tracker(["jsonl", "tensorboard"], tmp_path, rank=0)
+    tracker.truncate_after(1)
+    for step in (2, 3):
+        tracker.log({"x": 10.0 * step}, step)
+    tracker.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1, "x": 1.0}, {"step": 2, "x": 20.0}, {"step": 3, "x": 30.0}]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("x")] == [(1, 1.0), (2, 20.0), (3, 30.0)]  # purge_step
