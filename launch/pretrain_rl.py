@@ -90,6 +90,9 @@ def launch(dict_cfg: DictConfig) -> int:
     try:
         cfg = load_config(dict_cfg)
         select_device(cfg.trainer.device)  # before anything initialises CUDA
+        from mcore_agentic.models.transformer_impl import use_te_for
+
+        use_te_for(cfg.model.transformer_impl)  # TE asked for but missing: one line, before megatron is imported
         init_distributed()
         rank = dist.get_rank()
         check_parallel(cfg, dist.get_world_size())  # before importing megatron: a bad config fails fast and quietly
