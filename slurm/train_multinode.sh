@@ -123,18 +123,37 @@ fi
 # waits SHUTDOWN_TIMEOUT seconds for them to checkpoint and exit. SIGTERM (preemption, scancel) is sent
 # by Slurm to every process of the job itself: the script only keeps waiting so the ranks can save.
 STOP_SIGNAL=""
+TRAPPED=0
 TRAIN_PID=""
 on_usr1() {
     STOP_SIGNAL=USR1
+    TRAPPED=1
     echo "$(date +%H:%M:%S) SIGUSR1: the time limit is near; the ranks finish their step, checkpoint and stop"
     if [[ -n "$TRAIN_PID" ]]; then kill -USR1 "$TRAIN_PID" 2>/dev/null || true; fi
 }
 on_term() {
     STOP_SIGNAL=${STOP_SIGNAL:-TERM}
+    TRAPPED=1
     echo "$(date +%H:%M:%S) SIGTERM: the ranks finish their step, checkpoint and stop"
 }
 trap on_usr1 USR1
 trap on_term TERM
+
+# torchrun forwards SIGUSR1 and waits for the ranks only with these options (torch 2.9 and 2.11+);
+# an older torchrun forwards SIGTERM alone and kills the ranks 30 s later.
+TORCHRUN_HELP=$(torchrun --help 2>/dev/null || true)
+SIGNAL_ARGS=()
+if [[ "$TORCHRUN_HELP" == *--signals-to-handle* ]]; then
+    SIGNAL_ARGS+=(--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1)
+else
+    echo "warning: this torchrun cannot forward SIGUSR1 (no --signals-to-handle; torch >= 2.9 has it):" \
+        "the time-limit warning will not reach the ranks" >&2
+fi
+if [[ "$TORCHRUN_HELP" == *--shutdown-timeout* ]]; then
+    SIGNAL_ARGS+=(--shutdown-timeout "${SHUTDOWN_TIMEOUT:-900}")
+else
+    echo "warning: this torchrun has no --shutdown-timeout: it kills the ranks 30 s after forwarding a signal" >&2
+fi
 
 srun --overlap --nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --open-mode=append \
     --output="$LOG_DIR/train-%N.log" \
@@ -144,25 +163,28 @@ srun --overlap --nodes="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --open
     --rdzv_id "$SLURM_JOB_ID" \
     --rdzv_backend c10d \
     --rdzv_endpoint "$HEAD_NODE:$MASTER_PORT" \
-    --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
-    --shutdown-timeout "${SHUTDOWN_TIMEOUT:-900}" \
+    "${SIGNAL_ARGS[@]}" \
     launch/pretrain_rl.py "${OVERRIDES[@]}" &
 TRAIN_PID=$!
-# `wait` returns early when a trapped signal arrives: wait again while the step still runs.
-TRAIN_RC=""
-while [[ -z "$TRAIN_RC" ]]; do
+if [[ "$STOP_SIGNAL" == USR1 ]]; then  # the warning came while the script was still starting up
+    kill -USR1 "$TRAIN_PID" 2>/dev/null || true
+fi
+# `wait` returns early (status > 128) when a trapped signal arrives: wait again until the step has
+# ended; bash keeps the status of a finished background job, so the last wait returns srun's own.
+while :; do
+    TRAPPED=0
     set +e
     wait "$TRAIN_PID"
-    rc=$?
+    TRAIN_RC=$?
     set -e
-    if ((rc > 128)) && kill -0 "$TRAIN_PID" 2>/dev/null; then
+    if ((TRAPPED == 1 && TRAIN_RC > 128)); then
         continue
     fi
-    TRAIN_RC=$rc
+    break
 done
 
 if [[ "$STOP_SIGNAL" == USR1 && "${REQUEUE:-1}" == 1 ]]; then
     echo "requeueing job $SLURM_JOB_ID: its next start resumes from the checkpoint the ranks just wrote"
-    scontrol requeue "$SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" || echo "warning: scontrol requeue $SLURM_JOB_ID failed; resubmit the job to resume" >&2
 fi
 exit "$TRAIN_RC"

@@ -255,11 +255,16 @@ def build_checkpoint_manager(cfg: RLConfig) -> Any:
     return CheckpointManager(t.checkpoint_dir, max_to_keep=t.max_ckpt_to_keep, verify=t.checkpoint_verify)
 
 
-def model_state_io(actor: Any, critic: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Checkpoint writer/reader callbacks for actor/critic model + optimizer state (Megatron dist checkpoints)."""
+def model_state_io(actor: Any, critic: Any, ref: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Checkpoint writer/reader callbacks for actor/critic model + optimizer state (Megatron dist checkpoints).
+
+    ``ref``: pass the reference model when its weights are not the base checkpoint's (the SFT
+    warm start re-anchors it), so that a resume restores the same KL anchor.
+    """
     from mcore_agentic.trainer import model_checkpoint as mc
 
-    return mc.model_state_writers(actor=actor, critic=critic), mc.model_state_readers(actor=actor, critic=critic)
+    return (mc.model_state_writers(actor=actor, critic=critic, ref=ref),
+            mc.model_state_readers(actor=actor, critic=critic, ref=ref))
 
 
 @dataclass

@@ -32,7 +32,6 @@ writer/reader callbacks that get a directory.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import re
@@ -50,8 +49,6 @@ import torch.distributed as dist
 
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.trainer import manifest as mf
-
-logger = logging.getLogger(__name__)
 
 STEP_PREFIX = "global_step_"
 STAGING_PREFIX = ".tmp_" + STEP_PREFIX
@@ -191,6 +188,13 @@ class LoadedCheckpoint:
     """The mapping the trainer passed to ``save`` (dataloader/sampler state, metric state, ...)."""
 
 
+def _entry_size(entry: Any) -> int:
+    try:
+        return int(entry.get("size", 0))
+    except (AttributeError, TypeError, ValueError):
+        return 0
+
+
 class _Group:
     """The few collectives the manager needs, on ``process_group`` or trivial in one process."""
 
@@ -317,14 +321,20 @@ class CheckpointManager:
             os.replace(staging, final)
             _fsync_dir(self.root)
             _atomic_write_text(self.root / LATEST_FILE, f"{step}\n")
-            self._apply_retention()
+            try:
+                self._apply_retention()
+            except OSError as exc:  # never fail a complete save (and strand the other ranks) over a cleanup
+                print(f"warning: checkpoint retention under {self.root} failed: {exc}", file=sys.stderr, flush=True)
         self._barrier()  # nobody reads or moves on before the rename is done
         return final
 
     def _hash_manifest(self, staging: Path, step: int) -> bytes:
         """Every rank hashes its share of the staged files; the manifest document (meaningful on rank 0)."""
-        sizes = self.group.broadcast(mf.list_files(staging, exclude=(COMPLETE_MARKER, mf.MANIFEST_FILE))
-                                     if self.rank == 0 else None)
+        exclude = (COMPLETE_MARKER, mf.MANIFEST_FILE)
+        if self.group.distributed:  # one listing, rank 0's, so every rank splits the same set
+            sizes = self.group.broadcast(mf.list_files(staging, exclude) if self.rank == 0 else None)
+        else:
+            sizes = mf.list_files(staging, exclude)
         mine = mf.shares(sizes, self.group.world_size)[self.group.rank if self.group.distributed else 0]
         files: dict[str, Any] = {}
         for part in self.group.all_gather(mf.hash_files(staging, mine)):
@@ -363,22 +373,38 @@ class CheckpointManager:
         return self._problems(Path(path), full=full, local=False)
 
     def _problems(self, path: Path, *, full: bool, local: bool) -> list[str]:
-        if not is_complete(path):
-            return [f"{COMPLETE_MARKER}: missing (the save never finished)"]
-        record = read_marker(path)
-        digest = (record.get("manifest") or {}).get(mf.MANIFEST_FILE)
-        files, problem = mf.read_manifest(path, digest)
+        """Sorted problems of ``path``; with ``local`` (rank 0's retention) no collectives, else agreed by all."""
+        collective = not local and self.group.distributed
+        head = self._read_head(path) if (not collective or self.rank == 0) else None
+        if collective:
+            head = self.group.broadcast(head)  # one reading of marker and manifest, rank 0's
+        files, problem = head
         if files is None:
-            return [problem or "manifest unreadable"]
-        world = 1 if local or not self.group.distributed else self.group.world_size
-        me = 0 if world == 1 else self.group.rank
-        mine = mf.shares({n: int(e.get("size", 0)) for n, e in files.items()}, world)[me]
+            return [problem]
+        world = self.group.world_size if collective else 1
+        me = self.group.rank if collective else 0
+        mine = mf.shares({n: _entry_size(e) for n, e in files.items()}, world)[me]
         problems = mf.check_files(path, files, mine, full=full)
         if me == 0:
-            problems += mf.unexpected_files(path, files, exclude=(COMPLETE_MARKER, mf.MANIFEST_FILE))
-        if world > 1:
+            try:
+                problems += mf.unexpected_files(path, files, exclude=(COMPLETE_MARKER, mf.MANIFEST_FILE))
+            except OSError as exc:
+                problems.append(f"directory unreadable ({exc})")
+        if collective:
             problems = [p for part in self.group.all_gather(problems) for p in part]
         return sorted(problems)
+
+    @staticmethod
+    def _read_head(path: Path) -> tuple[dict[str, Any] | None, str]:
+        """``(manifest files, "")`` or ``(None, problem)`` from the marker and the manifest."""
+        try:
+            if not is_complete(path):
+                return None, f"{COMPLETE_MARKER}: missing (the save never finished)"
+            digest = (read_marker(path).get("manifest") or {}).get(mf.MANIFEST_FILE)
+            files, problem = mf.read_manifest(path, digest)
+        except OSError as exc:
+            return None, f"unreadable ({exc})"
+        return (files, "") if files is not None else (None, problem or "manifest unreadable")
 
     def resolve(self, resume_mode: str, resume_from_path: str | None = None) -> Path | None:
         """Which verified checkpoint to resume from, per ``trainer.resume_mode``; collective.
@@ -392,7 +418,7 @@ class CheckpointManager:
         if resume_mode == "disable":
             return None
         if resume_mode == "auto":
-            candidates = list_complete(self.root)
+            candidates = self.group.broadcast(list_complete(self.root) if self.rank == 0 else None)
             failed: list[str] = []
             for _, path in reversed(candidates):
                 problems = self.verify(path)
@@ -400,8 +426,7 @@ class CheckpointManager:
                     return path
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
                 failed.append(f"{path.name}/{problems[0]}{more}")
-                if self.rank == 0:
-                    logger.warning("checkpoint %s fails verification: %s%s; trying an older one", path, problems[0], more)
+                if self.rank == 0:  # one line, not a logging record too
                     print(f"warning: checkpoint {path} fails verification: {problems[0]}{more}; "
                           "falling back to an older checkpoint", file=sys.stderr, flush=True)
             if failed:
@@ -416,7 +441,7 @@ class CheckpointManager:
         if not explicit:
             raise CheckpointError("trainer.resume_from_path", "resume_mode=resume_path needs trainer.resume_from_path")
         path = Path(explicit)
-        if not is_complete(path):
+        if not self.group.broadcast(is_complete(path) if self.rank == 0 else None):
             raise CheckpointError(
                 field,
                 f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); "
@@ -455,6 +480,7 @@ class CheckpointManager:
                 f"{path}: checkpoint format {version} is not {FORMAT_VERSION} (written by another version); "
                 "start over with trainer.resume_mode=disable",
             )
+        rng_state = None
         if restore_rng:
             rng_file = path / f"rng_state_rank{self.rank}.pt"
             if not rng_file.is_file():
@@ -462,10 +488,12 @@ class CheckpointManager:
                     f"{rng_file} missing: the checkpoint was written by fewer ranks; pass restore_rng=False "
                     "to resume with fresh RNG streams"
                 )
-            restore_rng_state(_load_weights_only(rng_file))
+            rng_state = _load_weights_only(rng_file)
         for name, read in (readers or {}).items():
             sub = path / name
             if not sub.is_dir():
                 raise FileNotFoundError(f"{path} has no '{name}' part; it holds {sorted(p.name for p in path.iterdir())}")
             read(sub)
+        if rng_state is not None:  # last: nothing the readers do can move the restored streams
+            restore_rng_state(rng_state)
         return LoadedCheckpoint(path=path, global_step=int(blob["global_step"]), trainer_state=blob["state"])

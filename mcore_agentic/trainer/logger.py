@@ -9,11 +9,16 @@ so callers never branch on the rank.
   flushed at once (the end-of-run plots and crash forensics read it);
 * ``tensorboard``: ``<log_dir>/tensorboard`` scalars;
 
-After a resume from step ``k`` the trainer calls :meth:`Tracker.truncate_after` (``k``):
-the steps after ``k`` were logged by the interrupted run but will be trained again,
-so ``metrics.jsonl`` is rewritten without them (and without a line torn by the
-kill) and TensorBoard reopens with ``purge_step=k+1``, which hides the old events
-of those steps. Every step then appears exactly once.
+Before the first step the trainer calls :meth:`Tracker.continue_after` with the step it
+continues after, so that every step appears exactly once:
+
+* ``k > 0`` (resumed from step ``k``): the steps after ``k`` were logged by the interrupted
+  run but will be trained again. ``metrics.jsonl`` is rewritten without them (and without a
+  line torn by the kill), and TensorBoard reopens with ``purge_step=k+1``, which hides the old
+  events of those steps.
+* ``0`` (a fresh start, or a resume from the SFT warm start): an existing ``metrics.jsonl``
+  belongs to an earlier run of this log directory. It is moved aside to
+  ``metrics.<time>.jsonl``, nothing deleted, and TensorBoard purges from step 0.
 * ``wandb``: imported only when selected; a clear error when it is not installed.
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,20 +56,26 @@ class JsonlBackend:
         self.path = log_dir / METRICS_FILE
         self._file = open(self.path, "a")
 
-    def truncate_after(self, step: int) -> None:
-        """Drop records of steps after ``step`` and torn lines (rewritten atomically), then append again."""
+    def continue_after(self, step: int) -> None:
+        """Keep only records of steps up to ``step`` (none for 0: the old file is moved aside), then append."""
         self._file.close()
-        kept = []
-        for line in self.path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
-                kept.append(line)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept))
-        os.replace(tmp, self.path)
+        text = self.path.read_text(errors="replace") if self.path.is_file() else ""
+        if step <= 0:
+            if text.strip():
+                aside = self.path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}.jsonl")
+                os.replace(self.path, aside)
+        else:
+            kept = []
+            for line in text.splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+                    kept.append(line)
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text("".join(f"{line}\n" for line in kept))
+            os.replace(tmp, self.path)
         self._file = open(self.path, "a")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -82,12 +94,12 @@ class TensorBoardBackend:
         self.dir = log_dir / "tensorboard"
         self.writer = SummaryWriter(log_dir=str(self.dir))
 
-    def truncate_after(self, step: int) -> None:
-        """Reopen with ``purge_step``: TensorBoard discards earlier events of steps after ``step``."""
+    def continue_after(self, step: int) -> None:
+        """Reopen with ``purge_step``: TensorBoard discards earlier events of steps after ``step`` (all for 0)."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer.close()
-        self.writer = SummaryWriter(log_dir=str(self.dir), purge_step=step + 1)
+        self.writer = SummaryWriter(log_dir=str(self.dir), purge_step=step + 1 if step > 0 else 0)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for k, v in metrics.items():
@@ -217,12 +229,12 @@ class Tracker:
         for backend in self.backends.values():
             backend.log(values, step)
 
-    def truncate_after(self, step: int) -> None:
-        """Forget what was logged for steps after ``step`` (a resume from ``step`` re-runs them)."""
+    def continue_after(self, step: int) -> None:
+        """The run trains the steps after ``step`` (0: from the start): forget what was logged for them."""
         for backend in self.backends.values():
-            truncate = getattr(backend, "truncate_after", None)
-            if truncate is not None:  # console and wandb keep what they showed
-                truncate(step)
+            forget = getattr(backend, "continue_after", None)
+            if forget is not None:  # console and wandb keep what they showed
+                forget(step)
 
     def close(self) -> None:
         for backend in self.backends.values():

@@ -52,7 +52,9 @@ class RLTrainer:
         self.schemas = tool_schemas(c.tools)
         self.pad_id = int(c.tokenizer.pad_token_id if c.tokenizer.pad_token_id is not None else c.tokenizer.eos_token_id)
         self.state = LoopState()
-        self.writers, self.readers = model_state_io(c.actor, c.critic)
+        # The SFT warm start re-anchors the reference model: then it is checkpointed too.
+        anchored_ref = c.ref if self.cfg.trainer.sft_warmup_steps > 0 else None
+        self.writers, self.readers = model_state_io(c.actor, c.critic, anchored_ref)
         self.timer = PhaseTimer()
         self.sft_summary: dict[str, float] = {}
         self.stop = StopSignals([])  # replaced by the installed one in fit()
@@ -102,7 +104,8 @@ class RLTrainer:
         if save or stop or due:
             path = self.save(step)
         if stop and not last:
-            raise TrainingStopped(step, self.stop.signal_name, str(path) if path is not None else None)
+            how = "run the same command" if self.cfg.trainer.resume_mode == "auto" else "run it with trainer.resume_mode=auto"
+            raise TrainingStopped(step, self.stop.signal_name, str(path) if path is not None else None, how)
 
     def train_step(self, rows: list[dict[str, Any]], step: int) -> dict[str, Any]:
         c, t = self.c, self.timer
@@ -263,13 +266,14 @@ class RLTrainer:
         t = self.cfg.trainer
         path = self.ckpt.resolve(t.resume_mode, t.resume_from_path)
         if path is None:
+            self.tracker.continue_after(0)  # a fresh start: an earlier run's metrics.jsonl is moved aside
             return
         loaded = self.ckpt.load(path, readers=self.readers)
         s = loaded.trainer_state
         self.state = LoopState(**s["loop"])
         self.c.train_loader.load_state_dict(s["dataloader"])
         self.c.kl_ctrl.value = s["kl_coef"]
-        self.tracker.truncate_after(self.state.step)  # the steps after it are re-run: each is logged once
+        self.tracker.continue_after(self.state.step)  # the steps after it are re-run: each is logged once
         self.timer.pop()
         if self.c.layout.rank == 0:
             print(f"resumed from {path} at step {self.state.step}", flush=True)

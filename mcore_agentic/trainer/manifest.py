@@ -11,8 +11,11 @@ digest. Verification (:func:`check_files`) finds what changed since the save:
 * a manifest that is missing or altered (its digest is not the one in ``COMPLETE``);
 * a torch.distributed.checkpoint ``.metadata`` file whose pickle names anything
   outside the checkpoint-metadata classes (torch unpickles that file without
-  restrictions; every other file we or megatron-core read is JSON or loaded with
-  ``torch.load(weights_only=True)``).
+  restrictions). Every other pickle on the resume path is weights-only: our trainer
+  state and RNG files, megatron-core's ``common.pt`` (torch's default), and the byte
+  entries inside ``.distcp`` shards, which torch would load with
+  ``weights_only=False`` and :func:`~mcore_agentic.trainer.model_checkpoint.load_worker`
+  loads weights-only.
 
 Hashing is split across ranks (:func:`shares`: files largest first, each to the
 least-loaded rank), so a save or a check reads every byte once on the whole
@@ -23,6 +26,9 @@ on large files) hashes at memory speed; ``docs/benchmarks.md`` has its cost on a
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import importlib
 import json
 import os
 import pickle
@@ -37,11 +43,26 @@ HASH_NAME = "blake3"
 MANIFEST_FORMAT = 1
 
 
-def file_digest(path: str | os.PathLike) -> str:
-    """BLAKE3 hex digest of a file's bytes (memory-mapped; threads on large files)."""
+READ_CHUNK = 8 << 20
+
+
+def file_digest(path: str | os.PathLike, *, mapped: bool = True) -> str:
+    """BLAKE3 hex digest of a file's bytes, on several threads for large files.
+
+    ``mapped``: hash the memory-mapped file in place (fastest on a file just written, in the page
+    cache). Verification reads instead (``mapped=False``): an I/O error on a damaged disk is then an
+    ``OSError`` to report, where a mapped page would raise SIGBUS and kill the process.
+    """
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    if os.path.getsize(path):  # mmap of an empty file fails
-        h.update_mmap(path)
+    if mapped:
+        if os.path.getsize(path):  # mmap of an empty file fails
+            h.update_mmap(path)
+        return h.hexdigest()
+    buf = bytearray(READ_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
 
 
@@ -121,21 +142,27 @@ def check_files(
     """Problems of ``names`` (entries of ``files``) under ``path``: presence, size and (``full``) digest."""
     problems = []
     for name in names:
-        entry = files[name]
-        target = path / name
-        if target.is_symlink():
-            problems.append(f"{name}: is a symlink; a checkpoint holds plain files only")
-        elif not target.is_file():
-            problems.append(f"{name}: missing")
-        elif (size := target.stat().st_size) != entry["size"]:
-            problems.append(f"{name}: {size} bytes, the manifest says {entry['size']} (truncated or overwritten)")
-        elif full and file_digest(target) != entry[HASH_NAME]:
-            problems.append(f"{name}: content differs from the save (checksum mismatch, size unchanged)")
-        elif name.rsplit("/", 1)[-1] == ".metadata":
-            problem = check_metadata_pickle(target)
-            if problem:
-                problems.append(f"{name}: {problem}")
+        try:
+            problem = _check_file(path / name, files[name], full=full)
+        except (OSError, KeyError, TypeError, ValueError) as exc:  # an unreadable disk block, a bad entry
+            problem = f"unreadable ({type(exc).__name__}: {exc})"
+        if problem:
+            problems.append(f"{name}: {problem}")
     return problems
+
+
+def _check_file(target: Path, entry: Mapping[str, Any], *, full: bool) -> str | None:
+    if target.is_symlink():
+        return "is a symlink; a checkpoint holds plain files only"
+    if not target.is_file():
+        return "missing"
+    if (size := target.stat().st_size) != entry["size"]:
+        return f"{size} bytes, the manifest says {entry['size']} (truncated or overwritten)"
+    if full and file_digest(target, mapped=False) != entry[HASH_NAME]:
+        return "content differs from the save (checksum mismatch, size unchanged)"
+    if target.name == ".metadata":
+        return check_metadata_pickle(target)
+    return None
 
 
 def unexpected_files(path: Path, files: Mapping[str, Any], exclude: Iterable[str]) -> list[str]:
@@ -166,14 +193,18 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         import torch
 
-        if (module, name) in _METADATA_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if module in _METADATA_CLASS_MODULES:
-            found = super().find_class(module, name)
-            if isinstance(found, type):  # a dataclass or enum, never a function
-                return found
+        # A dotted name (protocol 4) walks attributes from the module: "planner.torch.ctypes.CDLL" would
+        # reach any class. Only names defined in the module itself, looked up in its namespace.
+        if "." not in name:
+            if (module, name) in _METADATA_GLOBALS:
+                return super().find_class(module, name)
+            if module == "torch" and isinstance(vars(torch).get(name), torch.dtype):
+                return vars(torch)[name]
+            if module in _METADATA_CLASS_MODULES:
+                found = vars(importlib.import_module(module)).get(name)
+                is_record = isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum))
+                if is_record and found.__module__ == module:  # a dataclass or enum of that module, no function
+                    return found
         raise pickle.UnpicklingError(f"refers to {module}.{name}")
 
 

@@ -102,6 +102,62 @@ def _onloaded(engine: Any) -> Iterator[None]:
             engine.offload(**{g: g in offloaded for g in _OFFLOAD_GROUPS})
 
 
+@contextmanager
+def weights_only_byte_entries() -> Iterator[None]:
+    """Load the byte entries of ``.distcp`` shards weights-only for the duration.
+
+    torch.distributed.checkpoint stores non-tensor values (Megatron's ``_extra_state``
+    ShardedObjects) as ``torch.save`` bytes and reads them back in
+    ``DefaultLoadPlanner.load_bytes`` with ``torch.load(weights_only=False)``: a value planted
+    in a shard would run code on resume. Here they load with ``weights_only=True``; the one
+    non-tensor type such entries hold (TransformerEngine's ``io.BytesIO`` extra state) is
+    allowed by name. Megatron's load planner inherits the method, so both are covered.
+    """
+    import io
+
+    import torch
+    from torch.distributed.checkpoint import default_planner
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    original = DefaultLoadPlanner.load_bytes
+
+    def load_bytes(self: Any, read_item: Any, value: Any) -> None:
+        with torch.serialization.safe_globals([io.BytesIO]):
+            obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            default_planner.set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+    DefaultLoadPlanner.load_bytes = load_bytes
+    try:
+        yield
+    finally:
+        DefaultLoadPlanner.load_bytes = original
+
+
+def _load_sharded(sharded: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """``dist_checkpointing.load`` with weights-only byte entries; its failure is one line naming the directory.
+
+    torch.distributed.checkpoint raises ``CheckpointException``, a ``BaseException`` holding each
+    rank's traceback; a resume reports the first line of the first failure instead.
+    """
+    from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from mcore_agentic.trainer.checkpoint import CheckpointError
+
+    try:
+        with weights_only_byte_entries():
+            return dist_checkpointing.load(sharded, str(directory))
+    except CheckpointException as exc:
+        failure = next(iter(exc.failures.values()), exc) if getattr(exc, "failures", None) else exc
+        first = next((line for line in str(failure).splitlines() if line.strip()), type(failure).__name__)
+        raise CheckpointError(
+            "trainer.resume_from_path", f"{directory} cannot be loaded ({first.strip()[:200]}): resume from another checkpoint"
+        ) from None
+
+
 def _model_keys(chunks: list[Any]) -> list[str]:
     return ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
 
@@ -263,7 +319,7 @@ def load_worker(directory: str | os.PathLike, worker: Any, *, load_optimizer: bo
             sharded.pop(key)
         if not want_optimizer:
             sharded.pop("scheduler", None)
-        loaded = dist_checkpointing.load(sharded, str(directory))
+        loaded = _load_sharded(sharded, directory)
         for key, chunk in zip(_model_keys(engine.chunks), engine.chunks):
             unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
         if want_optimizer:
@@ -291,19 +347,23 @@ def load_model_state(
             load_worker(Path(ckpt_dir) / name, worker, load_optimizer=load_optimizer)
 
 
-def model_state_writers(*, actor: Any = None, critic: Any = None) -> dict[str, Callable[[Path], None]]:
-    """``CheckpointManager.save(writers=...)`` callbacks: one subdirectory per given worker."""
-    workers = {"actor": actor, "critic": critic}
+def model_state_writers(*, actor: Any = None, critic: Any = None, ref: Any = None) -> dict[str, Callable[[Path], None]]:
+    """``CheckpointManager.save(writers=...)`` callbacks: one subdirectory per given worker.
+
+    ``ref``: a reference model whose weights changed during the run (re-anchored after the SFT
+    warm start); its weights only, since it has no optimizer.
+    """
+    workers = {"actor": actor, "critic": critic, "ref": ref}
     return {name: (lambda d, w=w: save_worker(d, w)) for name, w in workers.items() if w is not None}
 
 
 def model_state_readers(
-    *, actor: Any = None, critic: Any = None, load_optimizer: bool = True
+    *, actor: Any = None, critic: Any = None, ref: Any = None, load_optimizer: bool = True
 ) -> dict[str, Callable[[Path], None]]:
     """``CheckpointManager.load(readers=...)`` callbacks matching :func:`model_state_writers`."""
-    workers = {"actor": actor, "critic": critic}
+    workers = {"actor": actor, "critic": critic, "ref": ref}
     return {
-        name: (lambda d, w=w: load_worker(d, w, load_optimizer=load_optimizer))
+        name: (lambda d, w=w, n=name: load_worker(d, w, load_optimizer=load_optimizer and n != "ref"))
         for name, w in workers.items()
         if w is not None
     }

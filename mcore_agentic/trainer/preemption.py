@@ -48,14 +48,13 @@ REPEAT_WINDOW_S = 3.0
 class TrainingStopped(Exception):
     """Raised by the step loop after the checkpoint of a signal-triggered stop (identical on every rank)."""
 
-    def __init__(self, step: int, signal_name: str, checkpoint: str | None):
+    def __init__(self, step: int, signal_name: str, checkpoint: str | None, resume: str = "run the same command"):
         self.step = step
         self.signal_name = signal_name
         self.checkpoint = checkpoint
         where = f"checkpoint {checkpoint}" if checkpoint else "no new checkpoint (nothing trained since the last one)"
         super().__init__(
-            f"stopped on {signal_name} after step {step}: {where}; run the same command to resume "
-            f"(exit code {EXIT_PREEMPTED})"
+            f"stopped on {signal_name} after step {step}: {where}; {resume} to resume (exit code {EXIT_PREEMPTED})"
         )
 
 
@@ -89,7 +88,7 @@ class StopSignals:
         self.repeat_window_s = repeat_window_s
         self.received: signal.Signals | None = None
         self._first_at = 0.0
-        self._lock = threading.Lock()
+        self._fd_ours = False
         self._previous: dict[signal.Signals, Any] = {}
         self._previous_fd: int | None = None
         self._pipe: tuple[int, int] | None = None
@@ -109,6 +108,7 @@ class StopSignals:
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._on_signal)
         self._previous_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        self._fd_ours = True
         self._watcher = threading.Thread(target=self._watch, name="stop-signals", daemon=True)
         self._watcher.start()
         return self
@@ -120,6 +120,7 @@ class StopSignals:
             signal.signal(sig, previous)
         if self._armed():
             signal.set_wakeup_fd(self._previous_fd if self._previous_fd is not None else -1)
+        self._fd_ours = False
         r, w = self._pipe
         self._pipe = None
         os.close(w)  # the watcher's read returns b"" and it ends
@@ -128,7 +129,7 @@ class StopSignals:
         os.close(r)
 
     def _armed(self) -> bool:
-        """Whether Python's wakeup fd is still ours (asyncio's add_signal_handler can replace it)."""
+        """Whether Python's wakeup fd is still ours (main thread only: it swaps the fd to read it)."""
         if self._pipe is None:
             return False
         current = signal.set_wakeup_fd(-1)
@@ -136,17 +137,22 @@ class StopSignals:
         return current == self._pipe[1]
 
     def rearm(self) -> None:
-        """Take the wakeup fd back if someone replaced it (main thread; called at every poll)."""
-        if self._pipe is not None and threading.current_thread() is threading.main_thread() and not self._armed():
-            signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)
+        """Take the wakeup fd back if someone replaced it (main thread; called at every poll).
+
+        Nothing in the trainer replaces it (asyncio only does for ``add_signal_handler``); if
+        something did, repeats are counted by the Python handler until this runs again.
+        """
+        if self._pipe is not None and threading.current_thread() is threading.main_thread():
+            self._fd_ours = self._armed()
+            if not self._fd_ours:
+                signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)
+                self._fd_ours = True
 
     # --------------------------------------------------------------------------- delivery
     def _on_signal(self, signum: int, frame: Any) -> None:
-        # The watcher counts deliveries while the wakeup fd is ours; without it this handler counts.
-        if self._armed():
-            self._note(signum, count=False)
-        else:
-            self._note(signum, count=True)
+        # Runs on the main thread between bytecodes, possibly re-entered by the next signal: no locks.
+        # The watcher counts deliveries from the wakeup fd; this handler only counts when the fd is not ours.
+        self._note(signum, count=not self._fd_ours)
 
     def _watch(self) -> None:
         assert self._pipe is not None
@@ -164,16 +170,20 @@ class StopSignals:
                     self._note(signum, count=True)
 
     def _note(self, signum: int, *, count: bool) -> None:
+        """First delivery: the request. Later ones within the window: the same. Later still: exit now.
+
+        Lock-free (the handler may re-enter on the main thread while the watcher runs): the first
+        check-and-set can race between the two, which at worst prints the first line twice.
+        """
         now = time.monotonic()
-        with self._lock:
-            if self.received is None:
-                self.received = signal.Signals(signum)
-                self._first_at = now
-                _say(f"received {self.received.name}: finishing the current step, then saving a checkpoint and "
-                     f"exiting ({self.received.name} again after {self.repeat_window_s:.0f} s exits at once)")
-                return
-            if not count or now - self._first_at < self.repeat_window_s:
-                return
+        if self.received is None:
+            self._first_at = now
+            self.received = signal.Signals(signum)
+            _say(f"received {self.received.name}: finishing the current step, then saving a checkpoint and "
+                 f"exiting ({self.received.name} again after {self.repeat_window_s:.0f} s exits at once)")
+            return
+        if not count or now - self._first_at < self.repeat_window_s:
+            return
         _say(f"second {signal.Signals(signum).name}: exiting now without a checkpoint (the last complete one is kept)")
         os._exit(128 + signum)
 

@@ -70,7 +70,9 @@ def read_rows(path: Path) -> dict[int, dict]:
 
 @pytest.mark.timeout(360)
 def test_default_job_short(tmp_path: Path) -> None:
-    result = launch(job_overrides(tmp_path, ["trainer.logger=[console,jsonl,tensorboard]", "trainer.save_freq=-1"]))
+    # data.val_batch_size=3: each rollout group's 4 validation prompts in chunks of 2
+    extra = ["trainer.logger=[console,jsonl,tensorboard]", "trainer.save_freq=-1", "data.val_batch_size=3"]
+    result = launch(job_overrides(tmp_path, extra))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
     logs = tmp_path / "logs"

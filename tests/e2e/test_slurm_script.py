@@ -27,7 +27,7 @@ if [[ -n "${FAKE_WAIT_FOR:-}" && " $* " == *" torchrun "* ]]; then
 fi
 if [[ -n "${FAKE_TRAIN_RUNS:-}" && " $* " == *" torchrun "* ]]; then
     # Training that runs until a signal reaches it, like torchrun: then the ranks save and it exits.
-    trap 'printf "srun\\tgot\\tUSR1\\n" >> "$FAKE_LOG"; exit 1' USR1
+    trap 'printf "srun\\tgot\\tUSR1\\n" >> "$FAKE_LOG"; exit 75' USR1
     trap 'printf "srun\\tgot\\tTERM\\n" >> "$FAKE_LOG"; exit 1' TERM
     echo $$ > "$FAKE_LOG.train_pid"
     for _ in $(seq 1 600); do sleep 0.1; done
@@ -38,13 +38,24 @@ if [[ "$1" == status ]]; then grep -q -- "--head" "$FAKE_LOG"; fi
 """
 _SCONTROL = _RECORDER + """
 if [[ "$1 $2" == "show hostnames" ]]; then printf 'gpu-node-07\\ngpu-node-08\\ngpu-node-09\\n'; fi
+if [[ "$1" == requeue && -n "${FAKE_REQUEUE_FAILS:-}" ]]; then exit 1; fi
+"""
+
+
+# torchrun is only asked for its --help on the batch node (which options it has); FAKE_OLD_TORCHRUN=1
+# plays one from before --signals-to-handle / --shutdown-timeout.
+_TORCHRUN = _RECORDER + """
+if [[ "$1" == --help ]]; then
+    echo "usage: torchrun [--nnodes NNODES] [--rdzv-endpoint RDZV_ENDPOINT]"
+    if [[ -z "${FAKE_OLD_TORCHRUN:-}" ]]; then echo "  [--signals-to-handle SIGNALS_TO_HANDLE] [--shutdown-timeout SHUTDOWN_TIMEOUT]"; fi
+fi
 """
 
 
 def _fake_bin(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("srun", _SRUN), ("ray", _RAY), ("scontrol", _SCONTROL)):
+    for name, body in (("srun", _SRUN), ("ray", _RAY), ("scontrol", _SCONTROL), ("torchrun", _TORCHRUN)):
         path = bin_dir / name
         path.write_text(body)
         path.chmod(0o755)
@@ -82,6 +93,7 @@ def test_torchrun_command_and_log_dir(tmp_path):
     log_dir = tmp_path / "logs" / "rl-test-4242"
     assert log_dir.is_dir()
     assert calls[0] == ["scontrol", "show", "hostnames", "gpu-node-[07-09]"]
+    calls = [c for c in calls if c[0] != "torchrun"]  # its --help, asked on the batch node
     sruns = [c for c in calls if c[0] == "srun"]
     assert len(sruns) == 1 and not any(c[0] == "ray" for c in calls)
     port = str(29500 + 4242 % 10000)
@@ -138,6 +150,14 @@ def test_refuses_to_run_outside_slurm(tmp_path, missing):
     assert not (tmp_path / "calls.log").exists()
 
 
+def test_an_old_torchrun_gets_no_signal_options_and_a_warning(tmp_path):
+    result, calls = _run(tmp_path, "rollout.n=2", FAKE_OLD_TORCHRUN="1")
+    assert result.returncode == 0, result.stderr
+    train = next(c for c in calls if c[0] == "srun" and "torchrun" in c)
+    assert "--signals-to-handle" not in train and "--shutdown-timeout" not in train
+    assert "cannot forward SIGUSR1" in result.stderr and "kills the ranks 30 s after" in result.stderr
+
+
 def test_header_asks_for_the_warning_signal_requeue_and_appending_logs():
     header = [line.split(None, 1)[1] for line in SCRIPT.read_text().splitlines() if line.startswith("#SBATCH")]
     assert "--signal=B:USR1@600" in header  # SIGUSR1 to the batch script 10 minutes before the time limit
@@ -167,17 +187,19 @@ def _calls(log: Path) -> list[list[str]]:
     return [line.split("\t") for line in log.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("requeue", ["1", "0"])
+@pytest.mark.parametrize("requeue", ["1", "0", "fails"])
 def test_time_limit_warning_is_forwarded_then_the_job_requeued(tmp_path, requeue):
-    proc, log = _start(tmp_path, REQUEUE=requeue)
+    env = {"REQUEUE": "1", "FAKE_REQUEUE_FAILS": "1"} if requeue == "fails" else {"REQUEUE": requeue}
+    proc, log = _start(tmp_path, **env)
     proc.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@600 does
     out, err = proc.communicate(timeout=30)
     calls = _calls(log)
     assert ["srun", "got", "USR1"] in calls  # forwarded to the training step
-    assert proc.returncode == 1  # the training step's own exit status
+    assert proc.returncode == 75  # the training step's own exit status, even when the requeue fails
     requeued = ["scontrol", "requeue", "4242"] in calls
-    assert requeued == (requeue == "1"), out + err
+    assert requeued == (requeue != "0"), out + err
     assert "SIGUSR1: the time limit is near" in out
+    assert ("scontrol requeue 4242 failed" in err) == (requeue == "fails")
 
 
 def test_sigterm_waits_for_the_ranks_and_leaves_requeue_to_slurm(tmp_path):

@@ -168,6 +168,38 @@ def test_a_pickle_planted_as_dcp_metadata_is_refused(tmp_path):
     assert not ran.exists()
 
 
+def test_a_dotted_global_cannot_reach_other_modules(tmp_path):
+    # Protocol 4 resolves "module" + "a.b.c" by attribute walk: planner.torch.ctypes.CDLL is ctypes.CDLL.
+    module, name = b"torch.distributed.checkpoint.planner", b"torch.ctypes.CDLL"
+    data = (b"\x80\x04" + pickle.SHORT_BINUNICODE + bytes([len(module)]) + module + pickle.SHORT_BINUNICODE
+            + bytes([len(name)]) + name + pickle.STACK_GLOBAL + pickle.SHORT_BINUNICODE + b"\x09libc.so.6"
+            + pickle.TUPLE1 + pickle.REDUCE + pickle.STOP)
+    (tmp_path / ".metadata").write_bytes(data)
+    problem = mf.check_metadata_pickle(tmp_path / ".metadata")
+    assert problem is not None and "torch.ctypes.CDLL" in problem
+
+
+def test_byte_entries_of_dcp_shards_load_weights_only(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from mcore_agentic.trainer.model_checkpoint import weights_only_byte_entries
+
+    ran = tmp_path / "code_ran"
+    dcp.save({"w": torch.arange(3.0), "extra": "fine", "planted": _Payload(ran)},
+             storage_writer=dcp.FileSystemWriter(str(tmp_path / "ckpt")), no_dist=True)
+    target = {"w": torch.zeros(3), "extra": None, "planted": None}
+    with weights_only_byte_entries(), pytest.raises(BaseException) as err:  # DCP's CheckpointException
+        dcp.load(target, storage_reader=dcp.FileSystemReader(str(tmp_path / "ckpt")), no_dist=True)
+    assert "Weights only load failed" in str(getattr(err.value, "failures", err.value))
+    assert not ran.exists()
+    clean = {"w": torch.zeros(3), "extra": None}
+    with weights_only_byte_entries():
+        dcp.load(clean, storage_reader=dcp.FileSystemReader(str(tmp_path / "ckpt")), no_dist=True)
+    assert clean["extra"] == "fine" and torch.equal(clean["w"], torch.arange(3.0))
+    dcp.load(target, storage_reader=dcp.FileSystemReader(str(tmp_path / "ckpt")), no_dist=True)
+    assert ran.exists()  # without it, torch runs the planted code: what the guard prevents
+
+
 def test_retention_never_deletes_the_last_good_checkpoint(tmp_path):
     mgr = CheckpointManager(tmp_path, max_to_keep=2)
     mgr.save(1, {}, writers={"actor": _writer(1)})
@@ -199,7 +231,7 @@ def test_two_ranks_hash_their_shares_and_agree_on_damage(tmp_path):
     results = run_distributed(_two_rank_verify, world_size=2, args=(str(tmp_path),))
     for r in results:
         assert r["clean"] == []
-        assert r["files"] == ["actor/shard_0.bin", "actor/shard_1.bin", "config.json", "rng_state_rank0.pt",
-                              "rng_state_rank1.pt", TRAINER_STATE_FILE] or "config.json" not in r["files"]
+        assert r["files"] == ["actor/shard_0.bin", "actor/shard_1.bin", "rng_state_rank0.pt", "rng_state_rank1.pt",
+                              TRAINER_STATE_FILE]
         assert r["damaged"] == ["actor/shard_1.bin: content differs from the save (checksum mismatch, size unchanged)"]
     assert mf.shares({"a": 10, "b": 5, "c": 5}, 2) == [["a"], ["b", "c"]]

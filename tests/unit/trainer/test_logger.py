@@ -111,7 +111,7 @@ def test_truncate_after_a_resume_keeps_every_step_once(tmp_path):
         f.write('{"step": 4, "x": 4.')  # torn by the kill
     # The resumed run: checkpoint at step 1, so steps 2.. are trained (and logged) again.
     tracker = Tracker(["jsonl", "tensorboard"], tmp_path, rank=0)
-    tracker.truncate_after(1)
+    tracker.continue_after(1)
     for step in (2, 3):
         tracker.log({"x": 10.0 * step}, step)
     tracker.close()
@@ -123,3 +123,14 @@ def test_truncate_after_a_resume_keeps_every_step_once(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("x")] == [(1, 1.0), (2, 20.0), (3, 30.0)]  # purge_step
+
+
+def test_a_fresh_start_moves_an_earlier_runs_metrics_aside(tmp_path):
+    with Tracker(["jsonl"], tmp_path, rank=0) as tracker:
+        tracker.log({"x": 1.0}, 1)
+    with Tracker(["jsonl"], tmp_path, rank=0) as tracker:
+        tracker.continue_after(0)
+        tracker.log({"x": 2.0}, 1)
+    assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [{"step": 1, "x": 2.0}]
+    aside = list(tmp_path.glob("metrics.*.jsonl"))
+    assert len(aside) == 1 and json.loads(aside[0].read_text()) == {"step": 1, "x": 1.0}  # kept, not deleted

@@ -229,3 +229,16 @@ def test_load_errors_are_clear(tmp_path):
         load_worker(tmp_path / "missing", _Engine())
     with pytest.raises(TypeError, match="MegatronEngine"):
         load_worker(tmp_path, object())
+
+
+def test_reference_is_checkpointed_weights_only(monkeypatch):
+    from mcore_agentic.trainer import model_checkpoint as mc
+
+    calls = []
+    monkeypatch.setattr(mc, "load_worker", lambda d, w, load_optimizer=True: calls.append((d, w, load_optimizer)))
+    actor, ref = object(), object()
+    assert sorted(mc.model_state_writers(actor=actor, ref=ref)) == ["actor", "ref"]
+    readers = mc.model_state_readers(actor=actor, ref=ref)
+    readers["actor"]("a")
+    readers["ref"]("r")
+    assert calls == [("a", actor, True), ("r", ref, False)]  # the anchor has no optimizer state to restore
