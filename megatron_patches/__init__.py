@@ -49,6 +49,13 @@ PATCH_NAMES: tuple[str, ...] = (
 
 _ACTIVE: dict[str, PatchContext] = {}
 
+TESTED_MEGATRON_CORE = ("0.16.1",)
+"""megatron-core versions every patch (and its probe test) was verified on; setup.py pins this range."""
+
+
+class MissingPatchTargets(RuntimeError):
+    """This megatron-core version lacks symbols the patches replace: they would do half their work."""
+
 
 def get_patch(name: str) -> Patch:
     """The :class:`Patch` object called ``name`` (ValueError naming the known ones otherwise)."""
@@ -67,14 +74,26 @@ def apply(names: Iterable[str] | None = None, *, force: bool = False) -> tuple[s
     if torch.cuda.is_available() and not force:
         logger.debug("megatron_patches.apply: CUDA available, CPU patches not needed")
         return applied()
+    missing: list[str] = []
     for name in PATCH_NAMES if names is None else tuple(names):
         if name in _ACTIVE:
             continue
         patch = get_patch(name)
         ctx = PatchContext(name)
         patch.install(ctx)
+        if ctx.missing:
+            ctx.restore()
+            missing.append(f"{name}: {', '.join(ctx.missing)}")
+            continue
         _ACTIVE[name] = ctx
         logger.debug("megatron patch %s applied (%d swaps): %s", name, len(ctx.swaps), patch.reason)
+    if missing:
+        from importlib.metadata import version
+
+        raise MissingPatchTargets(
+            f"megatron-core {version('megatron-core')} lacks what these patches replace ({'; '.join(missing)}); "
+            f"they are tested on megatron-core {', '.join(TESTED_MEGATRON_CORE)}: install that version"
+        )
     return applied()
 
 
@@ -90,4 +109,13 @@ def applied() -> tuple[str, ...]:
     return tuple(_ACTIVE)
 
 
-__all__ = ["PATCH_NAMES", "Patch", "applied", "apply", "get_patch", "revert"]
+__all__ = [
+    "PATCH_NAMES",
+    "TESTED_MEGATRON_CORE",
+    "MissingPatchTargets",
+    "Patch",
+    "applied",
+    "apply",
+    "get_patch",
+    "revert",
+]

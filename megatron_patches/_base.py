@@ -2,21 +2,19 @@
 
 A :class:`Patch` knows its name, a one-line reason and how to install itself by
 calling :meth:`PatchContext.swap` (``setattr`` that remembers the original).
-Missing targets (a module or symbol that moved in another megatron-core
-version) are skipped with a debug log, never an error, so the same patch set
-works across the versions each module lists.
+A missing target (a module or symbol that moved in another megatron-core
+version) is recorded in :attr:`PatchContext.missing`; :func:`megatron_patches.apply`
+then undoes the patch and raises with the whole list: a patch that silently
+does half its work is worse than none.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
-
-logger = logging.getLogger("megatron_patches")
 
 _MISSING = object()
 
@@ -27,29 +25,34 @@ class PatchContext:
 
     name: str
     swaps: list[tuple[Any, str, Any]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    """Targets this megatron-core version lacks (``module`` or ``module.attr``)."""
 
     def module(self, dotted: str) -> ModuleType | None:
-        """Import ``dotted`` or return None (debug log) when this megatron-core version lacks it."""
+        """Import ``dotted``, or record it as missing and return None."""
         try:
             return importlib.import_module(dotted)
-        except Exception as exc:  # noqa: BLE001 - optional module: any import failure means "skip"
-            logger.debug("patch %s: skip module %s (%s)", self.name, dotted, exc)
+        except Exception as exc:  # noqa: BLE001 - any import failure means the target is not there
+            self.missing.append(f"{dotted} ({type(exc).__name__})")
             return None
 
     def swap(self, owner: Any, attr: str, new: Any) -> bool:
-        """Replace ``owner.attr`` by ``new`` (remembering the original); False if ``attr`` is absent."""
+        """Replace ``owner.attr`` by ``new`` (remembering the original); False (recorded) if absent."""
         if owner is None or not hasattr(owner, attr):
-            logger.debug("patch %s: skip %r.%s (not present in this version)", self.name, owner, attr)
+            if owner is not None:
+                self.missing.append(f"{getattr(owner, '__name__', type(owner).__name__)}.{attr}")
             return False
         self.swaps.append((owner, attr, owner.__dict__.get(attr, _MISSING) if hasattr(owner, "__dict__") else getattr(owner, attr)))
         setattr(owner, attr, new)
         return True
 
     def swap_in(self, dotted: str, attr: str, make_new: Callable[[Any], Any]) -> bool:
-        """``swap(module(dotted), attr, make_new(original))``, skipping silently if either is missing."""
+        """``swap(module(dotted), attr, make_new(original))``; a missing module or attribute is recorded."""
         mod = self.module(dotted)
-        if mod is None or not hasattr(mod, attr):
-            logger.debug("patch %s: skip %s.%s (not present in this version)", self.name, dotted, attr)
+        if mod is None:
+            return False
+        if not hasattr(mod, attr):
+            self.missing.append(f"{dotted}.{attr}")
             return False
         return self.swap(mod, attr, make_new(getattr(mod, attr)))
 

@@ -10,6 +10,7 @@ waiting.
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -214,6 +215,20 @@ def _probe_table(tmp_root: str) -> dict[str, tuple[str, Callable[[], Any]]]:
     }
 
 
+def _failure(exc: BaseException) -> dict[str, Any]:
+    """What a probe's failure was and which modules its traceback ran through."""
+    import traceback
+
+    modules = [frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    return {"error": f"{type(exc).__name__}: {exc}"[:300], "modules": modules}
+
+
+def _targets(name: str) -> list[str]:
+    """Modules whose names (module globals, functions, classes) the active patch ``name`` rebinds."""
+    owners = [owner for owner, _attr, _old in megatron_patches._ACTIVE[name].swaps]
+    return sorted({o.__name__ if isinstance(o, types.ModuleType) else getattr(o, "__module__", "") for o in owners})
+
+
 def _all_probes(rank: int, world_size: int, tmp_root: str) -> dict[str, Any]:
     from megatron.core import parallel_state
 
@@ -221,23 +236,25 @@ def _all_probes(rank: int, world_size: int, tmp_root: str) -> dict[str, Any]:
     megatron_patches.apply()
     record: dict[str, Any] = {"applied": megatron_patches.applied()}
     for name, (_label, probe) in _probe_table(tmp_root).items():
+        record[f"{name}/targets"] = _targets(name)
         megatron_patches.revert([name])
         try:
             probe()
             record[f"{name}/without"] = None
         except Exception as exc:  # noqa: BLE001 - the failure is the observation
-            record[f"{name}/without"] = f"{type(exc).__name__}: {exc}"[:300]
+            record[f"{name}/without"] = _failure(exc)
         megatron_patches.apply([name])
         dist.barrier()
         record[f"{name}/with"] = probe()
         dist.barrier()
     # Extra: clip_grad_by_total_norm_fp32 is part of optimizer_devices; check it on its own too.
+    record["clip/targets"] = _targets("optimizer_devices")
     megatron_patches.revert(["optimizer_devices"])
     try:
         probe_clip_grads()
         record["clip/without"] = None
     except Exception as exc:  # noqa: BLE001
-        record["clip/without"] = f"{type(exc).__name__}: {exc}"[:300]
+        record["clip/without"] = _failure(exc)
     megatron_patches.apply(["optimizer_devices"])
     record["clip/with"] = probe_clip_grads()
     record["after_revert_all"] = (megatron_patches.revert(), megatron_patches.applied())[1]
@@ -252,10 +269,20 @@ def records(tmp_path_factory) -> list[dict[str, Any]]:
     return [unpack(r) for r in run_distributed(_all_probes, 2, args=(str(tmp_path_factory.mktemp("ckpt")),))]
 
 
-@pytest.mark.parametrize("name", [n for n in megatron_patches.PATCH_NAMES])
-def test_probe_fails_without_patch(records, name):
+# The failure each probe must show without its patch: CPU tensors reaching megatron-core's CUDA-only code.
+_EXPECTED_FAILURE = {"rope_cp_slice": "RuntimeError: pin_memory=True requires a CUDA", "clip": "AssertionError"}
+
+
+@pytest.mark.parametrize("name", [*megatron_patches.PATCH_NAMES, "clip"])
+def test_probe_fails_without_patch_where_the_patch_acts(records, name):
+    expected = _EXPECTED_FAILURE.get(name, "AssertionError: Torch not compiled with CUDA enabled")
     for rank, rec in enumerate(records):
-        assert rec[f"{name}/without"] is not None, f"rank {rank}: {name} probe passed with the patch reverted"
+        failure = rec[f"{name}/without"]
+        assert failure is not None, f"rank {rank}: {name} probe passed with the patch reverted"
+        assert failure["error"].startswith(expected), (name, failure["error"])
+        # ... raised inside a module whose names the patch rebinds, not somewhere unrelated
+        targets = rec[f"{name}/targets"]
+        assert set(failure["modules"]) & set(targets), (name, targets, failure["modules"][-6:])
 
 
 def test_rng_tracker_forks_cpu_generator(records):
@@ -337,3 +364,25 @@ def test_nothing_applied_on_import():
 def test_unknown_patch_name():
     with pytest.raises(ValueError, match="unknown megatron patch 'nope'"):
         megatron_patches.apply(["nope"], force=True)
+
+
+def test_a_missing_target_is_an_error_listing_it_and_nothing_stays_patched(monkeypatch):
+    import types
+
+    import megatron_patches
+    from megatron_patches._base import Patch
+
+    holder = types.SimpleNamespace(__name__="holder", present=1)
+
+    def install(ctx):
+        ctx.swap(holder, "present", 2)  # done first, undone when the patch turns out incomplete
+        ctx.swap(holder, "renamed_in_a_later_version", 3)
+        ctx.swap_in("megatron.core.no_such_module", "anything", lambda old: old)
+
+    monkeypatch.setattr(megatron_patches, "get_patch", lambda name: Patch(name, "test", install))
+    with pytest.raises(megatron_patches.MissingPatchTargets) as err:
+        megatron_patches.apply(["half_a_patch"], force=True)
+    message = str(err.value)
+    assert "half_a_patch: holder.renamed_in_a_later_version, megatron.core.no_such_module" in message
+    assert "tested on megatron-core 0.16.1" in message
+    assert holder.present == 1 and "half_a_patch" not in megatron_patches.applied()
