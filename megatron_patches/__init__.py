@@ -18,8 +18,9 @@ Patches rebind names inside megatron-core modules (mostly their module-global
 construction-time contexts (``Tensor.type`` names in the optimizer constructors,
 ``Tensor.cuda`` as identity in a few setup/checkpoint functions) that restore on exit.
 
-The context-parallel attention module is not a patch (nothing is replaced): use
-``megatron_patches.cp_attention.ContextParallelDotProductAttention`` in a layer spec.
+The context-parallel attention layer is not a patch (nothing is replaced): it is
+``mcore_agentic.parallel.cp_attention.ContextParallelDotProductAttention``, chosen by a layer spec.
+This package imports megatron-core and torch only.
 """
 
 from __future__ import annotations

@@ -189,10 +189,6 @@ def validate(cfg: RLConfig, world_size: int) -> BatchSizes:
             f"is null but rollout.multi_turn.max_user_turns={mt.max_user_turns}: point it at an interaction YAML "
             "or set max_user_turns=0",
         )
-    if cfg.model.transformer_impl == "transformer_engine":
-        from mcore_agentic.models.transformer_impl import use_te_for
-
-        use_te_for("transformer_engine")  # not installed, or no GPU: one line now, not a traceback at model build
     if cfg.trainer.device == "cpu":
         require(
             cfg.rollout.name != "sglang",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -252,9 +253,9 @@ def initialize_parallel(cfg: ParallelConfig, seed: int, *, field_prefix: str = "
     world_size = dist.get_world_size()
     check_world_size(cfg, world_size, field_prefix=field_prefix)
     if not torch.cuda.is_available():
-        import megatron_patches
-
-        if "rng_tracker" not in megatron_patches.applied():
+        # The launcher (or a test) applies the CPU patches; this package never imports them.
+        patches = sys.modules.get("megatron_patches")
+        if patches is None or "rng_tracker" not in patches.applied():
             raise RuntimeError("on CPU call megatron_patches.apply() before initialize_parallel()")
     if parallel_state.model_parallel_is_initialized():
         raise RuntimeError("Megatron parallel state is already initialised: call destroy_parallel() first")

@@ -16,7 +16,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from mcore_agentic.config.load import build
+from mcore_agentic.config.walk import build
 from mcore_agentic.tools.base import BaseTool, ToolResponse, error_response
 
 _BINARY = {

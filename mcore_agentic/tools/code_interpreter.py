@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mcore_agentic.config.load import build
+from mcore_agentic.config.walk import build
 from mcore_agentic.tools.base import BaseTool, ToolResponse, error_response
 from mcore_agentic.tools.sandbox import ExecutionResult, SandboxLimits, get_sandbox, run_sandboxed
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from mcore_agentic.config.load import build
+from mcore_agentic.config.walk import build
 from mcore_agentic.tools.base import BaseTool, ToolResponse, error_response
 
 # A number as people write it: optional sign, digits with thousands commas, decimals.

@@ -46,7 +46,6 @@ class RunSummary:
 
 def current_layout(cfg: Any) -> Any:
     """The run's :class:`ParallelLayout`: Megatron's groups if the launcher made them, else made here."""
-    import torch
     from megatron.core import parallel_state
 
     from mcore_agentic.parallel.layout import current_parallel_layout, initialize_parallel, select_device
@@ -54,11 +53,7 @@ def current_layout(cfg: Any) -> Any:
     select_device(cfg.trainer.device)
     if parallel_state.model_parallel_is_initialized():
         return current_parallel_layout()
-    if not torch.cuda.is_available():
-        import megatron_patches
-
-        megatron_patches.apply()
-    return initialize_parallel(cfg.actor.parallel, cfg.seed)
+    return initialize_parallel(cfg.actor.parallel, cfg.seed)  # on CPU: after megatron_patches.apply() (launch/, tests)
 
 
 def _rewards_by_step(metrics_path: Path, history: list[float]) -> list[float]:

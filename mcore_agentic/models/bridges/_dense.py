@@ -211,10 +211,10 @@ class DenseDecoderBridge(Bridge):
         spec = get_gpt_layer_local_spec(qk_layernorm=self.qk_layernorm, normalization="RMSNorm")
         if tcfg.context_parallel_size > 1:
             try:
-                from megatron_patches.cp_attention import ContextParallelDotProductAttention
+                from mcore_agentic.parallel.cp_attention import ContextParallelDotProductAttention
             except ImportError as exc:
                 raise config_error(
-                    "context_parallel_size", f"CP > 1 on the local spec needs megatron_patches.cp_attention ({exc})"
+                    "context_parallel_size", f"CP > 1 on the local spec needs mcore_agentic.parallel.cp_attention ({exc})"
                 ) from exc
             spec.submodules.self_attention.submodules.core_attention = ContextParallelDotProductAttention
         return spec

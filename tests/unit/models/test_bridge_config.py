@@ -188,7 +188,7 @@ def test_layer_spec_choices() -> None:
     par = _Par(tp=2, sequence_parallel=True)
     with pytest.raises(ConfigError, match="sequence_parallel.*TransformerEngine"):
         bridge.layer_spec(bridge.transformer_config(hf, par), use_te=False)
-    pytest.importorskip("megatron_patches.cp_attention")
+    pytest.importorskip("mcore_agentic.parallel.cp_attention")
     spec = bridge.layer_spec(bridge.transformer_config(hf, _Par(cp=2)), use_te=False)
     assert spec.submodules.self_attention.submodules.core_attention.__name__ == "ContextParallelDotProductAttention"
 

@@ -47,7 +47,7 @@ def _cp_body(rank: int, world_size: int) -> bytes:
     from megatron.core import parallel_state
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    from megatron_patches.cp_attention import ContextParallelDotProductAttention
+    from mcore_agentic.parallel.cp_attention import ContextParallelDotProductAttention
 
     megatron_patches.apply()
     result: dict[str, Any] = {}

@@ -24,7 +24,8 @@ attention dropout under the RNG tracker, ``apply_query_key_layer_scaling``.
 Not supported (raises): packed sequences (THD), attention bias, sliding windows,
 non-vanilla softmax.
 
-Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing targets are skipped) (``DotProductAttention`` constructor).
+Versions: megatron-core 0.16.1 (``DotProductAttention``'s constructor; the range setup.py pins). It lives in
+``parallel/`` because it is a layer a spec chooses, not a patch (it replaces nothing).
 """
 
 from __future__ import annotations
