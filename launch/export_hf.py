@@ -60,12 +60,11 @@ def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, 
     parallel = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     layout = initialize_parallel(parallel, seed=0)
     try:
-        from mcore_agentic.trainer.checkpoint import CheckpointManager
+        from mcore_agentic.trainer.checkpoint import CheckpointManager, summarize
 
         problems = CheckpointManager(checkpoint.parent).verify(checkpoint)  # every byte, split across ranks
         if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise SystemExit(f"error: {checkpoint} fails verification: {problems[0]}{more}; export another checkpoint")
+            raise SystemExit(f"error: {checkpoint} fails verification: {summarize(problems)}; export another checkpoint")
         engine = MegatronEngine(model_path=str(base_path), dtype=dtype, parallel=parallel, layout=layout, optim=None)
         load_worker(actor_dir, engine, load_optimizer=False)
         tensors = engine.bridge.export_hf_weights(engine.chunks)  # collective: every rank iterates

@@ -188,6 +188,12 @@ class LoadedCheckpoint:
     """The mapping the trainer passed to ``save`` (dataloader/sampler state, metric state, ...)."""
 
 
+def summarize(problems: list[str]) -> str:
+    """The first problem of a verification, and how many more there are (for one-line messages)."""
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{problems[0]}{more}"
+
+
 def _entry_size(entry: Any) -> int:
     try:
         return int(entry.get("size", 0))
@@ -424,10 +430,9 @@ class CheckpointManager:
                 problems = self.verify(path)
                 if not problems:
                     return path
-                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-                failed.append(f"{path.name}/{problems[0]}{more}")
+                failed.append(f"{path.name}/{summarize(problems)}")
                 if self.rank == 0:  # one line, not a logging record too
-                    print(f"warning: checkpoint {path} fails verification: {problems[0]}{more}; "
+                    print(f"warning: checkpoint {path} fails verification: {summarize(problems)}; "
                           "falling back to an older checkpoint", file=sys.stderr, flush=True)
             if failed:
                 raise CheckpointError(
@@ -449,10 +454,7 @@ class CheckpointManager:
             )
         problems = self.verify(path)
         if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise CheckpointError(
-                field, f"{path} fails verification: {problems[0]}{more}; resume from another checkpoint"
-            )
+            raise CheckpointError(field, f"{path} fails verification: {summarize(problems)}; resume from another checkpoint")
         return path
 
     # ----------------------------------------------------------------- load
