@@ -141,11 +141,6 @@ HYDRA_DEFAULTS = (
 )
 
 
-def _log_dir(log_dir: str | None, project: str, experiment: str) -> str:
-    """``trainer.log_dir``, or its default (``TrainerConfig.resolved_log_dir``)."""
-    return log_dir if log_dir is not None else f"outputs/{project}/{experiment}"
-
-
 def with_hydra_defaults(argv: list[str]) -> list[str]:
     """``argv`` plus :data:`HYDRA_DEFAULTS` for every key it does not set itself."""
     given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
@@ -162,6 +157,8 @@ if __name__ == "__main__":
         sys.exit(EXIT_CONFIG_ERROR)
     from omegaconf import OmegaConf
 
-    OmegaConf.register_new_resolver("log_dir", _log_dir, replace=True)
+    from mcore_agentic.trainer.config import log_dir_of
+
+    OmegaConf.register_new_resolver("log_dir", log_dir_of, replace=True)
     sys.argv = [sys.argv[0], *with_hydra_defaults(sys.argv[1:])]
     main()

@@ -14,6 +14,11 @@ from mcore_agentic.config.errors import require
 LOGGER_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
 
 
+def log_dir_of(log_dir: str | None, project_name: str, experiment_name: str) -> str:
+    """``trainer.log_dir``, or its default ``outputs/<project_name>/<experiment_name>``."""
+    return log_dir if log_dir is not None else f"outputs/{project_name}/{experiment_name}"
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     """How long to train, what to log where, when to validate and save, and how to resume."""
@@ -118,7 +123,7 @@ class TrainerConfig:
 
     @property
     def resolved_log_dir(self) -> str:
-        return self.log_dir if self.log_dir is not None else f"outputs/{self.project_name}/{self.experiment_name}"
+        return log_dir_of(self.log_dir, self.project_name, self.experiment_name)
 
     @property
     def checkpoint_dir(self) -> str:
