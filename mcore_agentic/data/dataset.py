@@ -25,6 +25,7 @@ microseconds, not a minute.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -127,16 +128,10 @@ def normalize_row(
     return out
 
 
+@functools.lru_cache(maxsize=8)
 def longest_token_chars(tokenizer: Any) -> int:
     """Characters of the longest vocabulary entry (byte-level BPE: bytes), an upper bound per token."""
-    cached = getattr(tokenizer, "_mcore_longest_token_chars", None)
-    if cached is None:
-        cached = max((len(t) for t in tokenizer.get_vocab()), default=1)
-        try:
-            tokenizer._mcore_longest_token_chars = cached
-        except AttributeError:
-            pass
-    return max(int(cached), 1)
+    return max((len(t) for t in tokenizer.get_vocab()), default=1)
 
 
 def cannot_fit(messages: list[dict[str, Any]], max_prompt_length: int, tokenizer: Any) -> bool:
@@ -240,8 +235,6 @@ class RLDataset(Sequence):
             rows.extend(file_rows)
             sources.extend((str(path), i) for i in range(len(file_rows)))
         return cls.from_rows(rows, source=", ".join(str(p) for p in paths), sources=sources, **kwargs)
-
-    from_parquet = from_files  # the name verl users know
 
 
 JSON_SUFFIXES = (".jsonl", ".json")

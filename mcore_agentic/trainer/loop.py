@@ -227,21 +227,22 @@ class RLTrainer:
             size = self.cfg.data.val_batch_size
             chunk = max(1, -(-size // c.placement.num_groups)) if size is not None else max(1, len(rows))
             local: dict[str, float] = {}
+            parts = [rows[i : i + chunk] for i in range(0, len(rows), chunk)]
             batches = []
             with c.weight_sync:
                 if c.placement.is_leader:
-                    batches = [self.rollout(rows[i : i + chunk], val_cfg) for i in range(0, len(rows), chunk)]
+                    batches = [self.rollout(part, val_cfg) for part in parts]
             if not batches:
                 rows = []  # off the leader: weigh nothing in the mean
             else:
                 scored = [
-                    exp.score_rollout(b, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in rows[i * chunk : (i + 1) * chunk]])
-                    for i, b in enumerate(batches)
+                    exp.score_rollout(b, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in part])
+                    for b, part in zip(batches, parts)
                 ]
                 weights = [len(b) for b in scored]
-                parts = [exp.rollout_metrics(b) for b in scored]
+                metrics = [exp.rollout_metrics(b) for b in scored]
                 keys = ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")
-                local = {f"val/{k}": sum(w * m[k] for w, m in zip(weights, parts)) / sum(weights) for k in keys}
+                local = {f"val/{k}": sum(w * m[k] for w, m in zip(weights, metrics)) / sum(weights) for k in keys}
             keys = {"val/reward/mean": 0.0, "val/reward/accuracy": 0.0, "val/rollout/tool_calls_per_sample": 0.0}
             out = exp.all_reduce_mean({**keys, **local}, float(len(rows)))
         out["timing_s/validate"] = self.timer.pop().get("timing_s/validate", 0.0)

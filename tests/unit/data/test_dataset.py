@@ -88,7 +88,7 @@ def test_normalised_row_defaults():
 def test_parquet_roundtrip_keeps_nested_kwargs(tmp_path):
     rows = [_row(), _row(extra_info__tools_kwargs={"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "5"}}})]
     write_parquet(rows, tmp_path / "d.parquet")
-    ds = RLDataset.from_parquet(tmp_path / "d.parquet")
+    ds = RLDataset.from_files(tmp_path / "d.parquet")
     # Different tool names per row must not leak into each other (as parquet struct columns would).
     assert ds[0]["extra_info"]["tools_kwargs"] == {"calculator": {"create_kwargs": {}}}
     assert ds[1]["extra_info"]["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "5"}}}

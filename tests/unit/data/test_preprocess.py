@@ -37,8 +37,8 @@ def test_ground_truth_extraction():
 
 def test_main_writes_parquet_the_dataset_reads(tmp_path):
     assert main(["--train", str(SAMPLE), "--test-size", "10", "--tools", "both", "--out", str(tmp_path)]) == 0
-    train = RLDataset.from_parquet(tmp_path / "train.parquet")
-    test = RLDataset.from_parquet(tmp_path / "test.parquet")
+    train = RLDataset.from_files(tmp_path / "train.parquet")
+    test = RLDataset.from_files(tmp_path / "test.parquet")
     assert (len(train), len(test)) == (40, 10)
     row = test[0]
     truth = row["reward_model"]["ground_truth"]
