@@ -65,17 +65,13 @@ def model_shape(model_path: str | os.PathLike) -> dict[str, Any] | None:
     }
 
 
-def check_parallel(cfg: Any, world_size: int) -> None:
-    """All parallel-size checks that can run before any process group exists (raise :class:`ConfigError`)."""
-    from mcore_agentic.parallel.layout import check_cpu_support, check_world_size, validate_parallel
+def check_config(cfg: Any, world_size: int) -> None:
+    """Every rule that can run before any process group exists (raise :class:`ConfigError`)."""
+    from mcore_agentic.config.rules import validate
+    from mcore_agentic.parallel.layout import check_cpu_support
 
-    par = cfg.actor.parallel
-    shape = model_shape(cfg.model.model_path)
-    if shape is None:  # the trainer creates the tiny preset later; check what does not need the model
-        check_world_size(par, world_size, field_prefix="actor")
-        check_cpu_support(par, field_prefix="actor")
-    else:
-        validate_parallel(par, world_size, field_prefix="actor", **shape)
+    validate(cfg, world_size, model_shape=model_shape(cfg.model.model_path))  # no model yet: the trainer makes the tiny preset
+    check_cpu_support(cfg.actor.parallel, field_prefix="actor")
 
 
 def launch(dict_cfg: DictConfig) -> int:
@@ -95,7 +91,7 @@ def launch(dict_cfg: DictConfig) -> int:
         use_te_for(cfg.model.transformer_impl)  # TE asked for but missing: one line, before megatron is imported
         init_distributed()
         rank = dist.get_rank()
-        check_parallel(cfg, dist.get_world_size())  # before importing megatron: a bad config fails fast and quietly
+        check_config(cfg, dist.get_world_size())  # before importing megatron: a bad config fails fast and quietly
         import megatron_patches
 
         megatron_patches.apply()

@@ -1,5 +1,12 @@
 """Cross-group rules of a run config, and the batch sizes every stage derives from it.
 
+This module is the one place for the run's divisibility rules: the model-parallel sizes
+against the world size (:func:`check_world_size`) and the model's shape
+(:func:`check_model_split`), the rollout groups against the world and the node
+(:func:`check_rollout_groups`), and the batch sizes below. The launcher runs
+:func:`validate` before any process group exists; the objects built afterwards
+(layout, rollout placement, workers) trust what it accepted.
+
 Batch sizes mean what verl users expect:
 
 * ``data.train_batch_size``: prompts per step; each is sampled ``rollout.n``
@@ -17,10 +24,12 @@ rewritten. Every violation raises :class:`ConfigError` naming the key to change.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from mcore_agentic.config.errors import ConfigError, require
 from mcore_agentic.config.schema import RLConfig
+from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.workers.config import ActorConfig, CriticConfig
 
 
@@ -126,26 +135,85 @@ def _divisors_near(n: int, target: int) -> str:
     return " or ".join(str(d) for d in sorted(divs[:2]))
 
 
-def validate(cfg: RLConfig, world_size: int) -> BatchSizes:
-    """Check the rules that span groups for a run on ``world_size`` ranks; return the normalised batch sizes."""
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def check_world_size(par: ParallelConfig, world_size: int, *, field_prefix: str = "actor") -> None:
+    """TP * PP * CP must divide ``world_size`` (the error names the first size at fault)."""
+    tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.context_parallel_size
+    if world_size % par.model_parallel_size == 0:
+        return
+    # the first size whose running product stops dividing the world
+    culprit = "tensor_model_parallel_size" if world_size % tp else (
+        "pipeline_model_parallel_size" if world_size % (tp * pp) else "context_parallel_size")
+    raise ConfigError(
+        f"{field_prefix}.{culprit}",
+        f"world size {world_size} is not divisible by TP*PP*CP = {tp}*{pp}*{cp} = {par.model_parallel_size}: "
+        f"choose sizes whose product divides {world_size} (divisors: {_divisors(world_size)})",
+    )
+
+
+def check_model_split(
+    par: ParallelConfig, *, num_attention_heads: int, num_query_groups: int | None, num_layers: int,
+    field_prefix: str = "actor",
+) -> None:
+    """TP must divide the attention and KV heads, PP * VPP the layers (``num_query_groups`` None: = heads)."""
+    p, tp = field_prefix, par.tensor_model_parallel_size
+    vpp = par.virtual_pipeline_model_parallel_size
+    require(
+        num_attention_heads % tp == 0,
+        f"{p}.tensor_model_parallel_size",
+        f"={tp} does not divide num_attention_heads={num_attention_heads}: use one of {_divisors(num_attention_heads)}",
+    )
+    groups = num_attention_heads if num_query_groups is None else num_query_groups
+    require(
+        groups % tp == 0,
+        f"{p}.tensor_model_parallel_size",
+        f"={tp} does not divide the model's num_query_groups (KV heads) = {groups}: use one of {_divisors(groups)}",
+    )
+    stages = par.pipeline_model_parallel_size * (vpp or 1)
+    require(
+        num_layers % stages == 0,
+        f"{p}.{'virtual_pipeline_model_parallel_size' if vpp else 'pipeline_model_parallel_size'}",
+        f"num_layers={num_layers} is not divisible by PP*VPP = {par.pipeline_model_parallel_size}*{vpp or 1} = "
+        f"{stages}: choose sizes whose product divides {num_layers}",
+    )
+
+
+def check_rollout_groups(tensor_parallel_size: int, world_size: int, local_world_size: int) -> None:
+    """Rollout groups of ``rollout.tensor_model_parallel_size`` consecutive ranks tile the world and stay on one node.
+
+    torchrun numbers a node's ranks consecutively, so the groups stay on one node exactly when
+    the group size divides the ranks per node (an engine's GPUs must be on one machine).
+    """
+    tp = tensor_parallel_size
+    field = "rollout.tensor_model_parallel_size"
+    require(tp >= 1 and world_size % tp == 0, field, f"={tp} does not divide the world size {world_size}: "
+            f"use a divisor of {world_size}")
+    require(local_world_size % tp == 0, field, f"={tp} does not divide the {local_world_size} ranks per node, so an "
+            f"engine would span nodes: use a divisor of {local_world_size}")
+
+
+def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | None] | None = None,
+             local_world_size: int | None = None) -> BatchSizes:
+    """Check the rules that span groups for a run on ``world_size`` ranks; return the normalised batch sizes.
+
+    ``model_shape``: ``num_attention_heads``, ``num_query_groups``, ``num_layers`` of the checkpoint
+    (None: not known yet, the model split is not checked). ``local_world_size``: ranks per node
+    (default: torchrun's ``LOCAL_WORLD_SIZE``, else the whole world on one node).
+    """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     par = cfg.actor.parallel
-    mp = par.model_parallel_size
-    require(
-        world_size % mp == 0,
-        "actor.tensor_model_parallel_size",
-        f"TP * PP * CP = {par.tensor_model_parallel_size} * {par.pipeline_model_parallel_size} * "
-        f"{par.context_parallel_size} = {mp} does not divide the world size {world_size}: "
-        f"choose sizes whose product divides {world_size}",
-    )
-    dp = world_size // mp
+    check_world_size(par, world_size)
+    if model_shape is not None:
+        check_model_split(par, **model_shape)
+    dp = world_size // par.model_parallel_size
     rollout_tp = cfg.rollout.tensor_model_parallel_size
-    require(
-        world_size % rollout_tp == 0,
-        "rollout.tensor_model_parallel_size",
-        f"={rollout_tp} does not divide the world size {world_size}: use a divisor of {world_size}",
-    )
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    check_rollout_groups(rollout_tp, world_size, local_world_size)
     engines = world_size // rollout_tp
     require(
         cfg.data.train_batch_size % engines == 0,

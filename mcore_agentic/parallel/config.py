@@ -4,7 +4,7 @@ Light imports only (dataclasses): the config tree composes this without pulling
 in torch or megatron-core. ``__post_init__`` names fields relative to the group
 (``tensor_model_parallel_size``); the config loader prefixes the group path
 (``actor.tensor_model_parallel_size``). Cross-field rules that need the world size or the
-model's shape live in :func:`mcore_agentic.parallel.layout.validate_parallel`.
+model's shape live in :mod:`mcore_agentic.config.rules` (the one place for divisibility rules).
 """
 
 from __future__ import annotations

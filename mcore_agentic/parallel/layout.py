@@ -1,11 +1,10 @@
-"""The parallel layout of a run: validation of TP/PP/CP sizes, process-group setup and teardown.
+"""The parallel layout of a run: process-group setup and teardown, and the device a run uses.
 
-:func:`validate_parallel` checks a :class:`~mcore_agentic.parallel.config.ParallelConfig`
-against the world size and the model's shape *before* any process group exists,
-raising :class:`~mcore_agentic.config.errors.ConfigError` with one line naming the
-field and the fix. :func:`initialize_parallel` then creates Megatron's process
-groups once and returns a :class:`ParallelLayout` — the object other packages
-receive (house rule: pass the layout down, don't reach into ``parallel_state``).
+:func:`initialize_parallel` creates Megatron's process groups once and returns a
+:class:`ParallelLayout` — the object other packages receive (house rule: pass the layout
+down, don't reach into ``parallel_state``). The sizes' divisibility rules (world size,
+heads, layers, rollout groups) live in one place, :mod:`mcore_agentic.config.rules`, and are
+checked before any process group exists; :func:`check_cpu_support` refuses what needs CUDA.
 """
 
 from __future__ import annotations
@@ -24,72 +23,6 @@ from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.parallel.config import ParallelConfig
 
 logger = logging.getLogger(__name__)
-
-
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
-def check_world_size(cfg: ParallelConfig, world_size: int, *, field_prefix: str = "actor") -> None:
-    """Raise :class:`ConfigError` unless TP * PP * CP divides ``world_size`` (naming the first size at fault)."""
-    tp, pp, cp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.context_parallel_size
-    if world_size % cfg.model_parallel_size == 0:
-        return
-    if world_size % tp:
-        culprit = "tensor_model_parallel_size"
-    elif world_size % pp:
-        culprit = "pipeline_model_parallel_size"
-    else:
-        culprit = "context_parallel_size"
-    raise ConfigError(
-        f"{field_prefix}.{culprit}",
-        f"world size {world_size} is not divisible by TP*PP*CP = {tp}*{pp}*{cp} = {cfg.model_parallel_size}: "
-        f"choose sizes whose product divides {world_size} (divisors: {_divisors(world_size)})",
-    )
-
-
-def validate_parallel(
-    cfg: ParallelConfig,
-    world_size: int,
-    *,
-    num_attention_heads: int,
-    num_query_groups: int | None,
-    num_layers: int,
-    field_prefix: str = "actor",
-    apply_rope_fusion: bool = False,
-    cuda_available: bool | None = None,
-) -> None:
-    """Raise :class:`ConfigError` if ``cfg`` cannot split this model over ``world_size`` ranks.
-
-    ``num_query_groups`` is the number of KV heads (None: same as ``num_attention_heads``).
-    ``field_prefix`` is the config group the sizes came from (``actor``, ``critic``, ``ref``).
-    ``cuda_available`` defaults to ``torch.cuda.is_available()``; without CUDA,
-    sequence parallelism and fused RoPE are refused (both need TransformerEngine).
-    """
-    p = field_prefix
-    tp, pp = cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size
-    vpp = cfg.virtual_pipeline_model_parallel_size
-    check_world_size(cfg, world_size, field_prefix=field_prefix)
-    if num_attention_heads % tp != 0:
-        raise ConfigError(
-            f"{p}.tensor_model_parallel_size",
-            f"={tp} does not divide num_attention_heads={num_attention_heads}: use one of {_divisors(num_attention_heads)}",
-        )
-    groups = num_attention_heads if num_query_groups is None else num_query_groups
-    if groups % tp != 0:
-        raise ConfigError(
-            f"{p}.tensor_model_parallel_size",
-            f"={tp} does not divide the model's num_query_groups (KV heads) = {groups}: use one of {_divisors(groups)}",
-        )
-    stages = pp * (vpp or 1)
-    if num_layers % stages != 0:
-        field = "virtual_pipeline_model_parallel_size" if vpp else "pipeline_model_parallel_size"
-        raise ConfigError(
-            f"{p}.{field}",
-            f"num_layers={num_layers} is not divisible by PP*VPP = {pp}*{vpp or 1} = {stages}: "
-            f"choose sizes whose product divides {num_layers}",
-        )
-    check_cpu_support(cfg, field_prefix=field_prefix, apply_rope_fusion=apply_rope_fusion, cuda_available=cuda_available)
 
 
 def check_cpu_support(
@@ -237,7 +170,7 @@ def init_distributed(timeout_minutes: int = 30) -> None:
     dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(minutes=timeout_minutes))
 
 
-def initialize_parallel(cfg: ParallelConfig, seed: int, *, field_prefix: str = "actor") -> ParallelLayout:
+def initialize_parallel(cfg: ParallelConfig, seed: int) -> ParallelLayout:
     """Create Megatron's TP/PP/CP/DP process groups and seed its RNG tracker; return the layout.
 
     ``torch.distributed`` is initialised from the environment if needed. Seeding follows
@@ -245,13 +178,12 @@ def initialize_parallel(cfg: ParallelConfig, seed: int, *, field_prefix: str = "
     ``model_parallel_cuda_manual_seed(seed)`` gives the tracker its TP-rank-specific streams
     and seeds the device generator with ``seed`` (on CPU that is the CPU generator).
     On CPU, call ``megatron_patches.apply()`` first (the tracker is CUDA-only otherwise).
+    Check the sizes first (:func:`mcore_agentic.config.rules.check_world_size`).
     """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     init_distributed()
-    world_size = dist.get_world_size()
-    check_world_size(cfg, world_size, field_prefix=field_prefix)
     if not torch.cuda.is_available():
         # The launcher (or a test) applies the CPU patches; this package never imports them.
         patches = sys.modules.get("megatron_patches")

@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from mcore_agentic.config.errors import ConfigError
-
 T = TypeVar("T")
 
 
@@ -32,12 +30,7 @@ class RolloutPlacement:
     """Ranks per rollout engine (``rollout.tensor_model_parallel_size``)."""
 
     def __post_init__(self) -> None:
-        tp = self.tensor_parallel_size
-        if tp < 1 or self.world_size % tp:
-            raise ConfigError(
-                "rollout.tensor_model_parallel_size",
-                f"={tp} does not divide the world size {self.world_size}: use a divisor of {self.world_size}",
-            )
+        # The sizes were validated with the config (config.rules.check_rollout_groups).
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside a world of {self.world_size}")
 
@@ -72,18 +65,4 @@ class RolloutPlacement:
         return list(rows[self.group_index :: self.num_groups])
 
 
-def check_groups_within_nodes(tensor_parallel_size: int, local_world_size: int) -> None:
-    """Refuse rollout groups that would span nodes (an engine's GPUs must be on one machine).
-
-    Groups are consecutive ranks and torchrun numbers a node's ranks consecutively, so the
-    groups stay on one node exactly when the group size divides the ranks per node.
-    """
-    if local_world_size % tensor_parallel_size:
-        raise ConfigError(
-            "rollout.tensor_model_parallel_size",
-            f"={tensor_parallel_size} does not divide the {local_world_size} ranks per node, so an engine would "
-            f"span nodes: use a divisor of {local_world_size}",
-        )
-
-
-__all__ = ["RolloutPlacement", "check_groups_within_nodes"]
+__all__ = ["RolloutPlacement"]

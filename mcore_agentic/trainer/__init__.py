@@ -46,13 +46,17 @@ class RunSummary:
 
 def current_layout(cfg: Any) -> Any:
     """The run's :class:`ParallelLayout`: Megatron's groups if the launcher made them, else made here."""
+    import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from mcore_agentic.parallel.layout import current_parallel_layout, initialize_parallel, select_device
+    from mcore_agentic.config.rules import check_world_size
+    from mcore_agentic.parallel.layout import current_parallel_layout, init_distributed, initialize_parallel, select_device
 
     select_device(cfg.trainer.device)
     if parallel_state.model_parallel_is_initialized():
         return current_parallel_layout()
+    init_distributed()
+    check_world_size(cfg.actor.parallel, dist.get_world_size())
     return initialize_parallel(cfg.actor.parallel, cfg.seed)  # on CPU: after megatron_patches.apply() (launch/, tests)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,38 +184,9 @@ def build_critic(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> A
 # ----------------------------------------------------------------------------------- rollout
 def build_rollout_placement(cfg: RLConfig, layout: Any) -> Any:
     """Rollout groups of ``rollout.tensor_model_parallel_size`` consecutive ranks, each within one node."""
-    from mcore_agentic.parallel.rollout_placement import RolloutPlacement, check_groups_within_nodes
+    from mcore_agentic.parallel.rollout_placement import RolloutPlacement
 
-    placement = RolloutPlacement(layout.world_size, layout.rank, cfg.rollout.tensor_model_parallel_size)
-    check_groups_within_nodes(placement.tensor_parallel_size, int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size)))
-    return placement
-
-
-SGLANG_BASE_PORT = 30000
-"""Engine ``i`` of a node: ``port=SGLANG_BASE_PORT + 100 * i`` (unbound on one node: IPC + a free NCCL port)."""
-
-
-def build_rollout_engine(cfg: RLConfig, placement: Any, device: torch.device) -> Any:
-    """The rollout group leader's engine; None on the group's other ranks (see :mod:`~mcore_agentic.parallel.rollout_placement`).
-
-    ``hf``: transformers on this rank's device (rollout TP only sets how many ranks share it: the
-    model is not sharded). ``vllm``: vLLM's engine in this process (rollout TP=1, so every rank builds
-    one, at the same point: vLLM creates its groups over the whole world). ``sglang``: an in-process
-    ``sglang.Engine`` with TP = the group size over the group's GPUs, starting at this rank's.
-    """
-    if not placement.is_leader:
-        return None
-    from mcore_agentic.rollout.engines import build_engine
-
-    placement_kwargs: dict[str, Any] = {}
-    if cfg.rollout.name == "sglang":  # the group's GPUs start at the leader's; one port per engine of the node
-        local_rank = device.index if device.index is not None else 0
-        placement_kwargs = dict(
-            base_gpu_id=local_rank, port=SGLANG_BASE_PORT + 100 * (local_rank // placement.tensor_parallel_size)
-        )
-    return build_engine(
-        cfg.rollout, cfg.model.model_path, device=str(device), dtype=cfg.model.dtype, seed=cfg.seed, **placement_kwargs
-    )
+    return RolloutPlacement(layout.world_size, layout.rank, cfg.rollout.tensor_model_parallel_size)
 
 
 def build_weight_sync(cfg: RLConfig, actor: Any, engine: Any) -> Any:
@@ -298,6 +268,7 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     from mcore_agentic.algorithms.kl import build_kl_controller
     from mcore_agentic.data.dataloader import make_train_loader
     from mcore_agentic.rewards import build_reward_fn
+    from mcore_agentic.rollout.engines import build_engine
 
     ensure_model(cfg)
     tokenizer = build_tokenizer(cfg.model.model_path)
@@ -310,7 +281,9 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     critic = build_critic(cfg, layout, sizes, steps)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     placement = build_rollout_placement(cfg, layout)
-    engine = build_rollout_engine(cfg, placement, device)
+    engine = None  # a rollout group's other ranks hold none (see parallel.rollout_placement)
+    if placement.is_leader:
+        engine = build_engine(cfg.rollout, cfg.model.model_path, device=str(device), dtype=cfg.model.dtype, seed=cfg.seed)
     return Components(
         cfg=cfg,
         layout=layout,

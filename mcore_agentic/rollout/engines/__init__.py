@@ -3,58 +3,63 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mcore_agentic.rollout.config import RolloutConfig
     from mcore_agentic.rollout.engines.base import RolloutEngine
 
+SGLANG_BASE_PORT = 30000
+"""Engine ``i`` of a node: ``port=SGLANG_BASE_PORT + 100 * i`` (unbound on one node: IPC + a free NCCL port)."""
 
-def build_engine(cfg: RolloutConfig, model_path: str | Path, *, device: str = "cpu", **kwargs: Any) -> RolloutEngine:
-    """The engine ``rollout.name`` names, loaded from a local HF checkpoint directory.
 
-    ``hf``: :class:`~mcore_agentic.rollout.engines.hf.HFEngine` on ``device``; ``vllm``:
-    :class:`~mcore_agentic.rollout.engines.vllm.VLLMEngine` (in-process, TP=1); ``sglang``:
-    :class:`~mcore_agentic.rollout.engines.sglang.SGLangEngine` with ``rollout.tensor_model_parallel_size``
-    and ``rollout.gpu_memory_utilization``. ``dtype`` (``model.dtype``'s names) and ``seed`` default to
-    float32 and ``rollout.seed``; other ``kwargs`` go to the engine's constructor.
+def build_engine(cfg: RolloutConfig, model_path: str | Path, *, device: str, dtype: str, seed: int | None) -> RolloutEngine:
+    """The engine ``rollout.name`` names, loaded from a local HF checkpoint directory (the one place engines are built).
+
+    ``device``: this rank's device (``"cpu"``, ``"cuda:3"``); ``dtype``: ``model.dtype``'s names;
+    ``seed``: the engine's sampling seed (the trainer passes the run's ``seed``).
+
+    ``hf``: :class:`~mcore_agentic.rollout.engines.hf.HFEngine` on ``device`` (rollout TP only sets how
+    many ranks share it: the model is not sharded). ``vllm``:
+    :class:`~mcore_agentic.rollout.engines.vllm.VLLMEngine` in this process (TP=1). ``sglang``: an
+    in-process :class:`~mcore_agentic.rollout.engines.sglang.SGLangEngine` with TP =
+    ``rollout.tensor_model_parallel_size`` over the group's GPUs, starting at ``device``'s, and one
+    port per engine of the node.
     """
-    if cfg.name == "hf":
-        import torch
+    import torch
 
+    dev = torch.device(device)
+    if cfg.name == "hf":
         from mcore_agentic.rollout.engines.hf import HFEngine
 
-        dtype = kwargs.pop("dtype", "float32")
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        seed = kwargs.pop("seed", cfg.seed)
-        return HFEngine.from_pretrained(model_path, dtype=torch_dtype, device=device, seed=seed or 0, **kwargs)
+        return HFEngine.from_pretrained(model_path, dtype=torch_dtype, device=str(dev), seed=seed or 0)
     if cfg.name == "vllm":
         from mcore_agentic.rollout.engines.vllm import VLLMEngine, default_kv_cache_bytes
 
-        dtype = kwargs.pop("dtype", "float32")
         kv_bytes = cfg.kv_cache_memory_mb * 2**20 if cfg.kv_cache_memory_mb is not None else None
-        if kv_bytes is None and device == "cpu":  # vLLM would otherwise reserve half the machine's memory
+        if kv_bytes is None and dev.type == "cpu":  # vLLM would otherwise reserve half the machine's memory
             kv_bytes = default_kv_cache_bytes(model_path, max_model_len=cfg.effective_max_model_len, dtype=dtype)
         return VLLMEngine(
             model_path,
-            device=device,
+            device=str(dev),
             gpu_memory_utilization=cfg.gpu_memory_utilization,
-            seed=kwargs.pop("seed", cfg.seed),
+            seed=seed,
             dtype=dtype,
             max_model_len=cfg.effective_max_model_len,
             kv_cache_memory_bytes=kv_bytes,
             enable_prefix_caching=cfg.enable_prefix_caching,
-            **kwargs,
         )
     from mcore_agentic.rollout.engines.sglang import SGLangEngine
 
-    seed = kwargs.pop("seed", cfg.seed)
+    local_rank = dev.index if dev.index is not None else 0
     return SGLangEngine(
         str(model_path),
         tensor_model_parallel_size=cfg.tensor_model_parallel_size,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         seed=seed,
         # rollout.seed promises reproducible samples: SGLang honours seeds only with deterministic inference
-        deterministic=kwargs.pop("deterministic", cfg.seed is not None),
-        **kwargs,
+        deterministic=cfg.seed is not None,
+        base_gpu_id=local_rank,
+        port=SGLANG_BASE_PORT + 100 * (local_rank // cfg.tensor_model_parallel_size),
     )

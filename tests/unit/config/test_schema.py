@@ -65,7 +65,7 @@ def test_parallel_sizes_overridable_on_command_line():
     )
     assert cfg.actor.parallel.tensor_model_parallel_size == 2 and cfg.actor.parallel.pipeline_model_parallel_size == 2
     assert cfg.rollout.tensor_model_parallel_size == 2
-    with pytest.raises(ConfigError, match="does not divide the world size 2"):
+    with pytest.raises(ConfigError, match="actor.pipeline_model_parallel_size: world size 2 is not divisible by TP"):
         validate(cfg, 2)
     # The same key in the composed config, frozen.
     with pytest.raises(dataclasses.FrozenInstanceError):

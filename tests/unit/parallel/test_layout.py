@@ -8,15 +8,22 @@ import pytest
 
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.parallel.config import ParallelConfig
-from mcore_agentic.parallel.layout import validate_parallel
+from mcore_agentic.config.rules import check_model_split, check_world_size
+from mcore_agentic.parallel.layout import check_cpu_support
 from tests.helpers.distributed import run_distributed
 from tests.unit.megatron_patches._tiny_gpt import pack, unpack
 
 MODEL = dict(num_attention_heads=8, num_query_groups=2, num_layers=4)
 
 
-def _check(cfg: ParallelConfig, world_size: int = 4, **kw: Any) -> None:
-    validate_parallel(cfg, world_size, **{**MODEL, **kw})
+def _check(
+    cfg: ParallelConfig, world_size: int = 4, *, cuda_available: bool | None = None, apply_rope_fusion: bool = False,
+    field_prefix: str = "actor", **shape: Any,
+) -> None:
+    """The launcher's pre-flight order: world size, the model's split, then what CPU cannot run."""
+    check_world_size(cfg, world_size, field_prefix=field_prefix)
+    check_model_split(cfg, **{**MODEL, **shape}, field_prefix=field_prefix)
+    check_cpu_support(cfg, field_prefix=field_prefix, apply_rope_fusion=apply_rope_fusion, cuda_available=cuda_available)
 
 
 @pytest.mark.parametrize(
@@ -46,9 +53,7 @@ def test_validation_errors_name_the_field(cfg, world_size, field, fragment):
 
 def test_heads_not_divisible():
     with pytest.raises(ConfigError, match="num_attention_heads=6"):
-        validate_parallel(
-            ParallelConfig(tensor_model_parallel_size=4), 4, num_attention_heads=6, num_query_groups=None, num_layers=2
-        )
+        _check(ParallelConfig(tensor_model_parallel_size=4), 4, num_attention_heads=6, num_query_groups=None, num_layers=2)
 
 
 def test_fused_rope_refused_on_cpu_and_field_prefix():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mcore_agentic.config.errors import ConfigError
-from mcore_agentic.parallel.rollout_placement import RolloutPlacement, check_groups_within_nodes
+from mcore_agentic.config.rules import check_rollout_groups
+from mcore_agentic.parallel.rollout_placement import RolloutPlacement
 
 
 def test_groups_leaders_and_shares_by_hand():
@@ -30,10 +31,10 @@ def test_one_engine_per_rank_covers_every_prompt_once():
 
 def test_bad_sizes_name_the_field():
     with pytest.raises(ConfigError) as info:
-        RolloutPlacement(world_size=4, rank=0, tensor_parallel_size=3)
-    assert info.value.field == "rollout.tensor_model_parallel_size"
+        check_rollout_groups(3, 4, 4)
+    assert info.value.field == "rollout.tensor_model_parallel_size" and "world size 4" in str(info.value)
     with pytest.raises(ValueError, match="do not split over 2 rollout engines"):
         RolloutPlacement(world_size=2, rank=0, tensor_parallel_size=1).split_rows([1, 2, 3])
-    check_groups_within_nodes(2, 8)
+    check_rollout_groups(2, 16, 8)
     with pytest.raises(ConfigError, match="span nodes"):
-        check_groups_within_nodes(4, 6)
+        check_rollout_groups(4, 12, 6)
