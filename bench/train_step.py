@@ -39,22 +39,15 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _batch(n: int, prompt: int, response: int, vocab: int, seed: int = 0):
-    from mcore_agentic.data.batch import Batch
+    from mcore_agentic.data.batch import Batch, build_rollout_layout
 
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(1, vocab, (n, prompt), generator=g)
     responses = torch.randint(1, vocab, (n, response), generator=g)
-    mask = torch.ones(n, prompt + response, dtype=torch.long)
-    return Batch(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": mask,
-            "response_mask": torch.ones(n, response, dtype=torch.long),
-            "advantages": torch.randn(n, response, generator=g),
-        }
-    )
+    advantages = torch.randn(n, response, generator=g)
+    fields = {"response_mask": (torch.ones(n, response, dtype=torch.long), torch.long),
+              "advantages": (advantages, torch.float32)}
+    return Batch(build_rollout_layout(prompts, responses, pad_token_id=0, response_fields=fields))
 
 
 def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> dict[str, float]:

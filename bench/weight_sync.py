@@ -2,8 +2,7 @@
 
 Builds a Qwen2-architecture Megatron model (~245M parameters by default; random init, no
 checkpoint) with the trainer's builders (``get_bridge`` -> ``transformer_config`` ->
-``build_model``) on 2 gloo ranks at TP=2, then for each bucket size and gather mode
-(flat: one all-gather per bucket; per-tensor: one per tensor) times a full
+``build_model``) on 2 gloo ranks at TP=2, then for each bucket size times a full
 :class:`~mcore_agentic.sharding.exporter.StreamingExporter` pass, and in the same run a raw
 ``all_gather`` of the same bytes in chunks of the same size (the floor: pure communication,
 no merge or HF conversion). Prints a table with the export / raw ratio and the exporter's peak
@@ -113,33 +112,32 @@ def main(argv: list[str] | None = None) -> None:
     for bucket_mb in (float(b) for b in a.buckets.split(",")):
         chunk = int(bucket_mb * MB)
         raw = _timed(lambda chunk=chunk: _raw_all_gather(local_bytes, chunk, 2, tp_group), a.repeats)
-        for flat in (True, False):
-            exporter = StreamingExporter(bridge, chunks, bucket_bytes=int(bucket_mb * MB), flat_gather=flat)
-            exporter.plan  # noqa: B018 -- the cached PP metadata exchange is not part of a sync
-            counts = {"buckets": 0, "bytes": 0}
+        exporter = StreamingExporter(bridge, chunks, bucket_bytes=int(bucket_mb * MB))
+        exporter.plan  # noqa: B018 -- the cached PP metadata exchange is not part of a sync
+        counts = {"buckets": 0, "bytes": 0}
 
-            def run(exporter=exporter, counts=counts) -> None:
-                counts["buckets"] = counts["bytes"] = 0
-                for bucket in exporter.buckets():
-                    counts["buckets"] += 1
-                    counts["bytes"] += sum(x.numel() * x.element_size() for _, x in bucket)
+        def run(exporter=exporter, counts=counts) -> None:
+            counts["buckets"] = counts["bytes"] = 0
+            for bucket in exporter.buckets():
+                counts["buckets"] += 1
+                counts["bytes"] += sum(x.numel() * x.element_size() for _, x in bucket)
 
-            seconds = _timed(run, a.repeats)
-            tracker = LiveBytes()  # one more pass, tracked, for the memory column
-            exporter.tracker = tracker
-            run()
-            bound = max(exporter.bucket_bytes, exporter.plan.largest_nbytes) + exporter.plan.largest_nbytes
-            rows.append(dict(bucket_mb=bucket_mb, mode="flat" if flat else "per-tensor", seconds=seconds, raw=raw,
-                             buckets=counts["buckets"], hf_bytes=counts["bytes"], peak=tracker.peak, bound=bound))
+        seconds = _timed(run, a.repeats)
+        tracker = LiveBytes()  # one more pass, tracked, for the memory column
+        exporter.tracker = tracker
+        run()
+        bound = max(exporter.bucket_bytes, exporter.plan.largest_nbytes) + exporter.plan.largest_nbytes
+        rows.append(dict(bucket_mb=bucket_mb, seconds=seconds, raw=raw, buckets=counts["buckets"],
+                         hf_bytes=counts["bytes"], peak=tracker.peak, bound=bound))
     if dist.get_rank() == 0:
         params = sum(e.numel for e in exporter.plan.entries)
         print(f"\nweight-sync export on CPU: Qwen2 {params / 1e6:.0f}M params (hidden {a.hidden}, {a.layers} layers, "
               f"vocab {a.vocab}), fp32, TP=2 on {dist.get_world_size()} gloo ranks; model build {build_s:.1f}s; "
               f"best of {a.repeats}")
-        print(f"{'bucket MiB':>10} {'mode':>10} {'buckets':>7} {'export s':>9} {'GB/s':>6} {'raw a-g s':>9} "
+        print(f"{'bucket MiB':>10} {'buckets':>7} {'export s':>9} {'GB/s':>6} {'raw a-g s':>9} "
               f"{'export/raw':>10} {'peak MiB':>9} {'bound MiB':>9}")
         for r in rows:
-            print(f"{r['bucket_mb']:>10.0f} {r['mode']:>10} {r['buckets']:>7} {r['seconds']:>9.2f} "
+            print(f"{r['bucket_mb']:>10.0f} {r['buckets']:>7} {r['seconds']:>9.2f} "
                   f"{r['hf_bytes'] / r['seconds'] / 1e9:>6.2f} {r['raw']:>9.2f} {r['seconds'] / r['raw']:>10.2f} "
                   f"{r['peak'] / MB:>9.1f} {r['bound'] / MB:>9.1f}")
     chunks = None

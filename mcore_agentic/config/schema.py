@@ -59,7 +59,7 @@ class RLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Which reward function scores finished responses (built-in rules by data_source, or a custom one)."""
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
-    """Weight sync into the rollout engine (bucket size, gather mode, version check) and rollout-time offload."""
+    """Weight sync into the rollout engine (bucket size, version check, transport)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run length, logging, validation, checkpoints and resume."""
 

@@ -15,15 +15,10 @@ per-sample meta ``messages`` (the final conversation), ``uid`` (shared by a prom
 tool's step rewards plus its ``calc_reward``), ``interaction_scores`` (list of turn scores),
 ``num_turns`` (assistant + interaction turns), ``finish_reason`` (stop | length | tool_calls |
 aborted), ``request_metrics`` (dict: counters, timings, state, error, per-tool rewards).
-
-With a rollout group of several ranks (rollout tensor parallel in SPMD),
-:func:`generate_sequences_spmd` runs the loop, tools included, on the group's first
-rank only and broadcasts the batch to the others.
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
 import concurrent.futures
 import copy
@@ -35,7 +30,7 @@ from typing import Any
 import torch
 
 from mcore_agentic.config.errors import ConfigError
-from mcore_agentic.data.batch import Batch
+from mcore_agentic.data.batch import Batch, build_rollout_layout
 from mcore_agentic.rollout.agent_loop import AgentContext, run_request
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.engines.base import RolloutEngine
@@ -45,22 +40,6 @@ from mcore_agentic.rollout.tokenization import ChatTokenizer, log_mismatch
 from mcore_agentic.rollout.tool_parser import get_tool_parser
 
 logger = logging.getLogger(__name__)
-
-
-def build_plugins(cfg: RolloutConfig) -> tuple[dict[str, Any], dict[str, Any], Any]:
-    """``(tools, interactions, executor)`` from ``rollout.multi_turn``'s YAML paths and executor kind.
-
-    Tools are bound to the executor; the caller shuts the executor down at the end of the run.
-    """
-    from mcore_agentic.interactions.registry import load_interactions
-    from mcore_agentic.tools.executor import make_executor
-    from mcore_agentic.tools.registry import load_tools
-
-    mt = cfg.multi_turn
-    executor = make_executor(mt.tool_executor, max_workers=mt.tool_executor_workers)
-    tools = load_tools(mt.tool_config_path, executor=executor) if mt.tool_config_path else {}
-    interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
-    return tools, interactions, executor
 
 
 def build_requests(rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> list[RolloutRequest]:
@@ -157,27 +136,16 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
             raise ValueError(f"request {r.request_id} is still {r.state.value}")
         if r.trajectory.prompt_len > cfg.prompt_length or r.trajectory.response_len > cfg.response_length:
             raise ValueError(f"request {r.request_id} exceeds the length limits; the loop should have cut it")
-    b = len(requests)
-    p = max(1, max(r.trajectory.prompt_len for r in requests))
-    n = max(1, max(r.trajectory.response_len for r in requests))
-    prompts = torch.full((b, p), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((b, p), dtype=torch.long)
-    responses = torch.full((b, n), pad_token_id, dtype=torch.long)
-    response_attn = torch.zeros((b, n), dtype=torch.long)
-    response_mask = torch.zeros((b, n), dtype=torch.long)
-    log_probs = torch.zeros((b, n), dtype=torch.float32)
-    for i, r in enumerate(requests):
-        t = r.trajectory
-        if t.prompt_len:
-            prompts[i, p - t.prompt_len :] = _tensor(t.prompt_ids, "q")
-            prompt_mask[i, p - t.prompt_len :] = 1
-        if t.response_len:
-            responses[i, : t.response_len] = _tensor(t.response_ids, "q")
-            response_attn[i, : t.response_len] = 1
-            response_mask[i, : t.response_len] = _tensor(t.response_mask, "q")
-            log_probs[i, : t.response_len] = _tensor(t.response_log_probs, "f")
-    attention_mask = torch.cat([prompt_mask, response_attn], dim=1)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    trajs = [r.trajectory for r in requests]
+    tensors = build_rollout_layout(
+        [t.prompt_ids for t in trajs],
+        [t.response_ids for t in trajs],
+        pad_token_id=pad_token_id,
+        response_fields={
+            "response_mask": ([t.response_mask for t in trajs], torch.long),
+            "rollout_log_probs": ([t.response_log_probs for t in trajs], torch.float32),
+        },
+    )
     meta = {
         "messages": [r.messages for r in requests],
         "uid": [r.uid for r in requests],
@@ -192,15 +160,7 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
     failed = sum(r.state is RequestState.FAILED for r in requests)
     aborted = sum(r.state is RequestState.COMPLETED and r.finish_reason is FinishReason.ABORTED for r in requests)
     return Batch(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            "response_mask": response_mask,
-            "rollout_log_probs": log_probs,
-        },
+        tensors=tensors,
         meta=meta,
         info={
             "rollout/failed_requests": failed,
@@ -208,19 +168,11 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
             "rollout/sanity_check_mismatches": sum(r.metrics.sanity_check_mismatch for r in requests),
             "rollout/template_drift_turns": sum(r.metrics.template_drift for r in requests),
             "rollout/tokenization_full_context_turns": sum(r.metrics.tokenization_full_context for r in requests),
-            "rollout/mean_assistant_turns": sum(r.metrics.assistant_turns for r in requests) / b,
+            "rollout/mean_assistant_turns": sum(r.metrics.assistant_turns for r in requests) / len(requests),
             "rollout/tool_calls": sum(r.metrics.tool_calls for r in requests),
             "rollout/tool_errors": sum(r.metrics.tool_errors for r in requests),
         },
     )
-
-
-def _tensor(values: list[int] | list[float], typecode: str) -> torch.Tensor:
-    """A 1-D int64 (``"q"``) or float32 (``"f"``) tensor of a Python list, through ``array`` (7x faster than
-    ``torch.tensor`` on long lists, which converts element by element)."""
-    data = array.array(typecode, values)
-    dtype = torch.int64 if typecode == "q" else torch.float32
-    return torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
 
 
 def _request_metrics(r: RolloutRequest) -> dict[str, Any]:
@@ -235,7 +187,15 @@ def _request_metrics(r: RolloutRequest) -> dict[str, Any]:
     return out
 
 
-def generate_sequences_sync(*args: Any, **kwargs: Any) -> Batch:
+def generate_sequences_sync(
+    rows: Sequence[Mapping[str, Any]],
+    engine: RolloutEngine,
+    tools: Mapping[str, Any] | None,
+    interactions: Mapping[str, Any] | None,
+    cfg: RolloutConfig,
+    tokenizer: Any,
+    executor: Any = None,
+) -> Batch:
     """:func:`generate_sequences` from synchronous code.
 
     An engine bound to one event loop (``engine.event_loop``: SGLang, whose request handler
@@ -244,39 +204,13 @@ def generate_sequences_sync(*args: Any, **kwargs: Any) -> Batch:
     loop; inside an already running loop (Ray actors, notebooks), where ``asyncio.run`` is not
     allowed, on a fresh loop in a helper thread.
     """
-    engine = kwargs.get("engine", args[1] if len(args) > 1 else None)
+    rollout = generate_sequences(rows, engine, tools, interactions, cfg, tokenizer, executor)
     loop = getattr(engine, "event_loop", None)
     if loop is not None:
-        return loop.run_until_complete(generate_sequences(*args, **kwargs))
+        return loop.run_until_complete(rollout)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(generate_sequences(*args, **kwargs))
+        return asyncio.run(rollout)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, generate_sequences(*args, **kwargs)).result()
-
-
-def generate_sequences_spmd(*args: Any, group: Any = None, **kwargs: Any) -> Batch:
-    """Rollout for a rollout group of ranks: its first rank runs the loop (and tools), all get the batch.
-
-    ``group``: the rollout group's ``torch.distributed`` process group (None or size 1: just run).
-    Other ranks may pass ``None`` for engine/tools/interactions. If the first rank fails, every rank
-    raises with its error instead of hanging.
-    """
-    import torch.distributed as dist
-
-    if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
-        return generate_sequences_sync(*args, **kwargs)
-    src = dist.get_global_rank(group, 0)
-    payload: list[Any] = [None]
-    if dist.get_rank() == src:
-        try:
-            payload[0] = ("ok", generate_sequences_sync(*args, **kwargs))
-        except Exception as exc:  # noqa: BLE001 -- forwarded to the group, then raised everywhere
-            payload[0] = ("error", f"{type(exc).__name__}: {exc}")
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
-    dist.broadcast_object_list(payload, src=src, group=group, device=device)
-    status, value = payload[0]
-    if status != "ok":
-        raise RuntimeError(f"rollout failed on rank {src} of the rollout group: {value}")
-    return value
+        return pool.submit(asyncio.run, rollout).result()

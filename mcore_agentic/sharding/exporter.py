@@ -12,9 +12,9 @@ of all ranks line up. Per bucket of consecutive plan entries:
    ``(name, tensor)`` pairs (QKV split per query group, gate/up split, vocabulary padding
    removed, the tied output layer skipped).
 
-``flat_gather=True`` packs a bucket's shards into one flat buffer: one TP all-gather and
-one PP broadcast per bucket (per owning stage and dtype), instead of two collectives per
-tensor; ``bench/weight_sync.py`` measures both.
+Two collectives per split tensor. A flat variant (one gather and one broadcast per bucket) was
+measured on CPU/gloo (``bench/weight_sync.py``, 246M params, TP=2) slower at 16/64/256 MiB
+buckets and was removed.
 
 Memory. The bucket is yielded as a list that the exporter *empties* when the next bucket
 is requested (a ``for bucket in ...`` loop variable would otherwise keep the previous
@@ -22,8 +22,7 @@ bucket alive while the next is built): copy out what you keep. With ``S`` the bu
 budget in bytes and ``T`` the largest full tensor, the exporter holds at most
 ``max(S, T) + T`` bytes at any moment: per-tensor mode fills a bucket with up to ``S`` of
 full tensors and needs one gather buffer and one merged/converted copy of the current
-tensor on top; flat mode keeps the gather buffer and the flat receive buffer of the same
-bucket alive together, so it fills a bucket with up to ``S / 2``. Pass a
+tensor on top. Pass a
 :class:`LiveBytes` to measure it. One caveat, seen on gloo: the process group's worker
 thread may keep the previous collective's buffer referenced until it runs the next one
 (``LiveBytes`` sees this, since the tensor's Python object lives as long as C++ holds it).
@@ -181,7 +180,6 @@ class StreamingExporter:
         chunks: list[Any],
         *,
         bucket_bytes: int,
-        flat_gather: bool = False,
         tracker: LiveBytes | None = None,
     ) -> None:
         if bucket_bytes <= 0:
@@ -189,7 +187,6 @@ class StreamingExporter:
         self.bridge = bridge
         self.chunks = chunks
         self.bucket_bytes = bucket_bytes
-        self.flat_gather = flat_gather
         self.tracker = tracker
         model = unwrap_model(chunks[0])
         self._tp_group, self._pp_group = model.tp_group, model.pp_group
@@ -204,7 +201,7 @@ class StreamingExporter:
 
     def bucket_plan(self) -> list[list[PlanEntry]]:
         """Consecutive plan entries grouped so each bucket's full tensors fit the payload budget."""
-        payload = self.bucket_bytes // 2 if self.flat_gather else self.bucket_bytes
+        payload = self.bucket_bytes
         buckets: list[list[PlanEntry]] = []
         current: list[PlanEntry] = []
         size = 0
@@ -238,15 +235,8 @@ class StreamingExporter:
     def _materialise(self, entries: list[PlanEntry], local: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
         """Full Megatron tensors of ``entries`` on this rank (TP-gathered on the owner, broadcast over PP)."""
         fulls: dict[str, torch.Tensor] = {}
-        groups: dict[tuple[int, str], list[PlanEntry]] = {}
         for entry in entries:
-            groups.setdefault((entry.owner, entry.dtype), []).append(entry)
-        for (owner, _), group in groups.items():
-            if self.flat_gather and len(group) > 1:
-                fulls.update(self._flat_group(group, owner, local, device))
-            else:
-                for entry in group:
-                    fulls[entry.name] = self._one(entry, local, device)
+            fulls[entry.name] = self._one(entry, local, device)
         return fulls
 
     def _new(self, shape: tuple[int, ...] | int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -289,50 +279,6 @@ class StreamingExporter:
             full = self._new(entry.full_shape, entry.torch_dtype, device)
         self._broadcast(full, entry.owner)
         return full
-
-    def _flat_group(
-        self, group: list[PlanEntry], owner: int, local: dict[str, torch.Tensor], device
-    ) -> dict[str, torch.Tensor]:
-        """Flat path: one TP all-gather of all split shards, one PP broadcast of all full tensors."""
-        dtype = group[0].torch_dtype
-        offsets, total = [], 0
-        for entry in group:
-            offsets.append(total)
-            total += entry.numel
-        flat: torch.Tensor | None = None
-        if owner == self.plan.pp_rank:
-            split = [e for e in group if self._is_split(e)]
-            parts: list[torch.Tensor] = []
-            shard_offsets: dict[str, int] = {}
-            if split:
-                shard_total = 0
-                for e in split:
-                    shard_offsets[e.name] = shard_total
-                    shard_total += local[e.name].numel()
-                packed = self._new(shard_total, dtype, device)
-                for e in split:
-                    n = local[e.name].numel()
-                    packed[shard_offsets[e.name] : shard_offsets[e.name] + n].copy_(local[e.name].detach().reshape(-1))
-                parts = self._all_gather_flat(packed)
-                del packed
-            flat = self._new(total, dtype, device)
-            for entry, offset in zip(group, offsets):
-                dst = flat[offset : offset + entry.numel].view(entry.full_shape)
-                if entry.name in shard_offsets:
-                    merged = self._merge(entry, parts, shard_offsets[entry.name], local[entry.name].shape)
-                    dst.copy_(merged)
-                    del merged
-                else:
-                    dst.copy_(local[entry.name].detach())
-                del dst
-            del parts
-        else:
-            flat = self._new(total, dtype, device)
-        self._broadcast(flat, owner)
-        return {
-            entry.name: self._track(flat[offset : offset + entry.numel].view(entry.full_shape))
-            for entry, offset in zip(group, offsets)
-        }
 
 
 __all__ = ["ExportPlan", "HFBucket", "LiveBytes", "PlanEntry", "StreamingExporter", "build_export_plan"]

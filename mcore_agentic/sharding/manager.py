@@ -3,42 +3,58 @@
 ``with manager:`` (every rank of the actor's model, SPMD)
 
 on enter
-  1. offload the actor's gradient buffers and optimizer state (``sharding.offload_actor_grads``
-     / ``offload_actor_optimizer``; the export does not need them);
+  1. ``actor.offload_before_export()``: the actor's gradient buffers and optimizer state off the
+     device as verl's ``actor.grad_offload`` / ``actor.optimizer_offload`` ask (the export does
+     not read them);
   2. ``engine.resume_memory()``;
   3. stream the actor's weights into the engine in buckets (:class:`StreamingExporter` ->
      transport) under the trainer's :class:`WeightVersion`; every engine gets the *full* model
      whatever the training TP/PP/CP. The export is a collective over all ranks; a rank without
      an engine (``engine=None``: a rollout group's non-leader, see
      :mod:`mcore_agentic.parallel.rollout_placement`) joins it through :class:`NoEngine`;
-  4. offload the actor's parameters (``offload_actor_params``; after the export read them);
+  4. ``actor.offload_after_export()``: its parameters too with ``actor.param_offload``;
   5. check the engine's version (``check_weight_version``); the engine's own
      ``finish_weight_update`` dropped whatever it cached under the old weights;
   6. swap the torch / Python / NumPy global RNG states to the rollout's own, so rollout
      sampling neither perturbs nor is perturbed by training randomness;
 
 on exit (also after an error in the rollout)
-  restore the training RNG states, ``engine.release_memory()``, reload what was offloaded.
+  restore the training RNG states, ``engine.release_memory()``, ``actor.reload()``.
 
-The actor is a :class:`~mcore_agentic.workers.engine.MegatronEngine` (or an ``Actor``
-holding one as ``.engine``), whose offloader moves parameters, grads and optimizer state;
-or a plain list of model chunks plus a ``bridge`` (parameters and grads offloadable only).
+The actor is any :class:`RolloutPolicy`: the trainer's
+:class:`~mcore_agentic.workers.actor.Actor`, which decides what its config offloads.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.bridge import Bridge
 from mcore_agentic.sharding.config import ShardingConfig
 from mcore_agentic.sharding.exporter import StreamingExporter
 from mcore_agentic.sharding.transports import SyncStats, WeightTransport, make_transport
 from mcore_agentic.sharding.version import StaleWeightsError, WeightVersion
 from mcore_agentic.utils.seeding import RngState
-from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors
+
+
+class ExportableModel(Protocol):
+    chunks: list[Any]
+    """This rank's Megatron model chunks."""
+    bridge: Bridge
+
+
+class RolloutPolicy(Protocol):
+    """What the manager needs of the trained policy: its model, and its offload interface around a rollout."""
+
+    engine: ExportableModel
+
+    def offload_before_export(self) -> int: ...
+
+    def offload_after_export(self) -> int: ...
+
+    def reload(self) -> int: ...
 
 
 class NoEngine:
@@ -77,36 +93,20 @@ class ShardingManager:
 
     def __init__(
         self,
-        actor: Any,
+        actor: RolloutPolicy,
         engine: Any,
         cfg: ShardingConfig,
         *,
-        bridge: Bridge | None = None,
         version: WeightVersion | None = None,
         rollout_seed: int = 0,
         transport: WeightTransport | None = None,
     ) -> None:
-        megatron_engine = getattr(actor, "engine", actor) if not isinstance(actor, (list, tuple)) else None
-        if megatron_engine is not None and not hasattr(megatron_engine, "chunks"):
-            raise TypeError(f"ShardingManager needs a MegatronEngine, an Actor or a list of model chunks, got {actor!r}")
-        self._actor = megatron_engine
-        chunks = list(actor) if megatron_engine is None else megatron_engine.chunks
-        bridge = bridge if bridge is not None else getattr(megatron_engine, "bridge", None)
-        if bridge is None:
-            raise TypeError("ShardingManager over plain model chunks needs bridge=")
-        if megatron_engine is None and cfg.offload_actor_optimizer:
-            raise ConfigError(
-                "sharding.offload_actor_optimizer",
-                "needs the actor's MegatronEngine (its optimizer), not bare model chunks: pass the engine or set false",
-            )
+        self.actor = actor
         self.cfg = cfg
         self.engine = engine if engine is not None else NoEngine()
-        self.bridge = bridge
-        self.chunks = chunks
         self.version = version if version is not None else WeightVersion()
         self.transport = transport if transport is not None else make_transport(cfg.transport)
-        self.exporter = StreamingExporter(bridge, chunks, bucket_bytes=cfg.bucket_bytes, flat_gather=cfg.flat_gather)
-        self._own_offloader = Offloader()  # used only for bare chunks
+        self.exporter = StreamingExporter(actor.engine.bridge, actor.engine.chunks, bucket_bytes=cfg.bucket_bytes)
         self._rollout_rng = RngState.seeded(rollout_seed)
         self._training_rng: RngState | None = None
         self.last_sync: SyncStats | None = None
@@ -132,8 +132,7 @@ class ShardingManager:
         self.offloaded_bytes = 0
         try:
             t = time.perf_counter()
-            self._ensure_params_loaded()
-            self._offload(params=False, grads=self.cfg.offload_actor_grads, optimizer=self.cfg.offload_actor_optimizer)
+            self.offloaded_bytes += self.actor.offload_before_export()
             self.times.offload += time.perf_counter() - t
             t = time.perf_counter()
             self.engine.resume_memory()
@@ -142,7 +141,7 @@ class ShardingManager:
             self.sync_weights()
             self.times.sync = time.perf_counter() - t
             t = time.perf_counter()
-            self._offload(params=self.cfg.offload_actor_params, grads=False, optimizer=False)
+            self.offloaded_bytes += self.actor.offload_after_export()
             self.times.offload += time.perf_counter() - t
             if self.cfg.check_weight_version:
                 self.check()
@@ -151,7 +150,7 @@ class ShardingManager:
             try:
                 self.engine.release_memory()
             finally:
-                self._reload()
+                self.actor.reload()
             raise
         self._training_rng = RngState.capture()
         self._rollout_rng.restore()
@@ -166,33 +165,8 @@ class ShardingManager:
         self.engine.release_memory()
         self.times.release = time.perf_counter() - t
         t = time.perf_counter()
-        self._reload()
+        self.actor.reload()
         self.times.reload = time.perf_counter() - t
 
-    # ------------------------------------------------------------------ offload
-    def _ensure_params_loaded(self) -> None:
-        # The export reads the parameters: bring them back if the trainer left them offloaded.
-        if self._actor is not None and self._actor.offloader.is_offloaded("params"):
-            self._actor.offloader.reload("params")
 
-    def _offload(self, *, params: bool, grads: bool, optimizer: bool) -> None:
-        if not (params or grads or optimizer):
-            return
-        if self._actor is not None:
-            self.offloaded_bytes += self._actor.offload(params=params, grads=grads, optimizer=optimizer)
-            return
-        own = self._own_offloader
-        if params and not own.is_offloaded("params"):
-            self.offloaded_bytes += own.offload("params", model_param_tensors(self.chunks))
-        if grads and not own.is_offloaded("grads"):
-            self.offloaded_bytes += own.offload("grads", model_grad_tensors(self.chunks))
-
-    def _reload(self) -> None:
-        if self._actor is not None:
-            self._actor.reload()
-        for group in ("params", "grads"):
-            if self._own_offloader.is_offloaded(group):
-                self._own_offloader.reload(group)
-
-
-__all__ = ["NoEngine", "PhaseTimes", "RngState", "ShardingManager"]
+__all__ = ["NoEngine", "PhaseTimes", "RolloutPolicy", "ShardingManager"]

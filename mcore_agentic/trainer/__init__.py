@@ -50,7 +50,12 @@ def current_layout(cfg: Any) -> Any:
     from megatron.core import parallel_state
 
     from mcore_agentic.config.rules import check_world_size
-    from mcore_agentic.parallel.layout import current_parallel_layout, init_distributed, initialize_parallel, select_device
+    from mcore_agentic.parallel.layout import (
+        current_parallel_layout,
+        init_distributed,
+        initialize_parallel,
+        select_device,
+    )
 
     select_device(cfg.trainer.device)
     if parallel_state.model_parallel_is_initialized():

@@ -192,19 +192,13 @@ def build_rollout_placement(cfg: RLConfig, layout: Any) -> Any:
 def build_weight_sync(cfg: RLConfig, actor: Any, engine: Any) -> Any:
     """The sharding manager: ``with`` it around a rollout, the engine holds the actor's current weights.
 
-    The ``sharding`` group sets buckets and checks; rollout-time offload is on where either
-    ``sharding.offload_actor_*`` or verl's ``actor.*_offload`` key asks for it. The trainer bumps
-    ``.version`` after every actor update.
+    The ``sharding`` group sets buckets and checks; what leaves the device during the rollout is
+    the actor's own business (verl's ``actor.param_offload`` / ``grad_offload`` / ``optimizer_offload``).
+    The trainer bumps ``.version`` after every actor update.
     """
     from mcore_agentic.sharding.manager import ShardingManager
 
-    sharding = dataclasses.replace(
-        cfg.sharding,
-        offload_actor_params=cfg.sharding.offload_actor_params or cfg.actor.param_offload,
-        offload_actor_grads=cfg.sharding.offload_actor_grads or cfg.actor.grad_offload,
-        offload_actor_optimizer=cfg.sharding.offload_actor_optimizer or cfg.actor.optimizer_offload,
-    )
-    return ShardingManager(actor, engine, sharding, rollout_seed=cfg.seed)
+    return ShardingManager(actor, engine, cfg.sharding, rollout_seed=cfg.seed)
 
 
 def sync_metrics(weight_sync: Any) -> dict[str, float]:

@@ -24,7 +24,7 @@ from mcore_agentic.algorithms.advantages import compute_advantage, place_sequenc
 from mcore_agentic.algorithms.config import AlgorithmConfig
 from mcore_agentic.algorithms.kl import apply_kl_penalty
 from mcore_agentic.algorithms.masked import masked_mean
-from mcore_agentic.data.batch import Batch
+from mcore_agentic.data.batch import Batch, repad_rollout_layout
 from mcore_agentic.rewards import score_of
 
 RESPONSE_KEYS = ("responses", "response_mask", "rollout_log_probs")
@@ -69,46 +69,15 @@ def score_rollout(
 
 
 # ----------------------------------------------------------------------------------- DP gather
-def _pad_to(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
-    extra = width - t.shape[1]
-    if extra == 0:
-        return t
-    pad = torch.full((t.shape[0], extra), value, dtype=t.dtype, device=t.device)
-    return torch.cat([pad, t] if left else [t, pad], dim=1)
-
-
 def concat_padded(batches: Sequence[Batch], pad_token_id: int) -> Batch:
-    """Rows of all batches in order, prompts left-padded and responses right-padded to common widths.
+    """Rows of all batches in order, re-padded to common widths (see :func:`data.batch.repad_rollout_layout`).
 
-    ``input_ids``/``attention_mask``/``position_ids`` are rebuilt from the padded parts; other
-    tensors must be ``[B]`` or response-aligned ``[B, R]`` (padded with 0).
+    Other tensors must be ``[B]`` or response-aligned ``[B, R]`` (padded with 0).
     """
     p = max(b["prompts"].shape[1] for b in batches)
     r = max(b["responses"].shape[1] for b in batches)
-    parts = []
-    for b in batches:
-        plen, rlen = b["prompts"].shape[1], b["responses"].shape[1]
-        attn = b["attention_mask"]
-        tensors = {}
-        for k, v in b.tensors.items():
-            if k in ("input_ids", "attention_mask", "position_ids"):
-                continue
-            if k == "prompts":
-                tensors[k] = _pad_to(v, p, pad_token_id, left=True)
-            elif k == "responses":
-                tensors[k] = _pad_to(v, r, pad_token_id, left=False)
-            elif v.dim() == 2 and v.shape[1] == rlen:
-                tensors[k] = _pad_to(v, r, 0, left=False)
-            elif v.dim() == 1:
-                tensors[k] = v
-            else:
-                raise ValueError(f"cannot re-pad batch key {k!r} of shape {tuple(v.shape)}")
-        full_attn = torch.cat([_pad_to(attn[:, :plen], p, 0, left=True), _pad_to(attn[:, plen:], r, 0, left=False)], 1)
-        tensors["input_ids"] = torch.cat([tensors["prompts"], tensors["responses"]], dim=1)
-        tensors["attention_mask"] = full_attn
-        tensors["position_ids"] = (full_attn.cumsum(dim=1) - 1).clamp(min=0)
-        parts.append(Batch(tensors=tensors, meta=b.meta, info=b.info))
-    return Batch.concat(parts)
+    repad = dict(pad_token_id=pad_token_id, prompt_width=p, response_width=r)
+    return Batch.concat([Batch(repad_rollout_layout(b.tensors, **repad), b.meta, b.info) for b in batches])
 
 
 def gather_rollouts(local: Batch | None, placement: Any, pad_token_id: int) -> Batch:

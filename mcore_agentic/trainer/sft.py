@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from mcore_agentic.config.errors import ConfigError
-from mcore_agentic.data.batch import Batch
+from mcore_agentic.data.batch import Batch, build_rollout_layout
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 
 logger = logging.getLogger(__name__)
@@ -62,28 +62,11 @@ def tokenize_demo(messages: Sequence[dict[str, Any]], chat: ChatTokenizer, tools
 
 def collate_trajectories(trajs: Sequence[Trajectory], pad_token_id: int) -> Batch:
     """Left-padded prompts, right-padded responses: the rollout's batch layout (see :mod:`data.batch`)."""
-    b = len(trajs)
-    p = max(len(t[0]) for t in trajs)
-    r = max(max(len(t[1]) for t in trajs), 1)
-    prompts = torch.full((b, p), pad_token_id, dtype=torch.long)
-    responses = torch.full((b, r), pad_token_id, dtype=torch.long)
-    attn = torch.zeros((b, p + r), dtype=torch.long)
-    resp_mask = torch.zeros((b, r), dtype=torch.long)
-    for row, (pr, rs, ms) in enumerate(trajs):
-        prompts[row, p - len(pr) :] = torch.tensor(pr)
-        attn[row, p - len(pr) : p] = 1
-        responses[row, : len(rs)] = torch.tensor(rs)
-        attn[row, p : p + len(rs)] = 1
-        resp_mask[row, : len(ms)] = torch.tensor(ms)
+    prompts, responses, masks = zip(*trajs)
     return Batch(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": attn,
-            "position_ids": (attn.cumsum(1) - 1).clamp(min=0),
-            "response_mask": resp_mask,
-        }
+        tensors=build_rollout_layout(
+            prompts, responses, pad_token_id=pad_token_id, response_fields={"response_mask": (masks, torch.long)}
+        )
     )
 
 

@@ -140,12 +140,11 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig, metadata=_FLAT)
     """PPO clip ranges, loss aggregation, entropy and KL-loss terms (keys ``actor.clip_ratio_low`` ...)."""
     param_offload: bool = False
-    """Move parameters off the device while the rollout runs (after the weight export); verl's key,
-    the same switch as ``sharding.offload_actor_params`` (either turns it on)."""
+    """Move parameters off the device while the rollout runs (after the weight export)."""
     grad_offload: bool = False
-    """Move DDP gradient buffers off the device while the rollout runs (= ``sharding.offload_actor_grads``)."""
+    """Move DDP gradient buffers off the device while the rollout runs (the weight export does not read them)."""
     optimizer_offload: bool = False
-    """Move optimizer state off the device while the rollout runs (= ``sharding.offload_actor_optimizer``)."""
+    """Move optimizer state (Adam moments, fp32 main params) off the device while the rollout runs."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
 

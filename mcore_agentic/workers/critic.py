@@ -19,12 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mcore_agentic.algorithms.losses import LossNormalisers, compute_value_loss, loss_normalisers
+from mcore_agentic.algorithms.losses import LossNormalisers
+from mcore_agentic.algorithms.objective import critic_objective
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.models.bridge import unwrap_model
-from mcore_agentic.workers.actor import MODEL_KEYS, check_mini_batch, mean_metrics, require_keys
 from mcore_agentic.workers.config import CriticConfig
 from mcore_agentic.workers.engine import MegatronEngine, MicroBatch, MicroBatching
+from mcore_agentic.workers.passes import MODEL_KEYS, ppo_epochs, require_keys
 
 HEAD_NAME = "value_head.weight"
 
@@ -104,36 +105,26 @@ class Critic:
         return batch.update({"values": out["values"]})
 
     def _loss_fn(self, norms: LossNormalisers):
-        vl = self.cfg.value_loss
-
         def loss_fn(resp: dict[str, torch.Tensor], mb: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             d = mb.data
-            mask = d["response_mask"]
-            vpreds = resp["values"]
-            out = compute_value_loss(
-                vpreds, d["returns"], d["values"], mask, vl.cliprange_value, vl.loss_agg_mode,
-                global_tokens=norms.tokens, global_seqs=norms.seqs,
+            out = critic_objective(
+                self.cfg.value_loss, norms, vpreds=resp["values"], returns=d["returns"], values=d["values"],
+                response_mask=d["response_mask"],
             )
-            share = mask.sum().to(torch.float32) / max(norms.tokens, 1)
-            vpred_sum = (vpreds.detach() * mask).sum() / max(norms.tokens, 1)
-            return out.vf_loss, {"vf_loss": out.vf_loss.detach(), "vf_clipfrac": out.vf_clipfrac * share, "vpred_mean": vpred_sum}
+            return out.loss, out.metrics
 
         return loss_fn
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Epochs over shuffled mini-batches of the clipped value loss; metrics averaged over steps."""
         require_keys(batch, MODEL_KEYS + ("values", "returns"), "Critic.update_critic")
-        check_mini_batch(len(batch), self.cfg.ppo_mini_batch_size, self.engine.layout.data_parallel_size, "critic")
         generator = torch.Generator().manual_seed(self.cfg.seed + self._updates)
         self._updates += 1
-        records = []
-        for _ in range(self.cfg.ppo_epochs):
-            for mini in batch.iter_minibatches(self.cfg.ppo_mini_batch_size, shuffle=self.cfg.shuffle, generator=generator):
-                norms = loss_normalisers(mini["response_mask"])
-                self.engine.zero_grad()
-                sums = self.engine.forward_backward(mini, self._head, self._loss_fn(norms), self.batching)
-                records.append({**sums, **self.engine.step()})
-        return mean_metrics(records)
+        return ppo_epochs(
+            self.engine, batch, mini_batch_size=self.cfg.ppo_mini_batch_size, epochs=self.cfg.ppo_epochs,
+            shuffle=self.cfg.shuffle, generator=generator, head=self._head, make_loss=self._loss_fn,
+            batching=self.batching,
+        )
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """Full HF tensors of the body plus ``value_head.weight`` [1, H] (collective, same on every rank)."""

@@ -15,9 +15,9 @@ import torch
 
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.batch import Batch
-from mcore_agentic.workers.actor import MODEL_KEYS, log_prob_head, require_keys
 from mcore_agentic.workers.config import RefConfig
 from mcore_agentic.workers.engine import MegatronEngine, MicroBatching
+from mcore_agentic.workers.passes import MODEL_KEYS, log_prob_head, require_keys
 
 
 class Reference:

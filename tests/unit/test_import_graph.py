@@ -32,10 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "megatron_patches": set(),  # megatron-core and torch only; applied by launch/ and tests
 }
 LEAVES = ("mcore_agentic.config.errors", "mcore_agentic.config.walk", "mcore_agentic.utils")
-PENDING = {
-    # Known edges still to remove (issue 16): the sharding manager should use the worker's offload interface.
-    ("sharding", "mcore_agentic.workers.offload"),
-}
+PENDING: set[tuple[str, str]] = set()  # known edges still to remove: none
 
 
 def _imports(path: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""The batch driver: n samples per prompt, collation layout, failures, sync use, SPMD tool-once broadcast."""
+"""The batch driver: n samples per prompt, collation layout, failures, sync use."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import torch
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rollout.config import MultiTurnConfig, RolloutConfig
-from mcore_agentic.rollout.driver import generate_sequences, generate_sequences_spmd, generate_sequences_sync
-from tests.helpers.distributed import run_distributed
+from mcore_agentic.rollout.driver import generate_sequences, generate_sequences_sync
 from tests.unit.rollout.scripted import AddTool, ScriptedEngine, call
 
 
@@ -102,42 +101,44 @@ def test_sync_wrapper_inside_running_loop(tokenizer):
     assert len(asyncio.run(inside())) == 1
 
 
+def test_sync_wrapper_runs_on_the_engines_own_loop(tokenizer):
+    """An engine bound to a loop (``engine.event_loop``) gets the rollout on it, keyword arguments or not."""
+    loops = []
+
+    class BoundEngine(ScriptedEngine):
+        async def generate(self, prompt_ids, params):
+            loops.append(asyncio.get_running_loop())
+            return await super().generate(prompt_ids, params)
+
+    engine = BoundEngine(tokenizer, SCRIPTS)
+    engine.event_loop = asyncio.new_event_loop()
+    try:
+        cfg = RolloutConfig(prompt_length=400, response_length=64)
+        batch = generate_sequences_sync(
+            rows=_rows()[1:], engine=engine, tools=None, interactions=None, cfg=cfg, tokenizer=tokenizer
+        )
+        assert len(batch) == 1 and loops and all(loop is engine.event_loop for loop in loops)
+    finally:
+        engine.event_loop.close()
+
+
 def test_bad_rows_name_the_field(tokenizer):
     cfg = RolloutConfig()
     with pytest.raises(ConfigError, match=r"prompts\[0\]\.prompt"):
         asyncio.run(generate_sequences([{"prompt": "hello"}], None, None, None, cfg, tokenizer))
 
 
-def _spmd_body(rank: int, world_size: int):
-    import torch.distributed as dist
-
-    tok = load_qwen_tokenizer("qwen2_5", vocab_size=4096)
-    cfg = RolloutConfig(n=2, seed=0, prompt_length=400, response_length=64, tensor_model_parallel_size=2)
-    add = AddTool()
-    engine = ScriptedEngine(tok, SCRIPTS) if rank == 0 else None
-    batch = generate_sequences_spmd(_rows(), engine, {"add": add}, None, cfg, tok, group=dist.group.WORLD)
-    return add.executions, batch
-
-
-def test_spmd_tools_run_once_per_rollout_group():
-    (exec0, b0), (exec1, b1) = run_distributed(_spmd_body, world_size=2)
-    assert exec0 == 2 and exec1 == 0  # the counting tool ran on the group's first rank only
-    assert set(b0.tensors) == set(b1.tensors)
-    for key in b0.tensors:
-        assert torch.equal(b0[key], b1[key])
-    assert b0.meta == b1.meta
-
-
-def test_build_plugins_and_engine(tmp_path):
+def test_build_tools_and_engine(tmp_path):
     from pathlib import Path
 
-    from mcore_agentic.rollout.driver import build_plugins
+    from mcore_agentic.config.schema import ModelConfig, RLConfig
     from mcore_agentic.rollout.engines import build_engine
     from mcore_agentic.rollout.engines.hf import HFEngine
+    from mcore_agentic.trainer.build import build_tools
 
     root = Path(__file__).resolve().parents[3]
-    cfg = RolloutConfig(multi_turn=MultiTurnConfig(tool_config_path=str(root / "configs/tools/calculator_tool_config.yaml")))
-    tools, interactions, executor = build_plugins(cfg)
+    mt = MultiTurnConfig(enable=True, tool_config_path=str(root / "configs/tools/calculator_tool_config.yaml"))
+    tools, interactions, executor = build_tools(RLConfig(model=ModelConfig(model_path="x"), rollout=RolloutConfig(multi_turn=mt)))
     try:
         assert set(tools) == {"calculator"} and interactions == {}
         assert tools["calculator"].executor is executor
@@ -146,9 +147,9 @@ def test_build_plugins_and_engine(tmp_path):
     from mcore_agentic.models.tiny import make_tiny_hf_model
 
     path = make_tiny_hf_model(tmp_path / "m", vocab_size=256, hidden_size=32, intermediate_size=64)
-    assert isinstance(build_engine(RolloutConfig(name="hf"), path), HFEngine)
+    assert isinstance(build_engine(RolloutConfig(name="hf"), path, device="cpu", dtype="float32", seed=0), HFEngine)
     import importlib.util
 
     if importlib.util.find_spec("sglang") is None:
         with pytest.raises(ImportError, match="mcore-agentic"):
-            build_engine(RolloutConfig(name="sglang"), path)
+            build_engine(RolloutConfig(name="sglang"), path, device="cpu", dtype="float32", seed=0)

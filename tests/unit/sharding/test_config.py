@@ -10,9 +10,8 @@ from mcore_agentic.sharding.config import ShardingConfig
 
 def test_defaults_and_bytes():
     cfg = ShardingConfig()
-    assert cfg.transport == "tensor" and cfg.check_weight_version and not cfg.offloads_anything
+    assert cfg.transport == "tensor" and cfg.check_weight_version
     assert ShardingConfig(bucket_size_mb=0.5).bucket_bytes == 512 * 1024
-    assert ShardingConfig(offload_actor_grads=True).offloads_anything
 
 
 @pytest.mark.parametrize(
@@ -22,9 +21,7 @@ def test_defaults_and_bytes():
         (dict(bucket_size_mb=-1.0), "sharding.bucket_size_mb"),
         (dict(bucket_size_mb="64"), "sharding.bucket_size_mb"),
         (dict(bucket_size_mb=True), "sharding.bucket_size_mb"),
-        (dict(offload_actor_params="yes"), "sharding.offload_actor_params"),
         (dict(check_weight_version=1), "sharding.check_weight_version"),
-        (dict(flat_gather=None), "sharding.flat_gather"),
         (dict(transport="nccl"), "sharding.transport"),
     ],
 )

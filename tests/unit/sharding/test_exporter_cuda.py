@@ -39,19 +39,18 @@ def _body(rank: int, world_size: int) -> list[dict]:
     bridge = get_bridge(config)
     chunks = bridge.build_model(config, bridge.transformer_config(config, par))
     out = []
-    for flat in (True, False):
-        for bucket_bytes in (2 * 1024 * 1024, 12 * 1024 * 1024):
-            exporter = StreamingExporter(bridge, chunks, bucket_bytes=bucket_bytes, flat_gather=flat)
-            largest = exporter.plan.largest_nbytes
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            n = 0
-            for bucket in exporter.buckets():
-                n += len(bucket)
-            torch.cuda.synchronize()
-            out.append(dict(flat=flat, bucket=bucket_bytes, tensors=n, extra=torch.cuda.max_memory_allocated() - base,
-                            bound=max(bucket_bytes, largest) + largest, largest=largest))
+    for bucket_bytes in (2 * 1024 * 1024, 12 * 1024 * 1024):
+        exporter = StreamingExporter(bridge, chunks, bucket_bytes=bucket_bytes)
+        largest = exporter.plan.largest_nbytes
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        n = 0
+        for bucket in exporter.buckets():
+            n += len(bucket)
+        torch.cuda.synchronize()
+        out.append(dict(bucket=bucket_bytes, tensors=n, extra=torch.cuda.max_memory_allocated() - base,
+                        bound=max(bucket_bytes, largest) + largest, largest=largest))
     return out
 
 

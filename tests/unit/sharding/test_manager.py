@@ -5,8 +5,7 @@ torn down and rebuilt between them) and, per layout, every check:
 
 - the engine starts from *other* random weights (its log-probs differ), and after each sync its
   teacher-forced log-probs equal the actor's old log-probs (before and after a PPO update);
-- the streamed buckets equal the simple (unbucketed) bridge export bitwise, in both gather modes,
-  and the bytes the exporter holds stay within ``max(bucket, largest) + largest``;
+- the streamed buckets equal the simple (unbucketed) bridge export bitwise, and the bytes the exporter holds stay within ``max(bucket, largest) + largest``;
 - a twin actor that never syncs ends the same PPO updates with bitwise the same weights and
   optimizer state (offload of params, grads and optimizer on during the rollouts);
 - the rollout's RNG stream is its own, and the training RNG is restored on exit;
@@ -53,24 +52,21 @@ def _export_checks(actor_engine) -> dict:
 
     reference = actor_engine.export_hf_weights()
     out: dict = {"reference_names": sorted(reference)}
-    for flat in (True, False):
-        for bucket_bytes in (48 * 1024, 200 * 1024):
-            tracker = LiveBytes()
-            exporter = StreamingExporter(
-                actor_engine.bridge, actor_engine.chunks, bucket_bytes=bucket_bytes, flat_gather=flat, tracker=tracker
-            )
-            names, equal, n_buckets = [], True, 0
-            for bucket in exporter.buckets():
-                n_buckets += 1
-                for name, tensor in bucket:
-                    names.append(name)
-                    equal &= torch.equal(tensor, reference[name])
-                del name, tensor
-            largest = exporter.plan.largest_nbytes
-            out[(flat, bucket_bytes)] = dict(
-                names=names, equal=equal, buckets=n_buckets, peak=tracker.peak, live_after=tracker.live,
-                bound=max(bucket_bytes, largest) + largest, largest=largest,
-            )
+    for bucket_bytes in (48 * 1024, 200 * 1024):
+        tracker = LiveBytes()
+        exporter = StreamingExporter(actor_engine.bridge, actor_engine.chunks, bucket_bytes=bucket_bytes, tracker=tracker)
+        names, equal, n_buckets = [], True, 0
+        for bucket in exporter.buckets():
+            n_buckets += 1
+            for name, tensor in bucket:
+                names.append(name)
+                equal &= torch.equal(tensor, reference[name])
+            del name, tensor
+        largest = exporter.plan.largest_nbytes
+        out[bucket_bytes] = dict(
+            names=names, equal=equal, buckets=n_buckets, peak=tracker.peak, live_after=tracker.live,
+            bound=max(bucket_bytes, largest) + largest, largest=largest,
+        )
     return out
 
 
@@ -91,7 +87,7 @@ def _body(rank: int, world_size: int, paths: dict[str, str]) -> bytes:
 
 
 def _virtual_pipeline_export(path: str) -> dict:
-    """PP=2 x VP=2 (4 layers, tied): every streamed tensor equals the checkpoint's, in both gather modes."""
+    """PP=2 x VP=2 (4 layers, tied): every streamed tensor equals the checkpoint's."""
     from mcore_agentic.models.hf_io import SafetensorsState, load_hf_config
     from mcore_agentic.models.registry import get_bridge
     from mcore_agentic.parallel.config import ParallelConfig
@@ -106,21 +102,19 @@ def _virtual_pipeline_export(path: str) -> dict:
     bridge.load_hf_weights(chunks, path)
     state = SafetensorsState(path)
     out = {"chunks": len(chunks), "expected": sorted(state)}
-    for flat in (True, False):
-        exporter = StreamingExporter(bridge, chunks, bucket_bytes=40 * 1024, flat_gather=flat)
-        names, equal = [], True
-        for bucket in exporter.buckets():
-            for name, tensor in bucket:
-                names.append(name)
-                equal &= torch.equal(tensor, state[name])
-        out[flat] = (names, equal)
+    exporter = StreamingExporter(bridge, chunks, bucket_bytes=40 * 1024)
+    names, equal = [], True
+    for bucket in exporter.buckets():
+        for name, tensor in bucket:
+            names.append(name)
+            equal &= torch.equal(tensor, state[name])
+    out["export"] = (names, equal)
     return out
 
 
 def _layout_checks(path: str, lay: Layout) -> dict:
     import megatron_patches
     from mcore_agentic.algorithms.config import PolicyLossConfig
-    from mcore_agentic.config.errors import ConfigError
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import initialize_parallel
     from mcore_agentic.rollout.engines.hf import HFEngine
@@ -136,13 +130,13 @@ def _layout_checks(path: str, lay: Layout) -> dict:
                          context_parallel_size=lay.cp)
     layout = initialize_parallel(par, seed=1)
     cfg = ActorConfig(parallel=par, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2,
-                      optim=OptimConfig(lr=2e-2), policy_loss=PolicyLossConfig(entropy_coeff=0.0))
+                      optim=OptimConfig(lr=2e-2), policy_loss=PolicyLossConfig(entropy_coeff=0.0),
+                      param_offload=True, grad_offload=True, optimizer_offload=True)
     actor = Actor(cfg, model_path=path, dtype="float32", layout=layout)
     twin = Actor(cfg, model_path=path, dtype="float32", layout=layout)  # never synced: the reference run
     engine = HFEngine(random_model(hf_config(tied=lay.tied), seed=123))
     version = WeightVersion()
-    sharding = ShardingConfig(bucket_size_mb=0.1, offload_actor_params=True, offload_actor_grads=True,
-                              offload_actor_optimizer=True)
+    sharding = ShardingConfig(bucket_size_mb=0.1)
     manager = ShardingManager(actor, engine, sharding, version=version, rollout_seed=7)
     out: dict = {"export": _export_checks(actor.engine)}
 
@@ -177,15 +171,6 @@ def _layout_checks(path: str, lay: Layout) -> dict:
         out["stale"] = str(exc)
     out["sync"] = manager.last_sync
 
-    # Bare model chunks + bridge (no MegatronEngine): flat gather, params and grads offloaded.
-    bare_cfg = ShardingConfig(bucket_size_mb=0.05, flat_gather=True, offload_actor_params=True,
-                              offload_actor_grads=True)
-    chunks = list(actor.engine.chunks)
-    before = _state(actor.engine)
-    with ShardingManager(chunks, engine, bare_cfg, bridge=actor.engine.bridge, version=version):
-        out["bare_lp"] = teacher_forced_log_probs(engine.model, batch)
-    out["bare_state_kept"] = all(torch.equal(a, b) for a, b in zip(before, _state(actor.engine)))
-
     # A sync that fails (engine of another shape) leaves the actor trainable and the engine released.
     bad_config = hf_config(tied=lay.tied)
     bad_config.intermediate_size = 80
@@ -199,11 +184,6 @@ def _layout_checks(path: str, lay: Layout) -> dict:
         out["bad_error"] = str(exc)
     out["bad_state_kept"] = all(torch.equal(a, b) for a, b in zip(before, _state(actor.engine)))
     out["bad_engine_released"] = all(p.device.type == "meta" for p in bad_engine.model.parameters())
-    try:
-        ShardingManager(chunks, engine, ShardingConfig(offload_actor_optimizer=True), bridge=actor.engine.bridge)
-        out["bare_optimizer_error"] = None
-    except ConfigError as exc:
-        out["bare_optimizer_error"] = exc.field
     return out
 
 
@@ -230,14 +210,6 @@ def test_engine_log_probs_match_actor_after_each_sync(runs, name):
             assert (r["engine_lp"][step] - r["old_lp"][step]).abs().max().item() <= TOL, (name, step)
         assert r["engine_released"]
         assert r["sync"].buckets > 1 and r["sync"].version == 1
-
-
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_manager_over_bare_chunks(runs, name):
-    for r in runs[name]:
-        assert (r["bare_lp"] - r["old_lp"][2]).abs().max().item() <= TOL
-        assert r["bare_state_kept"]
-        assert r["bare_optimizer_error"] == "sharding.offload_actor_optimizer"
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -289,6 +261,5 @@ def test_stale_engine_is_an_error(runs, name):
 def test_virtual_pipeline_export_equals_checkpoint(runs):
     for r in runs["vpp"]:
         assert r["chunks"] == 2
-        for flat in (True, False):
-            names, equal = r[flat]
-            assert sorted(names) == r["expected"] and equal, flat
+        names, equal = r["export"]
+        assert sorted(names) == r["expected"] and equal
