@@ -64,7 +64,7 @@ def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> dict[str, flo
         parallel=par, ppo_mini_batch_size=a.batch, ppo_micro_batch_size_per_gpu=a.micro, shuffle=False,
         optim=OptimConfig(lr=1e-6),
     )
-    actor = Actor(cfg, model_path=model_dir, dtype="float32", layout=layout)
+    actor = Actor(cfg, mini_batch_sequences=a.batch, model_path=model_dir, dtype="float32", layout=layout)
     batch = _batch(a.batch, a.prompt, a.response, actor.engine.vocab_size)
     tokens = int(batch["attention_mask"].sum())
     batch = actor.compute_log_prob(batch)  # warm-up (and the old log-probs the update needs)

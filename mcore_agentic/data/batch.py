@@ -90,14 +90,6 @@ class Batch:
             info={**self.info, **info},
         )
 
-    def select(self, keys: Sequence[str]) -> Batch:
-        """Only the named tensor/meta keys (info is kept)."""
-        return Batch(
-            tensors={k: self.tensors[k] for k in keys if k in self.tensors},
-            meta={k: self.meta[k] for k in keys if k in self.meta},
-            info=dict(self.info),
-        )
-
     def index(self, idx: torch.Tensor | Sequence[int] | slice) -> Batch:
         """Rows ``idx`` of every field."""
         if isinstance(idx, slice):
@@ -128,9 +120,6 @@ class Batch:
         order = torch.randperm(len(self), generator=generator) if shuffle else torch.arange(len(self))
         for i in range(0, len(self), size):
             yield self.index(order[i : i + size])
-
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta), dict(self.info))
 
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from mcore_agentic.config.errors import ConfigError
-from mcore_agentic.data.batch import Batch
 from mcore_agentic.data.config import DataConfig
 
 
@@ -120,32 +119,8 @@ class RLDataLoader:
         self.sampler.load_state_dict(state)
 
 
-def rows_to_batch(rows: Sequence[dict[str, Any]]) -> Batch:
-    """A tensor-less :class:`Batch` of per-prompt fields for the rollout (one entry per row).
-
-    Keys: ``raw_prompt`` (messages), ``data_source``, ``ability``, ``ground_truth``,
-    ``tools_kwargs``, ``interaction_kwargs``, ``index``, ``extra_info`` (the whole mapping).
-    """
-    return Batch(
-        meta={
-            "raw_prompt": [r["prompt"] for r in rows],
-            "data_source": [r["data_source"] for r in rows],
-            "ability": [r["ability"] for r in rows],
-            "ground_truth": [r["reward_model"]["ground_truth"] for r in rows],
-            "tools_kwargs": [r["extra_info"]["tools_kwargs"] for r in rows],
-            "interaction_kwargs": [r["extra_info"]["interaction_kwargs"] for r in rows],
-            "index": [r["extra_info"]["index"] for r in rows],
-            "extra_info": [r["extra_info"] for r in rows],
-        }
-    )
-
-
 def make_train_loader(dataset: Sequence[dict[str, Any]], cfg: DataConfig, seed: int) -> RLDataLoader:
     """The training loader of ``data``: ``train_batch_size`` prompts per step, reshuffled every epoch."""
     return RLDataLoader(dataset, cfg.train_batch_size, shuffle=cfg.shuffle, seed=seed, drop_last=cfg.drop_last)
 
 
-def make_val_loader(dataset: Sequence[dict[str, Any]], cfg: DataConfig) -> RLDataLoader:
-    """The validation loader: fixed order, every row once, ``val_batch_size`` (null: all) per batch."""
-    size = cfg.val_batch_size if cfg.val_batch_size is not None else len(dataset)
-    return RLDataLoader(dataset, min(size, len(dataset)), shuffle=False, drop_last=False)

@@ -70,9 +70,12 @@ class Bridge(ABC):
     architecture: ClassVar[str]
     """The exact HF ``config.architectures[0]`` this bridge serves."""
 
-    def __init__(self, hf_config: Any, *, make_vocab_size_divisible_by: int = 128):
+    def __init__(self, hf_config: Any, *, make_vocab_size_divisible_by: int = 128, lm_head: bool = True):
+        """``lm_head=False``: the model's ``output_layer`` is not the language-model head (a critic's value
+        head sits there), so it has no HF tensor and the export skips it."""
         self.hf_config = hf_config
         self.make_vocab_size_divisible_by = make_vocab_size_divisible_by
+        self.lm_head = lm_head
         self.check_hf_config(hf_config)
 
     # ------------------------------------------------------------------ config mapping (per architecture)
@@ -267,8 +270,9 @@ class Bridge(ABC):
             yield from self.megatron_param_to_hf(name, full)
 
     def skip_on_export(self, global_name: str) -> bool:
-        """True for parameters that are copies of another (the tied output layer on the last PP stage)."""
-        return False
+        """True for parameters with no HF tensor of their own: the tied output layer on the last PP stage
+        (a copy of the embedding), and the output layer of a model built with ``lm_head=False``."""
+        return global_name == "output_layer.weight" and not self.lm_head
 
     def _full_shape(self, name: str, param: torch.Tensor, tp_size: int) -> tuple[int, ...]:
         shape = list(param.shape)

@@ -77,12 +77,6 @@ class SafetensorsState(Mapping[str, torch.Tensor]):
         return name in self._file_of
 
 
-def load_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint at ``path``, eagerly (small models, tests)."""
-    state = SafetensorsState(path)
-    return {name: state[name] for name in state}
-
-
 def save_hf_checkpoint(
     path: str | Path,
     tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],

@@ -70,10 +70,6 @@ class ParallelLayout:
     backend: str
 
     @property
-    def is_pipeline_first_stage(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
     def is_pipeline_last_stage(self) -> bool:
         return self.pp_rank == self.pipeline_model_parallel_size - 1
 
@@ -97,12 +93,6 @@ class ParallelLayout:
         from megatron.core import parallel_state
 
         return parallel_state.get_data_parallel_group(with_context_parallel=with_context_parallel)
-
-    def model_parallel_group(self) -> dist.ProcessGroup:
-        """The TP x PP group holding one model replica (CP excluded, as in Megatron)."""
-        from megatron.core import parallel_state
-
-        return parallel_state.get_model_parallel_group()
 
     def describe(self) -> str:
         """One line for logs: ``rank 0/2: TP 2 (rank 0) PP 1 (rank 0) CP 1 (rank 0) DP 1 (rank 0), gloo``."""

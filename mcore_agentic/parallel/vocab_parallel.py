@@ -40,7 +40,6 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
-    "vocab_parallel_entropy",
     "vocab_parallel_log_probs",
     "vocab_parallel_log_probs_and_entropy",
 ]
@@ -255,23 +254,3 @@ def vocab_parallel_log_probs(
     return log_prob.reshape(target.shape)
 
 
-def vocab_parallel_entropy(
-    logits_shard: torch.Tensor,
-    *,
-    group: dist.ProcessGroup | None,
-    temperature: float = 1.0,
-    vocab_start_index: int | None = None,
-    vocab_size: int | None = None,
-    chunk_tokens: int | None = None,
-) -> torch.Tensor:
-    """Entropy of ``softmax(logits / T)`` over the whole (sharded) vocabulary, ``[...]`` fp32.
-
-    Arguments as in :func:`vocab_parallel_log_probs_and_entropy`.
-    """
-    flat, start, valid_local, chunk = _prepare(
-        logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
-    )
-    _, entropy = _VocabParallelLogProbEntropy.apply(
-        flat, None, group, float(temperature), start, valid_local, chunk, True
-    )
-    return entropy.reshape(logits_shard.shape[:-1])

@@ -88,11 +88,6 @@ class ExportPlan:
     def largest_nbytes(self) -> int:
         return max((e.nbytes for e in self.entries), default=0)
 
-    @property
-    def total_nbytes(self) -> int:
-        return sum(e.nbytes for e in self.entries)
-
-
 class LiveBytes:
     """Running count of the bytes held by tracked tensors, and its maximum.
 
@@ -127,10 +122,6 @@ class LiveBytes:
         if entry[1] == 0:
             del self._storages[key]
             self.live -= entry[0]
-
-    def reset_peak(self) -> None:
-        self.peak = self.live
-
 
 def _rank_size(group: Any) -> tuple[int, int]:
     if group is None or not dist.is_initialized():

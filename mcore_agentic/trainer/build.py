@@ -8,11 +8,10 @@ Nothing here trains; nothing in the loop builds.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -20,6 +19,23 @@ import torch.distributed as dist
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.config.rules import BatchSizes
 from mcore_agentic.config.schema import RLConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from mcore_agentic.algorithms.kl import AdaptiveKLController, FixedKLController
+    from mcore_agentic.data.dataloader import RLDataLoader
+    from mcore_agentic.interactions.base import InteractionProtocol
+    from mcore_agentic.parallel.layout import ParallelLayout
+    from mcore_agentic.parallel.rollout_placement import RolloutPlacement
+    from mcore_agentic.rewards.registry import RewardFn
+    from mcore_agentic.rollout.engines.base import RolloutEngine
+    from mcore_agentic.sharding.manager import ShardingManager
+    from mcore_agentic.tools.base import ToolProtocol
+    from mcore_agentic.tools.executor import ToolExecutor
+    from mcore_agentic.workers.actor import Actor
+    from mcore_agentic.workers.critic import Critic
+    from mcore_agentic.workers.reference import Reference
 
 logger = logging.getLogger(__name__)
 
@@ -99,43 +115,25 @@ def total_steps(cfg: RLConfig, batches_per_epoch: int) -> int:
 
 
 # ----------------------------------------------------------------------------------- workers
-def _sequences_config(worker_cfg: Any, sizes: Any) -> Any:
-    """The worker config with ``ppo_mini_batch_size`` in *sequences* (the workers' unit).
-
-    YAML counts prompts (verl semantics, see :mod:`mcore_agentic.config.rules`); the workers
-    slice the sequence batch, so the trainer hands them prompts x ``rollout.n``.
-    """
-    return dataclasses.replace(worker_cfg, ppo_mini_batch_size=sizes.mini_batch_sequences)
-
-
-def restrict_vocab(worker: Any, tokenizer_size: int) -> Any:
-    """Normalise the worker's log-probs over the tokenizer's ids only, as the rollout engine samples.
-
-    The checkpoint's embedding table is padded past the tokenizer (tiny models: to a multiple
-    of 64) and the engine never samples those ids; a softmax over them would shift every
-    trainer log-prob by a constant against the engine's (``rollout/logprob_diff_*``).
-    """
-    if worker is not None and tokenizer_size < worker.engine.vocab_size:
-        worker.engine.vocab_size = tokenizer_size
-    return worker
-
-
 def decay_horizon(optim: Any, run_optimizer_steps: int) -> int:
     """The LR schedule's length: ``<worker>.optim.total_training_steps`` when set (> 0), else the run's optimizer steps."""
     return optim.total_training_steps if optim.total_training_steps > 0 else run_optimizer_steps
 
 
-def build_actor(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> Any:
+def build_actor(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int, vocab_size: int) -> Any:
+    """The policy; ``vocab_size``: the tokenizer's ids, those the rollout engine samples (log-probs normalise over them)."""
     from mcore_agentic.workers.actor import Actor
 
     return Actor(
-        _sequences_config(cfg.actor, sizes.actor),
+        cfg.actor,
+        mini_batch_sequences=sizes.actor.mini_batch_sequences,
         model_path=cfg.model.model_path,
         dtype=cfg.model.dtype,
         layout=layout,
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
         transformer_impl=cfg.model.transformer_impl,
+        vocab_size=vocab_size,
         total_training_steps=decay_horizon(
             cfg.actor.optim, steps * sizes.actor.mini_batches_per_epoch * cfg.actor.ppo_epochs + cfg.trainer.sft_warmup_steps
         ),
@@ -146,7 +144,7 @@ def needs_reference(cfg: RLConfig) -> bool:
     return cfg.algorithm.use_kl_in_reward or cfg.actor.policy_loss.use_kl_loss
 
 
-def build_reference(cfg: RLConfig, layout: Any) -> Any:
+def build_reference(cfg: RLConfig, layout: Any, vocab_size: int) -> Any:
     if not needs_reference(cfg):
         return None
     from mcore_agentic.workers.reference import Reference
@@ -160,6 +158,7 @@ def build_reference(cfg: RLConfig, layout: Any) -> Any:
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
         transformer_impl=cfg.model.transformer_impl,
+        vocab_size=vocab_size,
     )
 
 
@@ -170,7 +169,8 @@ def build_critic(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> A
 
     assert sizes.critic is not None
     return Critic(
-        _sequences_config(cfg.critic, sizes.critic),
+        cfg.critic,
+        mini_batch_sequences=sizes.critic.mini_batch_sequences,
         model_path=cfg.model.model_path,
         dtype=cfg.model.dtype,
         parallel=cfg.actor.parallel,
@@ -236,24 +236,26 @@ class Components:
     """Everything one run needs, built once."""
 
     cfg: RLConfig
-    layout: Any
+    layout: ParallelLayout
     sizes: BatchSizes
-    tokenizer: Any
-    train_loader: Any
+    tokenizer: PreTrainedTokenizerBase
+    train_loader: RLDataLoader
     val_rows: list[dict[str, Any]]
-    actor: Any
-    ref: Any
-    critic: Any
-    placement: Any
-    """:class:`~mcore_agentic.parallel.rollout_placement.RolloutPlacement`: which rank rolls out which prompts."""
-    engine: Any
+    actor: Actor
+    ref: Reference | None
+    """None unless a KL term needs it (``algorithm.use_kl_in_reward`` or ``actor.use_kl_loss``)."""
+    critic: Critic | None
+    """None unless the advantage estimator needs values (GAE)."""
+    placement: RolloutPlacement
+    """Which rank rolls out which prompts."""
+    engine: RolloutEngine | None
     """This rank's rollout engine; None off a rollout group's leader."""
-    tools: dict[str, Any]
-    interactions: dict[str, Any]
-    executor: Any
-    weight_sync: Any
-    reward_fn: Any
-    kl_ctrl: Any
+    tools: dict[str, ToolProtocol]
+    interactions: dict[str, InteractionProtocol]
+    executor: ToolExecutor | None
+    weight_sync: ShardingManager
+    reward_fn: RewardFn
+    kl_ctrl: FixedKLController | AdaptiveKLController
     total_steps: int
 
 
@@ -270,8 +272,8 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     train_set, val_set = build_datasets(cfg, tokenizer, tools)
     loader = make_train_loader(train_set, cfg.data, cfg.seed)
     steps = total_steps(cfg, len(loader))
-    actor = restrict_vocab(build_actor(cfg, layout, sizes, steps), len(tokenizer))
-    ref = restrict_vocab(build_reference(cfg, layout), len(tokenizer))
+    actor = build_actor(cfg, layout, sizes, steps, vocab_size=len(tokenizer))
+    ref = build_reference(cfg, layout, vocab_size=len(tokenizer))
     critic = build_critic(cfg, layout, sizes, steps)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     placement = build_rollout_placement(cfg, layout)

@@ -96,21 +96,6 @@ def find_latest(root: str | os.PathLike) -> Path | None:
     return complete[-1][1] if complete else None
 
 
-def read_latest_file(root: str | os.PathLike) -> int | None:
-    """The step recorded in ``latest_checkpointed_iteration.txt`` (None when absent)."""
-    path = Path(root) / LATEST_FILE
-    if not path.is_file():
-        return None
-    return int(path.read_text().strip())
-
-
-def step_of(path: str | os.PathLike) -> int:
-    m = _STEP_RE.match(Path(path).name)
-    if not m:
-        raise ValueError(f"{path} is not a {STEP_PREFIX}<k> checkpoint directory")
-    return int(m.group(1))
-
-
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be resumed from: one line naming the file and the fix."""
 

@@ -72,11 +72,6 @@ def compute_data_metrics(batch: Batch, max_response_length: int | None = None) -
     return out
 
 
-def timing_metrics(timings: Mapping[str, float]) -> dict[str, float]:
-    """``{"timing_s/<phase>": seconds}`` (keys already prefixed pass through)."""
-    return {k if k.startswith("timing_s/") else f"timing_s/{k}": float(v) for k, v in timings.items()}
-
-
 def throughput_metrics(num_tokens: int, step_seconds: float, world_size: int) -> dict[str, float]:
     """Tokens processed per second for the whole job and per GPU (or CPU process)."""
     if step_seconds <= 0 or world_size <= 0:

@@ -34,17 +34,22 @@ class Actor:
         self,
         cfg: ActorConfig,
         *,
+        mini_batch_sequences: int,
         model_path: str,
         dtype: str,
         layout: Any,
         temperature: float = 1.0,
         make_vocab_size_divisible_by: int = 128,
         transformer_impl: str = "auto",
+        vocab_size: int | None = None,
         total_training_steps: int | None = None,
     ) -> None:
         if not temperature > 0:
             raise ConfigError("rollout.temperature", f"{temperature} must be > 0")
         self.cfg = cfg
+        self.mini_batch_sequences = mini_batch_sequences
+        """Sequences per optimizer step over all DP ranks: ``ppo_mini_batch_size`` counts *prompts* (verl);
+        the trainer converts it once (``config.rules.PPOBatchSizes.mini_batch_sequences``: prompts x rollout.n)."""
         self.temperature = temperature
         self.engine = MegatronEngine(
             model_path=model_path,
@@ -56,6 +61,7 @@ class Actor:
             optim=cfg.optim,
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             total_training_steps=total_training_steps,
+            vocab_size=vocab_size,
         )
         self.batching = MicroBatching(
             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
@@ -95,7 +101,7 @@ class Actor:
         generator = torch.Generator().manual_seed(self.cfg.seed + self._updates)
         self._updates += 1
         return ppo_epochs(
-            self.engine, batch, mini_batch_size=self.cfg.ppo_mini_batch_size, epochs=self.cfg.ppo_epochs,
+            self.engine, batch, mini_batch_size=self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
             shuffle=self.cfg.shuffle, generator=generator, head=log_prob_head(self.engine, self.temperature, True),
             make_loss=self._ppo_loss_fn, batching=self.batching,
         )

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from mcore_agentic.algorithms.losses import LossNormalisers
 from mcore_agentic.algorithms.objective import critic_objective
@@ -26,8 +25,6 @@ from mcore_agentic.models.bridge import unwrap_model
 from mcore_agentic.workers.config import CriticConfig
 from mcore_agentic.workers.engine import MegatronEngine, MicroBatch, MicroBatching
 from mcore_agentic.workers.passes import MODEL_KEYS, ppo_epochs, require_keys
-
-HEAD_NAME = "value_head.weight"
 
 
 class ValueHead(torch.nn.Module):
@@ -61,6 +58,7 @@ class Critic:
         self,
         cfg: CriticConfig,
         *,
+        mini_batch_sequences: int,
         model_path: str,
         dtype: str,
         parallel: Any,
@@ -70,6 +68,9 @@ class Critic:
         total_training_steps: int | None = None,
     ) -> None:
         self.cfg = cfg
+        self.mini_batch_sequences = mini_batch_sequences
+        """Sequences per optimizer step over all DP ranks: ``ppo_mini_batch_size`` counts *prompts* (verl);
+        the trainer converts it once (``config.rules.PPOBatchSizes.mini_batch_sequences``: prompts x rollout.n)."""
         self.engine = MegatronEngine(
             model_path=cfg.model_path or model_path,
             dtype=dtype,
@@ -81,11 +82,8 @@ class Critic:
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             total_training_steps=total_training_steps,
             customize=_attach_value_heads,
+            lm_head=False,  # the value head sits where the LM head was: the body's export skips it
         )
-        # The critic has no LM head to export: skip the value head's "output_layer.weight" in the
-        # bridge's export (this bridge instance belongs to this engine alone).
-        bridge_skip = self.engine.bridge.skip_on_export
-        self.engine.bridge.skip_on_export = lambda name: name == "output_layer.weight" or bridge_skip(name)
         self.batching = MicroBatching(
             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
             use_dynamic_bsz=cfg.use_dynamic_bsz,
@@ -121,24 +119,10 @@ class Critic:
         generator = torch.Generator().manual_seed(self.cfg.seed + self._updates)
         self._updates += 1
         return ppo_epochs(
-            self.engine, batch, mini_batch_size=self.cfg.ppo_mini_batch_size, epochs=self.cfg.ppo_epochs,
+            self.engine, batch, mini_batch_size=self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
             shuffle=self.cfg.shuffle, generator=generator, head=self._head, make_loss=self._loss_fn,
             batching=self.batching,
         )
-
-    def export_weights(self) -> dict[str, torch.Tensor]:
-        """Full HF tensors of the body plus ``value_head.weight`` [1, H] (collective, same on every rank)."""
-        weights = self.engine.export_hf_weights()
-        layout = self.engine.layout
-        last = unwrap_model(self.engine.chunks[-1])
-        if layout.is_pipeline_last_stage:
-            head = last.output_layer.weight.detach().clone()
-        else:
-            head = torch.empty(1, self.engine.tcfg.hidden_size, dtype=self.engine.dtype)
-        if layout.pipeline_model_parallel_size > 1:
-            dist.broadcast(head, group=layout.pp_group(), group_src=layout.pipeline_model_parallel_size - 1)
-        weights[HEAD_NAME] = head
-        return weights
 
     def offload(self) -> int:
         return self.engine.offload(

@@ -101,7 +101,12 @@ class MegatronEngine:
         total_training_steps: int | None = None,
         customize: Callable[[list[Any]], None] | None = None,
         transformer_impl: str = "auto",
+        vocab_size: int | None = None,
+        lm_head: bool = True,
     ) -> None:
+        """``vocab_size``: the ids log-probs normalise over — the tokenizer's, which the rollout engine
+        samples from (a checkpoint's embedding table may be padded past it, and a softmax over ids the
+        engine never samples would shift every log-prob against the engine's); None: the checkpoint's."""
         from mcore_agentic.models.hf_io import load_hf_config
         from mcore_agentic.models.registry import get_bridge
 
@@ -111,32 +116,34 @@ class MegatronEngine:
         self.parallel = parallel
         self.dtype = _DTYPES[dtype]
         self.hf_config = load_hf_config(model_path)
-        self.bridge = get_bridge(self.hf_config, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
-        self.vocab_size = int(self.hf_config.vocab_size)
+        self.bridge = get_bridge(
+            self.hf_config, make_vocab_size_divisible_by=make_vocab_size_divisible_by, lm_head=lm_head
+        )
+        rows = int(self.hf_config.vocab_size)
+        self.vocab_size = rows if vocab_size is None else min(rows, vocab_size)
+        interleaved = (parallel.virtual_pipeline_model_parallel_size or 1) > 1
         self.tcfg = self.bridge.transformer_config(
             self.hf_config,
             parallel,
             params_dtype=self.dtype,
             # Gradients are summed (no 1/num_microbatches, no DP averaging): loss_fn normalises globally.
             calculate_per_token_loss=True,
+            # Micro-batches have different padded lengths / row counts: PP exchanges shapes first. Not with
+            # the interleaved (VPP) schedule: its shape exchange with variable lengths pairs tensors of the
+            # wrong micro-batches; every micro-batch of a step gets the same shape instead (see
+            # micro_batches), announced through seq_length/micro_batch_size.
+            variable_seq_lengths=not interleaved,
+            # Megatron refuses variable lengths with its default (allgather) MoE token dispatcher, even for
+            # a dense model that has none; alltoall is the dispatcher that supports them.
+            moe_token_dispatcher_type="alltoall",
+            # gloo matches a batched isend/irecv pair by (peer, tag) only; with VPP over PP=2 the next and
+            # previous stage are the same peer, so an activation and a gradient sent in one batch can swap.
+            # Unbatched p2p posts sends/recvs in Megatron's even/odd order instead.
+            batch_p2p_comm=not (interleaved and not torch.cuda.is_available()),
         )
-        # Micro-batches have different padded lengths / row counts: PP exchanges shapes first. Set after
-        # construction because TransformerConfig.__post_init__ rejects it with the (unused, MoE-only)
-        # default allgather token dispatcher even for dense models.
-        self.tcfg.variable_seq_lengths = True
         from mcore_agentic.models.transformer_impl import use_te_for
 
         chunks = self.bridge.build_model(self.hf_config, self.tcfg, use_te=use_te_for(transformer_impl))
-        if len(chunks) > 1:
-            # Interleaved (VPP) schedule: its shape exchange with variable lengths pairs tensors of the
-            # wrong micro-batches; every micro-batch of a step gets the same shape instead (see
-            # micro_batches), announced through seq_length/micro_batch_size.
-            self.tcfg.variable_seq_lengths = False
-            if not torch.cuda.is_available():
-                # gloo matches a batched isend/irecv pair by (peer, tag) only; with PP=2 the next and
-                # previous stage are the same peer, so an activation and a gradient sent in one batch
-                # can swap. Unbatched p2p posts sends/recvs in Megatron's even/odd order instead.
-                self.tcfg.batch_p2p_comm = False
         self.bridge.load_hf_weights(chunks, model_path)
         if customize is not None:
             customize(chunks)
@@ -430,10 +437,4 @@ class MegatronEngine:
         return moved
 
 
-def vocab_shard_range(logits_shard: torch.Tensor, layout: Any) -> tuple[int, int]:
-    """Global vocab ids ``[start, end)`` of this TP rank's logits shard."""
-    width = logits_shard.shape[-1]
-    return layout.tp_rank * width, (layout.tp_rank + 1) * width
-
-
-__all__: Sequence[str] = ["HeadFn", "LossFn", "MegatronEngine", "MicroBatch", "MicroBatching", "vocab_shard_range"]
+__all__: Sequence[str] = ["HeadFn", "LossFn", "MegatronEngine", "MicroBatch", "MicroBatching"]

@@ -34,6 +34,7 @@ class Reference:
         temperature: float = 1.0,
         make_vocab_size_divisible_by: int = 128,
         transformer_impl: str = "auto",
+        vocab_size: int | None = None,
     ) -> None:
         if not temperature > 0:
             raise ConfigError("rollout.temperature", f"{temperature} must be > 0")
@@ -47,6 +48,7 @@ class Reference:
             make_vocab_size_divisible_by=make_vocab_size_divisible_by,
             transformer_impl=transformer_impl,
             optim=None,
+            vocab_size=vocab_size,
         )
         self.batching = MicroBatching(
             micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,

@@ -186,7 +186,7 @@ def _check_export(step_dir: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mcore_agentic.models.hf_io import load_hf_state_dict
+    from tests.helpers.hf import load_hf_state_dict
 
     env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     done = subprocess.run([sys.executable, "launch/export_hf.py", "--checkpoint", str(step_dir), "--out", str(out)],

@@ -305,7 +305,8 @@ class DenseDecoderBridge(Bridge):
         return megatron_name.endswith("mlp.linear_fc1.weight")
 
     def skip_on_export(self, global_name: str) -> bool:
-        return global_name == "output_layer.weight" and bool(self.hf_config.tie_word_embeddings)
+        tied = global_name == "output_layer.weight" and bool(self.hf_config.tie_word_embeddings)
+        return tied or super().skip_on_export(global_name)
 
     def ignored_hf_keys(self, hf_state: Mapping[str, torch.Tensor]) -> list[str]:
         # Some tied checkpoints still store lm_head.weight (a copy of embed_tokens), and old Llama ones the

@@ -10,7 +10,7 @@ import yaml
 
 from mcore_agentic.config import CONFIG_DIR, ConfigError
 from mcore_agentic.data.config import DataConfig, SyntheticTaskConfig
-from mcore_agentic.data.dataloader import RLDataLoader, make_train_loader, make_val_loader, rows_to_batch
+from mcore_agentic.data.dataloader import RLDataLoader, make_train_loader
 from mcore_agentic.data.dataset import RLDataset, load_datasets, normalize_row, prompt_token_length, write_parquet
 from mcore_agentic.data.synthetic import DATA_SOURCE, ideal_conversation, make_rows, sft_conversations
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
@@ -148,18 +148,8 @@ def test_loaders_from_config():
     ds = RLDataset.from_rows([_row(extra_info__index=i) for i in range(5)], "x")
     cfg = DataConfig(train_files="x.parquet", train_batch_size=2, val_batch_size=None)
     assert len(make_train_loader(ds, cfg, seed=1)) == 2
-    val = list(make_val_loader(ds, cfg))
-    assert len(val) == 1 and [r["extra_info"]["index"] for r in val[0]] == [0, 1, 2, 3, 4]
     with pytest.raises(ConfigError, match="larger than the dataset"):
         make_train_loader(ds, DataConfig(train_files="x", train_batch_size=8), seed=1)
-
-
-def test_rows_to_batch():
-    ds = RLDataset.from_rows([_row(), _row(reward_model={"ground_truth": "9"})], "x")
-    batch = rows_to_batch(list(ds))
-    assert len(batch) == 2 and batch["ground_truth"] == ["5", "9"]
-    assert batch["tools_kwargs"][0] == {"calculator": {"create_kwargs": {}}}
-    assert batch["raw_prompt"][1] == ds[1]["prompt"]
 
 
 def test_synthetic_task_is_deterministic_and_disjoint():

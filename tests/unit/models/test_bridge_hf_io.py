@@ -12,9 +12,9 @@ from mcore_agentic.models.hf_io import (
     INDEX_FILE,
     SafetensorsState,
     load_hf_config,
-    load_hf_state_dict,
     save_hf_checkpoint,
 )
+from tests.helpers.hf import load_hf_state_dict
 
 
 def _tensors() -> dict[str, torch.Tensor]:

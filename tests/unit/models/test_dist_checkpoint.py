@@ -29,8 +29,8 @@ def _body(rank: int, world_size: int, path: str, ckpt_dir: str) -> bytes:
     from megatron.core import dist_checkpointing
 
     import megatron_patches
-    from mcore_agentic.models.hf_io import load_hf_state_dict
     from mcore_agentic.parallel.layout import destroy_parallel
+    from tests.helpers.hf import load_hf_state_dict
 
     megatron_patches.apply()
     original = load_hf_state_dict(path)

@@ -41,7 +41,7 @@ def _one_step(par: ParallelConfig, path: str) -> dict[str, Any]:
 
 def _body(rank: int, world_size: int, path: str) -> bytes:
     import megatron_patches
-    from mcore_agentic.models.hf_io import load_hf_state_dict
+    from tests.helpers.hf import load_hf_state_dict
 
     megatron_patches.apply()
     out = {name: _one_step(par, path) for name, par in LAYOUTS.items()}

@@ -46,9 +46,10 @@ def _build(bridge, hf_config, par):
 def _roundtrip_body(rank: int, world_size: int, checkpoints: list[str]) -> dict:
     import megatron_patches
     from mcore_agentic.models.bridge import BridgeError
-    from mcore_agentic.models.hf_io import load_hf_config, load_hf_state_dict
+    from mcore_agentic.models.hf_io import load_hf_config
     from mcore_agentic.models.registry import get_bridge
     from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
+    from tests.helpers.hf import load_hf_state_dict
 
     megatron_patches.apply()
     out: dict = {}
@@ -123,7 +124,7 @@ def _sync_replicated(bridge, chunks) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
-    from mcore_agentic.models.hf_io import load_hf_state_dict
+    from tests.helpers.hf import load_hf_state_dict
 
     root = tmp_path_factory.mktemp("rt")
     paths = [

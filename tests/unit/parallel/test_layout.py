@@ -115,7 +115,7 @@ def test_initialize_tp2_on_two_ranks():
         lay = res["layout"]
         assert (lay.world_size, lay.rank, lay.tensor_model_parallel_size, lay.data_parallel_size) == (2, rank, 2, 1)
         assert (lay.tp_rank, lay.pp_rank, lay.cp_rank, lay.dp_rank) == (rank, 0, 0, 0)
-        assert lay.backend == "gloo" and lay.is_pipeline_first_stage and lay.is_pipeline_last_stage
+        assert lay.backend == "gloo" and lay.pp_rank == 0 and lay.is_pipeline_last_stage
         assert res["tp_sum"] == 3.0 and res["tp_group_size"] == 2 and res["dp_group_size"] == 1
         assert res["describe"].startswith(f"rank {rank}/2: TP 2 (rank {rank})")
     # The tracker was seeded per TP rank: the model-parallel streams differ.

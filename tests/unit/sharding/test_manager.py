@@ -132,8 +132,8 @@ def _layout_checks(path: str, lay: Layout) -> dict:
     cfg = ActorConfig(parallel=par, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2,
                       optim=OptimConfig(lr=2e-2), policy_loss=PolicyLossConfig(entropy_coeff=0.0),
                       param_offload=True, grad_offload=True, optimizer_offload=True)
-    actor = Actor(cfg, model_path=path, dtype="float32", layout=layout)
-    twin = Actor(cfg, model_path=path, dtype="float32", layout=layout)  # never synced: the reference run
+    actor = Actor(cfg, mini_batch_sequences=4, model_path=path, dtype="float32", layout=layout)
+    twin = Actor(cfg, mini_batch_sequences=4, model_path=path, dtype="float32", layout=layout)  # never synced: the reference run
     engine = HFEngine(random_model(hf_config(tied=lay.tied), seed=123))
     version = WeightVersion()
     sharding = ShardingConfig(bucket_size_mb=0.1)

@@ -21,9 +21,14 @@ from mcore_agentic.trainer.checkpoint import (
     CheckpointError,
     CheckpointManager,
     find_latest,
-    read_latest_file,
 )
 from tests.helpers.distributed import run_distributed
+
+
+def read_latest_file(root) -> int | None:
+    """The step in verl's ``latest_checkpointed_iteration.txt`` (None when absent)."""
+    path = root / LATEST_FILE
+    return int(path.read_text().strip()) if path.is_file() else None
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,26 +1,27 @@
-"""set_seed makes python, numpy and torch draws repeat."""
+"""RngState: a captured python/numpy/torch RNG state draws the same numbers again once restored."""
 
 from __future__ import annotations
 
 import random
 
 import numpy as np
-import pytest
 import torch
 
-from mcore_agentic.utils.seeding import set_seed
+from mcore_agentic.utils.seeding import RngState
 
 
 def _draw():
     return random.random(), float(np.random.rand()), torch.rand(2).tolist()
 
 
-def test_same_seed_same_draws_offsets_differ():
-    set_seed(7)
+def test_capture_restore_and_seeded_streams():
+    state = RngState.capture()
     a = _draw()
-    set_seed(7)
+    state.restore()
     assert _draw() == a
-    assert set_seed(7, rank_offset=1) == 8
-    assert _draw() != a
-    with pytest.raises(ValueError):
-        set_seed(-1)
+    RngState.seeded(7).restore()
+    b = _draw()
+    RngState.seeded(7).restore()
+    assert _draw() == b
+    RngState.seeded(8).restore()
+    assert _draw() != b

@@ -80,7 +80,7 @@ def _body(path: str, lay: Layout) -> dict:
         param_offload=True, grad_offload=True, optimizer_offload=True,
     )
     common = dict(model_path=path, dtype="float32", layout=layout)
-    actor = Actor(actor_cfg, temperature=TEMPERATURE, **common)
+    actor = Actor(actor_cfg, mini_batch_sequences=4, temperature=TEMPERATURE, **common)
     ref_micro = lay.micro if lay.vpp else 3  # VPP needs equal micro-batches
     ref = Reference(RefConfig(log_prob_micro_batch_size_per_gpu=ref_micro, param_offload=True), parallel=par,
                     temperature=TEMPERATURE, **common)
@@ -114,14 +114,16 @@ def _body(path: str, lay: Layout) -> dict:
     critic_cfg = CriticConfig(
         ppo_mini_batch_size=8, **batching, optim=OptimConfig(lr=1e-1, eps=1.0), value_loss=ValueLossConfig(cliprange_value=0.2)
     )
-    critic = Critic(critic_cfg, parallel=par, **common)
+    critic = Critic(critic_cfg, mini_batch_sequences=8, parallel=par, **common)
     cbatch = critic.compute_values(batch)
     out["values_init"] = cbatch["values"]
     out["critic_metrics"] = [critic.update_critic(cbatch)]
     cbatch = critic.compute_values(cbatch)
     out["critic_metrics"].append(critic.update_critic(cbatch))
     out["values_after"] = critic.compute_values(cbatch)["values"]
-    out["critic_weights"] = critic.export_weights()
+    from tests.helpers.critic import critic_weights
+
+    out["critic_weights"] = critic_weights(critic)
     out["seconds"] = time.time() - t0
     return out
 
@@ -208,7 +210,7 @@ def test_critic_values_and_updates_match_across_layouts(runs):
                 assert abs(r["critic_metrics"][i]["vf_loss"] - m["vf_loss"]) <= TOL * max(1.0, m["vf_loss"]), (name, i)
     assert "value_head.weight" in base["critic_weights"] and "lm_head.weight" not in base["critic_weights"]
     # The second update moved the body too (the first only the zero head).
-    from mcore_agentic.models.hf_io import load_hf_state_dict
+    from tests.helpers.hf import load_hf_state_dict
 
     initial = load_hf_state_dict(runs["path"])
     moved = max(_rel(w, initial[k]) for k, w in base["critic_weights"].items() if k != "value_head.weight")
