@@ -1,9 +1,15 @@
-"""Explicit, named patches that let megatron-core run on CPU with gloo.
+"""Explicit, named patches to megatron-core: CPU/gloo stand-ins and checkpoint-load fixes.
 
 Nothing is patched on import: call :func:`apply` once (``launch/`` and tests do).
 Each patch module names its target symbol, the reason, the supported
-megatron-core versions and when it can go. When CUDA is available every patch
-is a no-op (the real CUDA paths work) unless ``force=True``.
+megatron-core versions and when it can go. Two kinds:
+
+* CPU/gloo patches (``cpu_only``): megatron-core hard-codes CUDA on these paths. When
+  CUDA is available they are not applied (the real CUDA paths work) unless ``force=True``.
+* checkpoint-load fixes (``dist_checkpointing_weights_only`` and the ``distopt_load_*``
+  patches): bugs of megatron-core 0.16.1 / torch's checkpoint planner that do not depend
+  on the device, applied whether or not CUDA is available.
+  ``mcore_agentic.trainer.model_checkpoint.load_worker`` refuses to load without them.
 
 Public API::
 
@@ -12,11 +18,13 @@ Public API::
     megatron_patches.revert()                      # undo (tests)
     megatron_patches.applied() -> tuple[str, ...]
     megatron_patches.PATCH_NAMES
+    megatron_patches.CHECKPOINT_PATCH_NAMES
 
 Patches rebind names inside megatron-core modules (mostly their module-global
-``torch``, see ``_cpu_torch``) — never the real ``torch`` module, except two
-construction-time contexts (``Tensor.type`` names in the optimizer constructors,
-``Tensor.cuda`` as identity in a few setup/checkpoint functions) that restore on exit.
+``torch``, see ``_cpu_torch``, or a method of a megatron-core class) — never the real
+``torch`` module, except two construction-time contexts (``Tensor.type`` names in the
+optimizer constructors, ``Tensor.cuda`` as identity in a few setup/checkpoint functions)
+that restore on exit.
 
 The context-parallel attention layer is not a patch (nothing is replaced): it is
 ``mcore_agentic.parallel.cp_attention.ContextParallelDotProductAttention``, chosen by a layer spec.
@@ -46,7 +54,19 @@ PATCH_NAMES: tuple[str, ...] = (
     "dist_checkpointing_devices",
     "rope_cp_slice",
     "tied_embedding_sync",
+    "dist_checkpointing_weights_only",
+    "distopt_load_unstepped",
+    "distopt_load_step_key",
+    "distopt_load_shared_step",
 )
+
+CHECKPOINT_PATCH_NAMES: tuple[str, ...] = (
+    "dist_checkpointing_weights_only",
+    "distopt_load_unstepped",
+    "distopt_load_step_key",
+    "distopt_load_shared_step",
+)
+"""The patches that are not ``cpu_only``: applied on GPU too."""
 
 _ACTIVE: dict[str, PatchContext] = {}
 
@@ -68,18 +88,20 @@ def get_patch(name: str) -> Patch:
 def apply(names: Iterable[str] | None = None, *, force: bool = False) -> tuple[str, ...]:
     """Apply the named patches (default: all). Idempotent; returns the names now active.
 
-    ``force=True`` applies them even when CUDA is available (for tests only).
+    When CUDA is available the ``cpu_only`` patches are skipped (the checkpoint-load fixes
+    still apply); ``force=True`` applies them anyway (for tests only).
     """
     import torch
 
-    if torch.cuda.is_available() and not force:
-        logger.debug("megatron_patches.apply: CUDA available, CPU patches not needed")
-        return applied()
+    skip_cpu_only = torch.cuda.is_available() and not force
     missing: list[str] = []
     for name in PATCH_NAMES if names is None else tuple(names):
         if name in _ACTIVE:
             continue
         patch = get_patch(name)
+        if patch.cpu_only and skip_cpu_only:
+            logger.debug("megatron patch %s skipped: CUDA available, CPU patch not needed", name)
+            continue
         ctx = PatchContext(name)
         patch.install(ctx)
         if ctx.missing:
@@ -111,6 +133,7 @@ def applied() -> tuple[str, ...]:
 
 
 __all__ = [
+    "CHECKPOINT_PATCH_NAMES",
     "PATCH_NAMES",
     "TESTED_MEGATRON_CORE",
     "MissingPatchTargets",

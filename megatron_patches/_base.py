@@ -56,6 +56,24 @@ class PatchContext:
             return False
         return self.swap(mod, attr, make_new(getattr(mod, attr)))
 
+    def attr(self, dotted: str, name: str) -> Any:
+        """``module(dotted).name`` (a class, say), or None with the missing module or attribute recorded."""
+        mod = self.module(dotted)
+        if mod is None:
+            return None
+        if not hasattr(mod, name):
+            self.missing.append(f"{dotted}.{name}")
+            return None
+        return getattr(mod, name)
+
+    def wrap(self, owner: Any, attr: str, make_new: Callable[[Any], Any]) -> bool:
+        """``swap(owner, attr, make_new(original))``; a missing attribute is recorded, a None owner skipped."""
+        if owner is None:
+            return False
+        if not hasattr(owner, attr):
+            return self.swap(owner, attr, None)  # records it as missing
+        return self.swap(owner, attr, make_new(getattr(owner, attr)))
+
     def restore(self) -> None:
         """Undo every swap in reverse order."""
         for owner, attr, original in reversed(self.swaps):
@@ -68,8 +86,14 @@ class PatchContext:
 
 @dataclass(frozen=True)
 class Patch:
-    """One named patch: ``install(ctx)`` performs its swaps through ``ctx``."""
+    """One named patch: ``install(ctx)`` performs its swaps through ``ctx``.
+
+    ``cpu_only``: the patch only stands in for CUDA (the default); :func:`megatron_patches.apply`
+    skips it when CUDA is available. A patch that fixes a device-independent bug (the
+    checkpoint-load ones) sets it False and is applied on GPU too.
+    """
 
     name: str
     reason: str
     install: Callable[[PatchContext], None]
+    cpu_only: bool = True

@@ -14,8 +14,9 @@ digest. Verification (:func:`check_files`) finds what changed since the save:
   restrictions). Every other pickle on the resume path is weights-only: our trainer
   state and RNG files, megatron-core's ``common.pt`` (torch's default), and the byte
   entries inside ``.distcp`` shards, which torch would load with
-  ``weights_only=False`` and :func:`~mcore_agentic.trainer.model_checkpoint.load_worker`
-  loads weights-only.
+  ``weights_only=False`` and the ``dist_checkpointing_weights_only`` megatron patch loads
+  weights-only (:func:`~mcore_agentic.trainer.model_checkpoint.load_worker` refuses to load
+  without it).
 
 Hashing is split across ranks (:func:`shares`: files largest first, each to the
 least-loaded rank), so a save or a check reads every byte once on the whole

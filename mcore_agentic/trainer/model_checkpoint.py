@@ -38,16 +38,19 @@ are reloaded for the save/load and offloaded again afterwards.
 re-imports the main module) and needs ``psutil``: scripts that save must keep
 their work under ``if __name__ == "__main__"``.
 
-megatron-core 0.16.1 with torch's Adam (no Apex/TransformerEngine, i.e. on CPU)
-needs three fixes here, each a no-op with TE/Apex: placeholder Adam state before
-building a loading state dict, ``step`` set aside in the fully-reshardable tensor
-load, and per-parameter ``step`` tensors after it (see :func:`_load_optimizer`).
+Loading relies on ``megatron_patches`` (applied by ``launch/`` and tests; this package never
+imports it): ``dist_checkpointing_weights_only`` loads the byte entries of ``.distcp`` shards
+weights-only (torch would unpickle them with ``weights_only=False``), and the
+``distopt_load_*`` patches fix megatron-core 0.16.1's distributed-optimizer load with torch's
+Adam (no Apex/TransformerEngine, i.e. on CPU). :func:`load_worker` refuses to run without
+them (:func:`_require_checkpoint_patches`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,42 +105,8 @@ def _onloaded(engine: Any) -> Iterator[None]:
             engine.offload(**{g: g in offloaded for g in _OFFLOAD_GROUPS})
 
 
-@contextmanager
-def weights_only_byte_entries() -> Iterator[None]:
-    """Load the byte entries of ``.distcp`` shards weights-only for the duration.
-
-    torch.distributed.checkpoint stores non-tensor values (Megatron's ``_extra_state``
-    ShardedObjects) as ``torch.save`` bytes and reads them back in
-    ``DefaultLoadPlanner.load_bytes`` with ``torch.load(weights_only=False)``: a value planted
-    in a shard would run code on resume. Here they load with ``weights_only=True``; the one
-    non-tensor type such entries hold (TransformerEngine's ``io.BytesIO`` extra state) is
-    allowed by name. Megatron's load planner inherits the method, so both are covered.
-    """
-    import io
-
-    import torch
-    from torch.distributed.checkpoint import default_planner
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-
-    original = DefaultLoadPlanner.load_bytes
-
-    def load_bytes(self: Any, read_item: Any, value: Any) -> None:
-        with torch.serialization.safe_globals([io.BytesIO]):
-            obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            default_planner.set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
-
-    DefaultLoadPlanner.load_bytes = load_bytes
-    try:
-        yield
-    finally:
-        DefaultLoadPlanner.load_bytes = original
-
-
 def _load_sharded(sharded: dict[str, Any], directory: Path) -> dict[str, Any]:
-    """``dist_checkpointing.load`` with weights-only byte entries; its failure is one line naming the directory.
+    """``dist_checkpointing.load``; its failure is one line naming the directory.
 
     torch.distributed.checkpoint raises ``CheckpointException``, a ``BaseException`` holding each
     rank's traceback; a resume reports the first line of the first failure instead.
@@ -148,8 +117,7 @@ def _load_sharded(sharded: dict[str, Any], directory: Path) -> dict[str, Any]:
     from mcore_agentic.trainer.checkpoint import CheckpointError
 
     try:
-        with weights_only_byte_entries():
-            return dist_checkpointing.load(sharded, str(directory))
+        return dist_checkpointing.load(sharded, str(directory))
     except CheckpointException as exc:
         failure = next(iter(exc.failures.values()), exc) if getattr(exc, "failures", None) else exc
         first = next((line for line in str(failure).splitlines() if line.strip()), type(failure).__name__)
@@ -162,79 +130,22 @@ def _model_keys(chunks: list[Any]) -> list[str]:
     return ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
 
 
-def _prime_empty_adam_state(optimizer: Any) -> None:
-    """Give a never-stepped distributed optimizer placeholder Adam state, so that it can be loaded into.
+def _require_checkpoint_patches() -> None:
+    """Refuse to load unless the checkpoint-load patches of ``megatron_patches`` are in effect.
 
-    ``DistributedOptimizer.sharded_state_dict(is_loading=True)`` starts from
-    ``state_dict()``, which (with torch's Adam, i.e. without Apex/TransformerEngine)
-    reads each parameter's ``step`` and fails on an optimizer that has not stepped yet.
-    The placeholders (zeros, step 0) are overwritten by the load; with TE/Apex the
-    step lives in the param groups and nothing is needed.
+    Without ``dist_checkpointing_weights_only`` a pickle planted in a ``.distcp`` shard would
+    run on load; without the ``distopt_load_*`` patches the torch-Adam optimizer load raises,
+    or (``distopt_load_shared_step``) silently trains on with a wrong Adam step. This package
+    never imports ``megatron_patches``; it looks for it among the loaded modules, like
+    ``parallel.layout.initialize_parallel`` does.
     """
-    import torch
-    from megatron.core.optimizer import distrib_optimizer
-
-    if distrib_optimizer.HAVE_APEX_OR_TE:
-        return
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if not isinstance(opt, distrib_optimizer.DistributedOptimizer):
-            continue
-        inner = opt.optimizer
-        for group in inner.param_groups:
-            for p in group["params"]:
-                if len(inner.state[p]) == 0:
-                    inner.state[p].update(
-                        step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
-                    )
-
-
-def _load_optimizer(optimizer: Any, state: Any) -> None:
-    """``optimizer.load_state_dict(state)``, working around a torch-Adam gap of the fully-reshardable load.
-
-    ``DistributedOptimizer.load_parameter_state_from_fully_reshardable`` copies every
-    entry of the torch optimizer's per-parameter state from the checkpoint; torch's
-    Adam (used without Apex/TransformerEngine) keeps ``step`` there, which the
-    checkpoint carries in the param groups instead, so megatron-core 0.16.1 raises
-    ``KeyError: 'step'``. We load the param groups (and ``step``) first, then the
-    tensors with ``step`` set aside. Identical to Megatron's own path when no ``step``
-    is kept per parameter (TE/Apex).
-
-    Second gap, same path: ``DistributedOptimizer.load_state_dict`` gives every
-    parameter the *same* ``step`` tensor object, and torch's Adam increments each
-    parameter's ``step`` in place, so after a resume one optimizer step advanced it
-    once per parameter (wrong bias correction from the second step on). Each
-    parameter gets its own copy here.
-    """
-    import torch
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    chained = getattr(optimizer, "chained_optimizers", None)
-    if chained is None:
-        pairs = [(optimizer, state)]
-    elif len(chained) == 1:
-        pairs = [(chained[0], state)]
-    else:
-        pairs = list(zip(chained, (v for _, v in sorted(state.items()))))
-    for opt, sd in pairs:
-        if not (isinstance(opt, DistributedOptimizer) and sd.get("param_state_sharding_type") == "fully_reshardable"):
-            opt.load_state_dict(sd)
-            continue
-        opt.load_state_dict({k: v for k, v in sd.items() if k not in ("param_state", "param_state_sharding_type")})
-        per_param = opt.optimizer.state
-        steps = {p: s.pop("step") for p, s in per_param.items() if "step" in s}
-        try:
-            opt.load_parameter_state_from_fully_reshardable(sd["param_state"])
-        finally:
-            for p, step in steps.items():
-                per_param[p]["step"] = step
-    for opt, _ in pairs:
-        inner = getattr(opt, "optimizer", None)
-        for param_state in (inner.state.values() if inner is not None else ()):
-            step = param_state.get("step")
-            if isinstance(step, torch.Tensor):
-                param_state["step"] = step.clone()
-    if chained is not None and len(chained) > 1:
-        optimizer._synchronize_steps()
+    patches = sys.modules.get("megatron_patches")
+    needed = getattr(patches, "CHECKPOINT_PATCH_NAMES", None)
+    missing = [n for n in needed if n not in patches.applied()] if needed is not None else ["all"]
+    if missing:
+        raise RuntimeError(
+            f"loading a model checkpoint needs megatron_patches.apply() first (not applied: {', '.join(missing)})"
+        )
 
 
 def _drop_gathered_param_state(common: dict[str, Any]) -> dict[str, Any]:
@@ -259,8 +170,6 @@ def _state_dict(worker: Any, *, with_optimizer: bool, is_loading: bool) -> dict[
         model_sd = {k: state[k] for k in _model_keys(engine.chunks)}
         if len(engine.chunks) == 1:
             model_sd = model_sd["model"]
-        if is_loading:
-            _prime_empty_adam_state(engine.optimizer)
         state["optimizer"] = engine.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata)
         state["scheduler"] = engine.scheduler.state_dict()
         contents.append("optimizer")
@@ -304,6 +213,7 @@ def load_worker(directory: str | os.PathLike, worker: Any, *, load_optimizer: bo
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"model checkpoint directory {directory} does not exist")
+    _require_checkpoint_patches()
     common = dist_checkpointing.load_common_state_dict(str(directory))
     if common.get("format") != FORMAT:
         raise ValueError(f"{directory}: not a {FORMAT} checkpoint (format={common.get('format')!r})")
@@ -323,7 +233,7 @@ def load_worker(directory: str | os.PathLike, worker: Any, *, load_optimizer: bo
         for key, chunk in zip(_model_keys(engine.chunks), engine.chunks):
             unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
         if want_optimizer:
-            _load_optimizer(engine.optimizer, loaded["optimizer"])
+            engine.optimizer.load_state_dict(loaded["optimizer"])
             # Sets num_steps and the optimizer's lr/wd from the schedule; refuses a changed lr/warmup/decay config.
             engine.scheduler.load_state_dict(common["scheduler"])
             if hasattr(worker, "_updates"):

@@ -1,18 +1,21 @@
-"""Each CPU/gloo patch is needed (the operation fails with it reverted) and works (with it applied).
+"""Each megatron patch is needed (the operation fails with it reverted) and works (with it applied).
 
 One 2-rank gloo job runs a probe per patch twice — with only that patch reverted
-(the probe must raise) and with it applied (the probe must give the right
-answer) — and returns everything; the tests below read that record. Probes fail
-*before* any collective when unpatched, so a failing rank never leaves its peer
-waiting.
+(the probe must raise, or for the two patches whose bug is silent give the wrong
+answer) and with it applied (the probe must give the right answer) — and returns
+everything; the tests below read that record. Probes fail *before* any collective
+when unpatched (or fail on every rank at the same point), so a failing rank never
+leaves its peer waiting.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import types
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -197,9 +200,126 @@ def probe_tied_embedding_sync() -> torch.Tensor:
     return model.shared_embedding_or_output_weight().detach().clone()
 
 
+class _Planted:
+    """Unpickling it creates ``target``: stands for any code a pickle planted in a shard would run."""
+
+    def __init__(self, target: str):
+        self.target = Path(target)
+
+    def __reduce__(self):
+        return (Path.touch, (self.target,))
+
+
+def probe_dist_checkpointing_weights_only(tmp_dir: str) -> dict[str, Any]:
+    """Byte entries: a clean one (TE-style ``io.BytesIO`` extra state) and a planted pickle, saved by megatron."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing import ShardedObject
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    _init(tp=1)
+    rank = dist.get_rank()
+    ran = os.path.join(tmp_dir, "code_ran")
+
+    def obj(key: str, data: Any) -> ShardedObject:
+        return ShardedObject(key, data, (1,), (0,), replica_id=rank)
+
+    os.makedirs(tmp_dir, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save({"extra": obj("extra", io.BytesIO(b"te extra state")), "planted": obj("planted", _Planted(ran))}, tmp_dir)
+    extra = dist_checkpointing.load({"extra": obj("extra", None)}, tmp_dir)["extra"]
+    try:
+        dist_checkpointing.load({"planted": obj("planted", None)}, tmp_dir)
+        refused = None
+    except CheckpointException as exc:  # every rank's failure, gathered by torch.distributed.checkpoint
+        refused = str(exc.failures)[:2000]
+    dist.barrier()
+    return {"extra": extra.getvalue(), "refused": refused, "code_ran": os.path.exists(ran)}
+
+
+_DISTOPT_METADATA = {  # what mcore_agentic.trainer.model_checkpoint asks for
+    "distrib_optim_sharding_type": "fully_reshardable",
+    "distrib_optim_fully_reshardable_mem_efficient": True,
+    "chained_optim_avoid_prefix": True,
+}
+
+
+def _distopt_adam():
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    _config, model = _ddp_linear(use_distributed_optimizer=True)  # same init on every call
+    config = OptimizerConfig(optimizer="adam", lr=0.1, use_distributed_optimizer=True, params_dtype=torch.float32)
+    return model, get_megatron_optimizer(config, [model])
+
+
+def _model_sharded(model) -> dict[str, Any]:
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    dp_rank = parallel_state.get_data_parallel_rank()
+    return {n: ShardedTensor.from_rank_offsets(f"m.{n}", p, replica_id=dp_rank) for n, p in model.module.named_parameters()}
+
+
+def _adam_step(model, optimizer, seed: int) -> None:
+    x = torch.full((5, 4), float(dist.get_rank() + seed))
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    model.finish_grad_sync()
+    optimizer.step()
+
+
+def _adam_steps(optimizer) -> list[torch.Tensor]:
+    return [s["step"] for opt in optimizer.chained_optimizers for s in opt.optimizer.state.values()]
+
+
+def _drop_gathered_param_state(common: dict[str, Any]) -> dict[str, Any]:
+    optimizer = common.get("optimizer")  # the fully-reshardable param_state is gathered on DP rank 0 only
+    if isinstance(optimizer, dict) and "param_state" in optimizer:
+        return {**common, "optimizer": {k: v for k, v in optimizer.items() if k != "param_state"}}
+    return common
+
+
+def probe_distopt_load(tmp_dir: str) -> dict[str, Any]:
+    """Resume a torch-Adam distributed optimizer (fully reshardable, as model_checkpoint saves it) in a fresh one.
+
+    The reference takes one step, is saved, and takes a second; a fresh (never-stepped) model and
+    optimizer load the checkpoint and take the same second step.
+    """
+    from megatron.core import dist_checkpointing
+
+    _init(tp=1)
+    ref_model, ref_opt = _distopt_adam()
+    _adam_step(ref_model, ref_opt, seed=1)
+    os.makedirs(tmp_dir, exist_ok=True)
+    dist.barrier()
+    saved = {"model": _model_sharded(ref_model), "optimizer": ref_opt.sharded_state_dict(
+        _model_sharded(ref_model), metadata=_DISTOPT_METADATA)}
+    dist_checkpointing.save(saved, tmp_dir, preprocess_common_before_consistancy_check=_drop_gathered_param_state)
+    _adam_step(ref_model, ref_opt, seed=2)
+
+    model, opt = _distopt_adam()
+    target = {"model": _model_sharded(model), "optimizer": opt.sharded_state_dict(
+        _model_sharded(model), is_loading=True, metadata=_DISTOPT_METADATA)}
+    loaded = dist_checkpointing.load(target, tmp_dir)
+    with torch.no_grad():
+        for name, param in model.module.named_parameters():
+            param.copy_(loaded["model"][name])
+    opt.load_state_dict(loaded["optimizer"])
+    steps = _adam_steps(opt)
+    shared_step = len({id(s) for s in steps}) < len(steps)
+    _adam_step(model, opt, seed=2)
+    return {
+        "shared_step": shared_step,
+        "steps": [float(s) for s in _adam_steps(opt)],
+        "ref_steps": [float(s) for s in _adam_steps(ref_opt)],
+        "params": [p.detach().clone() for p in model.module.parameters()],
+        "ref_params": [p.detach().clone() for p in ref_model.module.parameters()],
+    }
+
+
 def _probe_table(tmp_root: str) -> dict[str, tuple[str, Callable[[], Any]]]:
     """patch name -> (probe label, probe). Each call to a dist-ckpt probe needs a fresh directory."""
-    dirs = iter(os.path.join(tmp_root, f"ckpt{i}") for i in range(4))  # same paths on every rank
+    dirs = iter(os.path.join(tmp_root, f"ckpt{i}") for i in range(16))  # same paths on every rank
     return {
         "rng_tracker": ("rng", probe_rng_tracker),
         "tensor_parallel_devices": ("gather", probe_tensor_parallel_devices),
@@ -212,6 +332,10 @@ def _probe_table(tmp_root: str) -> dict[str, tuple[str, Callable[[], Any]]]:
         "dist_checkpointing_devices": ("ckpt", lambda: probe_dist_checkpointing_devices(next(dirs))),
         "rope_cp_slice": ("rope_cp", probe_rope_cp_slice),
         "tied_embedding_sync": ("tied", probe_tied_embedding_sync),
+        "dist_checkpointing_weights_only": ("ckpt_bytes", lambda: probe_dist_checkpointing_weights_only(next(dirs))),
+        "distopt_load_unstepped": ("distopt_load", lambda: probe_distopt_load(next(dirs))),
+        "distopt_load_step_key": ("distopt_load", lambda: probe_distopt_load(next(dirs))),
+        "distopt_load_shared_step": ("distopt_load", lambda: probe_distopt_load(next(dirs))),
     }
 
 
@@ -219,8 +343,12 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     """What a probe's failure was and which modules its traceback ran through."""
     import traceback
 
-    modules = [frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_tb(exc.__traceback__)]
-    return {"error": f"{type(exc).__name__}: {exc}"[:300], "modules": modules}
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    return {
+        "error": f"{type(exc).__name__}: {exc}"[:300],
+        "modules": [frame.f_globals.get("__name__", "") for frame in frames],
+        "functions": [frame.f_code.co_name for frame in frames],
+    }
 
 
 def _targets(name: str) -> list[str]:
@@ -239,7 +367,7 @@ def _all_probes(rank: int, world_size: int, tmp_root: str) -> dict[str, Any]:
         record[f"{name}/targets"] = _targets(name)
         megatron_patches.revert([name])
         try:
-            probe()
+            record[f"{name}/without_result"] = probe()  # silent bugs: a wrong answer instead of an error
             record[f"{name}/without"] = None
         except Exception as exc:  # noqa: BLE001 - the failure is the observation
             record[f"{name}/without"] = _failure(exc)
@@ -269,11 +397,23 @@ def records(tmp_path_factory) -> list[dict[str, Any]]:
     return [unpack(r) for r in run_distributed(_all_probes, 2, args=(str(tmp_path_factory.mktemp("ckpt")),))]
 
 
-# The failure each probe must show without its patch: CPU tensors reaching megatron-core's CUDA-only code.
-_EXPECTED_FAILURE = {"rope_cp_slice": "RuntimeError: pin_memory=True requires a CUDA", "clip": "AssertionError"}
+# The failure each probe must show without its patch. Default: CPU tensors reaching megatron-core's CUDA-only code.
+_EXPECTED_FAILURE = {
+    "rope_cp_slice": "RuntimeError: pin_memory=True requires a CUDA",
+    "clip": "AssertionError",
+    "distopt_load_unstepped": "AssertionError: ",  # state_dict(): assert len(steps) == 1, over no per-param steps
+    "distopt_load_step_key": "KeyError: 'step'",
+}
+# ... raised in this function (when the module alone does not pin it down).
+_EXPECTED_FUNCTION = {
+    "distopt_load_unstepped": "state_dict",
+    "distopt_load_step_key": "_set_main_param_and_optimizer_states",
+}
+# Patches whose bug gives a wrong answer, not an error: their own tests below read "<name>/without_result".
+_SILENT = ("dist_checkpointing_weights_only", "distopt_load_shared_step")
 
 
-@pytest.mark.parametrize("name", [*megatron_patches.PATCH_NAMES, "clip"])
+@pytest.mark.parametrize("name", [*(n for n in megatron_patches.PATCH_NAMES if n not in _SILENT), "clip"])
 def test_probe_fails_without_patch_where_the_patch_acts(records, name):
     expected = _EXPECTED_FAILURE.get(name, "AssertionError: Torch not compiled with CUDA enabled")
     for rank, rec in enumerate(records):
@@ -283,6 +423,8 @@ def test_probe_fails_without_patch_where_the_patch_acts(records, name):
         # ... raised inside a module whose names the patch rebinds, not somewhere unrelated
         targets = rec[f"{name}/targets"]
         assert set(failure["modules"]) & set(targets), (name, targets, failure["modules"][-6:])
+        if name in _EXPECTED_FUNCTION:
+            assert failure["functions"][-1] == _EXPECTED_FUNCTION[name], (name, failure["functions"][-6:])
 
 
 def test_rng_tracker_forks_cpu_generator(records):
@@ -350,6 +492,52 @@ def test_rope_cp_slice(records):
 def test_tied_embedding_copies_equal_across_stages(records):
     first, last = records[0]["tied_embedding_sync/with"], records[1]["tied_embedding_sync/with"]
     assert torch.equal(first, last) and first.abs().sum() > 0
+
+
+def test_byte_entries_of_dist_checkpoints_load_weights_only(records):
+    for rec in records:
+        without = rec["dist_checkpointing_weights_only/without_result"]
+        assert without["refused"] is None and without["code_ran"]  # torch unpickles the planted bytes: code runs
+        with_patch = rec["dist_checkpointing_weights_only/with"]
+        assert with_patch["refused"] is not None and "Weights only load failed" in with_patch["refused"]
+        assert not with_patch["code_ran"]
+        assert with_patch["extra"] == b"te extra state"  # the byte entries megatron-core writes still load
+
+
+def test_distopt_resume_into_a_fresh_optimizer_is_bitwise(records):
+    """All three distopt_load_* patches on: the resumed step equals the uninterrupted one, bit for bit."""
+    for name in ("distopt_load_unstepped", "distopt_load_step_key", "distopt_load_shared_step"):
+        for rec in records:
+            got = rec[f"{name}/with"]
+            assert not got["shared_step"]
+            assert got["steps"] == got["ref_steps"] == [2.0] * len(got["steps"])
+            assert all(torch.equal(a, b) for a, b in zip(got["params"], got["ref_params"], strict=True))
+
+
+def test_distopt_step_is_shared_after_a_load_without_the_patch(records):
+    """Without distopt_load_shared_step: one step tensor for all parameters, advanced once per parameter."""
+    wrong_step = wrong_param = False
+    for rec in records:
+        without = rec["distopt_load_shared_step/without_result"]
+        n = len(without["steps"])
+        assert without["shared_step"] or n == 1
+        assert without["steps"] == [1.0 + n] * n  # loaded at 1, then +1 for each of this rank's n parameters
+        wrong_step |= n > 1
+        wrong_param |= not all(torch.equal(a, b) for a, b in zip(without["params"], without["ref_params"], strict=True))
+    assert wrong_step and wrong_param  # some rank holds two parameters: a wrong bias correction, other weights
+
+
+def test_checkpoint_patches_are_exactly_the_ones_applied_with_cuda(monkeypatch):
+    not_cpu_only = tuple(n for n in megatron_patches.PATCH_NAMES if not megatron_patches.get_patch(n).cpu_only)
+    assert not_cpu_only == megatron_patches.CHECKPOINT_PATCH_NAMES
+    before = megatron_patches.applied()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    try:
+        added = [n for n in megatron_patches.apply() if n not in before]
+    finally:
+        megatron_patches.revert([n for n in megatron_patches.applied() if n not in before])
+    assert added == [n for n in megatron_patches.CHECKPOINT_PATCH_NAMES if n not in before]
+    assert megatron_patches.applied() == before
 
 
 def test_apply_is_explicit_idempotent_and_revertible(records):

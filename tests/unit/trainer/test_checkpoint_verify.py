@@ -179,27 +179,6 @@ def test_a_dotted_global_cannot_reach_other_modules(tmp_path):
     assert problem is not None and "torch.ctypes.CDLL" in problem
 
 
-def test_byte_entries_of_dcp_shards_load_weights_only(tmp_path):
-    import torch.distributed.checkpoint as dcp
-
-    from mcore_agentic.trainer.model_checkpoint import weights_only_byte_entries
-
-    ran = tmp_path / "code_ran"
-    dcp.save({"w": torch.arange(3.0), "extra": "fine", "planted": _Payload(ran)},
-             storage_writer=dcp.FileSystemWriter(str(tmp_path / "ckpt")), no_dist=True)
-    target = {"w": torch.zeros(3), "extra": None, "planted": None}
-    with weights_only_byte_entries(), pytest.raises(BaseException) as err:  # DCP's CheckpointException
-        dcp.load(target, storage_reader=dcp.FileSystemReader(str(tmp_path / "ckpt")), no_dist=True)
-    assert "Weights only load failed" in str(getattr(err.value, "failures", err.value))
-    assert not ran.exists()
-    clean = {"w": torch.zeros(3), "extra": None}
-    with weights_only_byte_entries():
-        dcp.load(clean, storage_reader=dcp.FileSystemReader(str(tmp_path / "ckpt")), no_dist=True)
-    assert clean["extra"] == "fine" and torch.equal(clean["w"], torch.arange(3.0))
-    dcp.load(target, storage_reader=dcp.FileSystemReader(str(tmp_path / "ckpt")), no_dist=True)
-    assert ran.exists()  # without it, torch runs the planted code: what the guard prevents
-
-
 def test_retention_never_deletes_the_last_good_checkpoint(tmp_path):
     mgr = CheckpointManager(tmp_path, max_to_keep=2)
     mgr.save(1, {}, writers={"actor": _writer(1)})

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.critic import critic_weights
 from tests.helpers.distributed import run_distributed
 from tests.unit.workers._fixtures import make_batch, make_tiny_hf, setup_rank
 
@@ -46,11 +47,11 @@ def _workers(path: str, par, layout, with_critic: bool):
         policy_loss=PolicyLossConfig(entropy_coeff=0.01),
     )
     common = dict(model_path=path, dtype="float32", layout=layout)
-    actor = Actor(actor_cfg, **common)
+    actor = Actor(actor_cfg, mini_batch_sequences=4, **common)  # ppo_mini_batch_size sequences (no rollout.n here)
     critic = None
     if with_critic:
         critic_cfg = CriticConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=optim)
-        critic = Critic(critic_cfg, parallel=par, **common)
+        critic = Critic(critic_cfg, mini_batch_sequences=4, parallel=par, **common)
     return actor, critic
 
 
@@ -64,7 +65,7 @@ def _update(actor, critic, seed: int) -> None:
 def _snapshot(actor, critic) -> dict:
     out = {"actor": actor.export_hf_weights(), "lr": actor.engine.optimizer.param_groups[0]["lr"]}
     if critic is not None:
-        out["critic"] = critic.export_weights()
+        out["critic"] = critic_weights(critic)
     return out
 
 
@@ -242,3 +243,23 @@ def test_reference_is_checkpointed_weights_only(monkeypatch):
     readers["actor"]("a")
     readers["ref"]("r")
     assert calls == [("a", actor, True), ("r", ref, False)]  # the anchor has no optimizer state to restore
+
+
+def test_load_refuses_without_the_checkpoint_patches(tmp_path, monkeypatch):
+    """Weights-only byte entries and the torch-Adam optimizer load are megatron_patches: no load without them."""
+    import sys
+
+    import megatron_patches
+    from mcore_agentic.trainer.model_checkpoint import load_worker
+
+    class _Engine:
+        chunks: list = []
+        optimizer = None
+
+    monkeypatch.setattr(megatron_patches, "applied", lambda: ("rng_tracker", "distopt_load_unstepped"))
+    with pytest.raises(RuntimeError, match=r"megatron_patches\.apply\(\) first \(not applied: dist_checkpointing_weights_only, "
+                       r"distopt_load_step_key, distopt_load_shared_step\)"):
+        load_worker(tmp_path, _Engine())
+    monkeypatch.delitem(sys.modules, "megatron_patches")
+    with pytest.raises(RuntimeError, match=r"megatron_patches\.apply\(\) first"):
+        load_worker(tmp_path, _Engine())
