@@ -34,8 +34,13 @@ from typing import Any, Protocol
 from mcore_agentic.models.bridge import Bridge
 from mcore_agentic.sharding.config import ShardingConfig
 from mcore_agentic.sharding.exporter import StreamingExporter
-from mcore_agentic.sharding.transports import SyncStats, WeightTransport, make_transport
-from mcore_agentic.sharding.version import StaleWeightsError, WeightVersion
+from mcore_agentic.sharding.transports import (
+    StaleWeightsError,
+    SyncStats,
+    WeightTransport,
+    WeightVersion,
+    make_transport,
+)
 from mcore_agentic.utils.seeding import RngState
 
 
@@ -121,6 +126,12 @@ class ShardingManager:
         if int(self.engine.weight_version) != self.version.value:
             raise StaleWeightsError(int(self.engine.weight_version), self.version.value)
         return self.last_sync
+
+    def metrics(self) -> dict[str, float]:
+        """Seconds of the last ``with`` block's phases (``timing_s/sharding/*``) and the MiB it offloaded."""
+        out = {f"timing_s/sharding/{k}": float(v) for k, v in vars(self.times).items()}
+        out["sharding/offloaded_mb"] = self.offloaded_bytes / 2**20
+        return out
 
     def check(self) -> None:
         """Raise :class:`StaleWeightsError` if the engine does not hold the trainer's current weights."""

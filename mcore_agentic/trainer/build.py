@@ -201,16 +201,6 @@ def build_weight_sync(cfg: RLConfig, actor: Any, engine: Any) -> Any:
     return ShardingManager(actor, engine, cfg.sharding, rollout_seed=cfg.seed)
 
 
-def sync_metrics(weight_sync: Any) -> dict[str, float]:
-    """Seconds of the last weight sync's phases (``timing_s/sharding/*``) and the MiB it offloaded."""
-    times = getattr(weight_sync, "times", None)
-    if times is None:
-        return {}
-    metrics = {f"timing_s/sharding/{k}": float(v) for k, v in vars(times).items() if isinstance(v, int | float)}
-    metrics["sharding/offloaded_mb"] = getattr(weight_sync, "offloaded_bytes", 0) / 2**20
-    return metrics
-
-
 # ----------------------------------------------------------------------------------- bookkeeping
 def build_checkpoint_manager(cfg: RLConfig) -> Any:
     from mcore_agentic.trainer.checkpoint import CheckpointManager

@@ -17,7 +17,7 @@ from mcore_agentic.data.batch import Batch
 from mcore_agentic.rollout.driver import generate_sequences_sync
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
-from mcore_agentic.trainer.build import Components, model_state_io, sync_metrics, tool_schemas
+from mcore_agentic.trainer.build import Components, model_state_io, tool_schemas
 from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
 from mcore_agentic.trainer.preemption import StopSignals, TrainingStopped
 from mcore_agentic.utils.timing import PhaseTimer
@@ -117,7 +117,7 @@ class RLTrainer:
             cached_before = (cache.prompt_tokens, cache.cached_tokens) if cache is not None else (0, 0)
             with t.phase("gen"), c.weight_sync:  # enter: the engine gets the actor's current weights
                 local = self.rollout(local_rows, rollout_cfg)  # None off the group's leader
-            sync = sync_metrics(c.weight_sync)
+            sync = c.weight_sync.metrics()
             if cache is not None:
                 prompt_tokens = cache.prompt_tokens - cached_before[0]
                 hits = cache.cached_tokens - cached_before[1]

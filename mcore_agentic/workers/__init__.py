@@ -8,6 +8,7 @@ Modules (import them directly; nothing heavy is imported here):
 - ``actor``: ``Actor.compute_log_prob`` / ``update_policy`` / ``sft_step``;
 - ``reference``: ``Reference.compute_ref_log_prob``;
 - ``critic``: ``Critic.compute_values`` / ``update_critic`` (zero-initialised value head);
-- ``sequence``, ``micro_batch``, ``offload``: left-padding removal and response mapping,
-  token-budget micro-batches, storage-level offload to CPU and back.
+- ``passes``: what the workers share (log-prob head, PPO epochs over mini-batches, key checks);
+- ``sequence``, ``offload``: left-padding removal, response mapping and (token-budget)
+  micro-batches; storage-level offload to CPU and back.
 """

@@ -39,9 +39,14 @@ import torch.distributed as dist
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel.cp_split import cp_gather, cp_positions, cp_split
 from mcore_agentic.workers.config import OptimConfig
-from mcore_agentic.workers.micro_batch import fixed_micro_batches, scatter_rows, token_budget_micro_batches
 from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors, optimizer_tensors
-from mcore_agentic.workers.sequence import PackedSequences, pack_sequences
+from mcore_agentic.workers.sequence import (
+    PackedSequences,
+    fixed_micro_batches,
+    pack_sequences,
+    scatter_rows,
+    token_budget_micro_batches,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

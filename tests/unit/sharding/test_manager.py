@@ -120,7 +120,7 @@ def _layout_checks(path: str, lay: Layout) -> dict:
     from mcore_agentic.rollout.engines.hf import HFEngine
     from mcore_agentic.sharding.config import ShardingConfig
     from mcore_agentic.sharding.manager import ShardingManager
-    from mcore_agentic.sharding.version import StaleWeightsError, WeightVersion
+    from mcore_agentic.sharding.transports import StaleWeightsError, WeightVersion
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, OptimConfig
     from tests.unit.sharding._fixtures import hf_config, random_model, teacher_forced_log_probs

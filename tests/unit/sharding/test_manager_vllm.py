@@ -90,7 +90,7 @@ def _body(rank: int, world_size: int, paths: dict[str, str]) -> bytes:
     from mcore_agentic.rollout.engines.vllm import VLLMEngine
     from mcore_agentic.sharding.config import ShardingConfig
     from mcore_agentic.sharding.manager import ShardingManager
-    from mcore_agentic.sharding.version import WeightVersion
+    from mcore_agentic.sharding.transports import WeightVersion
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, OptimConfig
 

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from mcore_agentic.config.errors import ConfigError
-from mcore_agentic.workers.micro_batch import fixed_micro_batches, scatter_rows, token_budget_micro_batches
-from mcore_agentic.workers.sequence import pack_sequences
+from mcore_agentic.workers.sequence import fixed_micro_batches, pack_sequences, scatter_rows, token_budget_micro_batches
 
 
 def _layout():
