@@ -28,8 +28,7 @@ Usage with :class:`~mcore_agentic.trainer.checkpoint.CheckpointManager`::
     manager.save(step, trainer_state, writers=model_state_writers(actor=actor, critic=critic))
     manager.load(path, readers=model_state_readers(actor=actor, critic=critic))
 
-or directly ``save_model_state(step_dir, actor=..., critic=...)`` /
-``load_model_state(step_dir, actor=..., critic=...)``. Every rank must call.
+or per worker ``save_worker(dir, worker)`` / ``load_worker(dir, worker)``. Every rank must call.
 A weights-only load (``load_optimizer=False``, or an engine built with
 ``optim=None``) is the path of an HF export from a checkpoint. Offloaded workers
 are reloaded for the save/load and offloaded again afterwards.
@@ -241,22 +240,6 @@ def load_worker(directory: str | os.PathLike, worker: Any, *, load_optimizer: bo
     return common
 
 
-def save_model_state(ckpt_dir: str | os.PathLike, *, actor: Any = None, critic: Any = None) -> None:
-    """Write each given worker into ``ckpt_dir/<actor|critic>/`` (collective; the dirs must exist and be empty)."""
-    for name, worker in (("actor", actor), ("critic", critic)):
-        if worker is not None:
-            save_worker(Path(ckpt_dir) / name, worker)
-
-
-def load_model_state(
-    ckpt_dir: str | os.PathLike, *, actor: Any = None, critic: Any = None, load_optimizer: bool = True
-) -> None:
-    """Load ``ckpt_dir/<actor|critic>/`` into each given worker (collective)."""
-    for name, worker in (("actor", actor), ("critic", critic)):
-        if worker is not None:
-            load_worker(Path(ckpt_dir) / name, worker, load_optimizer=load_optimizer)
-
-
 def model_state_writers(*, actor: Any = None, critic: Any = None, ref: Any = None) -> dict[str, Callable[[Path], None]]:
     """``CheckpointManager.save(writers=...)`` callbacks: one subdirectory per given worker.
 
@@ -281,10 +264,8 @@ def model_state_readers(
 
 __all__ = [
     "OPTIMIZER_SHARDING_TYPE",
-    "load_model_state",
     "load_worker",
     "model_state_readers",
     "model_state_writers",
-    "save_model_state",
     "save_worker",
 ]
