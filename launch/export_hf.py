@@ -45,9 +45,10 @@ def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, 
     import torch.distributed as dist
 
     import megatron_patches
+    from mcore_agentic.config.rules import check_world_size
     from mcore_agentic.models.hf_io import load_hf_config, save_hf_checkpoint
     from mcore_agentic.parallel.config import ParallelConfig
-    from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
+    from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel
     from mcore_agentic.trainer.model_checkpoint import load_worker
     from mcore_agentic.workers.engine import MegatronEngine
 
@@ -58,6 +59,8 @@ def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, 
     base_path = _base_path(checkpoint, base)
     megatron_patches.apply()
     parallel = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    init_distributed()
+    check_world_size(parallel, dist.get_world_size(), field_prefix="--tp/--pp")
     layout = initialize_parallel(parallel, seed=0)
     try:
         from mcore_agentic.trainer.checkpoint import CheckpointManager, summarize

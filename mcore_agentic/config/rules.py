@@ -4,7 +4,7 @@ This module is the one place for the run's divisibility rules: the model-paralle
 against the world size (:func:`check_world_size`) and the model's shape
 (:func:`check_model_split`), the rollout groups against the world and the node
 (:func:`check_rollout_groups`), and the batch sizes below. The launcher runs
-:func:`validate` before any process group exists; the objects built afterwards
+:func:`validate` before Megatron's process groups exist; the objects built afterwards
 (layout, rollout placement, workers) trust what it accepted.
 
 Batch sizes mean what verl users expect:

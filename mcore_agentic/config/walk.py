@@ -94,7 +94,18 @@ def _dataclass_in(tp: Any) -> type | None:
     return None
 
 
+RETIRED_KEYS: dict[str, str] = {
+    "sharding.offload_actor_params": "use actor.param_offload (verl's key, the one switch)",
+    "sharding.offload_actor_grads": "use actor.grad_offload (verl's key, the one switch)",
+    "sharding.offload_actor_optimizer": "use actor.optimizer_offload (verl's key, the one switch)",
+    "sharding.flat_gather": "removed: the per-tensor gather was as fast or faster at every bucket size; drop the key",
+}
+"""Keys an earlier version accepted, with what to write instead."""
+
+
 def suggest_key(key: str, path: str, known: Sequence[str], root_leaves: Sequence[str]) -> str:
+    if _join(path, key) in RETIRED_KEYS:
+        return RETIRED_KEYS[_join(path, key)]
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     if close:
         return f"did you mean {_join(path, close[0])}?"

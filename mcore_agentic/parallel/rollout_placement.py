@@ -30,7 +30,9 @@ class RolloutPlacement:
     """Ranks per rollout engine (``rollout.tensor_model_parallel_size``)."""
 
     def __post_init__(self) -> None:
-        # The sizes were validated with the config (config.rules.check_rollout_groups).
+        # The config's rule (config.rules.check_rollout_groups) names the key; this guards direct use.
+        if self.tensor_parallel_size < 1 or self.world_size % self.tensor_parallel_size:
+            raise ValueError(f"rollout groups of {self.tensor_parallel_size} ranks do not tile a world of {self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} outside a world of {self.world_size}")
 

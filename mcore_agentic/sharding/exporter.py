@@ -239,17 +239,16 @@ class StreamingExporter:
     def _is_split(self, entry: PlanEntry) -> bool:
         return entry.tp_split_dim is not None and self.plan.tp_size > 1
 
-    def _all_gather_flat(self, local_flat: torch.Tensor) -> list[torch.Tensor]:
-        """All-gather a 1-D tensor over TP into one buffer; returns each rank's part (views)."""
+    def _all_gather_shards(self, local_flat: torch.Tensor) -> list[torch.Tensor]:
+        """All-gather a flattened shard over TP into one buffer; returns each rank's part (views)."""
         tp = self.plan.tp_size
         gathered = self._new(tp * local_flat.numel(), local_flat.dtype, local_flat.device)
         parts = list(gathered.chunk(tp))
         dist.all_gather(parts, local_flat, group=self._tp_group)
         return [self._track(p) for p in parts]
 
-    def _merge(self, entry: PlanEntry, parts: list[torch.Tensor], offset: int, shard_shape: torch.Size) -> torch.Tensor:
-        n = shard_shape.numel()
-        shards = [self._track(p[offset : offset + n].view(shard_shape)) for p in parts]
+    def _merge(self, entry: PlanEntry, parts: list[torch.Tensor], shard_shape: torch.Size) -> torch.Tensor:
+        shards = [self._track(p.view(shard_shape)) for p in parts]
         return self._track(self.bridge.merge_tp(entry.name, shards))
 
     def _broadcast(self, tensor: torch.Tensor, owner: int) -> None:
@@ -261,8 +260,8 @@ class StreamingExporter:
         if entry.owner == self.plan.pp_rank:
             shard = local[entry.name].detach()
             if self._is_split(entry):
-                parts = self._all_gather_flat(shard.reshape(-1).contiguous())
-                full = self._merge(entry, parts, 0, shard.shape)
+                parts = self._all_gather_shards(shard.reshape(-1).contiguous())
+                full = self._merge(entry, parts, shard.shape)
                 del parts
             else:
                 full = self._track(shard.clone())

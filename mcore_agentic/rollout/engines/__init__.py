@@ -58,6 +58,7 @@ def build_engine(cfg: RolloutConfig, model_path: str | Path, *, device: str, dty
         tensor_model_parallel_size=cfg.tensor_model_parallel_size,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         seed=seed,
+        dtype=dtype,
         # rollout.seed promises reproducible samples: SGLang honours seeds only with deterministic inference
         deterministic=cfg.seed is not None,
         base_gpu_id=local_rank,

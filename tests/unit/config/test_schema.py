@@ -103,3 +103,13 @@ def test_missing_and_broken_interpolation_name_the_key():
     with pytest.raises(ConfigError) as info:
         load_config(OmegaConf.create({"model": {"model_path": "x"}, "data": {"max_prompt_length": "${nowhere}"}}))
     assert info.value.field == "data.max_prompt_length"
+
+
+@pytest.mark.parametrize(
+    "override, hint",
+    [("sharding.offload_actor_grads=true", "use actor.grad_offload"), ("sharding.flat_gather=true", "removed")],
+)
+def test_retired_keys_say_what_to_write_instead(override, hint):
+    with pytest.raises(ConfigError) as info:
+        load_config(compose("default_tiny", [override]))
+    assert info.value.field == override.split("=")[0] and hint in str(info.value)

@@ -33,6 +33,8 @@ def test_bad_sizes_name_the_field():
     with pytest.raises(ConfigError) as info:
         check_rollout_groups(3, 4, 4)
     assert info.value.field == "rollout.tensor_model_parallel_size" and "world size 4" in str(info.value)
+    with pytest.raises(ValueError, match="do not tile a world of 4"):
+        RolloutPlacement(world_size=4, rank=0, tensor_parallel_size=3)
     with pytest.raises(ValueError, match="do not split over 2 rollout engines"):
         RolloutPlacement(world_size=2, rank=0, tensor_parallel_size=1).split_rows([1, 2, 3])
     check_rollout_groups(2, 16, 8)

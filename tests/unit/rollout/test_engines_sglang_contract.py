@@ -440,3 +440,18 @@ def test_every_rollout_runs_on_the_engines_event_loop(fake_sglang, monkeypatch):
         assert batch["finish_reason"] == ["stop", "stop"]
     assert engine._engine.handler_loop is engine.event_loop
     assert sum(c[0] == "async_generate" for c in engine._engine.calls) == 4
+
+
+def test_build_engine_gives_sglang_the_trainers_dtype_seed_and_placement(fake_sglang):
+    # The trainer builds every engine through build_engine: model.dtype, the run's seed and the
+    # group's first GPU and port must reach sglang.Engine (a silent "auto" dtype would sample in the
+    # checkpoint's precision while the trainer recomputes in model.dtype).
+    from mcore_agentic.rollout.config import RolloutConfig
+    from mcore_agentic.rollout.engines import SGLANG_BASE_PORT, build_engine
+
+    cfg = RolloutConfig(name="sglang", tensor_model_parallel_size=2, seed=3)
+    engine = build_engine(cfg, "/ckpt", device="cuda:6", dtype="bfloat16", seed=11)
+    kwargs = engine._engine.kwargs
+    assert kwargs["dtype"] == "bfloat16" and kwargs["random_seed"] == 11 and kwargs["tp_size"] == 2
+    assert kwargs["base_gpu_id"] == 6 and kwargs["port"] == SGLANG_BASE_PORT + 100 * 3
+    assert engine.deterministic  # rollout.seed set: reproducible samples need deterministic inference
