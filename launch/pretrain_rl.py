@@ -70,7 +70,9 @@ def check_config(cfg: Any, world_size: int) -> None:
     from mcore_agentic.config.rules import validate
     from mcore_agentic.parallel.layout import check_cpu_support
 
-    validate(cfg, world_size, model_shape=model_shape(cfg.model.model_path))  # no model yet: the trainer makes the tiny preset
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))  # torchrun's ranks per node
+    # model_shape is None before the trainer makes the tiny preset: the split is checked when it exists
+    validate(cfg, world_size, model_shape=model_shape(cfg.model.model_path), local_world_size=local_world_size)
     check_cpu_support(cfg.actor.parallel, field_prefix="actor")
 
 

@@ -24,7 +24,6 @@ rewritten. Every violation raises :class:`ConfigError` naming the key to change.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from mcore_agentic.config.errors import ConfigError, require
@@ -201,7 +200,7 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
 
     ``model_shape``: ``num_attention_heads``, ``num_query_groups``, ``num_layers`` of the checkpoint
     (None: not known yet, the model split is not checked). ``local_world_size``: ranks per node
-    (default: torchrun's ``LOCAL_WORLD_SIZE``, else the whole world on one node).
+    (None: the whole world on one node; the launcher passes torchrun's ``LOCAL_WORLD_SIZE``).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -211,9 +210,7 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
         check_model_split(par, **model_shape)
     dp = world_size // par.model_parallel_size
     rollout_tp = cfg.rollout.tensor_model_parallel_size
-    if local_world_size is None:
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    check_rollout_groups(rollout_tp, world_size, local_world_size)
+    check_rollout_groups(rollout_tp, world_size, world_size if local_world_size is None else local_world_size)
     engines = world_size // rollout_tp
     require(
         cfg.data.train_batch_size % engines == 0,
