@@ -48,13 +48,7 @@ class PatchContext:
 
     def swap_in(self, dotted: str, attr: str, make_new: Callable[[Any], Any]) -> bool:
         """``swap(module(dotted), attr, make_new(original))``; a missing module or attribute is recorded."""
-        mod = self.module(dotted)
-        if mod is None:
-            return False
-        if not hasattr(mod, attr):
-            self.missing.append(f"{dotted}.{attr}")
-            return False
-        return self.swap(mod, attr, make_new(getattr(mod, attr)))
+        return self.wrap(self.module(dotted), attr, make_new)
 
     def attr(self, dotted: str, name: str) -> Any:
         """``module(dotted).name`` (a class, say), or None with the missing module or attribute recorded."""
@@ -68,10 +62,8 @@ class PatchContext:
 
     def wrap(self, owner: Any, attr: str, make_new: Callable[[Any], Any]) -> bool:
         """``swap(owner, attr, make_new(original))``; a missing attribute is recorded, a None owner skipped."""
-        if owner is None:
-            return False
-        if not hasattr(owner, attr):
-            return self.swap(owner, attr, None)  # records it as missing
+        if owner is None or not hasattr(owner, attr):
+            return self.swap(owner, attr, None)  # records what is missing
         return self.swap(owner, attr, make_new(getattr(owner, attr)))
 
     def restore(self) -> None:
