@@ -68,11 +68,10 @@ def model_shape(model_path: str | os.PathLike) -> dict[str, Any] | None:
 def check_config(cfg: Any, world_size: int) -> None:
     """Every rule that can run before any process group exists (raise :class:`ConfigError`)."""
     from mcore_agentic.config.rules import validate
-    from mcore_agentic.parallel.layout import check_cpu_support
+    from mcore_agentic.parallel.layout import check_cpu_support, local_world_size
 
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))  # torchrun's ranks per node
     # model_shape is None before the trainer makes the tiny preset: the split is checked when it exists
-    validate(cfg, world_size, model_shape=model_shape(cfg.model.model_path), local_world_size=local_world_size)
+    validate(cfg, world_size, model_shape=model_shape(cfg.model.model_path), local_world_size=local_world_size(world_size))
     check_cpu_support(cfg.actor.parallel, field_prefix="actor")
 
 

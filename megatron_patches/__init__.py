@@ -60,14 +60,6 @@ PATCH_NAMES: tuple[str, ...] = (
     "distopt_load_shared_step",
 )
 
-CHECKPOINT_PATCH_NAMES: tuple[str, ...] = (
-    "dist_checkpointing_weights_only",
-    "distopt_load_unstepped",
-    "distopt_load_step_key",
-    "distopt_load_shared_step",
-)
-"""The patches that are not ``cpu_only``: applied on GPU too."""
-
 _ACTIVE: dict[str, PatchContext] = {}
 
 TESTED_MEGATRON_CORE = ("0.16.1",)
@@ -83,6 +75,10 @@ def get_patch(name: str) -> Patch:
     if name not in PATCH_NAMES:
         raise ValueError(f"unknown megatron patch {name!r}: known patches are {', '.join(PATCH_NAMES)}")
     return importlib.import_module(f"megatron_patches.{name}").PATCH
+
+
+CHECKPOINT_PATCH_NAMES: tuple[str, ...] = tuple(n for n in PATCH_NAMES if not get_patch(n).cpu_only)
+"""The patches that are not ``cpu_only`` (the checkpoint-load fixes): applied on GPU too."""
 
 
 def apply(names: Iterable[str] | None = None, *, force: bool = False) -> tuple[str, ...]:

@@ -51,14 +51,7 @@ def load_bytes(self: Any, read_item: Any, value: io.BytesIO) -> None:
 
 
 def _install(ctx: PatchContext) -> None:
-    mod = ctx.module(_MODULE)
-    if mod is None:
-        return
-    planner = getattr(mod, "MCoreLoadPlanner", None)
-    if planner is None:
-        ctx.missing.append(f"{_MODULE}.MCoreLoadPlanner")
-        return
-    ctx.swap(planner, "load_bytes", load_bytes)
+    ctx.swap(ctx.attr(_MODULE, "MCoreLoadPlanner"), "load_bytes", load_bytes)
 
 
 PATCH = Patch(

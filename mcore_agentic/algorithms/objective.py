@@ -69,7 +69,9 @@ def actor_objective(
         loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=cfg.loss_scale_factor, **agg,
     )
     entropy = compute_entropy_loss(
-        entropys, response_mask, cfg.loss_agg_mode, loss_scale_factor=cfg.loss_scale_factor, **agg
+        # with entropy_coeff 0 the term is reported only: no backward through the vocab-sized entropy
+        entropys if cfg.entropy_coeff else entropys.detach(),
+        response_mask, cfg.loss_agg_mode, loss_scale_factor=cfg.loss_scale_factor, **agg,
     )
     loss = pol.pg_loss - cfg.entropy_coeff * entropy
     share = _token_share(response_mask, norms)  # local masked means -> shares of the mini-batch token mean

@@ -134,6 +134,11 @@ def select_device(requested: str) -> str:
     return "cuda" if available else "cpu"
 
 
+def local_world_size(world_size: int) -> int:
+    """Ranks per node: torchrun's ``LOCAL_WORLD_SIZE``, else the whole world on one node."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+
+
 def default_backend() -> str:
     """``nccl`` when CUDA is available, else ``gloo``."""
     return "nccl" if torch.cuda.is_available() else "gloo"

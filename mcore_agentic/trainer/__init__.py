@@ -8,7 +8,6 @@ after the checkpoint; the launcher turns that into exit code 75.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +86,7 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
     from mcore_agentic.config.rules import validate
     from mcore_agentic.config.schema import RLConfig
     from mcore_agentic.config.walk import to_dict
+    from mcore_agentic.parallel.layout import local_world_size
     from mcore_agentic.trainer.build import build_checkpoint_manager, build_components
     from mcore_agentic.trainer.logger import Tracker
     from mcore_agentic.trainer.loop import RLTrainer
@@ -96,7 +96,7 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
     cfg = cfg if isinstance(cfg, RLConfig) else load_config(cfg)
     start = time.perf_counter()
     layout = layout if layout is not None else current_layout(cfg)
-    sizes = validate(cfg, layout.world_size, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size)))
+    sizes = validate(cfg, layout.world_size, local_world_size=local_world_size(layout.world_size))
     components = build_components(cfg, layout, sizes)
     tracker = Tracker.from_config(cfg.trainer, config=to_dict(cfg))
     rank0 = layout.rank == 0

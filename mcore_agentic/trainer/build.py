@@ -115,11 +115,6 @@ def total_steps(cfg: RLConfig, batches_per_epoch: int) -> int:
 
 
 # ----------------------------------------------------------------------------------- workers
-def decay_horizon(optim: Any, run_optimizer_steps: int) -> int:
-    """The LR schedule's length: ``<worker>.optim.total_training_steps`` when set (> 0), else the run's optimizer steps."""
-    return optim.total_training_steps if optim.total_training_steps > 0 else run_optimizer_steps
-
-
 def build_actor(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int, vocab_size: int) -> Any:
     """The policy; ``vocab_size``: the tokenizer's ids, those the rollout engine samples (log-probs normalise over them)."""
     from mcore_agentic.workers.actor import Actor
@@ -134,9 +129,7 @@ def build_actor(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int, vocab
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
         transformer_impl=cfg.model.transformer_impl,
         vocab_size=vocab_size,
-        total_training_steps=decay_horizon(
-            cfg.actor.optim, steps * sizes.actor.mini_batches_per_epoch * cfg.actor.ppo_epochs + cfg.trainer.sft_warmup_steps
-        ),
+        total_training_steps=steps * sizes.actor.mini_batches_per_epoch * cfg.actor.ppo_epochs + cfg.trainer.sft_warmup_steps,
     )
 
 
@@ -177,7 +170,7 @@ def build_critic(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> A
         layout=layout,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
         transformer_impl=cfg.model.transformer_impl,
-        total_training_steps=decay_horizon(cfg.critic.optim, steps * sizes.critic.mini_batches_per_epoch * cfg.critic.ppo_epochs),
+        total_training_steps=steps * sizes.critic.mini_batches_per_epoch * cfg.critic.ppo_epochs,
     )
 
 

@@ -342,11 +342,19 @@ class CheckpointManager:
                     shutil.rmtree(child, ignore_errors=True)
         if self.max_to_keep is None:
             return
-        # Count only checkpoints that pass the size check: a damaged newer one never pushes out the last good one.
-        good = [(s, p) for s, p in complete if not self._problems(p, full=False, local=True)]
+        if len(complete) <= self.max_to_keep:
+            return
+        # Count only checkpoints that pass the size check: a damaged newer one never pushes out the last good
+        # one. Newest first, reading only until one good checkpoint more than max_to_keep is found.
+        good: list[int] = []
+        for step, path in reversed(complete):
+            if not self._problems(path, full=False, local=True):
+                good.append(step)
+                if len(good) > self.max_to_keep:
+                    break
         if len(good) <= self.max_to_keep:
             return
-        oldest_kept = good[-self.max_to_keep][0]
+        oldest_kept = good[self.max_to_keep - 1]
         for step, path in complete:
             if step < oldest_kept:
                 # Un-mark first so a crash mid-delete leaves an ignored directory, never a half one that counts.

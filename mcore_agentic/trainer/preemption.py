@@ -194,6 +194,8 @@ class StopSignals:
 
     def poll(self) -> tuple[bool, bool]:
         """``(stop, save_due)`` agreed by every rank: stop if any rank was signalled; save if rank 0's clock says so."""
+        if not self.signals and self.save_every_s is None:
+            return False, False  # nothing can ask for a stop or a save: no collective (the config is every rank's)
         import torch
         import torch.distributed as dist
 

@@ -98,11 +98,11 @@ class Actor:
         """PPO epochs over shuffled mini-batches; returns metrics averaged over the optimizer steps."""
         keys = MODEL_KEYS + ("old_log_probs", "advantages") + (("ref_log_probs",) if self.cfg.policy_loss.use_kl_loss else ())
         require_keys(batch, keys, "Actor.update_policy")
-        generator = torch.Generator().manual_seed(self.cfg.seed + self._updates)
+        seed = self.cfg.seed + self._updates  # each update shuffles differently, reproducibly
         self._updates += 1
         return ppo_epochs(
             self.engine, batch, mini_batch_size=self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
-            shuffle=self.cfg.shuffle, generator=generator, head=log_prob_head(self.engine, self.temperature, True),
+            shuffle=self.cfg.shuffle, seed=seed, head=log_prob_head(self.engine, self.temperature, True),
             make_loss=self._ppo_loss_fn, batching=self.batching,
         )
 

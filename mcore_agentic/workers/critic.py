@@ -69,8 +69,7 @@ class Critic:
     ) -> None:
         self.cfg = cfg
         self.mini_batch_sequences = mini_batch_sequences
-        """Sequences per optimizer step over all DP ranks: ``ppo_mini_batch_size`` counts *prompts* (verl);
-        the trainer converts it once (``config.rules.PPOBatchSizes.mini_batch_sequences``: prompts x rollout.n)."""
+        """Sequences per optimizer step over all DP ranks (see ``Actor.mini_batch_sequences``)."""
         self.engine = MegatronEngine(
             model_path=cfg.model_path or model_path,
             dtype=dtype,
@@ -116,11 +115,11 @@ class Critic:
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Epochs over shuffled mini-batches of the clipped value loss; metrics averaged over steps."""
         require_keys(batch, MODEL_KEYS + ("values", "returns"), "Critic.update_critic")
-        generator = torch.Generator().manual_seed(self.cfg.seed + self._updates)
+        seed = self.cfg.seed + self._updates  # each update shuffles differently, reproducibly
         self._updates += 1
         return ppo_epochs(
             self.engine, batch, mini_batch_size=self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
-            shuffle=self.cfg.shuffle, generator=generator, head=self._head, make_loss=self._loss_fn,
+            shuffle=self.cfg.shuffle, seed=seed, head=self._head, make_loss=self._loss_fn,
             batching=self.batching,
         )
 

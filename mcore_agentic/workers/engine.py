@@ -86,6 +86,11 @@ class MicroBatch:
     """``[b, S/cp]`` global positions of ``tokens``."""
 
 
+def decay_horizon(optim: OptimConfig, run_optimizer_steps: int | None) -> int | None:
+    """The LR schedule's length: ``<worker>.optim.total_training_steps`` when set (> 0), else the run's optimizer steps."""
+    return optim.total_training_steps if optim.total_training_steps > 0 else run_optimizer_steps
+
+
 class MegatronEngine:
     """This rank's chunk(s) of one Megatron GPT model, optionally with DDP, optimizer and LR scheduler.
 
@@ -203,7 +208,7 @@ class MegatronEngine:
             use_distributed_optimizer=use_distributed_optimizer,
         )
         self.optimizer = get_megatron_optimizer(ocfg, chunks)
-        total = total_steps if total_steps is not None else optim.total_training_steps
+        total = decay_horizon(optim, total_steps)
         if total is None or total <= 0:
             if optim.lr_decay_style != "constant":
                 raise ValueError(

@@ -63,7 +63,7 @@ def ppo_epochs(
     mini_batch_size: int,
     epochs: int,
     shuffle: bool,
-    generator: torch.Generator,
+    seed: int,
     head: HeadFn,
     make_loss: Callable[[LossNormalisers], LossFn],
     batching: MicroBatching,
@@ -71,12 +71,14 @@ def ppo_epochs(
     """``epochs`` passes over shuffled mini-batches of ``mini_batch_size`` sequences, one optimizer step each.
 
     Every loss term is normalised by the counts of its *whole* mini-batch (every rank holds it), so
-    the result does not depend on the micro-batch split or the DP/CP layout. Returns the metrics
+    the result does not depend on the micro-batch split or the DP/CP layout. ``seed`` orders the
+    shuffle (the workers pass ``cfg.seed +`` their update count). Returns the metrics
     averaged over the optimizer steps. ``mini_batch_size`` comes from the validated config
     (``config.rules``: it tiles the step's batch).
     """
     if len(batch) % mini_batch_size:
         raise ValueError(f"mini-batches of {mini_batch_size} sequences do not tile a batch of {len(batch)}")
+    generator = torch.Generator().manual_seed(seed)
     records = []
     for _ in range(epochs):
         for mini in batch.iter_minibatches(mini_batch_size, shuffle=shuffle, generator=generator):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mcore_agentic.trainer.build import decay_horizon
 from mcore_agentic.workers.config import OptimConfig
+from mcore_agentic.workers.engine import decay_horizon
 
 
 def test_decay_horizon_is_the_configured_one_or_the_runs():
