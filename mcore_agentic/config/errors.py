@@ -20,3 +20,12 @@ def require(condition: bool, field: str, message: str) -> None:
     """Raise :class:`ConfigError` for ``field`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(field, message)
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first non-empty line of ``exc``'s message (its type name if none), at most ``limit`` characters.
+
+    For one-line errors that quote a library's failure without its traceback-sized message.
+    """
+    line = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return line[:limit]

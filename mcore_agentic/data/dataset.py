@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.config.errors import ConfigError, first_line
 from mcore_agentic.data.config import DataConfig
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -272,7 +272,7 @@ def _read_parquet(path: Path, field: str, size: int) -> list[Any]:
     try:
         return pq.read_table(path).to_pylist()
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise ConfigError(field, f"{path} cannot be read as parquet ({_first_line(exc)}): regenerate it") from None
+        raise ConfigError(field, f"{path} cannot be read as parquet ({first_line(exc)}): regenerate it") from None
 
 
 def _read_jsonl(path: Path, field: str) -> list[Any]:
@@ -310,11 +310,6 @@ def _read_json(path: Path, field: str) -> list[Any]:
     if not isinstance(data, list):
         raise ConfigError(field, f"{path} holds a JSON {type(data).__name__}; a .json data file is a list of row objects")
     return data
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 def write_parquet(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.config.errors import ConfigError, first_line
 from mcore_agentic.trainer import manifest as mf
 
 STEP_PREFIX = "global_step_"
@@ -146,10 +146,9 @@ def _load_weights_only(path: Path) -> Any:
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001 - UnpicklingError, RuntimeError of a torn zip, ...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
             "trainer.resume_from_path",
-            f"{path} does not load as a weights-only torch file ({first[:200]}); it was not written by "
+            f"{path} does not load as a weights-only torch file ({first_line(exc)}); it was not written by "
             "this trainer or is damaged: resume from another checkpoint",
         ) from None
 

@@ -113,15 +113,15 @@ def _load_sharded(sharded: dict[str, Any], directory: Path) -> dict[str, Any]:
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException
 
+    from mcore_agentic.config.errors import first_line
     from mcore_agentic.trainer.checkpoint import CheckpointError
 
     try:
         return dist_checkpointing.load(sharded, str(directory))
     except CheckpointException as exc:
         failure = next(iter(exc.failures.values()), exc) if getattr(exc, "failures", None) else exc
-        first = next((line for line in str(failure).splitlines() if line.strip()), type(failure).__name__)
         raise CheckpointError(
-            "trainer.resume_from_path", f"{directory} cannot be loaded ({first.strip()[:200]}): resume from another checkpoint"
+            "trainer.resume_from_path", f"{directory} cannot be loaded ({first_line(failure)}): resume from another checkpoint"
         ) from None
 
 
