@@ -27,7 +27,7 @@ optimizer constructors, ``Tensor.cuda`` as identity in a few setup/checkpoint fu
 that restore on exit.
 
 The context-parallel attention layer is not a patch (nothing is replaced): it is
-``mcore_agentic.parallel.cp_attention.ContextParallelDotProductAttention``, chosen by a layer spec.
+``mcore_agentic.parallel.local_attention.LocalDotProductAttention``, chosen by a layer spec.
 This package imports megatron-core and torch only.
 """
 

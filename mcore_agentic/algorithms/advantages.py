@@ -23,7 +23,7 @@ Sequences without sampled tokens (failed or aborted requests) are left out of th
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -42,6 +42,35 @@ __all__ = [
 ]
 
 Index = Sequence[Hashable] | torch.Tensor
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+"""Sum over the data-parallel replicas (an all-reduce), for rows spread over them; None: this batch is all."""
+
+
+def _groups(index: Index, batch_size: int, device: torch.device, num_groups: int | None) -> tuple[torch.Tensor, int]:
+    """Dense group ids: step-wide integer ids in ``[0, num_groups)`` as given, else uids mapped first-seen."""
+    if num_groups is None:
+        return group_ids(index, batch_size, device)
+    gid = torch.as_tensor(index, dtype=torch.long, device=device)
+    if gid.shape != (batch_size,) or (gid.numel() and (int(gid.min()) < 0 or int(gid.max()) >= num_groups)):
+        raise ValueError(f"index must be {batch_size} integer group ids in [0, {num_groups})")
+    return gid, num_groups
+
+
+def _whiten(values: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None) -> torch.Tensor:
+    """``masked_whiten`` over every replica's rows: mean and unbiased variance from all-reduced sums."""
+    if reduce is None:
+        return masked_whiten(values, mask)
+    valid = mask.bool()
+    zero = torch.zeros((), dtype=torch.float64, device=values.device)
+    x = torch.where(valid, values.double(), zero)
+    n_sum = reduce(torch.stack([valid.sum().double(), x.sum()]))
+    n = n_sum[0].clamp(min=1)
+    mean = n_sum[1] / n
+    sq = reduce(torch.where(valid, (x - mean).square(), zero).sum().reshape(1))[0]
+    var = sq / n
+    if float(n_sum[0]) >= 2:
+        var = var * n / (n - 1)
+    return ((values.double() - mean) * torch.rsqrt(var + 1e-8)).to(values.dtype)
 
 
 def place_sequence_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -71,19 +100,22 @@ def group_ids(index: Index, batch_size: int, device: torch.device | None = None)
 
 
 def _group_stats(
-    scores: torch.Tensor, gid: torch.Tensor, num_groups: int, response_mask: torch.Tensor
+    scores: torch.Tensor, gid: torch.Tensor, num_groups: int, response_mask: torch.Tensor, reduce: Reduce | None = None
 ) -> tuple[torch.Tensor, ...]:
     """Per-sequence (group count, group sum, group mean, unbiased group std) over the group's sequences that
     sampled at least one token; std is 0 for groups of one.
 
     A sequence without sampled tokens (a failed or aborted request: its loss mask is all 0) took no action,
-    so it neither trains nor moves its group's baseline.
+    so it neither trains nor moves its group's baseline. With ``reduce`` a group's rows may sit on several
+    replicas: its counts and sums are all-reduced (``[num_groups]`` tensors, two collectives).
     """
+    reduce = reduce or (lambda t: t)
     acted = (response_mask.sum(dim=-1) > 0).to(scores.dtype)
     counts = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, acted)
     sums = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, scores * acted)
+    counts, sums = reduce(torch.stack([counts, sums])).unbind(0)
     mean = sums / counts.clamp(min=1)
-    sq_dev = torch.zeros_like(sums).index_add_(0, gid, (scores - mean[gid]).square() * acted)
+    sq_dev = reduce(torch.zeros_like(sums).index_add_(0, gid, (scores - mean[gid]).square() * acted))
     std = torch.sqrt(sq_dev / (counts - 1).clamp(min=1))
     return counts[gid], sums[gid], mean[gid], std[gid]
 
@@ -104,6 +136,7 @@ def compute_gae_advantage_return(
     gamma: float,
     lam: float,
     whiten: bool = True,
+    reduce: Reduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over sampled tokens; returns ``(advantages, returns)``.
 
@@ -131,7 +164,7 @@ def compute_gae_advantage_return(
         advantages[:, t] = torch.where(m, gae, zero)
     returns = torch.where(valid, advantages + values, zero)
     if whiten:
-        advantages = torch.where(valid, masked_whiten(advantages, response_mask), zero)
+        advantages = torch.where(valid, _whiten(advantages, response_mask, reduce), zero)
     return advantages, returns
 
 
@@ -142,6 +175,9 @@ def compute_grpo_outcome_advantage(
     index: Index,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
+    *,
+    num_groups: int | None = None,
+    reduce: Reduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: ``(score - group_mean) / (group_std + epsilon)`` on every sampled token; ``(adv, adv)``.
 
@@ -149,8 +185,8 @@ def compute_grpo_outcome_advantage(
     only centres (Dr. GRPO). Identical scores give 0 (not NaN); a group of one gives 0.
     """
     scores = _sequence_scores(token_level_rewards, response_mask)
-    gid, num_groups = group_ids(index, scores.shape[0], scores.device)
-    counts, _, mean, std = _group_stats(scores, gid, num_groups, response_mask)
+    gid, num_groups = _groups(index, scores.shape[0], scores.device, num_groups)
+    counts, _, mean, std = _group_stats(scores, gid, num_groups, response_mask, reduce)
     adv = scores - mean
     if norm_adv_by_std_in_grpo:
         adv = adv / (std + epsilon)
@@ -164,11 +200,14 @@ def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: Index,
+    *,
+    num_groups: int | None = None,
+    reduce: Reduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al. 2024): ``score_i - mean_{j != i} score_j`` within the group; ``(adv, adv)``."""
     scores = _sequence_scores(token_level_rewards, response_mask)
-    gid, num_groups = group_ids(index, scores.shape[0], scores.device)
-    counts, sums, _, _ = _group_stats(scores, gid, num_groups, response_mask)
+    gid, num_groups = _groups(index, scores.shape[0], scores.device, num_groups)
+    counts, sums, _, _ = _group_stats(scores, gid, num_groups, response_mask, reduce)
     baseline = (sums - scores) / (counts - 1).clamp(min=1)
     adv = torch.where(counts > 1, scores - baseline, torch.zeros_like(scores))
     adv = _broadcast(adv, response_mask)
@@ -180,6 +219,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     gamma: float,
+    reduce: Reduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025): discounted return-to-go over sampled tokens, whitened over the batch.
 
@@ -194,7 +234,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
         candidate = rewards[:, t] + gamma * running
         running = torch.where(m, candidate, running)
         returns[:, t] = torch.where(m, candidate, torch.zeros_like(candidate))
-    advantages = torch.where(valid, masked_whiten(returns, response_mask), torch.zeros_like(returns))
+    advantages = torch.where(valid, _whiten(returns, response_mask, reduce), torch.zeros_like(returns))
     return advantages, returns
 
 
@@ -203,6 +243,9 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: Index,
+    *,
+    num_groups: int | None = None,
+    reduce: Reduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: score minus its group mean on every sampled token, then whitened over
     the batch's valid tokens (longer responses weigh more, as in verl); ``(adv, adv)``.
@@ -210,11 +253,11 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     A group of one has its centred score set to 0 before whitening.
     """
     scores = _sequence_scores(token_level_rewards, response_mask)
-    gid, num_groups = group_ids(index, scores.shape[0], scores.device)
-    counts, _, mean, _ = _group_stats(scores, gid, num_groups, response_mask)
+    gid, num_groups = _groups(index, scores.shape[0], scores.device, num_groups)
+    counts, _, mean, _ = _group_stats(scores, gid, num_groups, response_mask, reduce)
     centred = torch.where(counts > 1, scores - mean, torch.zeros_like(scores))
     per_token = _broadcast(centred, response_mask)
-    adv = torch.where(response_mask.bool(), masked_whiten(per_token, response_mask), torch.zeros_like(per_token))
+    adv = torch.where(response_mask.bool(), _whiten(per_token, response_mask, reduce), torch.zeros_like(per_token))
     return adv, adv
 
 
@@ -225,23 +268,29 @@ def compute_advantage(
     *,
     values: torch.Tensor | None = None,
     index: Index | None = None,
+    num_groups: int | None = None,
+    reduce: Reduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch on ``cfg.adv_estimator``; returns ``(advantages, returns)``, both ``[B, R]``.
 
     ``values`` is required for ``gae``; ``index`` (one uid per sequence) for the group estimators.
+    Rows spread over DP replicas: pass ``reduce`` (a sum over them) and ``index`` as step-wide
+    integer group ids in ``[0, num_groups)``; whitening and group statistics then cover every
+    replica's rows, and each replica gets exactly the single-batch result for its rows.
     """
     if cfg.adv_estimator == "gae":
         if values is None:
             raise ValueError("algorithm.adv_estimator=gae needs critic values; pass values= or pick grpo/rloo")
-        return compute_gae_advantage_return(token_level_rewards, values, response_mask, cfg.gamma, cfg.lam)
+        return compute_gae_advantage_return(token_level_rewards, values, response_mask, cfg.gamma, cfg.lam, reduce=reduce)
     if cfg.adv_estimator == "reinforce_plus_plus":
-        return compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, cfg.gamma)
+        return compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, cfg.gamma, reduce)
     if index is None:
         raise ValueError(f"algorithm.adv_estimator={cfg.adv_estimator} needs index= (one prompt uid per sequence)")
+    groups = dict(num_groups=num_groups, reduce=reduce)
     if cfg.adv_estimator == "grpo":
         return compute_grpo_outcome_advantage(
-            token_level_rewards, response_mask, index, cfg.grpo_epsilon, cfg.norm_adv_by_std_in_grpo
+            token_level_rewards, response_mask, index, cfg.grpo_epsilon, cfg.norm_adv_by_std_in_grpo, **groups
         )
     if cfg.adv_estimator == "rloo":
-        return compute_rloo_outcome_advantage(token_level_rewards, response_mask, index)
-    return compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index)
+        return compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **groups)
+    return compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, **groups)

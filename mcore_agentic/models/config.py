@@ -34,6 +34,10 @@ class ModelConfig:
     """Layer spec: ``local`` (megatron-core only, runs on CPU), ``transformer_engine`` (requires TE and a GPU),
     or ``auto`` (TE when it is importable and CUDA is available, else local)."""
 
+    use_remove_padding: bool = True
+    """Train and score on packed rows (THD: one sequence per micro-batch with ``cu_seqlens``, attention per row),
+    so a micro-batch costs its real tokens; false runs padded ``[rows, longest]`` micro-batches (for debugging)."""
+
     def __post_init__(self) -> None:
         require(bool(self.model_path), "model.model_path", "is empty: set it to a Hugging Face checkpoint directory")
         require(

@@ -94,6 +94,16 @@ class ParallelLayout:
 
         return parallel_state.get_data_parallel_group(with_context_parallel=with_context_parallel)
 
+    def replica_group(self) -> dist.ProcessGroup | None:
+        """The ranks of this rank's DP replica (its TP x CP x PP peers, same ``dp_rank``); None when it is one rank."""
+        return _REPLICAS.group if _REPLICAS is not None else None
+
+    def replica_ranks(self, dp_rank: int) -> list[int]:
+        """Global ranks of DP replica ``dp_rank``, ascending (the first one receives the replica's rows)."""
+        if _REPLICAS is None:
+            raise RuntimeError("replica groups are made by initialize_parallel()")
+        return list(_REPLICAS.ranks[dp_rank])
+
     def describe(self) -> str:
         """One line for logs: ``rank 0/2: TP 2 (rank 0) PP 1 (rank 0) CP 1 (rank 0) DP 1 (rank 0), gloo``."""
         vpp = f" VPP {self.virtual_pipeline_model_parallel_size}" if self.virtual_pipeline_model_parallel_size else ""
@@ -165,6 +175,33 @@ def init_distributed(timeout_minutes: int = 30) -> None:
     dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(minutes=timeout_minutes))
 
 
+@dataclass(frozen=True)
+class _Replicas:
+    ranks: tuple[tuple[int, ...], ...]  # per DP rank: its ranks
+    group: dist.ProcessGroup | None  # this rank's replica (None when replicas are single ranks)
+
+
+_REPLICAS: _Replicas | None = None
+
+
+def _make_replica_groups(layout: ParallelLayout) -> _Replicas:
+    """One process group per DP replica (all ranks call ``new_group`` for every replica, in order)."""
+    world = layout.world_size
+    if world == 1:
+        return _Replicas(((0,),), None)
+    dp_of = torch.zeros(world, dtype=torch.long)
+    dp_of[layout.rank] = layout.dp_rank
+    dist.all_reduce(dp_of)  # every rank's DP index (each rank wrote only its own slot)
+    ranks = tuple(tuple(r for r in range(world) if int(dp_of[r]) == d) for d in range(layout.data_parallel_size))
+    mine = None
+    if len(ranks[0]) > 1:
+        for members in ranks:
+            group = dist.new_group(list(members))
+            if layout.rank in members:
+                mine = group
+    return _Replicas(ranks, mine)
+
+
 def initialize_parallel(cfg: ParallelConfig, seed: int) -> ParallelLayout:
     """Create Megatron's TP/PP/CP/DP process groups and seed its RNG tracker; return the layout.
 
@@ -193,6 +230,8 @@ def initialize_parallel(cfg: ParallelConfig, seed: int) -> ParallelLayout:
         context_parallel_size=cfg.context_parallel_size,
     )
     layout = current_parallel_layout()
+    global _REPLICAS
+    _REPLICAS = _make_replica_groups(layout)
     stage_seed = seed + 100 * layout.pp_rank
     random.seed(stage_seed)
     torch.manual_seed(stage_seed)
@@ -228,6 +267,10 @@ def destroy_parallel(destroy_process_group: bool = False) -> None:
     """Tear down Megatron's parallel state (and, if asked, the default process group)."""
     import sys
 
+    global _REPLICAS
+    if _REPLICAS is not None and _REPLICAS.group is not None and dist.is_initialized():
+        dist.destroy_process_group(_REPLICAS.group)
+    _REPLICAS = None
     if "megatron.core.parallel_state" in sys.modules:  # never imported: nothing to destroy (and stay quick)
         sys.modules["megatron.core.parallel_state"].destroy_model_parallel()
     if destroy_process_group and dist.is_initialized():

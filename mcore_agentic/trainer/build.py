@@ -128,6 +128,7 @@ def build_actor(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int, vocab
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
         transformer_impl=cfg.model.transformer_impl,
+        use_remove_padding=cfg.model.use_remove_padding,
         vocab_size=vocab_size,
         total_training_steps=steps * sizes.actor.mini_batches_per_epoch * cfg.actor.ppo_epochs + cfg.trainer.sft_warmup_steps,
     )
@@ -151,6 +152,7 @@ def build_reference(cfg: RLConfig, layout: Any, vocab_size: int) -> Any:
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
         transformer_impl=cfg.model.transformer_impl,
+        use_remove_padding=cfg.model.use_remove_padding,
         vocab_size=vocab_size,
     )
 
@@ -170,6 +172,7 @@ def build_critic(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> A
         layout=layout,
         make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
         transformer_impl=cfg.model.transformer_impl,
+        use_remove_padding=cfg.model.use_remove_padding,
         total_training_steps=steps * sizes.critic.mini_batches_per_epoch * cfg.critic.ppo_epochs,
     )
 

@@ -1,8 +1,9 @@
 """The PPO/GRPO step loop: the algorithm top to bottom, built by :mod:`.build`, maths in :mod:`.experience`.
 
 One step: prompts -> weight sync (context manager) -> rollout of this rollout group's prompts
-(on its leader) -> rewards -> global batch -> old log-probs -> ref log-probs -> values ->
-advantages -> critic update -> actor update -> metrics -> checkpoint -> validation.
+(on its leader) -> rewards -> rows to the DP replica that trains them (:mod:`.distribute`) ->
+old log-probs -> ref log-probs -> values -> advantages -> critic update -> actor update ->
+metrics (reduced over ranks) -> checkpoint -> validation.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.parallel.stats import Stats, sum_over
 from mcore_agentic.rollout.driver import generate_sequences_sync
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
 from mcore_agentic.trainer.build import Components, model_state_io, tool_schemas
+from mcore_agentic.trainer.distribute import exchange_rows, gather_shapes, plan_step, tag_groups
 from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
 from mcore_agentic.trainer.preemption import StopSignals, TrainingStopped
 from mcore_agentic.utils.timing import PhaseTimer
@@ -128,8 +131,8 @@ class RLTrainer:
                 if local is not None:
                     extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]
                     local = exp.score_rollout(local, c.reward_fn, c.tokenizer, extra)
-            with t.phase("gather"):  # includes waiting for the slowest group's rollout
-                batch = exp.gather_rollouts(local, c.placement, self.pad_id)
+            with t.phase("distribute"):  # includes waiting for the slowest group's rollout
+                batch, rollout_stats, num_groups = self.distribute(local, step)
             with t.phase("old_log_prob"):
                 batch = c.actor.compute_log_prob(batch, calculate_entropy=True)
             if c.ref is not None:
@@ -140,7 +143,9 @@ class RLTrainer:
                     c.critic.reload()  # no-op unless critic.*_offload moved it away after the last update
                     batch = c.critic.compute_values(batch)
             with t.phase("adv"):
-                batch, adv_metrics = exp.compute_experience(batch, self.cfg.algorithm, c.kl_ctrl)
+                batch, adv_metrics = exp.compute_experience(
+                    batch, self.cfg.algorithm, c.kl_ctrl, reduce=sum_over(self.dp_group), num_groups=num_groups
+                )
             update_metrics: dict[str, float] = {}
             if c.critic is not None:
                 with t.phase("update_critic"):
@@ -150,7 +155,30 @@ class RLTrainer:
                 with t.phase("update_actor"):
                     update_metrics.update(prefix("actor/", c.actor.update_policy(batch)))
                 c.weight_sync.version.bump()  # the engine must resync before the next rollout
-        return self.step_metrics(batch, {**adv_metrics, **update_metrics, **sync}, time.perf_counter() - start)
+        return self.step_metrics(batch, rollout_stats, {**adv_metrics, **update_metrics, **sync}, time.perf_counter() - start)
+
+    @property
+    def dp_group(self) -> Any:
+        """The group that sums over DP replicas (one rank per replica); None with one replica."""
+        return self.c.layout.dp_group() if self.c.layout.data_parallel_size > 1 else None
+
+    def distribute(self, local: Batch | None, step: int) -> tuple[Batch, Stats, int]:
+        """This replica's rows of the step (tensors only), the rollout statistics of the whole step, and the
+        step's count of prompt-group ids. The leaders' per-row objects never leave them."""
+        c, sizes = self.c, self.c.sizes
+        if local is not None:
+            local = tag_groups(local, c.placement.group_index)
+        stats = exp.rollout_stats([local] if local is not None else []).reduce(world=True)
+        rows_per_group = sizes.sequences_per_step // c.placement.num_groups
+        shapes = gather_shapes(local, c.placement, rows_per_group)
+        minis = [sizes.actor.mini_batch_sequences] + ([sizes.critic.mini_batch_sequences] if sizes.critic else [])
+        actor = self.cfg.actor
+        plan = plan_step(
+            shapes, c.layout.data_parallel_size, mini_batch_sizes=minis,
+            seed=actor.seed + step * SEED_STRIDE if actor.shuffle else None,
+        )
+        batch = exchange_rows(local, plan, c.layout, self.pad_id)
+        return batch, stats, rows_per_group * c.placement.num_groups
 
     def rollout(self, rows: list[dict[str, Any]], rollout_cfg: Any) -> Batch | None:
         """The group's rollout of ``rows`` on its leader (the rank holding the engine); None elsewhere."""
@@ -167,16 +195,19 @@ class RLTrainer:
         p = self.c.placement
         return base + (step * p.num_groups + p.group_index) * SEED_STRIDE
 
-    def step_metrics(self, batch: Batch, extra: dict[str, float], seconds: float) -> dict[str, Any]:
+    def step_metrics(self, batch: Batch, rollout_stats: Stats, extra: dict[str, float], seconds: float) -> dict[str, Any]:
+        """The step's metrics on every rank: rollout statistics (reduced over the world), this replica's
+        rows' statistics reduced over DP, the updates' (already global) and timings."""
         m: dict[str, Any] = {}
-        m.update(exp.rollout_metrics(batch))
-        m.update(exp.rollout_vs_train_metrics(batch))
-        m.update(compute_data_metrics(batch, self.cfg.data.max_response_length))
+        m.update(exp.rollout_metrics(rollout_stats))
+        m.update(exp.rollout_vs_train_metrics(batch, self.dp_group))
+        m.update(compute_data_metrics(batch, self.cfg.data.max_response_length, self.dp_group))
         m.update(extra)
         m.update(self.timer.pop())
         m.update(self.sft_summary)  # once: with the first RL step after the warm start
         self.sft_summary = {}
-        m.update(throughput_metrics(int(batch["attention_mask"].sum()), seconds, self.c.layout.world_size))
+        tokens = Stats().add("tokens", batch["attention_mask"].sum().reshape(1)).reduce(self.dp_group).total("tokens")
+        m.update(throughput_metrics(int(tokens), seconds, self.c.layout.world_size))
         return m
 
     # ----------------------------------------------------------------------------------- SFT
@@ -226,25 +257,17 @@ class RLTrainer:
             val_cfg = dataclasses.replace(self.cfg.rollout, n=1, temperature=0.0, seed=self.cfg.seed)
             size = self.cfg.data.val_batch_size
             chunk = max(1, -(-size // c.placement.num_groups)) if size is not None else max(1, len(rows))
-            local: dict[str, float] = {}
             parts = [rows[i : i + chunk] for i in range(0, len(rows), chunk)]
             batches = []
             with c.weight_sync:
                 if c.placement.is_leader:
                     batches = [self.rollout(part, val_cfg) for part in parts]
-            if not batches:
-                rows = []  # off the leader: weigh nothing in the mean
-            else:
-                scored = [
-                    exp.score_rollout(b, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in part])
-                    for b, part in zip(batches, parts)
-                ]
-                weights = [len(b) for b in scored]
-                metrics = [exp.rollout_metrics(b) for b in scored]
-                keys = ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")
-                local = {f"val/{k}": sum(w * m[k] for w, m in zip(weights, metrics)) / sum(weights) for k in keys}
-            keys = {"val/reward/mean": 0.0, "val/reward/accuracy": 0.0, "val/rollout/tool_calls_per_sample": 0.0}
-            out = exp.all_reduce_mean({**keys, **local}, float(len(rows)))
+            scored = [
+                exp.score_rollout(b, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in part])
+                for b, part in zip(batches, parts)
+            ]  # none off the leaders
+            m = exp.rollout_metrics(exp.rollout_stats(scored).reduce(world=True))
+            out = {f"val/{k}": m[k] for k in ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")}
         out["timing_s/validate"] = self.timer.pop().get("timing_s/validate", 0.0)
         return out
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.parallel.stats import Stats
 
 REWARD_KEY = "critic/score/mean"
 RESPONSE_LENGTH_KEY = "response_length/mean"
@@ -39,36 +40,44 @@ def reduce_metrics(per_sample: Mapping[str, Any], stats: Sequence[str] = ("mean"
     return out
 
 
-def _masked_rows(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Every masked-in element of ``values`` (flattened)."""
-    return values[mask.bool()].float()
-
-
-def compute_data_metrics(batch: Batch, max_response_length: int | None = None) -> dict[str, float]:
+def compute_data_metrics(batch: Batch, max_response_length: int | None = None, group: Any = None) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths of a finished experience batch.
 
     Uses whichever of the :class:`Batch` keys are present: ``token_level_scores`` /
     ``token_level_rewards`` (summed per sequence), ``advantages``/``returns``/``values``
-    (over ``response_mask``), ``prompts`` + ``attention_mask`` (lengths).
+    (over ``response_mask``), ``prompts`` + ``attention_mask`` (lengths). ``batch`` may be one
+    DP replica's rows: the statistics are reduced over ``group`` (the DP group), so every rank
+    reports the step's.
     """
-    out: dict[str, float] = {}
-    mask = batch["response_mask"] if "response_mask" in batch else None
+    st = Stats()
+    names: list[tuple[str, str]] = []
+    mask = batch["response_mask"].bool() if "response_mask" in batch else None
     for key, name in (("token_level_scores", "critic/score"), ("token_level_rewards", "critic/rewards")):
         if key in batch:
-            out.update(reduce_metrics({name: batch[key].float().sum(dim=-1)}))
+            st.add(name, batch[key].float().sum(dim=-1))
+            names.append((name, name))
     if mask is not None:
         for key, name in (("advantages", "critic/advantages"), ("returns", "critic/returns"), ("values", "critic/values")):
             if key in batch:
-                out.update(reduce_metrics({name: _masked_rows(batch[key], mask)}))
-        out.update(reduce_metrics({"response/policy_tokens": mask.float().sum(dim=-1)}))
+                st.add(name, batch[key].float()[mask])
+                names.append((name, name))
+        st.add("response/policy_tokens", mask.float().sum(dim=-1))
+        names.append(("response/policy_tokens", "response/policy_tokens"))
     if "prompts" in batch and "attention_mask" in batch:
         prompt_len = batch["prompts"].shape[-1]
         attention = batch["attention_mask"].float()
-        prompt_lengths = attention[:, :prompt_len].sum(dim=-1)
         response_lengths = attention[:, prompt_len:].sum(dim=-1)
-        out.update(reduce_metrics({"prompt_length": prompt_lengths, "response_length": response_lengths}))
+        st.add("prompt_length", attention[:, :prompt_len].sum(dim=-1))
+        st.add("response_length", response_lengths)
+        names += [("prompt_length", "prompt_length"), ("response_length", "response_length")]
         if max_response_length:
-            out["response_length/clip_ratio"] = float((response_lengths >= max_response_length).float().mean())
+            st.add("clip", (response_lengths >= max_response_length).float())
+    st.reduce(group)
+    out: dict[str, float] = {}
+    for name, label in names:
+        out.update(st.summary(name, label))
+    if "clip" in st.sums and st.count("clip"):
+        out["response_length/clip_ratio"] = st.mean("clip")
     return out
 
 

@@ -8,8 +8,9 @@ gradient-accumulated micro-batches, with every loss term normalised by counts of
 the *whole* mini-batch, so the result does not depend on the micro-batch split or
 the DP/CP layout.
 
-Every method takes and returns the global batch (identical on every rank);
-metrics are identical on every rank too.
+Every method takes and returns this DP replica's rows (every rank of the replica holds the
+same ones, see :mod:`mcore_agentic.trainer.distribute`), except :meth:`Actor.sft_step`, whose
+batch every rank builds whole; metrics are identical on every rank.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.workers.config import ActorConfig
 from mcore_agentic.workers.engine import MegatronEngine, MicroBatch, MicroBatching
-from mcore_agentic.workers.passes import MODEL_KEYS, log_prob_head, ppo_epochs, require_keys
+from mcore_agentic.workers.passes import MODEL_KEYS, dp_share, log_prob_head, ppo_epochs, require_keys
 
 
 class Actor:
@@ -41,6 +42,7 @@ class Actor:
         temperature: float = 1.0,
         make_vocab_size_divisible_by: int = 128,
         transformer_impl: str = "auto",
+        use_remove_padding: bool = True,
         vocab_size: int | None = None,
         total_training_steps: int | None = None,
     ) -> None:
@@ -68,6 +70,7 @@ class Actor:
             use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.ppo_max_token_len_per_gpu,
             field="actor.ppo_max_token_len_per_gpu",
+            pack=use_remove_padding,
         )
         self._updates = 0
 
@@ -108,7 +111,10 @@ class Actor:
 
     # ------------------------------------------------------------------ SFT
     def sft_step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step of token-mean cross entropy on ``response_mask`` tokens (temperature 1)."""
+        """One optimizer step of token-mean cross entropy on ``response_mask`` tokens (temperature 1).
+
+        ``batch`` is the whole step's (every rank builds it from the same demonstrations); each DP
+        replica trains its share."""
         require_keys(batch, MODEL_KEYS, "Actor.sft_step")
         norms = loss_normalisers(batch["response_mask"])
         head = log_prob_head(self.engine, 1.0, with_entropy=False)
@@ -118,7 +124,7 @@ class Actor:
             return loss, {"sft_loss": loss.detach()}
 
         self.engine.zero_grad()
-        sums = self.engine.forward_backward(batch, head, loss_fn, self.batching)
+        sums = self.engine.forward_backward(dp_share(batch, self.engine.layout), head, loss_fn, self.batching)
         return {**sums, **self.engine.step()}
 
     # ------------------------------------------------------------------ weights / memory

@@ -65,6 +65,7 @@ class Critic:
         layout: Any,
         make_vocab_size_divisible_by: int = 128,
         transformer_impl: str = "auto",
+        use_remove_padding: bool = True,
         total_training_steps: int | None = None,
     ) -> None:
         self.cfg = cfg
@@ -88,6 +89,7 @@ class Critic:
             use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.ppo_max_token_len_per_gpu,
             field="critic.ppo_max_token_len_per_gpu",
+            pack=use_remove_padding,
         )
         self._updates = 0
 

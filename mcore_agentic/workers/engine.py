@@ -6,15 +6,17 @@ about RL. It
 * builds this rank's model chunk(s) through the HF bridge and loads the HF
   checkpoint, then (if trained) wraps them in Megatron DDP and builds the
   Megatron optimizer and LR scheduler;
-* takes a *global* batch (identical on every rank), keeps this DP rank's rows,
-  splits them into micro-batches (fixed size or a padded-token budget), strips
-  left padding, splits each sequence over CP in Megatron's load-balanced layout,
-  and runs Megatron's pipeline schedule (``get_forward_backward_func``);
+* takes *this DP replica's rows* (every rank of the replica holds the same ones, see
+  :mod:`mcore_agentic.trainer.distribute`), cuts them into micro-batches (fixed size or a
+  token budget; with a budget every DP replica runs the same number), packs each into one
+  THD sequence with ``cu_seqlens`` (or pads it, ``use_remove_padding=false``), splits each
+  row over CP in Megatron's load-balanced layout, and runs Megatron's pipeline schedule
+  (``get_forward_backward_func``);
 * on the last pipeline stage hands the model output of each micro-batch to the
   caller's ``head_fn`` (per-token tensors of the local CP shard, e.g. log-probs),
-  gathers those over CP, maps them to the ``[B, R]`` response layout and either
-  returns them (forward-only: broadcast over PP and all-gathered over DP, so every
-  rank returns the full batch) or passes them to the caller's ``loss_fn``.
+  gathers those over CP, maps them to the ``[b, R]`` response layout and either
+  returns them (forward-only: broadcast over PP, so every rank of the replica returns
+  its replica's rows) or passes them to the caller's ``loss_fn``.
 
 Loss scaling. ``calculate_per_token_loss`` is on, so Megatron neither divides
 the loss by the number of micro-batches nor averages gradients over DP x CP:
@@ -37,15 +39,19 @@ import torch
 import torch.distributed as dist
 
 from mcore_agentic.data.batch import Batch
-from mcore_agentic.parallel.cp_split import cp_gather, cp_positions, cp_split
+from mcore_agentic.parallel.cp_split import cp_gather, cp_packed_indices, cp_positions, cp_split
 from mcore_agentic.workers.config import OptimConfig
 from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors, optimizer_tensors
 from mcore_agentic.workers.sequence import (
     PackedSequences,
     fixed_micro_batches,
-    pack_sequences,
+    pack_rows,
+    packed_budget_count,
+    packed_budget_micro_batches,
+    pad_rows,
+    padded_budget_micro_batches,
     scatter_rows,
-    token_budget_micro_batches,
+    segment_lengths,
 )
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -63,11 +69,13 @@ class MicroBatching:
     micro_batch_size: int
     """Rows per micro-batch when ``use_dynamic_bsz`` is false."""
     use_dynamic_bsz: bool = False
-    """Cut by a padded-token budget instead."""
+    """Cut by a token budget instead."""
     max_token_len: int = 16384
-    """The budget (rows x padded length) with ``use_dynamic_bsz``."""
+    """The budget with ``use_dynamic_bsz``: packed tokens per micro-batch (padded: rows x padded length)."""
     field: str = "actor.ppo_max_token_len_per_gpu"
     """Config key named when a single sequence exceeds the budget."""
+    pack: bool = True
+    """Packed (THD) micro-batches (``model.use_remove_padding``); False: padded ``[b, S]`` ones."""
 
 
 @dataclass(frozen=True)
@@ -77,13 +85,15 @@ class MicroBatch:
     data: Batch
     """This micro-batch's rows of the batch (all keys: advantages, old_log_probs, ...)."""
     packed: PackedSequences
-    """Rows with left padding removed, full (un-split) length."""
+    """Rows with left padding removed, full (un-split) length: ``[b, S]`` padded or ``[1, T]`` packed."""
     tokens: torch.Tensor
-    """``[b, S/cp]`` this CP rank's tokens (load-balanced layout)."""
+    """This CP rank's tokens (load-balanced layout): ``[b, S/cp]`` or ``[1, T/cp]``."""
     labels: torch.Tensor
-    """``[b, S/cp]`` next-token targets of ``tokens``."""
+    """Next-token targets of ``tokens``."""
     position_ids: torch.Tensor
-    """``[b, S/cp]`` global positions of ``tokens``."""
+    """Positions of ``tokens`` within their rows."""
+    packed_seq_params: Any = None
+    """Megatron's ``PackedSeqParams`` (THD) of a packed micro-batch; None when padded."""
 
 
 def decay_horizon(optim: OptimConfig, run_optimizer_steps: int | None) -> int | None:
@@ -234,53 +244,87 @@ class MegatronEngine:
         )
 
     # ------------------------------------------------------------------ batching
-    def dp_rows(self, batch: Batch) -> Batch:
-        """This DP rank's contiguous share of a global batch (the batch must split evenly)."""
-        dp = self.layout.data_parallel_size
-        if len(batch) % dp:
-            raise ValueError(f"batch of {len(batch)} sequences does not split over {dp} data-parallel ranks")
-        return batch.chunk(dp)[self.layout.dp_rank]
-
     def micro_batches(self, batch: Batch, batching: MicroBatching) -> tuple[list[list[int]], list[MicroBatch]]:
-        """Row groups and their prepared micro-batches for this rank's ``batch``."""
+        """Row groups and their prepared micro-batches for this replica's rows ``batch``.
+
+        With a token budget, packed micro-batches are as few as fit (balanced by tokens) and every DP
+        replica runs the same number (one all-reduce of one integer over the DP group).
+        """
         cp = self.layout.context_parallel_size
         multiple = self.layout.tensor_model_parallel_size if self.tcfg.sequence_parallel else 1
-        if batching.use_dynamic_bsz:
-            groups = token_budget_micro_batches(
+        vpp = len(self.chunks) > 1
+        segments = segment_lengths(batch["attention_mask"], cp_size=cp, multiple_of=multiple)
+        if batching.use_dynamic_bsz and batching.pack:
+            groups = packed_budget_micro_batches(segments, self._agreed_count(segments, batching))
+        elif batching.use_dynamic_bsz:
+            if vpp:
+                raise ValueError("virtual pipeline stages need equal micro-batches: padded (use_remove_padding=false) "
+                                 "micro-batches take use_dynamic_bsz=false there")
+            groups = padded_budget_micro_batches(
                 batch["attention_mask"].sum(1), batching.max_token_len, cp_size=cp, multiple_of=multiple,
                 field=batching.field,
             )
         else:
             groups = fixed_micro_batches(len(batch), batching.micro_batch_size)
         prompt_len = batch["prompts"].shape[1]
-        min_len = 0
-        if len(self.chunks) > 1:
+        common = 0
+        if vpp:
             # Megatron's interleaved (VPP) schedule mixes up tensor shapes of different micro-batches:
             # give every micro-batch of the step the same shape.
-            if batching.use_dynamic_bsz or len(batch) % batching.micro_batch_size:
+            if not batching.pack and len(batch) % batching.micro_batch_size:
                 raise ValueError(
-                    "virtual pipeline stages need equal micro-batches: use_dynamic_bsz=false and a "
-                    f"micro-batch size dividing the {len(batch)} rows per rank"
+                    "virtual pipeline stages need equal micro-batches: use a micro-batch size dividing the "
+                    f"{len(batch)} rows per rank"
                 )
-            min_len = int(batch["attention_mask"].sum(1).max())
-        mbs = []
-        for rows in groups:
-            data = batch.index(rows)
-            packed = pack_sequences(
-                data["input_ids"], data["attention_mask"], prompt_len, cp_size=cp, multiple_of=multiple,
-                min_len=min_len,
+            common = (max(sum(segments[i] for i in g) for g in groups) if batching.pack
+                      else int(batch["attention_mask"].sum(1).max()))
+        return groups, [self._micro_batch(batch.index(rows), prompt_len, batching.pack, common) for rows in groups]
+
+    def _agreed_count(self, segments: list[int], batching: MicroBatching) -> int:
+        """Micro-batches this step: the most any DP replica needs (a multiple of PP with VPP)."""
+        count = packed_budget_count(segments, batching.max_token_len, field=batching.field)
+        if self.layout.data_parallel_size > 1:
+            box = torch.tensor([count], dtype=torch.long)
+            dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.layout.dp_group())
+            count = int(box)
+        pp = self.layout.pipeline_model_parallel_size
+        if len(self.chunks) > 1 and count % pp:
+            count += pp - count % pp  # Megatron's interleaved schedule runs micro-batches in groups of PP
+        if count > len(segments):
+            raise ValueError(
+                f"{count} micro-batches (the most a data-parallel replica needs) for {len(segments)} rows on this "
+                f"rank: raise {batching.field} or give every replica as many rows"
             )
-            pos = cp_positions(packed.padded_len, cp, self.layout.cp_rank, device=packed.tokens.device)
-            mbs.append(
-                MicroBatch(
-                    data=data,
-                    packed=packed,
-                    tokens=cp_split(packed.tokens, cp, self.layout.cp_rank),
-                    labels=cp_split(packed.labels, cp, self.layout.cp_rank),
-                    position_ids=pos.unsqueeze(0).expand(len(rows), -1),
-                )
+        return count
+
+    def _micro_batch(self, data: Batch, prompt_len: int, pack: bool, common: int) -> MicroBatch:
+        cp, cp_rank = self.layout.context_parallel_size, self.layout.cp_rank
+        multiple = self.layout.tensor_model_parallel_size if self.tcfg.sequence_parallel else 1
+        layout = dict(cp_size=cp, multiple_of=multiple)
+        if not pack:
+            packed = pad_rows(data["input_ids"], data["attention_mask"], prompt_len, min_len=common, **layout)
+            pos = cp_positions(packed.padded_len, cp, cp_rank, device=packed.tokens.device)
+            return MicroBatch(
+                data=data, packed=packed, tokens=cp_split(packed.tokens, cp, cp_rank),
+                labels=cp_split(packed.labels, cp, cp_rank), position_ids=pos.unsqueeze(0).expand(len(data), -1),
             )
-        return groups, mbs
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        packed = pack_rows(data["input_ids"], data["attention_mask"], prompt_len, min_total=common, **layout)
+        local = cp_packed_indices(packed.cu_seqlens, cp, cp_rank, device=packed.tokens.device)
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=packed.cu_seqlens_real,
+            cu_seqlens_kv=packed.cu_seqlens_real,
+            cu_seqlens_q_padded=packed.cu_seqlens,
+            cu_seqlens_kv_padded=packed.cu_seqlens,
+            max_seqlen_q=packed.max_seqlen,
+            max_seqlen_kv=packed.max_seqlen,
+        )
+        return MicroBatch(
+            data=data, packed=packed, tokens=packed.tokens[:, local], labels=packed.labels[:, local],
+            position_ids=packed.position_ids[:, local], packed_seq_params=params,
+        )
 
     # ------------------------------------------------------------------ schedule
     def _run(
@@ -290,8 +334,11 @@ class MegatronEngine:
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
             mb: MicroBatch = next(data_iterator)
-            # attention_mask=None: the local attention is then causal, right for rows that start at 0.
-            out = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None)
+            # attention_mask=None: attention is causal (within each packed row), right for rows that start at 0.
+            out = model(
+                input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None,
+                packed_seq_params=mb.packed_seq_params,
+            )
             return out, partial(self._post, mb, head_fn, loss_fn, forward_only)
 
         pp = self.layout.pipeline_model_parallel_size
@@ -309,7 +356,7 @@ class MegatronEngine:
             model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
             num_microbatches=len(mbs),
             seq_length=max(mb.packed.padded_len for mb in mbs),
-            micro_batch_size=max(len(mb.data) for mb in mbs),
+            micro_batch_size=max(mb.tokens.shape[0] for mb in mbs),
             forward_only=forward_only,
         )
 
@@ -320,8 +367,9 @@ class MegatronEngine:
         cp = self.layout.context_parallel_size
         cp_group = self.layout.cp_group() if cp > 1 else None
         per_token = head_fn(output, mb)
+        cu = mb.packed.cu_seqlens.tolist() if mb.packed.is_packed else None
         response = {
-            k: mb.packed.to_response(cp_gather(v, cp, cp_group, seq_dim=1, grad_mode="slice"))
+            k: mb.packed.to_response(cp_gather(v, cp, cp_group, seq_dim=1, grad_mode="slice", cu_seqlens=cu))
             for k, v in per_token.items()
         }
         one = torch.ones((), dtype=torch.int, device=output.device)
@@ -341,42 +389,33 @@ class MegatronEngine:
         return box[0]
 
     def forward_only(self, batch: Batch, head_fn: HeadFn, batching: MicroBatching) -> dict[str, torch.Tensor]:
-        """Per-response-token outputs ``{name: [B, R]}`` of ``head_fn`` for the whole global ``batch``, on every rank."""
-        local = self.dp_rows(batch)
-        groups, mbs = self.micro_batches(local, batching)
+        """Per-response-token outputs ``{name: [b, R]}`` of ``head_fn`` for this replica's rows ``batch``, on every rank of it."""
+        groups, mbs = self.micro_batches(batch, batching)
         for chunk in self.chunks:
             chunk.eval()
         with torch.no_grad():
             outputs = self._run(mbs, head_fn, None, forward_only=True)
         if self.layout.is_pipeline_last_stage:
             keys = sorted(outputs[0])
-            merged = {k: scatter_rows([o[k] for o in outputs], groups, len(local)).float() for k in keys}
+            merged = {k: scatter_rows([o[k] for o in outputs], groups, len(batch)).float() for k in keys}
         else:
             merged = None
         keys = self._pp_last_broadcast_obj(sorted(merged) if merged is not None else None)
         resp_len = batch["responses"].shape[1]
         result: dict[str, torch.Tensor] = {}
         for k in keys:
-            t = merged[k] if merged is not None else torch.zeros(len(local), resp_len, dtype=torch.float32)
+            t = merged[k] if merged is not None else torch.zeros(len(batch), resp_len, dtype=torch.float32)
             if self.layout.pipeline_model_parallel_size > 1:
                 dist.broadcast(
                     t, group=self.layout.pp_group(), group_src=self.layout.pipeline_model_parallel_size - 1
                 )
-            result[k] = self._dp_all_gather(t)
+            result[k] = t
         return result
-
-    def _dp_all_gather(self, t: torch.Tensor) -> torch.Tensor:
-        dp = self.layout.data_parallel_size
-        if dp == 1:
-            return t
-        parts = [torch.empty_like(t) for _ in range(dp)]
-        dist.all_gather(parts, t.contiguous(), group=self.layout.dp_group())
-        return torch.cat(parts)
 
     def forward_backward(
         self, batch: Batch, head_fn: HeadFn, loss_fn: LossFn, batching: MicroBatching
     ) -> dict[str, float]:
-        """Accumulate gradients of ``loss_fn`` over this rank's share of the global ``batch``.
+        """Accumulate gradients of ``loss_fn`` over this replica's rows ``batch``.
 
         Returns the metric shares summed over micro-batches and DP ranks (identical on every rank).
         Call :meth:`zero_grad` before and :meth:`step` after.
@@ -385,8 +424,7 @@ class MegatronEngine:
             raise RuntimeError("this engine has no optimizer (built with optim=None): it cannot be trained")
         from megatron.core.distributed import finalize_model_grads
 
-        local = self.dp_rows(batch)
-        _, mbs = self.micro_batches(local, batching)
+        _, mbs = self.micro_batches(batch, batching)
         for chunk in self.chunks:
             chunk.train()
         outputs = self._run(mbs, head_fn, loss_fn, forward_only=False)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from mcore_agentic.algorithms.losses import LossNormalisers, loss_normalisers
 from mcore_agentic.data.batch import Batch
@@ -26,6 +28,24 @@ def require_keys(batch: Batch, keys: tuple[str, ...], what: str) -> None:
     missing = [k for k in keys if k not in batch]
     if missing:
         raise KeyError(f"{what} needs batch keys {missing}; it has {sorted(batch.tensors)}")
+
+
+def dp_share(batch: Batch, layout: Any) -> Batch:
+    """This DP replica's contiguous share of a batch every rank holds whole (the SFT warm start's)."""
+    dp = layout.data_parallel_size
+    if len(batch) % dp:
+        raise ValueError(f"batch of {len(batch)} sequences does not split over {dp} data-parallel ranks")
+    return batch.chunk(dp)[layout.dp_rank]
+
+
+def global_normalisers(response_mask: torch.Tensor, layout: Any) -> LossNormalisers:
+    """Token and sequence counts of a mini-batch whose rows are spread over the DP replicas (one all-reduce)."""
+    local = loss_normalisers(response_mask)
+    if layout.data_parallel_size == 1:
+        return local
+    counts = torch.tensor([local.tokens, local.seqs], dtype=torch.long)
+    dist.all_reduce(counts, group=layout.dp_group())
+    return LossNormalisers(tokens=int(counts[0]), seqs=int(counts[1]))
 
 
 def log_prob_head(engine: MegatronEngine, temperature: float, with_entropy: bool) -> HeadFn:
@@ -68,24 +88,33 @@ def ppo_epochs(
     make_loss: Callable[[LossNormalisers], LossFn],
     batching: MicroBatching,
 ) -> dict[str, float]:
-    """``epochs`` passes over shuffled mini-batches of ``mini_batch_size`` sequences, one optimizer step each.
+    """``epochs`` passes over the mini-batches of this replica's rows ``batch``, one optimizer step each.
 
-    Every loss term is normalised by the counts of its *whole* mini-batch (every rank holds it), so
-    the result does not depend on the micro-batch split or the DP/CP layout. ``seed`` orders the
-    shuffle (the workers pass ``cfg.seed +`` their update count). Returns the metrics
-    averaged over the optimizer steps. ``mini_batch_size`` comes from the validated config
-    (``config.rules``: it tiles the step's batch).
+    ``mini_batch_size`` counts sequences over all DP replicas; each replica holds an equal
+    share of every mini-batch. The first epoch takes the rows in order, as consecutive blocks:
+    :mod:`mcore_agentic.trainer.distribute` deals each replica its rows mini-batch by mini-batch,
+    from a seeded shuffle of the whole step, so a mini-batch is the same set of rows whatever
+    the DP layout. Later epochs (with ``shuffle``) re-cut the replica's rows in a ``seed``-ed
+    order. Every loss term is normalised by the counts of the *whole* mini-batch (all-reduced
+    over DP), so the result does not depend on the micro-batch split or the DP/CP layout.
+    Returns the metrics averaged over the optimizer steps.
     """
-    if len(batch) % mini_batch_size:
-        raise ValueError(f"mini-batches of {mini_batch_size} sequences do not tile a batch of {len(batch)}")
+    dp = engine.layout.data_parallel_size
+    if mini_batch_size % dp or len(batch) % (mini_batch_size // dp):
+        raise ValueError(
+            f"mini-batches of {mini_batch_size} sequences over {dp} data-parallel replicas do not tile "
+            f"this replica's {len(batch)} rows"
+        )
+    local_size = mini_batch_size // dp
     generator = torch.Generator().manual_seed(seed)
     records = []
-    for _ in range(epochs):
-        for mini in batch.iter_minibatches(mini_batch_size, shuffle=shuffle, generator=generator):
+    for epoch in range(epochs):
+        for mini in batch.iter_minibatches(local_size, shuffle=shuffle and epoch > 0, generator=generator):
             engine.zero_grad()
-            sums = engine.forward_backward(mini, head, make_loss(loss_normalisers(mini["response_mask"])), batching)
+            norms = global_normalisers(mini["response_mask"], engine.layout)
+            sums = engine.forward_backward(mini, head, make_loss(norms), batching)
             records.append({**sums, **engine.step()})
     return mean_metrics(records)
 
 
-__all__ = ["MODEL_KEYS", "log_prob_head", "mean_metrics", "ppo_epochs", "require_keys"]
+__all__ = ["MODEL_KEYS", "dp_share", "global_normalisers", "log_prob_head", "mean_metrics", "ppo_epochs", "require_keys"]

@@ -34,6 +34,7 @@ class Reference:
         temperature: float = 1.0,
         make_vocab_size_divisible_by: int = 128,
         transformer_impl: str = "auto",
+        use_remove_padding: bool = True,
         vocab_size: int | None = None,
     ) -> None:
         if not temperature > 0:
@@ -55,6 +56,7 @@ class Reference:
             use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.log_prob_max_token_len_per_gpu,
             field="ref.log_prob_max_token_len_per_gpu",
+            pack=use_remove_padding,
         )
         if cfg.param_offload:
             self.engine.offload(params=True)

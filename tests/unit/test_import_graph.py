@@ -20,7 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "algorithms": set(),
     "data": set(),
     "parallel": set(),
-    "models": {"parallel"},  # a layer spec chooses parallel.cp_attention
+    "models": {"parallel"},  # a layer spec chooses parallel.local_attention
     "workers": {"models", "parallel", "algorithms", "data"},
     "tools": set(),
     "interactions": {"tools"},

@@ -196,7 +196,7 @@ class DenseDecoderBridge(Bridge):
 
     # ------------------------------------------------------------------ model
     def layer_spec(self, tcfg: Any, *, use_te: bool | None = None) -> Any:
-        """Local megatron-core spec (CP attention swapped in when CP > 1), or the TE spec when asked and usable."""
+        """Local megatron-core spec with :class:`LocalDotProductAttention` (CP and packed rows), or the TE spec when asked and usable."""
         if use_te is None:
             use_te = _te_usable()
         if use_te:
@@ -209,14 +209,10 @@ class DenseDecoderBridge(Bridge):
             # The local spec's torch norms assert against it; TE's fused norms support it.
             raise config_error("sequence_parallel", "needs the TransformerEngine layer spec (GPU): set it to false")
         spec = get_gpt_layer_local_spec(qk_layernorm=self.qk_layernorm, normalization="RMSNorm")
-        if tcfg.context_parallel_size > 1:
-            try:
-                from mcore_agentic.parallel.cp_attention import ContextParallelDotProductAttention
-            except ImportError as exc:
-                raise config_error(
-                    "context_parallel_size", f"CP > 1 on the local spec needs mcore_agentic.parallel.cp_attention ({exc})"
-                ) from exc
-            spec.submodules.self_attention.submodules.core_attention = ContextParallelDotProductAttention
+        # Megatron's local DotProductAttention takes neither CP nor packed (THD) rows; this one takes both.
+        from mcore_agentic.parallel.local_attention import LocalDotProductAttention
+
+        spec.submodules.self_attention.submodules.core_attention = LocalDotProductAttention
         return spec
 
     def build_model(

@@ -183,14 +183,14 @@ def test_layer_spec_choices() -> None:
     bridge = get_bridge(hf)
     spec = bridge.layer_spec(bridge.transformer_config(hf, _Par()), use_te=False)
     attn = spec.submodules.self_attention.submodules
-    assert attn.core_attention.__name__ == "DotProductAttention"
+    assert attn.core_attention.__name__ == "LocalDotProductAttention"  # takes packed rows, unlike Megatron's
     assert attn.q_layernorm is not None and attn.q_layernorm.__name__ == "WrappedTorchNorm"
     par = _Par(tp=2, sequence_parallel=True)
     with pytest.raises(ConfigError, match="sequence_parallel.*TransformerEngine"):
         bridge.layer_spec(bridge.transformer_config(hf, par), use_te=False)
-    pytest.importorskip("mcore_agentic.parallel.cp_attention")
+    pytest.importorskip("mcore_agentic.parallel.local_attention")
     spec = bridge.layer_spec(bridge.transformer_config(hf, _Par(cp=2)), use_te=False)
-    assert spec.submodules.self_attention.submodules.core_attention.__name__ == "ContextParallelDotProductAttention"
+    assert spec.submodules.self_attention.submodules.core_attention.__name__ == "LocalDotProductAttention"
 
 
 def test_transformer_impl_maps_to_the_layer_spec(monkeypatch) -> None:

@@ -115,7 +115,7 @@ LAYOUTS = {
 def test_megatron_logits_match_hf(layout: str, checkpoints) -> None:
     par, archs = LAYOUTS[layout]
     if par.context_parallel_size > 1:
-        pytest.importorskip("mcore_agentic.parallel.cp_attention")
+        pytest.importorskip("mcore_agentic.parallel.local_attention")
     cases = [(arch, str(checkpoints[arch][0]), checkpoints[arch][1]) for arch in archs]
     results = [unpack(r) for r in run_distributed(_logits_body, world_size=2, args=(par, cases))]
     last_stage_ranks = [1] if par.pipeline_model_parallel_size == 2 else [0, 1]

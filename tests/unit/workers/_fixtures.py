@@ -13,13 +13,13 @@ VOCAB = 500  # not a multiple of 128: Megatron pads the vocabulary, which log-pr
 PROMPT, RESPONSE = 6, 10
 
 
-def make_tiny_hf(path: Path, *, seed: int = 0, layers: int = 2) -> Path:
+def make_tiny_hf(path: Path, *, seed: int = 0, layers: int = 2, max_positions: int = 128) -> Path:
     """A random ``layers``-layer Qwen2 (hidden 64, GQA 4/2) saved as safetensors; weights scaled to carry signal."""
     import transformers
 
     config = transformers.Qwen2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+        num_key_value_heads=2, max_position_embeddings=max_positions, rms_norm_eps=1e-6, rope_theta=10000.0,
         tie_word_embeddings=False, torch_dtype="float32", use_sliding_window=False,
     )
     config.architectures = ["Qwen2ForCausalLM"]
@@ -35,16 +35,20 @@ def make_tiny_hf(path: Path, *, seed: int = 0, layers: int = 2) -> Path:
     return path
 
 
-def make_batch(n: int = 8, *, seed: int = 0) -> Batch:
-    """Left-padded prompts ++ right-padded responses with a tool-result hole in the loss mask."""
+def make_batch(n: int = 8, *, seed: int = 0, response_lengths: list[int] | None = None) -> Batch:
+    """Left-padded prompts ++ right-padded responses with a tool-result hole in the loss mask.
+
+    ``response_lengths`` fixes each row's response length (the response width is the longest);
+    by default they are random in ``[2, RESPONSE]``."""
     g = torch.Generator().manual_seed(seed)
+    width = max(response_lengths) if response_lengths else RESPONSE
     prompts = torch.zeros(n, PROMPT, dtype=torch.long)
-    responses = torch.zeros(n, RESPONSE, dtype=torch.long)
+    responses = torch.zeros(n, width, dtype=torch.long)
     pmask = torch.zeros(n, PROMPT, dtype=torch.long)
-    rmask = torch.zeros(n, RESPONSE, dtype=torch.long)
+    rmask = torch.zeros(n, width, dtype=torch.long)
     for i in range(n):
         p = int(torch.randint(1, PROMPT + 1, (1,), generator=g))
-        r = int(torch.randint(2, RESPONSE + 1, (1,), generator=g))
+        r = response_lengths[i] if response_lengths else int(torch.randint(2, RESPONSE + 1, (1,), generator=g))
         prompts[i, PROMPT - p :] = torch.randint(1, VOCAB, (p,), generator=g)
         pmask[i, PROMPT - p :] = 1
         responses[i, :r] = torch.randint(1, VOCAB, (r,), generator=g)
@@ -60,8 +64,8 @@ def make_batch(n: int = 8, *, seed: int = 0) -> Batch:
             "attention_mask": attention_mask,
             "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
             "response_mask": loss_mask,
-            "advantages": torch.randn(n, RESPONSE, generator=g) * loss_mask,
-            "returns": torch.randn(n, RESPONSE, generator=g) * loss_mask,
+            "advantages": torch.randn(n, width, generator=g) * loss_mask,
+            "returns": torch.randn(n, width, generator=g) * loss_mask,
         }
     )
 

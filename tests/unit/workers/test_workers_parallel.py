@@ -1,13 +1,17 @@
-"""Actor, reference and critic on 2 gloo ranks: every layout gives the TP=1 (DP=2) results.
+"""Actor, reference and critic on 2 gloo ranks: every layout, packed or padded, gives the same results.
 
 One spawned process group runs the layouts one after the other (Megatron's
 parallel state is torn down and rebuilt in between: spawning and importing
-megatron-core costs more than a layout's whole run). Per layout: old
-log-probs (+ entropy), reference log-probs, a PPO update (two mini-batches, so
-the second sees ratio != 1; KL loss and entropy bonus on), reference log-probs
-again, critic values and two critic updates, an offload round trip, and full HF
-weight exports. Layouts also differ in micro-batching (fixed 1, 2, 4, dynamic),
-so agreement shows the update does not depend on the micro-batch split either.
+megatron-core costs more than a layout's whole run); one more single-rank group
+runs TP=1 DP=1, the single-process reference. The batch mixes rows of 7 to ~900
+tokens. Each DP replica gets its rows as the trainer deals them
+(:func:`mcore_agentic.trainer.distribute.deal_rows`): an equal, token-balanced share of
+every mini-batch. Per layout: old log-probs (+ entropy), reference log-probs, a PPO
+update (two mini-batches, so the second sees ratio != 1; KL loss and entropy bonus
+on), reference log-probs again, critic values and two critic updates, an offload
+round trip, and full HF weight exports. Layouts differ in packing (THD rows vs padded
+rows) and micro-batching (fixed 1, 2, 4, two token budgets), so agreement shows the
+update depends on neither.
 """
 
 from __future__ import annotations
@@ -37,15 +41,25 @@ class Layout:
     vpp: int | None = None
     micro: int = 2
     dynamic: bool = False
+    budget: int = 1024
+    packed: bool = True
 
 
+# Response lengths: one row of ~900 tokens among short ones (prompts add 1-6 tokens).
+RESPONSE_LENGTHS = [894, 3, 40, 7, 120, 2, 60, 300]
 LAYOUTS = {
+    "padded_dp2": Layout(micro=2, packed=False),  # the padded path: the baseline the packed one must reproduce
     "tp1_dp2": Layout(micro=2),
+    "budget_1024": Layout(dynamic=True, budget=1024),
+    "budget_4096": Layout(dynamic=True, budget=4096),  # another split into micro-batches, the same update
     "tp2": Layout(tp=2, micro=1),
     "pp2": Layout(pp=2, dynamic=True),
     "cp2": Layout(cp=2, micro=4),
     "pp2_vpp2": Layout(pp=2, vpp=2, micro=2),  # interleaved schedule: 1 of the 4 layers per virtual stage
+    "pp2_vpp2_budget": Layout(pp=2, vpp=2, dynamic=True, budget=1024),
 }
+BASE = "padded_dp2"
+SINGLE = Layout(micro=2)  # TP=1 on one rank
 
 
 def _state_snapshot(engine) -> list[torch.Tensor]:
@@ -58,14 +72,25 @@ def _all_layouts(rank: int, world_size: int, path: str) -> bytes:
     from mcore_agentic.parallel.layout import destroy_parallel
 
     out = {}
-    for name, lay in LAYOUTS.items():
+    layouts = LAYOUTS if world_size == 2 else {"single": SINGLE}
+    for name, lay in layouts.items():
         out[name] = _body(path, lay)
         destroy_parallel()
     return _to_bytes(out)
 
 
+def _global(per_rank: list[dict], key: str) -> torch.Tensor:
+    """A per-replica output put back in global row order (replica rows come from deal_rows)."""
+    first = per_rank[0][key]
+    out = first.new_zeros((len(RESPONSE_LENGTHS), *first.shape[1:]))
+    for r in per_rank:
+        out[torch.tensor(r["rows"])] = r[key]
+    return out
+
+
 def _body(path: str, lay: Layout) -> dict:
     from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
+    from mcore_agentic.trainer.distribute import deal_rows
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig, RefConfig
     from mcore_agentic.workers.critic import Critic
@@ -73,24 +98,28 @@ def _body(path: str, lay: Layout) -> dict:
 
     t0 = time.time()
     par, layout = setup_rank(lay.tp, lay.pp, lay.cp, vpp=lay.vpp)
-    batching = dict(ppo_micro_batch_size_per_gpu=lay.micro, use_dynamic_bsz=lay.dynamic, ppo_max_token_len_per_gpu=40)
+    batching = dict(ppo_micro_batch_size_per_gpu=lay.micro, use_dynamic_bsz=lay.dynamic, ppo_max_token_len_per_gpu=lay.budget)
     actor_cfg = ActorConfig(
         parallel=par, ppo_mini_batch_size=4, **batching, optim=OptimConfig(lr=5e-3, eps=1e-3, clip_grad=1.0),
         policy_loss=PolicyLossConfig(entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1),
         param_offload=True, grad_offload=True, optimizer_offload=True,
     )
-    common = dict(model_path=path, dtype="float32", layout=layout)
+    common = dict(model_path=path, dtype="float32", layout=layout, use_remove_padding=lay.packed)
     actor = Actor(actor_cfg, mini_batch_sequences=4, temperature=TEMPERATURE, **common)
     ref_micro = lay.micro if lay.vpp else 3  # VPP needs equal micro-batches
     ref = Reference(RefConfig(log_prob_micro_batch_size_per_gpu=ref_micro, param_offload=True), parallel=par,
                     temperature=TEMPERATURE, **common)
-    out: dict = {"layout": layout}
-    batch = make_batch(8)
+    full = make_batch(8, response_lengths=RESPONSE_LENGTHS)
+    tokens = full["attention_mask"].sum(1).tolist()
+    rows = deal_rows(tokens, chunk=4, dp=layout.data_parallel_size, seed=None)[layout.dp_rank]
+    out: dict = {"layout": layout, "rows": rows}
+    batch = full.index(rows)
     batch = actor.compute_log_prob(batch, calculate_entropy=True)
     batch = ref.compute_ref_log_prob(batch)
     out["old_log_probs"], out["entropys"] = batch["old_log_probs"], batch["entropys"]
     out["ref_before"] = batch["ref_log_probs"]
 
+    out["micro_batches"] = len(actor.engine.micro_batches(batch, actor.batching)[0])
     metrics = actor.update_policy(batch)
     out["actor_metrics"] = metrics
     # Offload -> reload leaves parameters, DDP buffers and optimizer state bit-identical.
@@ -138,9 +167,11 @@ def _to_bytes(obj) -> bytes:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    path = str(make_tiny_hf(tmp_path_factory.mktemp("hf") / "qwen2", layers=4))
+    path = str(make_tiny_hf(tmp_path_factory.mktemp("hf") / "qwen2", layers=4, max_positions=1024))
     per_rank = [torch.load(io.BytesIO(b), weights_only=False) for b in run_distributed(_all_layouts, 2, args=(path,))]
     results = {name: [r[name] for r in per_rank] for name in LAYOUTS}
+    single = torch.load(io.BytesIO(run_distributed(_all_layouts, 1, args=(path,))[0]), weights_only=False)
+    results["single"] = [single["single"]]
     return {"path": path, "results": results}
 
 
@@ -150,26 +181,40 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def test_old_log_probs_match_hf_and_every_layout(runs):
     for name, per_rank in runs["results"].items():
-        lay, got = LAYOUTS[name], per_rank[0]["layout"]
+        lay, got = LAYOUTS.get(name, SINGLE), per_rank[0]["layout"]
         sizes = (got.tensor_model_parallel_size, got.pipeline_model_parallel_size, got.context_parallel_size)
-        assert sizes == (lay.tp, lay.pp, lay.cp) and got.data_parallel_size == 2 // (lay.tp * lay.pp * lay.cp)
-    batch = make_batch(8)
+        assert sizes == (lay.tp, lay.pp, lay.cp) and got.data_parallel_size == len(per_rank) // (lay.tp * lay.pp * lay.cp)
+    batch = make_batch(8, response_lengths=RESPONSE_LENGTHS)
+    assert batch["attention_mask"].sum(1).min() <= 8 and batch["attention_mask"].sum(1).max() >= 895
     expected = hf_response_log_probs(runs["path"], batch, TEMPERATURE)
     mask = batch["attention_mask"][:, batch["prompts"].shape[1] :].bool()
     for name, per_rank in runs["results"].items():
-        for r in per_rank:  # every rank returns the full batch
-            got = r["old_log_probs"]
-            assert (got - expected).abs().max().item() <= TOL, name
-            assert bool((got[~mask] == 0).all())
-            # Same weights; the reference's micro-batches differ (3 rows), hence padding: not bitwise.
-            assert (r["ref_before"] - got).abs().max().item() <= TOL, name
+        for r in per_rank:  # each rank holds its replica's rows: exactly those
+            assert len(r["rows"]) == 8 // r["layout"].data_parallel_size
+        got = _global(per_rank, "old_log_probs")
+        assert (got - expected).abs().max().item() <= TOL, name
+        assert bool((got[~mask] == 0).all())
+        # Same weights; the reference's micro-batches differ (3 rows): not bitwise.
+        assert (_global(per_rank, "ref_before") - got).abs().max().item() <= TOL, name
     assert expected[mask].abs().min().item() > 1e-3  # real signal
 
 
-def test_actor_update_is_layout_and_micro_batch_independent(runs):
-    base = runs["results"]["tp1_dp2"][0]
+def test_replicas_get_equal_token_balanced_shares(runs):
+    tokens = make_batch(8, response_lengths=RESPONSE_LENGTHS)["attention_mask"].sum(1)
+    shares = {tuple(r["rows"]) for r in runs["results"]["tp1_dp2"]}
+    assert len(shares) == 2 and sorted(i for s in shares for i in s) == list(range(8))
+    # Each mini-batch (rows 0-3, 4-7) split 2 + 2, the 894-token row's partner the lightest one.
+    for s in shares:
+        assert sum(1 for i in s if i < 4) == 2
+    heavy = next(s for s in shares if 0 in s)
+    assert int(tokens[list(heavy)].sum()) < int(tokens.sum()) * 0.8
+
+
+def test_actor_update_is_layout_packing_and_micro_batch_independent(runs):
+    base = runs["results"][BASE][0]
     assert base["actor_metrics"]["pg_clipfrac"] > 0 or base["actor_metrics"]["ppo_kl"] != 0
     assert base["actor_metrics"]["lr"] == 5e-3 and base["actor_metrics"]["update_ok"] == 1.0
+    base_new = _global(runs["results"][BASE], "new_log_probs")
     for name, per_rank in runs["results"].items():
         for r in per_rank:
             assert r["actor_weights"].keys() == base["actor_weights"].keys()
@@ -177,9 +222,17 @@ def test_actor_update_is_layout_and_micro_batch_independent(runs):
                 assert _rel(r["actor_weights"][k], w) <= TOL, (name, k)
             for k in ("pg_loss", "entropy", "kl_loss", "grad_norm", "pg_clipfrac", "ppo_kl"):
                 assert abs(r["actor_metrics"][k] - base["actor_metrics"][k]) <= TOL * max(1.0, abs(base["actor_metrics"][k])), (name, k)
-            assert (r["new_log_probs"] - base["new_log_probs"]).abs().max().item() <= 10 * TOL, name
+        assert (_global(per_rank, "new_log_probs") - base_new).abs().max().item() <= 10 * TOL, name
     # The update changed the policy.
-    assert (base["new_log_probs"] - base["old_log_probs"]).abs().max().item() > 1e-3
+    assert (base_new - _global(runs["results"][BASE], "old_log_probs")).abs().max().item() > 1e-3
+
+
+def test_token_budgets_cut_different_micro_batches(runs):
+    counts = {name: runs["results"][name][0]["micro_batches"] for name in ("budget_1024", "budget_4096")}
+    assert counts["budget_1024"] > counts["budget_4096"] >= 1, counts
+    # Every replica ran the same number (pipeline schedules need it).
+    for name in ("budget_1024", "pp2_vpp2_budget"):
+        assert len({r["micro_batches"] for r in runs["results"][name]}) == 1
 
 
 def test_reference_unchanged_by_actor_updates_and_offload_round_trip(runs):
@@ -197,17 +250,18 @@ def test_sft_step_loss_is_masked_token_mean_nll(runs):
 
 
 def test_critic_values_and_updates_match_across_layouts(runs):
-    base = runs["results"]["tp1_dp2"][0]
+    base = runs["results"][BASE][0]
     assert base["values_init"].abs().max().item() == 0.0  # zero-initialised head
-    assert base["values_after"].abs().max().item() > 1e-3
+    base_after = _global(runs["results"][BASE], "values_after")
+    assert base_after.abs().max().item() > 1e-3
     for name, per_rank in runs["results"].items():
         for r in per_rank:
             assert r["critic_weights"].keys() == base["critic_weights"].keys()
             for k, w in base["critic_weights"].items():
                 assert _rel(r["critic_weights"][k], w) <= TOL, (name, k)
-            assert (r["values_after"] - base["values_after"]).abs().max().item() <= 10 * TOL, name
             for i, m in enumerate(base["critic_metrics"]):
                 assert abs(r["critic_metrics"][i]["vf_loss"] - m["vf_loss"]) <= TOL * max(1.0, m["vf_loss"]), (name, i)
+        assert (_global(per_rank, "values_after") - base_after).abs().max().item() <= 10 * TOL, name
     assert "value_head.weight" in base["critic_weights"] and "lm_head.weight" not in base["critic_weights"]
     # The second update moved the body too (the first only the zero head).
     from tests.helpers.hf import load_hf_state_dict

@@ -1,4 +1,5 @@
-"""ContextParallelDotProductAttention at CP=2 equals full-sequence causal attention (values and grads), GQA included;
+"""LocalDotProductAttention at CP=2 equals full-sequence causal attention (values and grads), GQA included;
+packed (THD) rows of different lengths equal each row's own causal attention at CP=2 (values and grads);
 at CP=1 it equals Megatron's DotProductAttention; and a GPTModel using it at CP=2 gives the CP=1 logits."""
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _cp_body(rank: int, world_size: int) -> bytes:
     from megatron.core import parallel_state
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    from mcore_agentic.parallel.cp_attention import ContextParallelDotProductAttention
+    from mcore_agentic.parallel.local_attention import LocalDotProductAttention
 
     megatron_patches.apply()
     result: dict[str, Any] = {}
@@ -55,7 +56,7 @@ def _cp_body(rank: int, world_size: int) -> bytes:
     # --- CP = 2: local rows of the full causal attention, and grads through the K/V all-gather ---
     T.init_parallel(cp=2)
     cp_rank = parallel_state.get_context_parallel_rank()
-    attn = _core_attention(ContextParallelDotProductAttention, T.transformer_config())
+    attn = _core_attention(LocalDotProductAttention, T.transformer_config())
     q, k, v, w = _inputs()
     ql, kl, vl = (_leaf(cp_split(t, 2, cp_rank, seq_dim=0)) for t in (q, k, v))
     out = attn(ql, kl, vl, None)
@@ -71,14 +72,39 @@ def _cp_body(rank: int, world_size: int) -> bytes:
         "dv": (vl.grad, cp_split(vf.grad, 2, cp_rank, seq_dim=0)),
     }
 
-    try:
-        attn(ql, kl, vl, None, packed_seq_params=object())
-        result["packed"] = "accepted"
-    except NotImplementedError as exc:
-        result["packed"] = str(exc)
+    # --- packed rows (THD): each segment attends causally within itself, split over CP on its own ---
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from mcore_agentic.parallel.cp_split import cp_packed_indices
+
+    lens = [4, 12, 8]  # multiples of 2 * CP
+    cu = torch.tensor([0, 4, 16, 24], dtype=torch.int32)
+    g = torch.Generator().manual_seed(1)
+    qp, kp, vp = (torch.randn(24, n, HN, generator=g) for n in (NP, NG, NG))
+    wp = torch.randn(24, NP * HN, generator=g)
+    local = cp_packed_indices(cu, 2, cp_rank)
+    qpl, kpl, vpl = (_leaf(t[local]) for t in (qp, kp, vp))
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu,
+                             cu_seqlens_kv_padded=cu, max_seqlen_q=12, max_seqlen_kv=12)
+    outp = attn(qpl, kpl, vpl, None, packed_seq_params=params)
+    (outp * wp[local]).sum().backward()
+    qpf, kpf, vpf = _leaf(qp), _leaf(kp), _leaf(vp)
+    refs, start = [], 0
+    for n in lens:
+        sl = slice(start, start + n)
+        refs.append(_reference(qpf[sl].unsqueeze(1), kpf[sl].unsqueeze(1), vpf[sl].unsqueeze(1)).squeeze(1))
+        start += n
+    refp = torch.cat(refs)
+    (refp * wp).sum().backward()
+    result["packed"] = {
+        "out": (outp.detach(), refp.detach()[local]),
+        "dq": (qpl.grad, qpf.grad[local]),
+        "dk": (kpl.grad, kpf.grad[local]),
+        "dv": (vpl.grad, vpf.grad[local]),
+    }
 
     # --- whole model: GPTModel with this attention at CP=2 gives the CP=1 logits for the local tokens ---
-    spec_attn = ContextParallelDotProductAttention
+    spec_attn = LocalDotProductAttention
     cp1 = _gpt_logits(cp=1, attention=spec_attn, state=None)
     cp2 = _gpt_logits(cp=2, attention=spec_attn, state=cp1["state"])
     cp_rank = 0 if cp2["cp_rank"] is None else cp2["cp_rank"]
@@ -88,7 +114,7 @@ def _cp_body(rank: int, world_size: int) -> bytes:
     parallel_state.destroy_model_parallel()
     T.init_parallel()
     cfg = T.transformer_config()
-    ours = _core_attention(ContextParallelDotProductAttention, cfg)(q, k, v, None)
+    ours = _core_attention(LocalDotProductAttention, cfg)(q, k, v, None)
     theirs = _core_attention(DotProductAttention, cfg)(q, k, v, None)
     result["cp1"] = (ours, theirs)
     parallel_state.destroy_model_parallel()
@@ -153,5 +179,9 @@ def test_cp1_equals_megatron_dot_product_attention(results):
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
 
 
-def test_rejects_packed_sequences(results):
-    assert "packed sequences" in results[0]["packed"]
+@pytest.mark.parametrize("what", ["out", "dq", "dk", "dv"])
+def test_packed_rows_match_per_row_attention_at_cp2(results, what):
+    for rank, res in enumerate(results):
+        got, want = res["packed"][what]
+        assert got is not None and got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m, r=rank: f"rank {r} {what}: {m}")

@@ -1,0 +1,92 @@
+"""Statistics of values spread over ranks: sums, counts, maxima and minima, reduced in two all-reduces.
+
+Metrics of a step whose rows are spread over the data-parallel replicas (or whose rollouts sit on
+the rollout leaders) never need the rows in one place: each rank adds its values under a name,
+:meth:`Stats.reduce` all-reduces one float64 vector of sums and counts and one of maxima (minima
+negated), and every rank reads the same global mean, sum, max or min. Every rank of the group must
+add the same names (an empty tensor is fine: it counts 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Stats", "sum_over"]
+
+
+@dataclass
+class Stats:
+    """Named running sum / count / max / min; :meth:`reduce` makes them global over a process group."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
+    maxs: dict[str, float] = field(default_factory=dict)
+    mins: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, values: torch.Tensor | Sequence[float]) -> Stats:
+        t = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        self.sums[name] = self.sums.get(name, 0.0) + float(t.sum())
+        self.counts[name] = self.counts.get(name, 0.0) + t.numel()
+        if t.numel():
+            self.maxs[name] = max(self.maxs.get(name, -float("inf")), float(t.max()))
+            self.mins[name] = min(self.mins.get(name, float("inf")), float(t.min()))
+        else:
+            self.maxs.setdefault(name, -float("inf"))
+            self.mins.setdefault(name, float("inf"))
+        return self
+
+    def reduce(self, group: dist.ProcessGroup | None = None, *, world: bool = False) -> Stats:
+        """Global values over ``group`` (or the whole world with ``world=True``); no-op on one rank."""
+        if not dist.is_initialized() or (group is None and not world):
+            return self
+        if dist.get_world_size(group) == 1:
+            return self
+        names = sorted(self.sums)
+        additive = torch.tensor([self.sums[n] for n in names] + [self.counts[n] for n in names], dtype=torch.float64)
+        extreme = torch.tensor([self.maxs[n] for n in names] + [-self.mins[n] for n in names], dtype=torch.float64)
+        dist.all_reduce(additive, group=group)
+        dist.all_reduce(extreme, op=dist.ReduceOp.MAX, group=group)
+        k = len(names)
+        for i, n in enumerate(names):
+            self.sums[n], self.counts[n] = float(additive[i]), float(additive[k + i])
+            self.maxs[n], self.mins[n] = float(extreme[i]), -float(extreme[k + i])
+        return self
+
+    def count(self, name: str) -> float:
+        return self.counts.get(name, 0.0)
+
+    def total(self, name: str) -> float:
+        return self.sums.get(name, 0.0)
+
+    def mean(self, name: str) -> float:
+        return self.sums[name] / self.counts[name] if self.counts.get(name) else 0.0
+
+    def max(self, name: str) -> float:
+        return self.maxs[name] if self.counts.get(name) else 0.0
+
+    def min(self, name: str) -> float:
+        return self.mins[name] if self.counts.get(name) else 0.0
+
+    def summary(self, name: str, label: str | None = None) -> dict[str, float]:
+        """``{label/mean, label/max, label/min}`` (empty when nothing was counted anywhere)."""
+        if not self.counts.get(name):
+            return {}
+        label = label or name
+        return {f"{label}/mean": self.mean(name), f"{label}/max": self.max(name), f"{label}/min": self.min(name)}
+
+
+def sum_over(group: dist.ProcessGroup | None):
+    """A function summing a tensor over ``group`` (float64 all-reduce; identity without a group)."""
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
+            return t
+        out = t.to(torch.float64).clone()
+        dist.all_reduce(out, group=group)
+        return out.to(t.dtype)
+
+    return reduce

@@ -1,0 +1,263 @@
+"""Rows go where they are trained: the step's plan and the one tensor exchange that carries it out.
+
+After scoring, each rollout leader holds its rollout group's rows (tensors and per-row Python
+objects: messages, tool I/O, request metrics). The objects stay there; only tensors move:
+
+1. :func:`gather_shapes` — one ``all_gather`` of a ``[rows_per_group, 2]`` integer tensor (each
+   row's prompt and response length): every rank then knows every row's size.
+2. :func:`plan_step` — the same pure function on every rank: a seeded shuffle of the step's rows,
+   cut into chunks (the actor's and critic's mini-batches are whole numbers of chunks), each
+   chunk dealt over the DP replicas with equal row counts and balanced token counts
+   (Karmarkar–Karp, :mod:`mcore_agentic.data.balance`); the heaviest share of a chunk goes to the
+   replica with the fewest tokens so far. A mini-batch is therefore the same set of rows whatever
+   the DP layout.
+3. :func:`exchange_rows` — each leader packs, per destination replica, its rows' real tokens and
+   per-token values into one int64 and one float32 buffer and sends them point-to-point
+   (``batch_isend_irecv``) to the replica's first rank, which broadcasts them over its replica
+   (TP x CP x PP peers). The replica rebuilds its rows in the rollout layout, padded only to its
+   own longest row.
+
+A rank receives its replica's share of the step and nothing else; the bytes that cross the
+wire are real tokens, not padding or pickles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mcore_agentic.algorithms.advantages import group_ids
+from mcore_agentic.data.balance import partition
+from mcore_agentic.data.batch import Batch, build_rollout_layout
+
+__all__ = ["RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "tag_groups"]
+
+RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout_log_probs": torch.float32}
+"""Per-response-token tensors that travel with a row (besides its token ids)."""
+ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long}
+"""Per-row scalars that travel with it."""
+
+
+@dataclass(frozen=True)
+class RowShapes:
+    """Every row of the step, by global id ``group * rows_per_group + i``: its real prompt and response lengths."""
+
+    prompt: list[int]
+    response: list[int]
+    rows_per_group: int
+    group_leaders: list[int]
+    """Global rank holding each rollout group's rows."""
+
+    def tokens(self, row: int) -> int:
+        return self.prompt[row] + self.response[row]
+
+    def source(self, row: int) -> int:
+        return self.group_leaders[row // self.rows_per_group]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Which rows each DP replica trains, in its training order (mini-batch chunk by chunk)."""
+
+    shapes: RowShapes
+    replicas: list[list[int]]
+
+    def replica_tokens(self) -> list[int]:
+        return [sum(self.shapes.tokens(r) for r in rows) for rows in self.replicas]
+
+
+# ----------------------------------------------------------------------------------- shapes
+def tag_groups(local: Batch, group_index: int) -> Batch:
+    """``local`` plus ``group_index`` [B]: a step-wide integer id of each row's prompt group (its ``uid``).
+
+    Rollout group ``g`` numbers its prompts ``g * B_local + k``: unique over the step, no strings sent.
+    """
+    gid, _ = group_ids(local["uid"], len(local))
+    return local.update({"group_index": gid + group_index * len(local)})
+
+
+def _real_lengths(local: Batch) -> torch.Tensor:
+    p = local["prompts"].shape[1]
+    attn = local["attention_mask"]
+    return torch.stack([attn[:, :p].sum(1), attn[:, p:].sum(1)], dim=1).long()
+
+
+def gather_shapes(local: Batch | None, placement: Any, rows_per_group: int) -> RowShapes:
+    """Every row's prompt and response length on every rank (one all-gather of small integer tensors)."""
+    leaders = [g * placement.tensor_parallel_size for g in range(placement.num_groups)]
+    if local is not None and len(local) != rows_per_group:
+        raise ValueError(f"rollout group {placement.group_index} returned {len(local)} rows, expected {rows_per_group}")
+    mine = _real_lengths(local) if local is not None else torch.zeros(rows_per_group, 2, dtype=torch.long)
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        if local is None:
+            raise ValueError("a world of one rank must have rolled out (it is its own rollout leader)")
+        table = [mine]
+    else:
+        table = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(table, mine)
+    rows = torch.cat([table[r] for r in leaders])
+    return RowShapes(rows[:, 0].tolist(), rows[:, 1].tolist(), rows_per_group, leaders)
+
+
+# ----------------------------------------------------------------------------------- plan
+def deal_rows(tokens: Sequence[int], *, chunk: int, dp: int, seed: int | None) -> list[list[int]]:
+    """Row ids per DP replica: a ``seed``-ed shuffle (None: in order) cut into ``chunk``-row pieces, each dealt
+    with ``chunk / dp`` rows per replica and balanced tokens. Replica lists run piece by piece."""
+    n = len(tokens)
+    if chunk < 1 or n % chunk or chunk % dp:
+        raise ValueError(f"{n} rows do not cut into chunks of {chunk} split evenly over {dp} replicas")
+    if seed is None:
+        order = list(range(n))
+    else:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    out: list[list[int]] = [[] for _ in range(dp)]
+    load = [0] * dp
+    for start in range(0, n, chunk):
+        rows = order[start : start + chunk]
+        shares = partition([tokens[r] for r in rows], dp, equal_size=True)  # heaviest share first
+        for share, replica in zip(shares, sorted(range(dp), key=lambda d: (load[d], d))):
+            out[replica] += [rows[i] for i in share]
+            load[replica] += sum(tokens[rows[i]] for i in share)
+    return out
+
+
+def plan_step(shapes: RowShapes, dp: int, *, mini_batch_sizes: Sequence[int], seed: int | None) -> StepPlan:
+    """The step's plan (identical on every rank): chunks are the largest piece every mini-batch is made of."""
+    n = len(shapes.prompt)
+    chunk = math.gcd(n, *[int(m) for m in mini_batch_sizes])
+    tokens = [shapes.tokens(r) for r in range(n)]
+    return StepPlan(shapes, deal_rows(tokens, chunk=chunk, dp=dp, seed=seed))
+
+
+# ----------------------------------------------------------------------------------- exchange
+def _row_sizes(shapes: RowShapes, row: int) -> tuple[int, int]:
+    """(int64 values, float32 values) one row carries."""
+    p, r = shapes.prompt[row], shapes.response[row]
+    ints = p + r + sum(r for d in RESPONSE_FIELDS.values() if d == torch.long) + sum(
+        1 for d in ROW_FIELDS.values() if d == torch.long
+    )
+    floats = sum(r for d in RESPONSE_FIELDS.values() if d == torch.float32) + sum(
+        1 for d in ROW_FIELDS.values() if d == torch.float32
+    )
+    return ints, floats
+
+
+def _pack(local: Batch, rows: Sequence[int], shapes: RowShapes) -> tuple[torch.Tensor, torch.Tensor]:
+    """This leader's ``rows`` (global ids) as one int64 and one float32 buffer, row after row."""
+    width = local["prompts"].shape[1]
+    ints: list[torch.Tensor] = []
+    floats: list[torch.Tensor] = []
+    for row in rows:
+        i = row % shapes.rows_per_group
+        p, r = shapes.prompt[row], shapes.response[row]
+        ints += [local["prompts"][i, width - p :], local["responses"][i, :r]]
+        for name, dtype in RESPONSE_FIELDS.items():
+            (ints if dtype == torch.long else floats).append(local[name][i, :r].to(dtype))
+        for name, dtype in ROW_FIELDS.items():
+            (ints if dtype == torch.long else floats).append(local[name][i : i + 1].to(dtype))
+    cat = lambda parts, dtype: torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)  # noqa: E731
+    return cat(ints, torch.long), cat(floats, torch.float32)
+
+
+def _unpack(
+    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]], rows: Sequence[int], shapes: RowShapes, pad_token_id: int
+) -> Batch:
+    cursor = {src: [0, 0] for src in buffers}
+
+    def take(src: int, dtype: torch.dtype, n: int) -> torch.Tensor:
+        k = 0 if dtype == torch.long else 1
+        at = cursor[src]
+        piece = buffers[src][k][at[k] : at[k] + n]
+        at[k] += n
+        return piece
+
+    prompts, responses = [], []
+    response_fields: dict[str, list[torch.Tensor]] = {k: [] for k in RESPONSE_FIELDS}
+    row_fields: dict[str, list[torch.Tensor]] = {k: [] for k in ROW_FIELDS}
+    for row in rows:
+        src = shapes.source(row)
+        p, r = shapes.prompt[row], shapes.response[row]
+        prompts.append(take(src, torch.long, p))
+        responses.append(take(src, torch.long, r))
+        for name, dtype in RESPONSE_FIELDS.items():
+            response_fields[name].append(take(src, dtype, r))
+        for name, dtype in ROW_FIELDS.items():
+            row_fields[name].append(take(src, dtype, 1))
+    tensors = build_rollout_layout(
+        prompts, responses, pad_token_id=pad_token_id,
+        response_fields={k: (v, RESPONSE_FIELDS[k]) for k, v in response_fields.items()},
+    )
+    tensors.update({k: torch.cat(v) for k, v in row_fields.items()})
+    return Batch(tensors=tensors)
+
+
+def exchange_rows(local: Batch | None, plan: StepPlan, layout: Any, pad_token_id: int) -> Batch:
+    """This rank's replica's rows (``plan.replicas[layout.dp_rank]``, in that order) as a padded :class:`Batch`.
+
+    Collective over the world: leaders send, each replica's first rank receives, then broadcasts
+    to its replica. Only int64/float32 tensors move; their sizes come from ``plan.shapes``.
+    """
+    shapes = plan.shapes
+    me = dist.get_rank() if dist.is_initialized() else 0
+    dp = len(plan.replicas)
+    firsts = [layout.replica_ranks(d)[0] for d in range(dp)] if dp > 1 or layout.world_size > 1 else [0]
+    mine = plan.replicas[layout.dp_rank]
+    ops: list[Any] = []
+    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    keep: list[torch.Tensor] = []
+    # Sends: a leader's rows, per destination replica, to that replica's first rank.
+    if local is not None:
+        for d, rows in enumerate(plan.replicas):
+            own = [r for r in rows if shapes.source(r) == me]
+            if not own:
+                continue
+            ints, floats = _pack(local, own, shapes)
+            if firsts[d] == me:
+                buffers[me] = (ints, floats)
+                continue
+            for tag, t in enumerate((ints, floats)):  # tags: gloo pairs sends and receives by (peer, tag)
+                if t.numel():
+                    ops.append(dist.P2POp(dist.isend, t, firsts[d], tag=tag))
+                    keep.append(t)
+    # Receives: at this replica's first rank, one pair of buffers per leader that has rows here.
+    sizes: dict[int, list[int]] = {}
+    for row in mine:
+        n_int, n_float = _row_sizes(shapes, row)
+        acc = sizes.setdefault(shapes.source(row), [0, 0])
+        acc[0] += n_int
+        acc[1] += n_float
+    if me == firsts[layout.dp_rank]:
+        for src, (n_int, n_float) in sorted(sizes.items()):
+            if src == me:
+                continue
+            pair = (torch.empty(n_int, dtype=torch.long), torch.empty(n_float, dtype=torch.float32))
+            buffers[src] = pair
+            for tag, t in enumerate(pair):
+                if t.numel():
+                    ops.append(dist.P2POp(dist.irecv, t, src, tag=tag))
+    if ops:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    # The replica's other ranks get the same rows from its first rank.
+    group = layout.replica_group()
+    if group is not None:
+        order = sorted(sizes)
+        flat_int = torch.empty(sum(sizes[s][0] for s in order), dtype=torch.long)
+        flat_float = torch.empty(sum(sizes[s][1] for s in order), dtype=torch.float32)
+        if me == firsts[layout.dp_rank]:
+            flat_int = torch.cat([buffers[s][0] for s in order]) if order else flat_int
+            flat_float = torch.cat([buffers[s][1] for s in order]) if order else flat_float
+        for t in (flat_int, flat_float):
+            if t.numel():
+                dist.broadcast(t, src=firsts[layout.dp_rank], group=group)
+        buffers, at = {}, [0, 0]
+        for s in order:
+            buffers[s] = (flat_int[at[0] : at[0] + sizes[s][0]], flat_float[at[1] : at[1] + sizes[s][1]])
+            at[0] += sizes[s][0]
+            at[1] += sizes[s][1]
+    return _unpack(buffers, mine, shapes, pad_token_id)
