@@ -66,7 +66,8 @@ def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> dict[str, flo
     )
     actor = Actor(cfg, mini_batch_sequences=a.batch, model_path=model_dir, dtype="float32", layout=layout)
     batch = _batch(a.batch, a.prompt, a.response, actor.engine.vocab_size)
-    tokens = int(batch["attention_mask"].sum())
+    tokens = int(batch["attention_mask"].sum())  # the step's, over every replica
+    batch = batch.chunk(layout.data_parallel_size)[layout.dp_rank]  # each replica trains its rows
     batch = actor.compute_log_prob(batch)  # warm-up (and the old log-probs the update needs)
     actor.update_policy(batch)
 

@@ -102,7 +102,7 @@ def _validate_batching(cfg: ActorConfig | CriticConfig, group: str) -> None:
     require(
         cfg.ppo_max_token_len_per_gpu > 0,
         f"{prefix}ppo_max_token_len_per_gpu",
-        "must be > 0 (padded tokens per micro-batch when use_dynamic_bsz=true)",
+        "must be > 0 (tokens per micro-batch when use_dynamic_bsz=true)",
     )
     require(cfg.ppo_epochs >= 1, f"{prefix}ppo_epochs", f"{cfg.ppo_epochs} must be >= 1")
     cfg.optim.validate(f"{prefix}optim")
@@ -125,9 +125,11 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: int = 4
     """Sequences per forward/backward on one rank when ``use_dynamic_bsz`` is false."""
     use_dynamic_bsz: bool = False
-    """Pack micro-batches by a token budget (``ppo_max_token_len_per_gpu``) instead of a fixed size."""
+    """Cut micro-batches by a token budget (``ppo_max_token_len_per_gpu``) instead of a fixed size: as few as fit,
+    balanced by tokens, the same number on every DP replica."""
     ppo_max_token_len_per_gpu: int = 16384
-    """Padded tokens (rows x padded length) per micro-batch on one rank with ``use_dynamic_bsz``."""
+    """Tokens per micro-batch on one rank with ``use_dynamic_bsz``: packed tokens (``model.use_remove_padding``),
+    or rows x padded length when padded."""
     ppo_epochs: int = 1
     """Passes over the batch per update."""
     shuffle: bool = True
@@ -159,7 +161,7 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 8
     """Sequences per forward on one rank (when ``use_dynamic_bsz`` is false)."""
     use_dynamic_bsz: bool = False
-    """Pack forward micro-batches by ``log_prob_max_token_len_per_gpu`` padded tokens."""
+    """Cut forward micro-batches by ``log_prob_max_token_len_per_gpu`` tokens."""
     log_prob_max_token_len_per_gpu: int = 16384
     """Token budget per forward micro-batch with ``use_dynamic_bsz``."""
     param_offload: bool = False
@@ -184,7 +186,7 @@ class CriticConfig:
     ppo_micro_batch_size_per_gpu: int = 4
     """Sequences per forward/backward on one rank (fixed micro-batching)."""
     use_dynamic_bsz: bool = False
-    """Pack micro-batches by ``ppo_max_token_len_per_gpu`` padded tokens."""
+    """Cut micro-batches by ``ppo_max_token_len_per_gpu`` tokens."""
     ppo_max_token_len_per_gpu: int = 16384
     """Token budget per micro-batch with ``use_dynamic_bsz``."""
     ppo_epochs: int = 1

@@ -55,7 +55,7 @@ class PackedSequences:
     """Packed only: ``[n + 1]`` int32 offsets of the CP-padded segments (the rows, then a trailing
     padding segment when the micro-batch was padded to a common length)."""
     cu_seqlens_real: torch.Tensor | None = None
-    """Packed only: the same segments' starts ``+`` real lengths as cumulative sums (TE's ``cu_seqlens_q``)."""
+    """Packed only: cumulative sums of the segments' real lengths, padding left out (TE's ``cu_seqlens_q``)."""
 
     @property
     def is_packed(self) -> bool:
@@ -95,7 +95,8 @@ class PackedSequences:
         if per_token.shape[:2] != self.tokens.shape:
             raise ValueError(f"per-token output {tuple(per_token.shape)} does not match tokens {tuple(self.tokens.shape)}")
         idx, valid = self.response_index()
-        out = per_token.reshape(-1)[idx]
+        out = per_token.reshape(-1, *per_token.shape[2:])[idx]  # [b, R, ...]
+        valid = valid.reshape(*valid.shape, *([1] * (out.dim() - 2)))
         return torch.where(valid, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
@@ -213,7 +214,8 @@ def pack_rows(
             labels[offset : offset + n - 1] = row[1:]
         offset += s
     cu = torch.tensor([0, *torch.tensor(seg_all).cumsum(0).tolist()], dtype=torch.int32, device=device)
-    cu_real = torch.tensor([0] + [a + n for a, n in zip(starts, real_all)], dtype=torch.int32, device=device)
+    # TE's convention: cu_seqlens sums the real lengths only; the padded offsets are cu_seqlens_padded.
+    cu_real = torch.tensor([0, *torch.tensor(real_all).cumsum(0).tolist()], dtype=torch.int32, device=device)
     return PackedSequences(
         tokens=tokens.unsqueeze(0),
         labels=labels.unsqueeze(0),

@@ -40,6 +40,48 @@ def test_data_metrics_from_batch():
     assert m["response/policy_tokens/mean"] == 2.5
 
 
+def test_data_metrics_cover_every_present_key_and_skip_absent_ones():
+    mask = torch.tensor([[1, 0, 1], [0, 1, 1]])
+    batch = Batch(
+        tensors={
+            "response_mask": mask,
+            "token_level_scores": torch.tensor([[0.0, 0.0, 2.0], [0.0, 0.0, -1.0]]),
+            "token_level_rewards": torch.tensor([[0.0, 0.0, 1.5], [0.0, 0.5, -1.0]]),
+            "returns": torch.tensor([[1.0, 50.0, 3.0], [-50.0, 2.0, 6.0]]),
+            "values": torch.tensor([[0.5, 9.0, 0.5], [9.0, 1.0, 1.0]]),
+        }
+    )
+    m = compute_data_metrics(batch, max_response_length=3, group=None)
+    assert m["critic/score/mean"] == 0.5 and m["critic/score/min"] == -1.0
+    assert m["critic/rewards/mean"] == pytest.approx(0.5) and m["critic/rewards/max"] == 1.5
+    assert m["critic/returns/mean"] == 3.0 and m["critic/returns/max"] == 6.0 and m["critic/returns/min"] == 1.0
+    assert m["critic/values/mean"] == pytest.approx(0.75) and m["critic/values/max"] == 1.0
+    assert m["response/policy_tokens/mean"] == 2.0
+    # No advantages, prompts or attention mask in the batch: no such metrics (and no clip ratio without lengths).
+    assert not any(k.startswith(("critic/advantages", "prompt_length", "response_length")) for k in m)
+    assert m == compute_data_metrics(batch, max_response_length=3)
+
+
+def test_data_metrics_of_no_rows_are_empty():
+    batch = Batch(
+        tensors={
+            "prompts": torch.zeros(0, 3, dtype=torch.long),
+            "attention_mask": torch.zeros(0, 7, dtype=torch.long),
+            "response_mask": torch.zeros(0, 4, dtype=torch.long),
+            "token_level_scores": torch.zeros(0, 4),
+            "advantages": torch.zeros(0, 4),
+        }
+    )
+    assert compute_data_metrics(batch, max_response_length=4) == {}
+
+
+def test_clip_ratio_needs_a_max_response_length():
+    batch = Batch(tensors={"prompts": torch.zeros(1, 1, dtype=torch.long), "attention_mask": torch.ones(1, 3)})
+    m = compute_data_metrics(batch)
+    assert m["response_length/mean"] == 2.0 and "response_length/clip_ratio" not in m
+    assert compute_data_metrics(batch, max_response_length=2)["response_length/clip_ratio"] == 1.0
+
+
 def test_timer_accumulates_and_phase_timer_pops():
     timings: dict[str, float] = {}
     with timer("gen", timings, sync=False):
