@@ -56,7 +56,13 @@ def _workers(path: str, par, layout, with_critic: bool):
 
 
 def _update(actor, critic, seed: int) -> None:
-    batch = actor.compute_log_prob(make_batch(8, seed=seed))
+    from mcore_agentic.trainer.distribute import deal_rows
+
+    # Each DP replica trains its share, dealt as the trainer deals it (mini-batches of 4 rows).
+    full = make_batch(8, seed=seed)
+    layout = actor.engine.layout
+    rows = deal_rows(full["attention_mask"].sum(1).tolist(), chunk=4, dp=layout.data_parallel_size, seed=None)
+    batch = actor.compute_log_prob(full.index(rows[layout.dp_rank]))
     actor.update_policy(batch)
     if critic is not None:
         critic.update_critic(critic.compute_values(batch))
