@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import pickle
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._ranks import init_cpu_ranks, relaunched  # noqa: E402
 from bench.packing import lognormal_lengths  # noqa: E402
 
 RECEIVED = [0]
@@ -132,21 +132,15 @@ def new_path(local, placement, layout, rows_per_group: int, minis: list[int]):
 
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
-    if "WORLD_SIZE" not in os.environ:
-        from torch.distributed.run import main as torchrun
-
-        torchrun(["--standalone", "--nproc_per_node", "2", __file__, *(argv if argv is not None else sys.argv[1:])])
+    if relaunched(__file__, argv):
         return
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    init_cpu_ranks()
     import torch.distributed as dist
 
-    import megatron_patches
     from mcore_agentic.parallel.config import ParallelConfig
-    from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel
+    from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
     from mcore_agentic.parallel.rollout_placement import RolloutPlacement
 
-    megatron_patches.apply()
-    init_distributed()
     _count_received()
     rank, world = dist.get_rank(), dist.get_world_size()
     placement = RolloutPlacement(world, rank, 1)  # a rollout engine on each rank

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._ranks import init_cpu_ranks, relaunched  # noqa: E402
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -133,19 +134,11 @@ def _run_mode(name: str, packed: bool, dynamic: bool, model_dir: str, full, a: a
 
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
-    if "WORLD_SIZE" not in os.environ:  # re-launch under torchrun with 2 ranks
-        from torch.distributed.run import main as torchrun
-
-        torchrun(["--standalone", "--nproc_per_node", "2", __file__, *(argv if argv is not None else sys.argv[1:])])
+    if relaunched(__file__, argv):
         return
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    init_cpu_ranks()
     import torch.distributed as dist
 
-    import megatron_patches
-    from mcore_agentic.parallel.layout import init_distributed
-
-    megatron_patches.apply()
-    init_distributed()
     model_dir = os.path.join(tempfile.gettempdir(), f"mcore_agentic_bench_packing_h{a.hidden}_l{a.layers}")
     if dist.get_rank() == 0 and not (Path(model_dir) / "config.json").is_file():
         from mcore_agentic.models.tiny import make_tiny_hf_model

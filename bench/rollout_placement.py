@@ -28,6 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench._ranks import relaunched  # noqa: E402
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,10 +61,7 @@ def _rollout_seconds(rows, engine, tools, executor, cfg, tok, repeats: int) -> f
 
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
-    if "WORLD_SIZE" not in os.environ:
-        from torch.distributed.run import main as torchrun
-
-        torchrun(["--standalone", "--nproc_per_node", "2", __file__, *(argv if argv is not None else sys.argv[1:])])
+    if relaunched(__file__, argv):
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.distributed as dist

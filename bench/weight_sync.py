@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._ranks import relaunched  # noqa: E402
 
 MB = 1024 * 1024
 
@@ -82,10 +83,7 @@ def _raw_all_gather(local_bytes: int, chunk_bytes: int, tp: int, group) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
-    if "WORLD_SIZE" not in os.environ:  # re-launch under torchrun with 2 ranks
-        from torch.distributed.run import main as torchrun
-
-        torchrun(["--standalone", "--nproc_per_node", "2", __file__, *(argv if argv is not None else sys.argv[1:])])
+    if relaunched(__file__, argv):
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)

@@ -122,9 +122,7 @@ class LocalDotProductAttention(DotProductAttention):
             raise NotImplementedError(f"LocalDotProductAttention: qkv_format={packed_seq_params.qkv_format!r} (use thd)")
         sq, b, np_, _ = query.shape
         cp_rank = self.cp_group.rank() if self.cp_size > 1 else 0
-        # [S, b, ng, hn] in natural sequence order; backward reduce-scatters the grads to their owners.
-        key = cp_gather(key, self.cp_size, self.cp_group, seq_dim=0, grad_mode="sum")
-        value = cp_gather(value, self.cp_size, self.cp_group, seq_dim=0, grad_mode="sum")
+        key, value = self._gather_kv(key, value)  # [S, b, ng, hn], natural order
         masked = None
         if mask_type == AttnMaskType.causal:
             q_pos = cp_positions(key.shape[0], self.cp_size, cp_rank, device=query.device)
@@ -140,9 +138,7 @@ class LocalDotProductAttention(DotProductAttention):
         cu = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
         bounds = [int(v) for v in cu.tolist()]
         cp_rank = self.cp_group.rank() if self.cp_size > 1 else 0
-        # The whole packed K/V in natural order (each segment's CP chunks put back in place).
-        key = cp_gather(key, self.cp_size, self.cp_group, seq_dim=0, grad_mode="sum", cu_seqlens=bounds)
-        value = cp_gather(value, self.cp_size, self.cp_group, seq_dim=0, grad_mode="sum", cu_seqlens=bounds)
+        key, value = self._gather_kv(key, value, bounds)  # each segment's CP chunks put back in place
         outs = []
         for start, end in zip(bounds, bounds[1:]):
             n = end - start
@@ -157,6 +153,15 @@ class LocalDotProductAttention(DotProductAttention):
             outs.append(self._attend(q, k, v, masked).squeeze(1))
         context = torch.cat(outs, dim=0) if outs else query.new_zeros(query.shape)
         return context.reshape(context.shape[0], -1)
+
+    def _gather_kv(self, key: Tensor, value: Tensor, cu_seqlens: list[int] | None = None) -> tuple[Tensor, Tensor]:
+        """K and V of the whole sequence in natural order, in one all-gather over CP (a no-op at CP 1); the
+        backward reduce-scatters their gradients to the ranks that own the tokens."""
+        if self.cp_size == 1:
+            return key, value
+        both = cp_gather(torch.cat([key, value], dim=-1), self.cp_size, self.cp_group, seq_dim=0, grad_mode="sum",
+                         cu_seqlens=cu_seqlens)
+        return both.split(key.shape[-1], dim=-1)
 
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, masked: Tensor | None) -> Tensor:
         """Softmax attention: ``query`` [sq, b, np, hn], full ``key``/``value`` [S, b, ng, hn] -> [sq, b, np, hn]."""

@@ -135,16 +135,15 @@ def plan_step(shapes: RowShapes, dp: int, *, mini_batch_sizes: Sequence[int], se
 
 
 # ----------------------------------------------------------------------------------- exchange
+def _count(fields: dict[str, torch.dtype], dtype: torch.dtype) -> int:
+    return sum(d == dtype for d in fields.values())
+
+
 def _row_sizes(shapes: RowShapes, row: int) -> tuple[int, int]:
-    """(int64 values, float32 values) one row carries."""
+    """(int64 values, float32 values) one row carries: its ids, then its response and row fields."""
     p, r = shapes.prompt[row], shapes.response[row]
-    ints = p + r + sum(r for d in RESPONSE_FIELDS.values() if d == torch.long) + sum(
-        1 for d in ROW_FIELDS.values() if d == torch.long
-    )
-    floats = sum(r for d in RESPONSE_FIELDS.values() if d == torch.float32) + sum(
-        1 for d in ROW_FIELDS.values() if d == torch.float32
-    )
-    return ints, floats
+    ints = p + r + r * _count(RESPONSE_FIELDS, torch.long) + _count(ROW_FIELDS, torch.long)
+    return ints, r * _count(RESPONSE_FIELDS, torch.float32) + _count(ROW_FIELDS, torch.float32)
 
 
 def _pack(local: Batch, rows: Sequence[int], shapes: RowShapes) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,11 +204,10 @@ def exchange_rows(local: Batch | None, plan: StepPlan, layout: Any, pad_token_id
     shapes = plan.shapes
     me = dist.get_rank() if dist.is_initialized() else 0
     dp = len(plan.replicas)
-    firsts = [layout.replica_ranks(d)[0] for d in range(dp)] if dp > 1 or layout.world_size > 1 else [0]
+    firsts = [layout.replica_ranks(d)[0] for d in range(dp)]
     mine = plan.replicas[layout.dp_rank]
     ops: list[Any] = []
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    keep: list[torch.Tensor] = []
     # Sends: a leader's rows, per destination replica, to that replica's first rank.
     if local is not None:
         for d, rows in enumerate(plan.replicas):
@@ -223,7 +221,6 @@ def exchange_rows(local: Batch | None, plan: StepPlan, layout: Any, pad_token_id
             for tag, t in enumerate((ints, floats)):  # tags: gloo pairs sends and receives by (peer, tag)
                 if t.numel():
                     ops.append(dist.P2POp(dist.isend, t, firsts[d], tag=tag))
-                    keep.append(t)
     # Receives: at this replica's first rank, one pair of buffers per leader that has rows here.
     sizes: dict[int, list[int]] = {}
     for row in mine:

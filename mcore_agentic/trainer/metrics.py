@@ -8,7 +8,7 @@ end-of-run plots draw.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -20,24 +20,6 @@ from mcore_agentic.parallel.stats import Stats
 REWARD_KEY = "critic/score/mean"
 RESPONSE_LENGTH_KEY = "response_length/mean"
 VAL_REWARD_PREFIX = "val/"
-
-
-def _as_array(values: Any) -> np.ndarray:
-    if isinstance(values, torch.Tensor):
-        return values.detach().float().cpu().numpy().reshape(-1)
-    return np.asarray(values, dtype=np.float64).reshape(-1)
-
-
-def reduce_metrics(per_sample: Mapping[str, Any], stats: Sequence[str] = ("mean", "max", "min")) -> dict[str, float]:
-    """``{"<name>/<stat>": value}`` for each named list/tensor of per-sample values (empty ones skipped)."""
-    out: dict[str, float] = {}
-    for name, values in per_sample.items():
-        arr = _as_array(values)
-        if arr.size == 0:
-            continue
-        for stat in stats:
-            out[f"{name}/{stat}"] = float(getattr(np, stat)(arr))
-    return out
 
 
 def compute_data_metrics(batch: Batch, max_response_length: int | None = None, group: Any = None) -> dict[str, float]:

@@ -250,8 +250,7 @@ class MegatronEngine:
         With a token budget, packed micro-batches are as few as fit (balanced by tokens) and every DP
         replica runs the same number (one all-reduce of one integer over the DP group).
         """
-        cp = self.layout.context_parallel_size
-        multiple = self.layout.tensor_model_parallel_size if self.tcfg.sequence_parallel else 1
+        cp, multiple = self.layout.context_parallel_size, self._length_multiple
         vpp = len(self.chunks) > 1
         segments = segment_lengths(batch["attention_mask"], cp_size=cp, multiple_of=multiple)
         if batching.use_dynamic_bsz and batching.pack:
@@ -280,6 +279,11 @@ class MegatronEngine:
                       else int(batch["attention_mask"].sum(1).max()))
         return groups, [self._micro_batch(batch.index(rows), prompt_len, batching.pack, common) for rows in groups]
 
+    @property
+    def _length_multiple(self) -> int:
+        """Extra multiple every row length needs: the TP size with sequence parallelism (it splits the sequence)."""
+        return self.layout.tensor_model_parallel_size if self.tcfg.sequence_parallel else 1
+
     def _agreed_count(self, segments: list[int], batching: MicroBatching) -> int:
         """Micro-batches this step: the most any DP replica needs (a multiple of PP with VPP)."""
         count = packed_budget_count(segments, batching.max_token_len, field=batching.field)
@@ -299,8 +303,7 @@ class MegatronEngine:
 
     def _micro_batch(self, data: Batch, prompt_len: int, pack: bool, common: int) -> MicroBatch:
         cp, cp_rank = self.layout.context_parallel_size, self.layout.cp_rank
-        multiple = self.layout.tensor_model_parallel_size if self.tcfg.sequence_parallel else 1
-        layout = dict(cp_size=cp, multiple_of=multiple)
+        layout = dict(cp_size=cp, multiple_of=self._length_multiple)
         if not pack:
             packed = pad_rows(data["input_ids"], data["attention_mask"], prompt_len, min_len=common, **layout)
             pos = cp_positions(packed.padded_len, cp, cp_rank, device=packed.tokens.device)

@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from mcore_agentic.data.batch import Batch
-from mcore_agentic.trainer.metrics import compute_data_metrics, reduce_metrics, throughput_metrics
+from mcore_agentic.parallel.stats import Stats
+from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
 from mcore_agentic.utils.timing import PhaseTimer, timer
 
 
-def test_reduce_metrics():
-    out = reduce_metrics({"reward": [1.0, 0.0, 0.5], "len": torch.tensor([3, 5]), "empty": []})
+def test_stats_summaries():
+    st = Stats().add("reward", [1.0, 0.0, 0.5]).add("len", torch.tensor([3, 5])).add("empty", [])
+    out = {**st.summary("reward"), **st.summary("len"), **st.summary("empty")}
     assert out == {"reward/mean": 0.5, "reward/max": 1.0, "reward/min": 0.0, "len/mean": 4.0, "len/max": 5.0, "len/min": 3.0}
 
 
