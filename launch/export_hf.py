@@ -1,7 +1,7 @@
 """Export the actor of a training checkpoint as a Hugging Face safetensors checkpoint.
 
-    python launch/export_hf.py --checkpoint checkpoints/mcore_agentic/tiny_tool_arith/global_step_30 \\
-        --out outputs/exported/tiny_tool_arith
+    python launch/export_hf.py --checkpoint checkpoints/mcore_agentic/tiny_meter_reading/global_step_40 \\
+        --out outputs/exported/tiny_meter_reading
     torchrun --nproc_per_node 2 launch/export_hf.py --checkpoint ... --out ... --tp 2   # big models
 
 The checkpoint's ``config.json``-free ``actor/`` part (a Megatron distributed checkpoint,

@@ -1,4 +1,4 @@
-"""Shaped reward of the embedded default job (``configs/default_tiny.yaml``): credit for completing the tool protocol.
+"""Shaped reward for the ``synthetic/tool_arith`` task (``data.synthetic.task=tool_arith``): credit for completing the tool protocol.
 
 The built-in ``synthetic/tool_arith`` rule pays only for the exact sum. A random tiny model
 first has to learn to copy digits (operands into the call, the result into the answer),

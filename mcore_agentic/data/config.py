@@ -10,26 +10,41 @@ from dataclasses import dataclass, field
 
 from mcore_agentic.config.errors import require
 
+SYNTHETIC_TASKS = ("tool_arith", "meter_reading")
+
 
 @dataclass(frozen=True)
 class SyntheticTaskConfig:
-    """The generated tool-arithmetic task (``data_source=synthetic/tool_arith``) used by the embedded default."""
+    """Generated tool tasks for CPU runs: ``meter_reading`` (the embedded default) or ``tool_arith``."""
 
     enable: bool = False
     """Generate prompts in memory instead of reading ``data.train_files``."""
+    task: str = "tool_arith"
+    """``meter_reading``: read a meter only the tool knows (``read_meter``), reply ``#### <reading>``;
+    ``tool_arith``: compute A + B with the calculator, reply ``#### <sum>``."""
+    demo_round_fraction: float = 0.0
+    """meter_reading: the fraction of warm-start demonstrations whose answer rounds the reading down to
+    tens (``#### 40`` for 47): an imperfect teacher. Imitation learns the habit; the reward (exact reading)
+    does not pay for it."""
     num_train: int = 512
     """Training problems to generate."""
     num_val: int = 64
     """Validation problems to generate (disjoint from the training problems)."""
     min_operand: int = 10
-    """Smallest operand. With 10..49 every operand and every sum has two digits, so copying the
+    """Smallest operand (tool_arith) or meter reading (meter_reading). With 10..49 every operand and every sum has two digits, so copying the
     operands into the tool call and the result into the answer is a fixed-offset copy a tiny model learns."""
     max_operand: int = 49
-    """Largest operand."""
+    """Largest operand (tool_arith) or meter reading (meter_reading)."""
     seed: int = 1234
     """Seed of the generator; the same seed gives the same problems."""
 
     def __post_init__(self) -> None:
+        require(self.task in SYNTHETIC_TASKS, "data.synthetic.task", f"{self.task!r} is not one of {', '.join(SYNTHETIC_TASKS)}")
+        require(
+            0.0 <= self.demo_round_fraction <= 1.0,
+            "data.synthetic.demo_round_fraction",
+            f"must be in [0, 1], got {self.demo_round_fraction}",
+        )
         require(self.num_train > 0, "data.synthetic.num_train", f"must be positive, got {self.num_train}")
         require(self.num_val >= 0, "data.synthetic.num_val", f"must be >= 0, got {self.num_val}")
         require(self.min_operand >= 0, "data.synthetic.min_operand", f"must be >= 0, got {self.min_operand}")
@@ -40,6 +55,7 @@ class SyntheticTaskConfig:
         )
         distinct = (self.max_operand - self.min_operand + 1) ** 2
         require(
+            self.task != "tool_arith" or
             distinct >= self.num_train + self.num_val,
             "data.synthetic.max_operand",
             f"operands {self.min_operand}..{self.max_operand} give only {distinct} distinct problems, fewer than "

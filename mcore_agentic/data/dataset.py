@@ -356,8 +356,9 @@ def load_datasets(
     )
     if cfg.synthetic.enable:
         train_rows, val_rows = make_rows(cfg.synthetic)
-        train = RLDataset.from_rows(train_rows, "synthetic/tool_arith train", **common)
-        val = RLDataset.from_rows(val_rows, "synthetic/tool_arith val", **common) if val_rows else None
+        name = f"synthetic/{cfg.synthetic.task}"
+        train = RLDataset.from_rows(train_rows, f"{name} train", **common)
+        val = RLDataset.from_rows(val_rows, f"{name} val", **common) if val_rows else None
         return train, val
     if not cfg.train_file_list:
         raise ConfigError("data.train_files", "no training data: set data.train_files or data.synthetic.enable=true")

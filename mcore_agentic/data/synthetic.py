@@ -1,18 +1,23 @@
-"""The synthetic tool task of the embedded default: "compute A + B with the calculator".
+"""The synthetic tool tasks of CPU runs, pure functions of the seed: rows, rewards' data sources, demonstrations.
 
-Small enough for a tiny model (hidden 64, 2 layers) to learn on 2 CPU cores from
-a short supervised warm start plus a few dozen RL steps, yet a real multi-turn
-tool episode. The ideal trajectory is::
+``meter_reading`` (the embedded default): "what does the meter read?" The reading (drawn per
+row from ``min_operand..max_operand``) is known only to the ``read_meter`` tool
+(:mod:`mcore_agentic.tools.meter`, created with the row's reading). The ideal trajectory::
 
-    assistant: <tool_call>{"name": "calculator", "arguments": {"expression": "A+B"}}</tool_call>
-    tool:      A+B evaluated (the calculator prints the integer)
-    assistant: #### <A+B>
+    assistant: <tool_call>{"name": "read_meter", "arguments": {}}</tool_call>
+    tool:      47
+    assistant: #### 47
 
-Rows use ``data_source="synthetic/tool_arith"`` (scored by
-:mod:`mcore_agentic.rewards.tool_arith`) and the integer answer as ground truth.
-:func:`sft_conversations` gives the ideal conversations (OpenAI ``tool_calls``
-format; the chat template renders them) for the warm start. Everything is a
-pure function of the seed.
+Its warm-start demonstrations come from an imperfect teacher: a ``demo_round_fraction`` of
+them answer with the reading rounded down to tens (``#### 40``). Rows use
+``data_source="synthetic/meter_reading"`` and the exact reading as ground truth.
+
+``tool_arith``: "compute A + B with the calculator"; ideal trajectory: calculator call with
+``A+B``, its result, ``#### <A+B>``; ``data_source="synthetic/tool_arith"``.
+
+Both are scored by :mod:`mcore_agentic.rewards.tool_arith` (the final ``#### <int>`` after the
+last tool result must equal the ground truth). :func:`sft_conversations` gives the
+demonstrations (OpenAI ``tool_calls`` format; the chat template renders them).
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from mcore_agentic.data.config import SyntheticTaskConfig
 DATA_SOURCE = "synthetic/tool_arith"
 TOOL_NAME = "calculator"
 SYSTEM_PROMPT = "Use the calculator tool, then reply #### <answer>."
+METER_SOURCE = "synthetic/meter_reading"
+METER_TOOL = "read_meter"
+METER_SYSTEM_PROMPT = "Read the meter with the tool, then reply #### <reading>."
+METER_QUESTION = "What does the meter read?"
 
 
 def _pairs(cfg: SyntheticTaskConfig) -> list[tuple[int, int]]:
@@ -56,8 +65,29 @@ def _row(a: int, b: int, index: int, split: str) -> dict[str, Any]:
     }
 
 
+def _meter_row(reading: int, index: int, split: str) -> dict[str, Any]:
+    return {
+        "prompt": [{"role": "system", "content": METER_SYSTEM_PROMPT}, {"role": "user", "content": METER_QUESTION}],
+        "data_source": METER_SOURCE,
+        "ability": "tool_use",
+        "reward_model": {"style": "rule", "ground_truth": str(reading)},
+        "extra_info": {
+            "index": index,
+            "split": split,
+            "tools_kwargs": {METER_TOOL: {"create_kwargs": {"reading": reading}}},
+            "interaction_kwargs": {},
+        },
+    }
+
+
 def make_rows(cfg: SyntheticTaskConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Training and validation rows (disjoint operand pairs) in the dataset's row layout."""
+    """Training and validation rows in the dataset's row layout (tool_arith: disjoint operand pairs)."""
+    if cfg.task == "meter_reading":
+        rng = np.random.default_rng([cfg.seed, 1])
+        readings = rng.integers(cfg.min_operand, cfg.max_operand + 1, size=cfg.num_train + cfg.num_val).tolist()
+        train = [_meter_row(int(v), i, "train") for i, v in enumerate(readings[: cfg.num_train])]
+        val = [_meter_row(int(v), i, "val") for i, v in enumerate(readings[cfg.num_train :])]
+        return train, val
     pairs = _pairs(cfg)
     train = [_row(a, b, i, "train") for i, (a, b) in enumerate(pairs[: cfg.num_train])]
     val = [_row(a, b, i, "val") for i, (a, b) in enumerate(pairs[cfg.num_train :])]
@@ -86,7 +116,26 @@ def ideal_conversation(row: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def meter_conversation(row: dict[str, Any], answer: int) -> list[dict[str, Any]]:
+    """The prompt, the ``read_meter`` call, the reading, then ``#### <answer>``."""
+    reading = row["reward_model"]["ground_truth"]
+    return [
+        *row["prompt"],
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": METER_TOOL, "arguments": {}}}]},
+        {"role": "tool", "content": reading},
+        {"role": "assistant", "content": f"#### {answer}"},
+    ]
+
+
 def sft_conversations(cfg: SyntheticTaskConfig) -> list[list[dict[str, Any]]]:
-    """Ideal conversations for every training problem (the warm-start demonstrations)."""
+    """The warm-start demonstrations, one per training problem: ideal conversations (tool_arith), or the
+    imperfect teacher's (meter_reading: a seeded ``demo_round_fraction`` of answers rounded down to tens)."""
     train, _ = make_rows(cfg)
+    if cfg.task == "meter_reading":
+        rounds = np.random.default_rng([cfg.seed, 2]).random(len(train)) < cfg.demo_round_fraction
+        out = []
+        for row, rounded in zip(train, rounds):
+            reading = int(row["reward_model"]["ground_truth"])
+            out.append(meter_conversation(row, reading // 10 * 10 if rounded else reading))
+        return out
     return [ideal_conversation(r) for r in train]

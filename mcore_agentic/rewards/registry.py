@@ -40,6 +40,7 @@ DATA_SOURCES: dict[str, Callable[..., float]] = {
     "DigitalLearningGmbH/MATH-lighteval": math_reward.compute_score,
     "HuggingFaceH4/MATH-500": math_reward.compute_score,
     "synthetic/tool_arith": tool_arith.compute_score,
+    "synthetic/meter_reading": tool_arith.compute_score,
 }
 
 

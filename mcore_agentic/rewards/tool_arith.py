@@ -1,4 +1,4 @@
-"""Reward of the embedded default's synthetic tool task (``synthetic/tool_arith``).
+"""Reward of the synthetic tool tasks (``synthetic/meter_reading``, the embedded default's, and ``synthetic/tool_arith``).
 
 The response (all assistant turns, tool calls and tool results of one request, decoded)
 must state ``#### <integer>`` in its final assistant turn (the last such marker counts);

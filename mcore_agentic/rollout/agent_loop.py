@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -129,7 +130,8 @@ class AgentSession:
             kwargs = req.tools_kwargs.get(name) or {}
             instance_id = await tool.create(instance_id=req.request_id, **(kwargs.get("create_kwargs") or {}))
             self.instances[name] = _ToolInstance(tool, instance_id, kwargs)
-        self.schemas = [t.get_openai_tool_schema() for t in selected.values()] or None
+        in_prompt = self.mt.tool_schemas_in_prompt
+        self.schemas = ([t.get_openai_tool_schema() for t in selected.values()] or None) if in_prompt else None
         self.argument_schemas = {name: parameters_schema(tool) for name, tool in selected.items()}
         if req.interaction_kwargs and self.mt.enable:
             if not ctx.interactions:
@@ -282,7 +284,12 @@ class AgentSession:
         tools = {name: inst.tool for name, inst in self.instances.items()}
         started = time.perf_counter()
 
-        async def one(index: int, call: ToolCall | ToolCallError) -> tuple[str | None, ToolResponse]:
+        async def one(index: int, call: ToolCall | ToolCallError) -> tuple[str | None, ToolResponse, float]:
+            began = time.perf_counter()
+            name, response = await run(index, call)
+            return name, response, time.perf_counter() - began
+
+        async def run(index: int, call: ToolCall | ToolCallError) -> tuple[str | None, ToolResponse]:
             if isinstance(call, ToolCallError):
                 return call.name, error_response(call.message)
             if index >= limit:
@@ -308,14 +315,21 @@ class AgentSession:
             results = await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
         self.req.metrics.tool_seconds += time.perf_counter() - started
         messages = []
-        for call, (name, response) in zip(calls, results):
+        for call, (name, response, seconds) in zip(calls, results):
             self.req.metrics.tool_calls += 1
             self.req.metrics.tool_errors += int(response.is_error)
             if name in self.instances:
                 self.req.tool_rewards[name] = self.req.tool_rewards.get(name, 0.0) + float(response.reward)
-            messages.append(
-                {"role": "tool", "tool_call_id": call.id, "content": _clip(response.text, self.mt.max_tool_response_length)}
-            )
+            content = _clip(response.text, self.mt.max_tool_response_length)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+            self.req.tool_log.append({
+                "turn": self.req.metrics.assistant_turns,
+                "name": name,
+                "arguments": json.dumps(call.arguments) if isinstance(call, ToolCall) else call.raw,
+                "result": content,
+                "error": bool(response.is_error),
+                "seconds": seconds,
+            })
         return messages
 
     # -- end ----------------------------------------------------------------------------------------

@@ -36,6 +36,11 @@ class MultiTurnConfig:
     """Tool response text longer than this many characters is cut (middle); 0 keeps it whole."""
     tool_config_path: str | None = None
     """YAML of tools (``tools: [{class_name, config, tool_schema}]``), the format verl users know."""
+    tool_schemas_in_prompt: bool = True
+    """Render the tools' schemas into the prompt (the chat template's tool section). False: the template gets no
+    tool list (calls are still parsed, validated against the schemas and executed) — for a model fine-tuned on
+    its tools, where the section only costs prompt tokens; the embedded default's tiny model learns to read a
+    tool result within its few-minute budget only without it (docs/quickstart.md)."""
     interaction_config_path: str | None = None
     """YAML of interactions (``interaction: [{name, class_name, config}]``)."""
     format: str = "hermes"

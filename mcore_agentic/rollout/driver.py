@@ -14,7 +14,8 @@ per-sample meta ``messages`` (the final conversation), ``uid`` (shared by a prom
 ``data_source``, ``ground_truth`` (``reward_model.ground_truth``), ``tool_rewards`` (float: every
 tool's step rewards plus its ``calc_reward``), ``interaction_scores`` (list of turn scores),
 ``num_turns`` (assistant + interaction turns), ``finish_reason`` (stop | length | tool_calls |
-aborted), ``request_metrics`` (dict: counters, timings, state, error, per-tool rewards).
+aborted), ``request_metrics`` (dict: counters, timings, state, error, per-tool rewards), ``tool_log``
+(per call: turn, name, arguments, result, error, seconds).
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
         "num_turns": [r.metrics.assistant_turns + r.metrics.user_turns for r in requests],
         "finish_reason": [r.finish_reason.value if r.finish_reason else "aborted" for r in requests],
         "request_metrics": [_request_metrics(r) for r in requests],
+        "tool_log": [list(r.tool_log) for r in requests],
     }
     failed = sum(r.state is RequestState.FAILED for r in requests)
     aborted = sum(r.state is RequestState.COMPLETED and r.finish_reason is FinishReason.ABORTED for r in requests)

@@ -180,6 +180,9 @@ class RolloutRequest:
     interaction_final_score: float | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     sanity_check_diffs: list[dict[str, str]] = field(default_factory=list)
+    tool_log: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per tool call, in order: ``turn``, ``name``, ``arguments`` (JSON text, or the raw call
+    text when it did not parse), ``result`` (the observation the model read), ``error`` and ``seconds``."""
     _started: float = 0.0
 
     def transition(self, new: RequestState) -> None:

@@ -118,6 +118,12 @@ class ShardingManager:
         self.times = PhaseTimes()
         self.offloaded_bytes = 0
         """Bytes the last ``with`` block moved off the device (0 without offload)."""
+        self.gpu: Any = None
+        """Optional device-memory collector (:class:`~mcore_agentic.utils.gpu_metrics.GpuMetrics`): records the
+        memory the actor's offload and the engine's release gave back (``gpu/freed_gb/*``)."""
+
+    def _read_gpu(self) -> Any:
+        return self.gpu.read() if self.gpu is not None else None
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> SyncStats:
@@ -143,7 +149,10 @@ class ShardingManager:
         self.offloaded_bytes = 0
         try:
             t = time.perf_counter()
+            before = self._read_gpu()
             self.offloaded_bytes += self.actor.offload_before_export()
+            if self.gpu is not None:
+                self.gpu.freed("actor_offload", before, self._read_gpu())
             self.times.offload += time.perf_counter() - t
             t = time.perf_counter()
             self.engine.resume_memory()
@@ -152,7 +161,10 @@ class ShardingManager:
             self.sync_weights()
             self.times.sync = time.perf_counter() - t
             t = time.perf_counter()
+            before = self._read_gpu()
             self.offloaded_bytes += self.actor.offload_after_export()
+            if self.gpu is not None:  # adds to the first part's
+                self.gpu.freed("actor_offload", before, self._read_gpu())
             self.times.offload += time.perf_counter() - t
             if self.cfg.check_weight_version:
                 self.check()
@@ -173,7 +185,10 @@ class ShardingManager:
             self._training_rng.restore()
             self._training_rng = None
         t = time.perf_counter()
+        before = self._read_gpu()
         self.engine.release_memory()
+        if self.gpu is not None:
+            self.gpu.freed("engine_release", before, self._read_gpu())
         self.times.release = time.perf_counter() - t
         t = time.perf_counter()
         self.actor.reload()

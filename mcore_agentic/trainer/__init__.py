@@ -25,6 +25,8 @@ class RunSummary:
     first_rewards: list[float]
     last_rewards: list[float]
     artefacts: dict[str, str] = field(default_factory=dict)
+    val_accuracy: list[tuple[int, float]] = field(default_factory=list)
+    """(step, greedy validation accuracy) of every validation; step 0 is the warm-started policy."""
 
     @property
     def first_mean(self) -> float:
@@ -40,6 +42,10 @@ class RunSummary:
             f"mean reward: first {len(self.first_rewards)} steps {self.first_mean:.3f} -> "
             f"last {len(self.last_rewards)} steps {self.last_mean:.3f}",
         ]
+        if self.val_accuracy:
+            (s0, a0), (s1, a1) = self.val_accuracy[0], self.val_accuracy[-1]
+            first = "after the warm start (step 0)" if s0 == 0 else f"at step {s0}"
+            lines.append(f"validation accuracy (greedy): {first} {a0:.3f} -> step {s1} {a1:.3f} ({a1 - a0:+.3f})")
         lines += [f"{name}: {path}" for name, path in self.artefacts.items()]
         return "\n".join(lines)
 
@@ -75,6 +81,15 @@ def _rewards_by_step(metrics_path: Path, history: list[float]) -> list[float]:
     return history
 
 
+def _val_accuracy(metrics_path: Path) -> list[tuple[int, float]]:
+    from mcore_agentic.trainer.plot import read_metrics
+
+    if not metrics_path.is_file():
+        return []
+    rows = read_metrics(metrics_path)
+    return [(int(r["step"]), float(r["val/reward/accuracy"])) for r in rows if isinstance(r.get("val/reward/accuracy"), float)]
+
+
 def run(cfg: Any, layout: Any = None) -> RunSummary:
     """Train per ``cfg`` (an :class:`RLConfig` or a composed Hydra config) on every rank; return the summary.
 
@@ -108,6 +123,7 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
     try:
         state = trainer.fit()
     finally:
+        trainer.close()  # queued trajectory dumps reach the disk, also when a signal stopped the run
         tracker.close()
         if components.executor is not None:
             components.executor.shutdown()
@@ -126,6 +142,9 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
                     artefacts[png.stem] = str(png)
         if (log_dir / "tensorboard").is_dir():
             artefacts["tensorboard"] = str(log_dir / "tensorboard")
+        dumps = cfg.trainer.rollout_data_dir
+        if dumps is not None and Path(dumps).is_dir():
+            artefacts["trajectories"] = f"{dumps} (python -m mcore_agentic.inspect {dumps} --out report.html)"
         if Path(cfg.trainer.checkpoint_dir).is_dir():
             artefacts["checkpoints"] = cfg.trainer.checkpoint_dir
     rewards = _rewards_by_step(metrics_path, state.history) if rank0 else state.history
@@ -136,6 +155,7 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
         first_rewards=rewards[:k],
         last_rewards=rewards[-k:] if k else [],
         artefacts=artefacts,
+        val_accuracy=_val_accuracy(metrics_path) if rank0 else [],
     )
     if dist.is_initialized():
         dist.barrier()

@@ -104,7 +104,8 @@ def build_datasets(cfg: RLConfig, tokenizer: Any, tools: dict[str, Any]) -> tupl
     """Training and validation datasets (overlong prompts filtered with the tools' schemas in the prompt)."""
     from mcore_agentic.data.dataset import load_datasets
 
-    return load_datasets(cfg.data, tokenizer=tokenizer, tool_schemas=tool_schemas(tools))
+    schemas = tool_schemas(tools) if cfg.rollout.multi_turn.tool_schemas_in_prompt else None
+    return load_datasets(cfg.data, tokenizer=tokenizer, tool_schemas=schemas)
 
 
 def total_steps(cfg: RLConfig, batches_per_epoch: int) -> int:

@@ -69,6 +69,21 @@ class TrainerConfig:
     checkpoint_verify: Literal["full", "size"] = "full"
     """Before resuming, check the checkpoint against its manifest: full re-hashes every byte (BLAKE3, split
     across ranks), size checks presence and sizes only (for very large checkpoints on slow filesystems)."""
+    rollout_data_dir: str | None = None
+    """Write per-trajectory dumps (parquet, one file per step and rollout group: messages, token ids, loss mask,
+    rollout and trainer log-probs, advantages, reward parts, tool calls, timings) under this directory;
+    null disables. Read them with ``python -m mcore_agentic.inspect DIR --out report.html``."""
+    rollout_data_freq: int = 1
+    """Dump the training rollouts of every this-many-th step (validation rollouts are dumped at every validation)."""
+    rollout_data_fraction: float = 1.0
+    """Fraction of each rollout group's rows dumped per step (a seeded sample; at least one row)."""
+    rollout_data_max_rows: int | None = None
+    """At most this many rows per rollout group and step; null: no cap."""
+    rollout_data_queue_size: int = 4
+    """Dumps waiting for the background writer; when it is full the step waits rollout_data_wait_s, then drops
+    that dump (a warning and dump/dropped_rows)."""
+    rollout_data_wait_s: float = 10.0
+    """Longest a step waits for a free slot in the dump queue before dropping its dump."""
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     """Signals that stop training gracefully: the current step finishes, every rank agrees, a checkpoint is
     written and every rank exits with code 75; the same signal again (3 s or more later) exits at once.
@@ -107,6 +122,23 @@ class TrainerConfig:
             "trainer.checkpoint_verify",
             f"{self.checkpoint_verify!r} is not supported: use full or size",
         )
+        require(self.rollout_data_freq > 0, "trainer.rollout_data_freq", f"must be positive, got {self.rollout_data_freq}")
+        require(
+            0.0 < self.rollout_data_fraction <= 1.0,
+            "trainer.rollout_data_fraction",
+            f"must be in (0, 1], got {self.rollout_data_fraction}",
+        )
+        require(
+            self.rollout_data_max_rows is None or self.rollout_data_max_rows > 0,
+            "trainer.rollout_data_max_rows",
+            f"must be positive or null, got {self.rollout_data_max_rows}",
+        )
+        require(
+            self.rollout_data_queue_size > 0,
+            "trainer.rollout_data_queue_size",
+            f"must be positive, got {self.rollout_data_queue_size}",
+        )
+        require(self.rollout_data_wait_s >= 0, "trainer.rollout_data_wait_s", f"must be >= 0, got {self.rollout_data_wait_s}")
         from mcore_agentic.trainer.preemption import parse_signals
 
         try:

@@ -35,7 +35,7 @@ from mcore_agentic.algorithms.advantages import group_ids
 from mcore_agentic.data.balance import partition
 from mcore_agentic.data.batch import Batch, build_rollout_layout
 
-__all__ = ["RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "tag_groups"]
+__all__ = ["RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
 
 RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout_log_probs": torch.float32}
 """Per-response-token tensors that travel with a row (besides its token ids)."""
@@ -258,3 +258,60 @@ def exchange_rows(local: Batch | None, plan: StepPlan, layout: Any, pad_token_id
             at[0] += sizes[s][0]
             at[1] += sizes[s][1]
     return _unpack(buffers, mine, shapes, pad_token_id)
+
+
+def return_rows(
+    batch: Batch, plan: StepPlan, layout: Any, fields: Sequence[str], local_rows: int | None
+) -> dict[str, list[torch.Tensor]] | None:
+    """The reverse of :func:`exchange_rows` for per-response-token ``fields`` of the trained ``batch``.
+
+    Each replica's first rank sends every leader the values of that leader's rows (one float32
+    buffer per leader); a leader gets, per field, one response-length tensor per local row, in
+    its rollout order. Collective over the world; None off the leaders (``local_rows`` None there,
+    else the leader's row count). Used by trajectory dumps, on dump steps only.
+    """
+    shapes = plan.shapes
+    me = dist.get_rank() if dist.is_initialized() else 0
+    firsts = [layout.replica_ranks(d)[0] for d in range(len(plan.replicas))]
+    ops: list[Any] = []
+    local: dict[int, torch.Tensor] = {}
+    # Sends: this replica's rows, grouped by the leader they came from, row after row, field after field.
+    if me == firsts[layout.dp_rank]:
+        by_source: dict[int, list[torch.Tensor]] = {}
+        for j, row in enumerate(plan.replicas[layout.dp_rank]):
+            r = shapes.response[row]
+            by_source.setdefault(shapes.source(row), []).extend(batch[f][j, :r].float() for f in fields)
+        for src, parts in sorted(by_source.items()):
+            buf = torch.cat(parts) if parts else torch.zeros(0)
+            if src == me:
+                local[firsts[layout.dp_rank]] = buf
+            elif buf.numel():
+                ops.append(dist.P2POp(dist.isend, buf, src, tag=2))
+    # Receives: at a leader, one buffer per replica that trained some of its rows.
+    mine_by_replica: dict[int, list[int]] = {}
+    if local_rows is not None:
+        for d, rows in enumerate(plan.replicas):
+            own = [r for r in rows if shapes.source(r) == me]
+            if own:
+                mine_by_replica[d] = own
+        for d, own in mine_by_replica.items():
+            if firsts[d] == me:
+                continue
+            buf = torch.empty(sum(shapes.response[r] for r in own) * len(fields), dtype=torch.float32)
+            local[firsts[d]] = buf
+            if buf.numel():
+                ops.append(dist.P2POp(dist.irecv, buf, firsts[d], tag=2))
+    if ops:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    if local_rows is None:
+        return None
+    out: dict[str, list[torch.Tensor | None]] = {f: [None] * local_rows for f in fields}
+    for d, own in mine_by_replica.items():
+        buf, at = local[firsts[d]], 0
+        for row in own:
+            r = shapes.response[row]
+            for f in fields:
+                out[f][row % shapes.rows_per_group] = buf[at : at + r]
+                at += r
+    return out  # type: ignore[return-value]

@@ -20,9 +20,11 @@ from mcore_agentic.rollout.driver import generate_sequences_sync
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
 from mcore_agentic.trainer.build import Components, model_state_io, tool_schemas
-from mcore_agentic.trainer.distribute import exchange_rows, gather_shapes, plan_step, tag_groups
+from mcore_agentic.trainer.distribute import StepPlan, exchange_rows, gather_shapes, plan_step, return_rows, tag_groups
 from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
 from mcore_agentic.trainer.preemption import StopSignals, TrainingStopped
+from mcore_agentic.trainer.rollout_dump import TRAINER_FIELDS, DumpWriter, dump_rows
+from mcore_agentic.utils.gpu_metrics import gpu_metrics_for
 from mcore_agentic.utils.timing import PhaseTimer
 
 logger = logging.getLogger(__name__)
@@ -52,15 +54,32 @@ class RLTrainer:
         self.ckpt = ckpt
         self.progress_factory = progress_factory
         self.chat = ChatTokenizer(c.tokenizer)
-        self.schemas = tool_schemas(c.tools)
+        # The warm start renders demonstrations exactly as rollouts render their conversations.
+        self.schemas = tool_schemas(c.tools) if self.cfg.rollout.multi_turn.tool_schemas_in_prompt else None
         self.pad_id = int(c.tokenizer.pad_token_id if c.tokenizer.pad_token_id is not None else c.tokenizer.eos_token_id)
         self.state = LoopState()
         # The SFT warm start re-anchors the reference model: then it is checkpointed too.
         anchored_ref = c.ref if self.cfg.trainer.sft_warmup_steps > 0 else None
         self.writers, self.readers = model_state_io(c.actor, c.critic, anchored_ref)
-        self.timer = PhaseTimer()
+        # Device memory / utilisation at the end of each phase, and what offload and release free (NVML; off on CPU).
+        self.gpu = gpu_metrics_for(self.cfg.trainer.device)
+        self.timer = PhaseTimer(on_end=self.gpu.phase_end if self.gpu.enabled else None)
+        if self.gpu.enabled and hasattr(c.weight_sync, "gpu"):
+            c.weight_sync.gpu = self.gpu
         self.sft_summary: dict[str, float] = {}
         self.stop = StopSignals([])  # replaced by the installed one in fit()
+        t = self.cfg.trainer
+        # Every rank takes part in a dump step's return exchange; only rollout leaders write.
+        self.dumps = t.rollout_data_dir is not None
+        self.dump_writer = (
+            DumpWriter(queue_size=t.rollout_data_queue_size, wait_s=t.rollout_data_wait_s)
+            if self.dumps and c.placement.is_leader else None
+        )
+
+    def close(self) -> None:
+        """Finish writing queued trajectory dumps."""
+        if self.dump_writer is not None:
+            self.dump_writer.close()
 
     # ----------------------------------------------------------------------------------- run
     def fit(self) -> LoopState:
@@ -120,6 +139,7 @@ class RLTrainer:
             cached_before = (cache.prompt_tokens, cache.cached_tokens) if cache is not None else (0, 0)
             with t.phase("gen"), c.weight_sync:  # enter: the engine gets the actor's current weights
                 local = self.rollout(local_rows, rollout_cfg)  # None off the group's leader
+            version = c.weight_sync.version.value  # the weights these rows were sampled with
             sync = c.weight_sync.metrics()
             if cache is not None:
                 prompt_tokens = cache.prompt_tokens - cached_before[0]
@@ -132,7 +152,7 @@ class RLTrainer:
                     extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]
                     local = exp.score_rollout(local, c.reward_fn, c.tokenizer, extra)
             with t.phase("distribute"):  # includes waiting for the slowest group's rollout
-                batch, rollout_stats, num_groups = self.distribute(local, step)
+                batch, rollout_stats, num_groups, plan = self.distribute(local, step)
             with t.phase("old_log_prob"):
                 batch = c.actor.compute_log_prob(batch, calculate_entropy=True)
             if c.ref is not None:
@@ -147,6 +167,9 @@ class RLTrainer:
                     batch, self.cfg.algorithm, c.kl_ctrl, reduce=sum_over(self.dp_group), num_groups=num_groups
                 )
             update_metrics: dict[str, float] = {}
+            if self.dumps and step % self.cfg.trainer.rollout_data_freq == 0:
+                with t.phase("dump"):
+                    update_metrics.update(self.dump_train(local, batch, plan, step, version))
             if c.critic is not None:
                 with t.phase("update_critic"):
                     update_metrics.update(prefix("critic/", c.critic.update_critic(batch)))
@@ -162,9 +185,9 @@ class RLTrainer:
         """The group that sums over DP replicas (one rank per replica); None with one replica."""
         return self.c.layout.dp_group() if self.c.layout.data_parallel_size > 1 else None
 
-    def distribute(self, local: Batch | None, step: int) -> tuple[Batch, Stats, int]:
-        """This replica's rows of the step (tensors only), the rollout statistics of the whole step, and the
-        step's count of prompt-group ids. The leaders' per-row objects never leave them."""
+    def distribute(self, local: Batch | None, step: int) -> tuple[Batch, Stats, int, StepPlan]:
+        """This replica's rows of the step (tensors only), the rollout statistics of the whole step, the
+        step's count of prompt-group ids and the plan. The leaders' per-row objects never leave them."""
         c, sizes = self.c, self.c.sizes
         if local is not None:
             local = tag_groups(local, c.placement.group_index)
@@ -178,7 +201,26 @@ class RLTrainer:
             seed=actor.seed + step * SEED_STRIDE if actor.shuffle else None,
         )
         batch = exchange_rows(local, plan, c.layout, self.pad_id)
-        return batch, stats, rows_per_group * c.placement.num_groups
+        return batch, stats, rows_per_group * c.placement.num_groups, plan
+
+    def dump_train(self, local: Batch | None, batch: Batch, plan: StepPlan, step: int, version: int) -> dict[str, float]:
+        """Bring the trainer's per-token values of each leader's rows back to it and queue its dump (collective)."""
+        fields = [f for f in TRAINER_FIELDS if f in batch]
+        returned = return_rows(batch, plan, self.c.layout, fields, len(local) if local is not None else None)
+        if local is None or self.dump_writer is None:
+            return {}
+        self._dump([local], "train", step, version, returned)
+        return {"dump/dropped_rows": float(self.dump_writer.dropped_rows)}
+
+    def _dump(self, batches: list[Batch], split: str, step: int, version: int, returned: Any = None) -> None:
+        t = self.cfg.trainer
+        assert self.dump_writer is not None and t.rollout_data_dir is not None
+        dump_rows(
+            self.dump_writer, t.rollout_data_dir, batches, split=split, step=step,
+            group=self.c.placement.group_index, weight_version=version, tokenizer=self.c.tokenizer,
+            fraction=t.rollout_data_fraction if split == "train" else 1.0, max_rows=t.rollout_data_max_rows,
+            seed=self.cfg.seed + step, trainer_fields=returned,
+        )
 
     def rollout(self, rows: list[dict[str, Any]], rollout_cfg: Any) -> Batch | None:
         """The group's rollout of ``rows`` on its leader (the rank holding the engine); None elsewhere."""
@@ -204,6 +246,7 @@ class RLTrainer:
         m.update(compute_data_metrics(batch, self.cfg.data.max_response_length, self.dp_group))
         m.update(extra)
         m.update(self.timer.pop())
+        m.update(self.gpu.pop())
         m.update(self.sft_summary)  # once: with the first RL step after the warm start
         self.sft_summary = {}
         tokens = Stats().add("tokens", batch["attention_mask"].sum().reshape(1)).reduce(self.dp_group).total("tokens")
@@ -266,6 +309,8 @@ class RLTrainer:
                 exp.score_rollout(b, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in part])
                 for b, part in zip(batches, parts)
             ]  # none off the leaders
+            if self.dump_writer is not None and scored:
+                self._dump(scored, "val", self.state.step, c.weight_sync.version.value)
             m = exp.rollout_metrics(exp.rollout_stats(scored).reduce(world=True))
             out = {f"val/{k}": m[k] for k in ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")}
         out["timing_s/validate"] = self.timer.pop().get("timing_s/validate", 0.0)

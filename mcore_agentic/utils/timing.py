@@ -8,7 +8,7 @@ one synchronisation per phase.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 
 import torch
@@ -35,14 +35,22 @@ def timer(name: str, timings: MutableMapping[str, float], *, sync: bool | None =
 
 
 class PhaseTimer:
-    """Timings of one training step: ``with t.phase("gen"): ...`` then ``t.pop()`` for the step's metrics."""
+    """Timings of one training step: ``with t.phase("gen"): ...`` then ``t.pop()`` for the step's metrics.
 
-    def __init__(self, *, sync: bool | None = None):
+    ``on_end(name)`` is called when a phase ends (the GPU metrics read the device there).
+    """
+
+    def __init__(self, *, sync: bool | None = None, on_end: Callable[[str], None] | None = None):
         self.sync = sync
+        self.on_end = on_end
         self.timings: dict[str, float] = {}
 
-    def phase(self, name: str):
-        return timer(name, self.timings, sync=self.sync)
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        with timer(name, self.timings, sync=self.sync):
+            yield
+        if self.on_end is not None:
+            self.on_end(name)
 
     def pop(self) -> dict[str, float]:
         """``{"timing_s/<phase>": seconds}`` of the phases since the last pop; resets."""

@@ -59,7 +59,7 @@ def test_direct_run_exits_2_with_one_line(tmp_path):
     assert proc.returncode == 2
     # Hydra's files go to the run's log directory, not to a new outputs/<date>/<time>/ per launch.
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()] == [
-        "outputs/mcore_agentic/tiny_tool_arith/launch_rank0.log"
+        "outputs/mcore_agentic/tiny_meter_reading/launch_rank0.log"
     ]
     output = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert output == [

@@ -29,6 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "sharding": {"models"},
     "trainer": {"config", "data", "models", "parallel", "workers", "algorithms", "rollout", "tools", "interactions",
                 "rewards", "sharding"},
+    "inspect": {"trainer"},  # reads the trainer's dump format (trainer.rollout_dump)
     "megatron_patches": set(),  # megatron-core and torch only; applied by launch/ and tests
 }
 LEAVES = ("mcore_agentic.config.errors", "mcore_agentic.config.walk", "mcore_agentic.utils")

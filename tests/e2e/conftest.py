@@ -1,0 +1,43 @@
+"""Shared e2e fixtures: one short run of the default job with trajectory dumps, reused by the dump and inspector tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_default_job import ROOT, job_overrides
+
+
+@dataclass(frozen=True)
+class DumpRun:
+    dump_dir: Path
+    records_dir: Path
+    logs: Path
+    stdout: str
+
+
+@pytest.fixture(scope="session")
+def default_job_dump(tmp_path_factory: pytest.TempPathFactory) -> DumpRun:
+    """Two RL steps of the default job on 2 gloo ranks (DP=2, two rollout engines) with every step's rows and
+    the step-2 validation dumped, and the rows each rank's actor update trained on recorded."""
+    tmp = tmp_path_factory.mktemp("default_job_dump")
+    records = tmp / "trained"
+    records.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RECORD_ROWS_DIR": str(records)}
+    extra = [
+        "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
+        "trainer.logger=[console,jsonl]", f"trainer.rollout_data_dir={tmp / 'dump'}", "trainer.rollout_data_freq=1",
+    ]
+    # A warm start long enough that the policy calls the tool: the dump then holds tool calls and results.
+    overrides = [o if not o.startswith("trainer.sft_warmup_steps=") else "trainer.sft_warmup_steps=120"
+                 for o in job_overrides(tmp, extra)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "e2e" / "_record_trained_rows.py"), *overrides]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return DumpRun(tmp / "dump", records, tmp / "logs", result.stdout)
