@@ -29,7 +29,8 @@ class SyntheticTaskConfig:
     num_train: int = 512
     """Training problems to generate."""
     num_val: int = 64
-    """Validation problems to generate (disjoint from the training problems)."""
+    """Validation problems to generate (tool_arith: operand pairs disjoint from the training ones; meter_reading:
+    fresh readings, drawn like the training ones)."""
     min_operand: int = 10
     """Smallest operand (tool_arith) or meter reading (meter_reading). With 10..49 every operand and every sum has two digits, so copying the
     operands into the tool call and the result into the answer is a fixed-offset copy a tiny model learns."""
@@ -44,6 +45,11 @@ class SyntheticTaskConfig:
             0.0 <= self.demo_round_fraction <= 1.0,
             "data.synthetic.demo_round_fraction",
             f"must be in [0, 1], got {self.demo_round_fraction}",
+        )
+        require(
+            self.task == "meter_reading" or self.demo_round_fraction == 0.0,
+            "data.synthetic.demo_round_fraction",
+            f"only the meter_reading task has a rounding teacher; set it to 0 for task={self.task}",
         )
         require(self.num_train > 0, "data.synthetic.num_train", f"must be positive, got {self.num_train}")
         require(self.num_val >= 0, "data.synthetic.num_val", f"must be >= 0, got {self.num_val}")

@@ -86,7 +86,8 @@ def _trajectory(r: dict[str, Any]) -> dict[str, Any]:
         "toks": r["response_tokens"], "ids": r["response_ids"], "mask": r["response_mask"],
         "rlp": [_r(x) for x in r["rollout_log_probs"]],
         "tlp": None if tlp is None else [_r(x) for x in tlp],
-        "gap": [None if g is None else float(f"{g:.3g}") for g in _gaps(r)],  # unrounded inputs: fp32 gaps are tiny
+        # from unrounded log-probs (fp32 gaps are tiny); a non-finite gap shows as none rather than breaking the JSON
+        "gap": [None if g is None or not math.isfinite(g) else float(f"{g:.3g}") for g in _gaps(r)],
         "adv": None if adv is None else [_r(x) for x in adv],
         "calls": [
             {"turn": c["turn"], "name": c["name"], "args": c["arguments"], "result": c["result"],
@@ -135,8 +136,10 @@ def build_report(
             seen[key] += 1
     finishes = sorted({r["finish_reason"] for r in rows})
     steps = sorted({r["step"] for r in rows})
-    data = json.dumps({"trajectories": shown, "gapThreshold": gap_threshold}, separators=(",", ":"))
-    data = data.replace("</", "<\\/")  # nothing in the data can close the script element
+    data = json.dumps({"trajectories": shown, "gapThreshold": gap_threshold}, separators=(",", ":"), allow_nan=False)
+    # Model- and tool-written text must not reach the HTML parser as markup: with <, > and & escaped nothing in
+    # the data can close the script element or enter its escaped states (``<!--``); JSON.parse restores them.
+    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     options = lambda values: "".join(f"<option value='{html.escape(str(v))}'>{html.escape(str(v))}</option>" for v in values)  # noqa: E731
     return (
         _TEMPLATE.replace("__TITLE__", html.escape(f"Trajectories: {source}" if source else "Trajectories"))

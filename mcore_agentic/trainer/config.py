@@ -76,9 +76,10 @@ class TrainerConfig:
     rollout_data_freq: int = 1
     """Dump the training rollouts of every this-many-th step (validation rollouts are dumped at every validation)."""
     rollout_data_fraction: float = 1.0
-    """Fraction of each rollout group's rows dumped per step (a seeded sample; at least one row)."""
+    """Fraction of each rollout group's training rows dumped per dump step (a seeded sample; at least one row);
+    validation rollouts are dumped whole."""
     rollout_data_max_rows: int | None = None
-    """At most this many rows per rollout group and step; null: no cap."""
+    """At most this many rows per rollout group and dump (training and validation); null: no cap."""
     rollout_data_queue_size: int = 4
     """Dumps waiting for the background writer; when it is full the step waits rollout_data_wait_s, then drops
     that dump (a warning and dump/dropped_rows)."""

@@ -280,7 +280,7 @@ def return_rows(
         by_source: dict[int, list[torch.Tensor]] = {}
         for j, row in enumerate(plan.replicas[layout.dp_rank]):
             r = shapes.response[row]
-            by_source.setdefault(shapes.source(row), []).extend(batch[f][j, :r].float() for f in fields)
+            by_source.setdefault(shapes.source(row), []).extend(batch[f][j, :r].float().cpu() for f in fields)
         for src, parts in sorted(by_source.items()):
             buf = torch.cat(parts) if parts else torch.zeros(0)
             if src == me:

@@ -210,17 +210,24 @@ class RLTrainer:
         if local is None or self.dump_writer is None:
             return {}
         self._dump([local], "train", step, version, returned)
-        return {"dump/dropped_rows": float(self.dump_writer.dropped_rows)}
+        return {"dump/dropped_rows": float(self.dump_writer.dropped_rows), "dump/failed": float(self.dump_writer.failed)}
 
     def _dump(self, batches: list[Batch], split: str, step: int, version: int, returned: Any = None) -> None:
+        """Queue a leader's dump. Best effort: only leaders run this, so an error here must not leave the
+        other ranks waiting in the next collective; it is logged and counted (``dump/failed``)."""
         t = self.cfg.trainer
         assert self.dump_writer is not None and t.rollout_data_dir is not None
-        dump_rows(
-            self.dump_writer, t.rollout_data_dir, batches, split=split, step=step,
-            group=self.c.placement.group_index, weight_version=version, tokenizer=self.c.tokenizer,
-            fraction=t.rollout_data_fraction if split == "train" else 1.0, max_rows=t.rollout_data_max_rows,
-            seed=self.cfg.seed + step, trainer_fields=returned,
-        )
+        group = self.c.placement.group_index
+        try:
+            dump_rows(
+                self.dump_writer, t.rollout_data_dir, batches, split=split, step=step,
+                group=group, weight_version=version, tokenizer=self.c.tokenizer,
+                fraction=t.rollout_data_fraction if split == "train" else 1.0, max_rows=t.rollout_data_max_rows,
+                seed=(self.cfg.seed + step) * 1009 + group, trainer_fields=returned,
+            )
+        except Exception as exc:  # noqa: BLE001 -- a diagnostic must not stop (or hang) training
+            self.dump_writer.failed += 1
+            logger.warning("trajectory dump of %s step %d (rollout group %d) failed: %r", split, step, group, exc)
 
     def rollout(self, rows: list[dict[str, Any]], rollout_cfg: Any) -> Batch | None:
         """The group's rollout of ``rows`` on its leader (the rank holding the engine); None elsewhere."""
@@ -272,6 +279,7 @@ class RLTrainer:
                 "sft/loss_first": history[0]["sft/sft_loss"],
                 "sft/loss_last": history[-1]["sft/sft_loss"],
                 **self.timer.pop(),
+                **self.gpu.pop(),
             }
             logger.info("SFT warm start: %s", self.sft_summary)
             self.c.weight_sync.version.bump()
@@ -314,6 +322,7 @@ class RLTrainer:
             m = exp.rollout_metrics(exp.rollout_stats(scored).reduce(world=True))
             out = {f"val/{k}": m[k] for k in ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")}
         out["timing_s/validate"] = self.timer.pop().get("timing_s/validate", 0.0)
+        out.update(self.gpu.pop())  # the validation's own device readings (the step's were popped already)
         return out
 
     # ----------------------------------------------------------------------------------- checkpoints

@@ -41,7 +41,10 @@ from mcore_agentic.data.batch import Batch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DumpWriter", "SCHEMA", "TRAINER_FIELDS", "dump_rows", "read_dump", "select_rows", "trajectory_table"]
+__all__ = [
+    "DumpWriter", "SCHEMA", "TRAINER_FIELDS", "dump_rows", "read_dump", "select_rows", "trajectory_records",
+    "trajectory_table",
+]
 
 TRAINER_FIELDS = ("old_log_probs", "advantages", "ref_log_probs", "values", "token_level_scores", "token_level_rewards")
 """Per-response-token tensors computed on the training replica that a dump brings back to the leader."""
@@ -131,7 +134,12 @@ def _floats(t: torch.Tensor | None) -> list[float] | None:
     return None if t is None else t.float().tolist()
 
 
-def trajectory_table(
+def trajectory_table(batch: Batch, rows: Sequence[int], **kwargs: Any) -> pa.Table:
+    """:func:`trajectory_records` as a pyarrow table of :data:`SCHEMA`."""
+    return pa.Table.from_pylist(trajectory_records(batch, rows, **kwargs), schema=SCHEMA)
+
+
+def trajectory_records(
     batch: Batch,
     rows: Sequence[int],
     *,
@@ -141,8 +149,8 @@ def trajectory_table(
     weight_version: int,
     tokenizer: Any,
     trainer_fields: dict[str, list[torch.Tensor]] | None = None,
-) -> pa.Table:
-    """The dump of ``rows`` (local indices) of a scored rollout ``batch`` held by a leader.
+) -> list[dict[str, Any]]:
+    """The dump records of ``rows`` (local indices) of a scored rollout ``batch`` held by a leader.
 
     ``trainer_fields``: per local row, the response-length tensors of :data:`TRAINER_FIELDS` that
     :func:`return_rows` brought back (None for validation rollouts).
@@ -201,7 +209,7 @@ def trajectory_table(
                 "sanity_check_mismatch": bool(rm.get("sanity_check_mismatch", 0)),
             }
         )
-    return pa.Table.from_pylist(records, schema=SCHEMA)
+    return records
 
 
 def dump_path(root: str | os.PathLike, split: str, step: int, group: int) -> Path:
@@ -216,12 +224,18 @@ class DumpWriter:
         self.wait_s = wait_s
         self.dropped_rows = 0
         self.written_rows = 0
+        self.failed = 0
+        """Dumps that could not be built or written (each logged as a warning)."""
         self.errors: list[str] = []
         self._thread = threading.Thread(target=self._drain, name="rollout-dump", daemon=True)
         self._thread.start()
 
     def submit(self, path: Path, table: pa.Table) -> bool:
         """Queue ``table`` for ``path``; False (and a warning) when no slot frees within ``wait_s``."""
+        if not self._thread.is_alive():
+            self.dropped_rows += table.num_rows
+            logger.warning("trajectory dump %s dropped (%d rows): the writer thread has stopped", path, table.num_rows)
+            return False
         try:
             self.queue.put((path, table), timeout=self.wait_s)
             return True
@@ -247,9 +261,10 @@ class DumpWriter:
                     pq.write_table(table, tmp, compression="zstd")
                     os.replace(tmp, path)
                     self.written_rows += table.num_rows
-                except OSError as exc:  # a full or vanished disk must not end the run
-                    self.errors.append(f"{path}: {exc}")
-                    logger.warning("trajectory dump %s not written: %s", path, exc)
+                except Exception as exc:  # noqa: BLE001 -- a full or vanished disk must not end the run (or this thread)
+                    self.failed += 1
+                    self.errors.append(f"{path}: {exc!r}")
+                    logger.warning("trajectory dump %s not written: %r", path, exc)
             finally:
                 self.queue.task_done()
 
@@ -257,11 +272,19 @@ class DumpWriter:
         """Wait until every queued table is on disk."""
         self.queue.join()
 
-    def close(self) -> None:
-        """Write what is queued, then stop the thread."""
+    def close(self, timeout_s: float = 300.0) -> None:
+        """Write what is queued, then stop the thread; a disk that hangs longer than ``timeout_s`` is left behind
+        (a warning says how many dumps were not written)."""
+        if not self._thread.is_alive():
+            return
+        try:
+            self.queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            pass
+        self._thread.join(timeout_s)
         if self._thread.is_alive():
-            self.queue.put(None)
-            self._thread.join()
+            logger.warning("trajectory dump writer still busy after %.0f s: %d queued dumps not written",
+                           timeout_s, self.queue.qsize())
 
 
 def dump_rows(

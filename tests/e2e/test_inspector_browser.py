@@ -37,12 +37,15 @@ class _Dom(HTMLParser):
         self.summary_rows = 0
         self.in_summary = False
         self.body: dict[str, str] = {}
+        self.images = 0
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         classes = (a.get("class") or "").split()
         if tag == "body":
             self.body = a
+        if tag == "img":
+            self.images += 1
         if tag == "table" and a.get("id") == "summary":
             self.in_summary = True
         if tag == "tr" and self.in_summary and "data-step" in a:
@@ -109,3 +112,31 @@ def test_gap_threshold_flags_exactly_the_sampled_tokens_above_it(default_job_dum
     near = sum(abs(g - threshold) <= 5e-3 * threshold for g in gaps)
     assert abs(flagged - sum(g > threshold for g in gaps)) <= near
     assert 0 < flagged < len(gaps)
+
+
+def test_model_and_tool_text_cannot_break_the_page(default_job_dump, tmp_path) -> None:
+    """A trajectory whose tokens and tool result carry markup (``</script>``, ``<!--<script>``, an inline handler)
+    and a non-finite log-prob renders as text: the script still runs, every token is a span, no element is injected."""
+    import shutil as sh
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mcore_agentic.trainer.rollout_dump import SCHEMA
+
+    dump = tmp_path / "dump"
+    sh.copytree(default_job_dump.dump_dir, dump)
+    row = next(r for r in read_dump(dump).to_pylist() if r["split"] == "train")
+    hostile = ["</script>", "<!--<script>", "<img src=x onerror=\"document.body.dataset.pwned=1\">", "&amp;", "]]>"]
+    n = len(row["response_tokens"])
+    row.update(step=999, response_tokens=[hostile[i % len(hostile)] for i in range(n)],
+               tool_calls=[{"turn": 1, "name": "read_meter", "arguments": "{}", "result": "</script><!--<script>",
+                            "error": False, "seconds": 0.1}])
+    row["old_log_probs"] = [float("nan")] * n
+    pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), dump / "train" / "step_000999-group_000.parquet")
+    page = write_report(dump, tmp_path / "hostile.html", max_rows_per_step=None)
+    dom = _dom(page, "#step=999")
+    assert "data-pwned" not in dom.body and dom.images == 0
+    shown = [t for t in dom.trajs.values() if not t["hidden"]]
+    assert len(shown) == 1 and shown[0]["policy"] + shown[0]["env"] == n and shown[0]["calls"] == 1
+    assert shown[0]["gap"] == 0  # NaN gaps show as none

@@ -86,3 +86,37 @@ def test_dump_rows_carry_conversation_rewards_and_tool_calls(default_job_dump) -
     assert read, "the warm-started policy read no meter in 32 rollouts"
     for r, call in read:  # a successful call is read_meter, and its result is this row's reading
         assert call["name"] == "read_meter" and call["result"] == r["ground_truth"]
+
+
+def test_dump_round_trips_when_leaders_are_not_replica_heads(tmp_path) -> None:
+    """Actor TP=2 (one training replica over both ranks) with two rollout engines: rank 1 leads a rollout
+    group but is not its replica's first rank, so its rows' trainer values come back from rank 0."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.e2e.test_default_job import ROOT, job_overrides
+
+    records = tmp_path / "trained"
+    records.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RECORD_ROWS_DIR": str(records)}
+    extra = ["actor.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=1",
+             "actor.ppo_micro_batch_size_per_gpu=4", "trainer.total_training_steps=1", "trainer.test_freq=-1",
+             "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
+             f"trainer.rollout_data_dir={tmp_path / 'dump'}", "trainer.rollout_data_freq=1"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "e2e" / "_record_trained_rows.py"), *job_overrides(tmp_path, extra)]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    table = read_dump(tmp_path / "dump").to_pylist()
+    assert {r["group"] for r in table} == {0, 1} and len(table) == 8
+    b = torch.load(records / "rank1-update0.pt")  # both ranks of the one replica train all 8 rows
+    width = b["prompts"].shape[1]
+    by_ids = {(tuple(r["prompt_ids"]), tuple(r["response_ids"])): r for r in table}
+    for i in range(8):
+        p = int(b["attention_mask"][i, :width].sum())
+        n = int(b["attention_mask"][i, width:].sum())
+        d = by_ids[(tuple(b["prompts"][i, width - p :].tolist()), tuple(b["responses"][i, :n].tolist()))]
+        assert d["response_mask"] == b["response_mask"][i, :n].tolist()
+        assert d["old_log_probs"] == b["old_log_probs"][i, :n].tolist()
+        assert d["advantages"] == b["advantages"][i, :n].tolist()
