@@ -34,8 +34,10 @@ def default_job_dump(tmp_path_factory: pytest.TempPathFactory) -> DumpRun:
         "trainer.logger=[console,jsonl]", f"trainer.rollout_data_dir={tmp / 'dump'}", "trainer.rollout_data_freq=1",
     ]
     # A warm start long enough that the policy calls the tool: the dump then holds tool calls and results.
+    # With the step-0 validation (the default job's baseline) as the default job has it.
     overrides = [o if not o.startswith("trainer.sft_warmup_steps=") else "trainer.sft_warmup_steps=120"
                  for o in job_overrides(tmp, extra)]
+    overrides = [o.replace("val_before_train=false", "val_before_train=true") for o in overrides]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "tests" / "e2e" / "_record_trained_rows.py"), *overrides]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

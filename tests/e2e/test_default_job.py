@@ -30,6 +30,8 @@ SHORT = [
     "actor.ppo_micro_batch_size_per_gpu=2",
     "data.max_response_length=48",
     "data.synthetic.num_val=8",
+    "trainer.val_before_train=false",
+    "trainer.rollout_data_dir=null",  # the dump tests set their own (tmp) directory
 ]
 
 STEP_KEYS = (
@@ -72,12 +74,14 @@ def read_rows(path: Path) -> dict[int, dict]:
 def test_default_job_short(tmp_path: Path) -> None:
     # data.val_batch_size=3: each rollout group's 4 validation prompts in chunks of 2
     extra = ["trainer.logger=[console,jsonl,tensorboard]", "trainer.save_freq=-1", "data.val_batch_size=3"]
-    result = launch(job_overrides(tmp_path, extra))
+    overrides = [o.replace("val_before_train=false", "val_before_train=true") for o in job_overrides(tmp_path, extra)]
+    result = launch(overrides)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
     logs = tmp_path / "logs"
     rows = read_rows(logs / "metrics.jsonl")
-    assert sorted(rows) == [1, 2, 3]
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert set(rows.pop(0)) >= {"val/reward/accuracy", "val/reward/mean"}  # the warm-started policy's baseline
     for step, row in rows.items():
         missing = [k for k in STEP_KEYS if k not in row]
         assert not missing, f"step {step} lacks {missing}"
@@ -96,6 +100,7 @@ def test_default_job_short(tmp_path: Path) -> None:
     assert (logs / "reward_curve.png").stat().st_size > 0
     assert (logs / "response_length_curve.png").stat().st_size > 0
     assert "finished 3 RL steps" in result.stdout
+    assert "validation accuracy (greedy): after the warm start (step 0)" in result.stdout
     assert "mean reward: first 3 steps" in result.stdout
 
 

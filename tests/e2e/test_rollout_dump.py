@@ -102,7 +102,7 @@ def test_dump_round_trips_when_leaders_are_not_replica_heads(tmp_path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RECORD_ROWS_DIR": str(records)}
     extra = ["actor.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=1",
              "actor.ppo_micro_batch_size_per_gpu=4", "trainer.total_training_steps=1", "trainer.test_freq=-1",
-             "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
+             "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
              f"trainer.rollout_data_dir={tmp_path / 'dump'}", "trainer.rollout_data_freq=1"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "tests" / "e2e" / "_record_trained_rows.py"), *job_overrides(tmp_path, extra)]

@@ -89,7 +89,7 @@ def test_group_estimators_need_several_samples():
 
 
 def test_lengths_and_engine_consistency():
-    assert _field(2, "rollout.prompt_length=100") == "rollout.prompt_length"
+    assert _field(2, "rollout.prompt_length=32") == "rollout.prompt_length"  # below data.max_prompt_length
     assert _field(2, "rollout.response_length=32") == "rollout.response_length"
     assert _field(2, "rollout.name=sglang") == "rollout.name"  # default_tiny runs on CPU
     assert _field(2, "rollout.multi_turn.max_user_turns=2") == "rollout.multi_turn.interaction_config_path"
