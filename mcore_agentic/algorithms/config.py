@@ -66,6 +66,66 @@ class KLControlConfig:
         require(self.horizon > 0, "algorithm.kl_ctrl.horizon", f"must be > 0, got {self.horizon}")
 
 
+ROLLOUT_IS_LEVELS = ("token", "sequence", "geometric")
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """Correction for the rollout engine's sampling distribution differing from the trainer's (verl's
+    ``algorithm.rollout_correction``). The ratio is ``pi_old / pi_rollout`` per sampled token (the trainer's
+    old log-prob minus the engine's); ``sequence`` multiplies a row's token ratios, ``geometric`` takes their
+    geometric mean. When to use: ``rollout/logprob_diff_mean`` well above ~0.005 (other kernels or precision in
+    the engine, MoE routing, stale weights), or a rising ``actor/grad_norm`` with it."""
+
+    rollout_is: str | None = None
+    """Truncated importance sampling (TIS): weight each sampled token's policy loss by ``min(ratio, threshold)``
+    at ``token``, ``sequence`` or ``geometric`` level; null: no weights."""
+    rollout_is_threshold: float = 2.0
+    """TIS cap (common: 1.5-5 per token, 2-10 per sequence)."""
+    rollout_rs: str | None = None
+    """Rejection (masked IS, MIS): drop from the policy loss every ``token`` (IcePop) or whole ``sequence`` /
+    ``geometric``-mean row whose ratio leaves ``[rollout_rs_threshold_lower, rollout_rs_threshold]``; null: none."""
+    rollout_rs_threshold: float = 2.0
+    """Upper bound of the accepted ratio."""
+    rollout_rs_threshold_lower: float | None = None
+    """Lower bound of the accepted ratio; null: ``1 / rollout_rs_threshold``."""
+    rollout_token_veto_threshold: float | None = None
+    """Drop a whole row from the policy loss when any of its sampled tokens has a ratio below this (a token the
+    trainer finds far less likely than the engine did); null: no veto."""
+
+    def __post_init__(self) -> None:
+        for key in ("rollout_is", "rollout_rs"):
+            value = getattr(self, key)
+            require(
+                value is None or value in ROLLOUT_IS_LEVELS,
+                f"algorithm.rollout_correction.{key}",
+                f"{value!r} is not one of {', '.join(ROLLOUT_IS_LEVELS)} or null",
+            )
+        require(self.rollout_is_threshold > 0, "algorithm.rollout_correction.rollout_is_threshold",
+                f"must be > 0, got {self.rollout_is_threshold}")
+        require(self.rollout_rs_threshold > 0, "algorithm.rollout_correction.rollout_rs_threshold",
+                f"must be > 0, got {self.rollout_rs_threshold}")
+        require(
+            self.rollout_rs_threshold_lower is None or 0 <= self.rollout_rs_threshold_lower < self.rollout_rs_threshold,
+            "algorithm.rollout_correction.rollout_rs_threshold_lower",
+            f"must be in [0, rollout_rs_threshold={self.rollout_rs_threshold}), got {self.rollout_rs_threshold_lower}",
+        )
+        require(
+            self.rollout_token_veto_threshold is None or self.rollout_token_veto_threshold > 0,
+            "algorithm.rollout_correction.rollout_token_veto_threshold",
+            f"must be > 0 or null, got {self.rollout_token_veto_threshold}",
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rollout_is is not None or self.rollout_rs is not None or self.rollout_token_veto_threshold is not None
+
+    @property
+    def rs_lower(self) -> float:
+        lower = self.rollout_rs_threshold_lower
+        return 1.0 / self.rollout_rs_threshold if lower is None else lower
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """The ``algorithm`` group: advantage estimator, discounting, KL in the reward."""
@@ -86,10 +146,15 @@ class AlgorithmConfig:
     """KL estimator used in the reward: ``kl``/``k1``, ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Coefficient schedule of the in-reward KL (``algorithm.kl_ctrl.*``)."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Rollout-training mismatch correction of the policy loss (``algorithm.rollout_correction.*``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.kl_ctrl, Mapping):  # plain YAML dict -> typed group (construction, not mutation)
             object.__setattr__(self, "kl_ctrl", _from_mapping(KLControlConfig, self.kl_ctrl, "algorithm.kl_ctrl"))
+        if isinstance(self.rollout_correction, Mapping):
+            object.__setattr__(self, "rollout_correction", _from_mapping(
+                RolloutCorrectionConfig, self.rollout_correction, "algorithm.rollout_correction"))
         require(
             self.adv_estimator in ADV_ESTIMATORS,
             "algorithm.adv_estimator",

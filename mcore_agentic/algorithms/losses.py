@@ -131,8 +131,11 @@ def compute_policy_loss(
     global_tokens: int | float | torch.Tensor | None = None,
     global_seqs: int | float | torch.Tensor | None = None,
     loss_scale_factor: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate with dual-clip (Schulman et al. 2017; Ye et al. 2020), all tensors ``[B, R]``.
+
+    ``weights``: detached per-token factors of the loss (rollout-correction importance weights), or None.
 
     Per token, with ``ratio = exp(log_prob - old_log_prob)`` (log-ratio clamped to ±20):
     ``l = max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``, and for ``A < 0``
@@ -150,6 +153,8 @@ def compute_policy_loss(
     dual_clip_losses = torch.minimum(losses_dual, clip_losses)
     negative = advantages < 0
     pg_losses = torch.where(negative, dual_clip_losses, clip_losses)
+    if weights is not None:
+        pg_losses = pg_losses * weights.detach()
 
     pg_loss = agg_loss(
         pg_losses,

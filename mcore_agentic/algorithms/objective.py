@@ -54,11 +54,13 @@ def actor_objective(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     ref_log_probs: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
     """PPO actor loss of one micro-batch; tensors ``[B, R]``; ``norms``: counts of the whole mini-batch.
 
     ``entropys`` (per token) is always reported and enters the loss with ``cfg.entropy_coeff``;
-    ``ref_log_probs`` is required with ``cfg.use_kl_loss``.
+    ``ref_log_probs`` is required with ``cfg.use_kl_loss``; ``rollout_is_weights`` (rollout correction,
+    :mod:`mcore_agentic.algorithms.rollout_correction`) multiply the policy-gradient term per token.
     """
     if cfg.use_kl_loss and ref_log_probs is None:
         raise ValueError("actor.use_kl_loss=true needs reference log-probs (ref_log_probs=): enable the reference")
@@ -66,7 +68,7 @@ def actor_objective(
     pol = compute_policy_loss(
         old_log_probs, log_probs, advantages, response_mask,
         clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-        loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=cfg.loss_scale_factor, **agg,
+        loss_agg_mode=cfg.loss_agg_mode, loss_scale_factor=cfg.loss_scale_factor, weights=rollout_is_weights, **agg,
     )
     entropy = compute_entropy_loss(
         # with entropy_coeff 0 the term is reported only: no backward through the vocab-sized entropy

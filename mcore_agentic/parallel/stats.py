@@ -79,14 +79,20 @@ class Stats:
         return {f"{label}/mean": self.mean(name), f"{label}/max": self.max(name), f"{label}/min": self.min(name)}
 
 
-def sum_over(group: dist.ProcessGroup | None):
-    """A function summing a tensor over ``group`` (float64 all-reduce; identity without a group)."""
+def sum_over(group: dist.ProcessGroup | None, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM):
+    """A function summing (or, with ``op``, otherwise reducing) a tensor over ``group`` (float64 all-reduce;
+    identity without a group)."""
 
     def reduce(t: torch.Tensor) -> torch.Tensor:
         if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
             return t
         out = t.to(torch.float64).clone()
-        dist.all_reduce(out, group=group)
+        dist.all_reduce(out, op=op, group=group)
         return out.to(t.dtype)
 
     return reduce
+
+
+def max_over(group: dist.ProcessGroup | None):
+    """A function taking a tensor's elementwise maximum over ``group``."""
+    return sum_over(group, dist.ReduceOp.MAX)

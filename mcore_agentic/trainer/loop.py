@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcore_agentic.algorithms.rollout_correction import compute_rollout_correction
 from mcore_agentic.data.batch import Batch
-from mcore_agentic.parallel.stats import Stats, sum_over
+from mcore_agentic.parallel.stats import Stats, max_over, sum_over
 from mcore_agentic.rollout.driver import generate_sequences_sync
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
@@ -176,9 +177,26 @@ class RLTrainer:
                     c.critic.offload()  # what critic.*_offload names stays off the device until the next step
             if c.critic is None or step > self.cfg.critic.warmup_steps:
                 with t.phase("update_actor"):
-                    update_metrics.update(prefix("actor/", c.actor.update_policy(batch)))
+                    actor_batch, corr_metrics = self.rollout_correction(batch)
+                    update_metrics.update(corr_metrics)
+                    update_metrics.update(prefix("actor/", c.actor.update_policy(actor_batch)))
                 c.weight_sync.version.bump()  # the engine must resync before the next rollout
         return self.step_metrics(batch, rollout_stats, {**adv_metrics, **update_metrics, **sync}, time.perf_counter() - start)
+
+    def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """The actor's batch under ``algorithm.rollout_correction``: importance weights and the rejection mask
+        of its policy loss (the critic keeps the batch as it was), and the correction's metrics."""
+        cfg = self.cfg.algorithm.rollout_correction
+        if not cfg.enabled:
+            return batch, {}
+        corr = compute_rollout_correction(
+            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], cfg,
+            reduce=sum_over(self.dp_group), reduce_max=max_over(self.dp_group),
+        )
+        tensors = {"response_mask": corr.mask}
+        if cfg.rollout_is is not None:
+            tensors["rollout_is_weights"] = corr.weights
+        return batch.update(tensors), corr.metrics
 
     @property
     def dp_group(self) -> Any:

@@ -92,6 +92,7 @@ class Actor:
                 self.cfg.policy_loss, norms, old_log_probs=d["old_log_probs"], log_probs=resp["log_probs"],
                 entropys=resp["entropys"], advantages=d["advantages"], response_mask=d["response_mask"],
                 ref_log_probs=d["ref_log_probs"] if "ref_log_probs" in d else None,
+                rollout_is_weights=d["rollout_is_weights"] if "rollout_is_weights" in d else None,
             )
             return out.loss, out.metrics
 

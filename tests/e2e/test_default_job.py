@@ -146,3 +146,21 @@ def test_ppo_with_critic_reference_and_offload(tmp_path: Path) -> None:
     assert "actor/pg_loss" in rows[2] and "actor/kl_loss" in rows[2]
     assert rows[2]["actor/kl_loss"] > 0.0  # KL against the warm-started reference, after the first mini-batch
     assert all(rows[s]["sharding/offloaded_mb"] > 0.0 for s in (1, 2))  # actor state left the device for the rollout
+
+
+def test_rollout_correction_reaches_the_actor_loss(tmp_path: Path) -> None:
+    """``algorithm.rollout_correction`` in the trainer: a rejection band that excludes ratio 1 (the HF engine
+    samples the trainer's own policy) masks every token out of the actor's loss, so the policy gradient is 0."""
+    extra = [
+        "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.5",
+        "algorithm.rollout_correction.rollout_rs_threshold_lower=0.25",
+        "trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
+    ]
+    result = launch(job_overrides(tmp_path, extra))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    row = read_rows(tmp_path / "logs" / "metrics.jsonl")[1]
+    assert row["rollout_corr/masked_fraction"] == 1.0
+    assert row["rollout_corr/ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert abs(row["rollout_corr/kl_k1"]) < 1e-4
+    assert row["actor/pg_loss"] == 0.0 and row["actor/grad_norm"] == 0.0

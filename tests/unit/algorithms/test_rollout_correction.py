@@ -1,0 +1,104 @@
+"""Rollout-training mismatch correction against hand-computed values: TIS and rejection at token, sequence and
+geometric level, the veto, the metrics, the identity when the policies agree, and the weights in the PPO loss."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mcore_agentic.algorithms.config import RolloutCorrectionConfig
+from mcore_agentic.algorithms.losses import compute_policy_loss
+from mcore_agentic.algorithms.rollout_correction import compute_rollout_correction
+from mcore_agentic.config.errors import ConfigError
+
+# two rows; row 0 has 3 sampled tokens then padding, row 1 has 2 sampled, an environment token, 1 sampled
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 1]])
+LOG_RATIO = torch.tensor([[0.5, -0.2, 0.1, 0.0], [1.5, 0.0, 0.0, -3.0]])  # log(pi_old / pi_rollout)
+ROLLOUT = torch.full((2, 4), -1.0)
+OLD = ROLLOUT + LOG_RATIO
+
+
+def _corr(**kw):
+    return compute_rollout_correction(OLD, ROLLOUT, MASK, RolloutCorrectionConfig(**kw))
+
+
+def test_identity_when_the_engine_samples_the_trainers_policy():
+    corr = compute_rollout_correction(ROLLOUT, ROLLOUT, MASK, RolloutCorrectionConfig(
+        rollout_is="sequence", rollout_rs="token", rollout_rs_threshold=1.5, rollout_token_veto_threshold=1e-4))
+    assert torch.equal(corr.weights, MASK.float()) and torch.equal(corr.mask, MASK)
+    m = corr.metrics
+    assert m["rollout_corr/ratio_mean"] == 1.0 and m["rollout_corr/kl_k1"] == 0.0 and m["rollout_corr/kl_k3"] == 0.0
+    assert m["rollout_corr/masked_fraction"] == 0.0 and m["rollout_corr/clipped_fraction"] == 0.0
+
+
+def test_token_tis_caps_each_tokens_ratio():
+    corr = _corr(rollout_is="token", rollout_is_threshold=2.0)
+    expected = torch.tensor([[math.exp(0.5), math.exp(-0.2), math.exp(0.1), 0.0], [2.0, 1.0, 0.0, math.exp(-3.0)]])
+    torch.testing.assert_close(corr.weights, expected)
+    assert torch.equal(corr.mask, MASK)  # TIS weights, never drops
+    assert corr.metrics["rollout_corr/clipped_fraction"] == pytest.approx(1 / 6)  # of 6 sampled: only exp(1.5) > 2
+
+
+def test_sequence_and_geometric_tis_weigh_whole_rows():
+    seq = _corr(rollout_is="sequence", rollout_is_threshold=10.0)
+    row0, row1 = math.exp(0.5 - 0.2 + 0.1), math.exp(1.5 + 0.0 - 3.0)  # environment token 1,2 not counted
+    torch.testing.assert_close(seq.weights, torch.tensor([[row0] * 3 + [0.0], [row1, row1, 0.0, row1]]))
+    geo = _corr(rollout_is="geometric", rollout_is_threshold=1.1)
+    g0, g1 = min(math.exp(0.4 / 3), 1.1), min(math.exp(-1.5 / 3), 1.1)
+    torch.testing.assert_close(geo.weights, torch.tensor([[g0] * 3 + [0.0], [g1, g1, 0.0, g1]]))
+    assert geo.metrics["rollout_corr/clipped_fraction"] == pytest.approx(3 / 6)  # row 0: exp(0.133) > 1.1
+
+
+def test_token_rejection_masks_tokens_outside_the_band():
+    corr = _corr(rollout_rs="token", rollout_rs_threshold=2.0)  # lower: 1/2
+    expected = torch.tensor([[1, 1, 1, 0], [0, 1, 0, 0]])  # exp(1.5) > 2 and exp(-3) < 0.5 are dropped
+    assert torch.equal(corr.mask, expected)
+    assert torch.equal(corr.weights, MASK.float())  # no TIS asked for
+    assert corr.metrics["rollout_corr/masked_fraction"] == pytest.approx(2 / 6)
+    assert corr.metrics["rollout_corr/rows_dropped_fraction"] == 0.0
+
+
+def test_sequence_and_geometric_rejection_drop_whole_rows():
+    seq = _corr(rollout_rs="sequence", rollout_rs_threshold=2.0, rollout_rs_threshold_lower=0.3)
+    assert torch.equal(seq.mask, torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0]]))  # row 1: exp(-1.5) = 0.22 < 0.3
+    assert seq.metrics["rollout_corr/rows_dropped_fraction"] == 0.5
+    geo = _corr(rollout_rs="geometric", rollout_rs_threshold=1.1, rollout_rs_threshold_lower=0.5)
+    assert torch.equal(geo.mask, torch.tensor([[0, 0, 0, 0], [1, 1, 0, 1]]))  # row 0: exp(0.133) > 1.1
+
+
+def test_veto_drops_rows_with_one_very_unlikely_token():
+    corr = _corr(rollout_token_veto_threshold=0.1)  # exp(-3) = 0.05 in row 1
+    assert torch.equal(corr.mask, torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0]]))
+
+
+def test_kl_estimates_and_ratio_statistics():
+    m = _corr(rollout_is="token").metrics
+    lr = torch.tensor([0.5, -0.2, 0.1, 1.5, 0.0, -3.0], dtype=torch.float64)
+    assert m["rollout_corr/kl_k1"] == pytest.approx(float(-lr.mean()))
+    assert m["rollout_corr/kl_k3"] == pytest.approx(float((lr.exp() - 1 - lr).mean()))
+    assert m["rollout_corr/ratio_mean"] == pytest.approx(float(lr.exp().mean()))
+    assert m["rollout_corr/ratio_max"] == pytest.approx(math.exp(1.5)) and m["rollout_corr/ratio_min"] == pytest.approx(math.exp(-3))
+    assert m["rollout_corr/ratio_p50"] == pytest.approx(1.0, rel=0.01)  # the third of six log-ratios: 0
+    assert m["rollout_corr/ratio_p99"] == pytest.approx(math.exp(1.5), rel=0.02)
+
+
+def test_policy_loss_multiplies_each_tokens_term_by_its_weight():
+    adv = torch.tensor([[1.0, -2.0, 0.5, 0.0], [3.0, 1.0, 0.0, -1.0]])
+    w = _corr(rollout_is="token").weights
+    logp = ROLLOUT.clone().requires_grad_(True)
+    out = compute_policy_loss(ROLLOUT, logp, adv, MASK, weights=w)  # ratio 1: the loss is -mean(A * w)
+    assert float(out.pg_loss.detach()) == pytest.approx(float(-(adv * w * MASK).sum() / MASK.sum()))
+    out.pg_loss.backward()
+    torch.testing.assert_close(logp.grad, -(adv * w * MASK) / MASK.sum())
+    plain = compute_policy_loss(ROLLOUT, ROLLOUT, adv, MASK)
+    assert float(plain.pg_loss) == pytest.approx(float(-(adv * MASK).sum() / MASK.sum()))
+
+
+def test_config_names_the_bad_key():
+    with pytest.raises(ConfigError, match="algorithm.rollout_correction.rollout_is"):
+        RolloutCorrectionConfig(rollout_is="seq")
+    with pytest.raises(ConfigError, match="rollout_rs_threshold_lower"):
+        RolloutCorrectionConfig(rollout_rs="token", rollout_rs_threshold=2.0, rollout_rs_threshold_lower=3.0)
+    assert not RolloutCorrectionConfig().enabled and RolloutCorrectionConfig(rollout_rs="token").enabled
