@@ -126,6 +126,37 @@ class RolloutCorrectionConfig:
         return 1.0 / self.rollout_rs_threshold if lower is None else lower
 
 
+FILTER_GROUPS_METRICS = ("acc", "score", "seq_reward")
+
+
+@dataclass(frozen=True)
+class FilterGroupsConfig:
+    """Dynamic sampling (DAPO, verl's ``algorithm.filter_groups``): prompt groups whose samples all got the same
+    ``metric`` have zero group-relative advantage, so they cost a training step's compute and teach nothing.
+    They are dropped and more prompts are rolled out until the step's batch is full. When to use: GRPO-style
+    estimators once many groups are all-correct or all-wrong (``rollout/filtered_groups`` near the group count)."""
+
+    enable: bool = False
+    """Drop prompt groups with one value of ``metric`` over their samples, and over-sample to refill the batch."""
+    metric: str = "acc"
+    """What must vary within a kept group: ``acc`` (the reward's correctness) or ``score`` (the sequence reward:
+    rule + tools + interaction + over-long penalty; ``seq_reward`` is verl's name for it)."""
+    max_num_gen_batches: int = 10
+    """Sampling rounds per step (one ``data.train_batch_size`` batch of prompts each); 0: no limit. When the last
+    round still leaves the batch short, the step fills it with filtered groups (logged as
+    ``rollout/filled_groups``; they carry zero advantage) instead of stopping the run."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.metric in FILTER_GROUPS_METRICS,
+            "algorithm.filter_groups.metric",
+            f"{self.metric!r} is not one of {', '.join(FILTER_GROUPS_METRICS)} (verl's seq_final_reward needs the "
+            "trainer's KL, which the rollout leaders filtering the groups do not have)",
+        )
+        require(self.max_num_gen_batches >= 0, "algorithm.filter_groups.max_num_gen_batches",
+                f"must be >= 0 (0: no limit), got {self.max_num_gen_batches}")
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """The ``algorithm`` group: advantage estimator, discounting, KL in the reward."""
@@ -148,6 +179,11 @@ class AlgorithmConfig:
     """Coefficient schedule of the in-reward KL (``algorithm.kl_ctrl.*``)."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Rollout-training mismatch correction of the policy loss (``algorithm.rollout_correction.*``)."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """Dynamic sampling: drop prompt groups without reward variance, over-sample to refill (``algorithm.filter_groups.*``)."""
+    overlong_filtering: bool = False
+    """Exclude truncated responses (``finish_reason == length``: the response budget ran out) from the policy loss;
+    they still count in their group's baseline. NeMo-RL's name; DAPO's over-long filtering."""
 
     def __post_init__(self) -> None:
         if isinstance(self.kl_ctrl, Mapping):  # plain YAML dict -> typed group (construction, not mutation)
@@ -155,6 +191,9 @@ class AlgorithmConfig:
         if isinstance(self.rollout_correction, Mapping):
             object.__setattr__(self, "rollout_correction", _from_mapping(
                 RolloutCorrectionConfig, self.rollout_correction, "algorithm.rollout_correction"))
+        if isinstance(self.filter_groups, Mapping):
+            object.__setattr__(self, "filter_groups", _from_mapping(
+                FilterGroupsConfig, self.filter_groups, "algorithm.filter_groups"))
         require(
             self.adv_estimator in ADV_ESTIMATORS,
             "algorithm.adv_estimator",

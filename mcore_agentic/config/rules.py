@@ -246,6 +246,21 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
             f"=1 but algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares the samples of one prompt: "
             "set rollout.n to 2 or more (e.g. 8)",
         )
+    if cfg.algorithm.filter_groups.enable:
+        require(
+            cfg.rollout.n >= 2,
+            "rollout.n",
+            "=1 but algorithm.filter_groups.enable=true keeps the prompt groups whose samples differ: "
+            "set rollout.n to 2 or more, or turn filtering off",
+        )
+    buffer = cfg.reward.overlong_buffer
+    if buffer.enable:
+        require(
+            buffer.len < cfg.data.max_response_length,
+            "reward.overlong_buffer.len",
+            f"={buffer.len} is not below data.max_response_length={cfg.data.max_response_length}: "
+            "the penalty must start inside the response budget (DAPO uses about a quarter of it)",
+        )
     mt = cfg.rollout.multi_turn
     if mt.max_user_turns is not None and mt.max_user_turns > 0:
         require(

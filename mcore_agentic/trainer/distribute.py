@@ -3,8 +3,9 @@
 After scoring, each rollout leader holds its rollout group's rows (tensors and per-row Python
 objects: messages, tool I/O, request metrics). The objects stay there; only tensors move:
 
-1. :func:`gather_shapes` — one ``all_gather`` of a ``[rows_per_group, 2]`` integer tensor (each
-   row's prompt and response length): every rank then knows every row's size.
+1. :func:`gather_shapes` — one ``all_gather`` of a ``[rows, 2]`` integer tensor (each row's prompt and
+   response length; a rollout group may hold fewer rows than another under dynamic sampling, and
+   pads): every rank then knows every row's size.
 2. :func:`plan_step` — the same pure function on every rank: a seeded shuffle of the step's rows,
    cut into chunks (the actor's and critic's mini-batches are whole numbers of chunks), each
    chunk dealt over the DP replicas with equal row counts and balanced token counts
@@ -23,6 +24,8 @@ wire are real tokens, not padding or pickles.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,25 +42,40 @@ __all__ = ["RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes
 
 RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout_log_probs": torch.float32}
 """Per-response-token tensors that travel with a row (besides its token ids)."""
-ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long}
+ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long, "truncated": torch.long}
 """Per-row scalars that travel with it."""
 
 
 @dataclass(frozen=True)
 class RowShapes:
-    """Every row of the step, by global id ``group * rows_per_group + i``: its real prompt and response lengths."""
+    """Every row of the step, by global id (rollout group ``g``'s rows follow those of groups ``< g``): its real
+    prompt and response lengths."""
 
     prompt: list[int]
     response: list[int]
-    rows_per_group: int
+    group_rows: list[int]
+    """Rows each rollout group holds (all equal unless dynamic sampling kept more groups in some)."""
     group_leaders: list[int]
     """Global rank holding each rollout group's rows."""
+
+    def __post_init__(self) -> None:
+        if len(self.group_rows) != len(self.group_leaders) or sum(self.group_rows) != len(self.prompt):
+            raise ValueError(f"{len(self.prompt)} rows do not match rollout groups of {list(self.group_rows)} rows")
+        object.__setattr__(self, "_starts", list(itertools.accumulate(self.group_rows, initial=0)))
 
     def tokens(self, row: int) -> int:
         return self.prompt[row] + self.response[row]
 
+    def group(self, row: int) -> int:
+        """The rollout group holding ``row``."""
+        return bisect.bisect_right(self._starts, row) - 1  # type: ignore[attr-defined]
+
     def source(self, row: int) -> int:
-        return self.group_leaders[row // self.rows_per_group]
+        return self.group_leaders[self.group(row)]
+
+    def local_index(self, row: int) -> int:
+        """``row``'s index in its leader's batch."""
+        return row - self._starts[self.group(row)]  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -72,13 +90,14 @@ class StepPlan:
 
 
 # ----------------------------------------------------------------------------------- shapes
-def tag_groups(local: Batch, group_index: int) -> Batch:
+def tag_groups(local: Batch, first_row: int) -> Batch:
     """``local`` plus ``group_index`` [B]: a step-wide integer id of each row's prompt group (its ``uid``).
 
-    Rollout group ``g`` numbers its prompts ``g * B_local + k``: unique over the step, no strings sent.
+    A leader whose rows are the step's rows ``first_row ..`` numbers its prompts ``first_row + k``
+    (``k`` < its row count): unique over the step, below the step's row count, no strings sent.
     """
     gid, _ = group_ids(local["uid"], len(local))
-    return local.update({"group_index": gid + group_index * len(local)})
+    return local.update({"group_index": gid + first_row})
 
 
 def _real_lengths(local: Batch) -> torch.Tensor:
@@ -87,12 +106,20 @@ def _real_lengths(local: Batch) -> torch.Tensor:
     return torch.stack([attn[:, :p].sum(1), attn[:, p:].sum(1)], dim=1).long()
 
 
-def gather_shapes(local: Batch | None, placement: Any, rows_per_group: int) -> RowShapes:
-    """Every row's prompt and response length on every rank (one all-gather of small integer tensors)."""
+def gather_shapes(local: Batch | None, placement: Any, group_rows: int | Sequence[int]) -> RowShapes:
+    """Every row's prompt and response length on every rank (one all-gather of small integer tensors).
+
+    ``group_rows``: the rows each rollout group holds (an int: the same in every group).
+    """
     leaders = [g * placement.tensor_parallel_size for g in range(placement.num_groups)]
-    if local is not None and len(local) != rows_per_group:
-        raise ValueError(f"rollout group {placement.group_index} returned {len(local)} rows, expected {rows_per_group}")
-    mine = _real_lengths(local) if local is not None else torch.zeros(rows_per_group, 2, dtype=torch.long)
+    counts = [int(group_rows)] * placement.num_groups if isinstance(group_rows, int) else [int(n) for n in group_rows]
+    expected = counts[placement.group_index]
+    if local is not None and len(local) != expected:
+        raise ValueError(f"rollout group {placement.group_index} returned {len(local)} rows, expected {expected}")
+    width = max(counts)  # the all-gather needs one size: shorter groups pad with zero rows
+    mine = torch.zeros(width, 2, dtype=torch.long)
+    if local is not None:
+        mine[: len(local)] = _real_lengths(local)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         if local is None:
             raise ValueError("a world of one rank must have rolled out (it is its own rollout leader)")
@@ -100,8 +127,8 @@ def gather_shapes(local: Batch | None, placement: Any, rows_per_group: int) -> R
     else:
         table = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(table, mine)
-    rows = torch.cat([table[r] for r in leaders])
-    return RowShapes(rows[:, 0].tolist(), rows[:, 1].tolist(), rows_per_group, leaders)
+    rows = torch.cat([table[r][:n] for r, n in zip(leaders, counts)])
+    return RowShapes(rows[:, 0].tolist(), rows[:, 1].tolist(), counts, leaders)
 
 
 # ----------------------------------------------------------------------------------- plan
@@ -152,7 +179,7 @@ def _pack(local: Batch, rows: Sequence[int], shapes: RowShapes) -> tuple[torch.T
     ints: list[torch.Tensor] = []
     floats: list[torch.Tensor] = []
     for row in rows:
-        i = row % shapes.rows_per_group
+        i = shapes.local_index(row)
         p, r = shapes.prompt[row], shapes.response[row]
         ints += [local["prompts"][i, width - p :], local["responses"][i, :r]]
         for name, dtype in RESPONSE_FIELDS.items():
@@ -312,6 +339,6 @@ def return_rows(
         for row in own:
             r = shapes.response[row]
             for f in fields:
-                out[f][row % shapes.rows_per_group] = buf[at : at + r]
+                out[f][shapes.local_index(row)] = buf[at : at + r]
                 at += r
     return out  # type: ignore[return-value]

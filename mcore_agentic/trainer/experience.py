@@ -26,6 +26,8 @@ from mcore_agentic.algorithms.kl import apply_kl_penalty
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel.stats import Stats
 from mcore_agentic.rewards import score_of
+from mcore_agentic.rewards.config import OverlongBufferConfig
+from mcore_agentic.rewards.overlong import overlong_penalty
 
 
 # ----------------------------------------------------------------------------------- rewards
@@ -40,30 +42,54 @@ def response_texts(batch: Batch, tokenizer: Any) -> list[str]:
 
 
 def score_rollout(
-    batch: Batch, reward_fn: Callable[..., Any], tokenizer: Any, extra_infos: Sequence[dict[str, Any]]
+    batch: Batch,
+    reward_fn: Callable[..., Any],
+    tokenizer: Any,
+    extra_infos: Sequence[dict[str, Any]],
+    *,
+    overlong_buffer: OverlongBufferConfig | None = None,
+    max_response_length: int | None = None,
 ) -> Batch:
-    """``batch`` plus ``seq_scores`` [B] and meta ``rule_score``/``acc``.
+    """``batch`` plus ``seq_scores`` [B], ``truncated`` [B] (1: the response budget cut it) and meta
+    ``rule_score``/``acc``/``overlong_penalty``.
 
     score = rule reward of ``data_source`` + the request's tool rewards + its interaction's final
-    score. ``acc`` is 1 when the rule reward reaches 1.0 (the rule's "correct"), or the rule's own
-    ``acc`` when it returns a dict with one. A failed request scores 0. ``extra_infos``: each
-    row's ``extra_info`` (the dataset's), passed to the reward function as verl does.
+    score + the over-long penalty (``overlong_buffer`` enabled: DAPO's linear penalty over the last
+    ``len`` tokens of ``max_response_length``, on the response's real length). ``acc`` is 1 when the
+    rule reward reaches 1.0 (the rule's "correct"), or the rule's own ``acc`` when it returns a dict
+    with one. A failed request scores 0. ``extra_infos``: each row's ``extra_info`` (the dataset's),
+    passed to the reward function as verl does.
     """
     texts = response_texts(batch, tokenizer)
-    scores, rules, accs = [], [], []
+    penalise = overlong_buffer is not None and overlong_buffer.enable
+    if penalise and max_response_length is None:
+        raise ValueError("the over-long penalty needs max_response_length")
+    lengths = batch["attention_mask"][:, batch["prompts"].shape[1] :].sum(1).tolist()
+    scores, rules, accs, penalties = [], [], [], []
     for i, text in enumerate(texts):
         extra = (batch["request_metrics"][i] or {})
         result = reward_fn(batch["data_source"][i], text, batch["ground_truth"][i], dict(extra_infos[i] or {}))
         rule = score_of(result)
         acc = float(result["acc"]) if isinstance(result, dict) and "acc" in result else float(rule >= 1.0)
         interaction = extra.get("interaction_final_score") or 0.0
-        total = rule + float(batch["tool_rewards"][i] or 0.0) + float(interaction)
+        penalty = 0.0
+        if penalise:
+            assert overlong_buffer is not None and max_response_length is not None
+            penalty = overlong_penalty(
+                int(lengths[i]), max_response_length, overlong_buffer.len, overlong_buffer.penalty_factor
+            )
+        total = rule + float(batch["tool_rewards"][i] or 0.0) + float(interaction) + penalty
         if extra.get("state") == "failed":
-            total, acc = 0.0, 0.0
+            total, acc, penalty = 0.0, 0.0, 0.0
         scores.append(total)
         rules.append(rule)
         accs.append(acc)
-    return batch.update({"seq_scores": torch.tensor(scores, dtype=torch.float32)}, meta={"rule_score": rules, "acc": accs})
+        penalties.append(penalty)
+    truncated = [int(reason == "length") for reason in batch["finish_reason"]]
+    return batch.update(
+        {"seq_scores": torch.tensor(scores, dtype=torch.float32), "truncated": torch.tensor(truncated, dtype=torch.long)},
+        meta={"rule_score": rules, "acc": accs, "overlong_penalty": penalties},
+    )
 
 
 # ----------------------------------------------------------------------------------- advantages
@@ -139,6 +165,7 @@ def rollout_stats(batches: Sequence[Batch]) -> Stats:
     st.add("full_context", [m.get("tokenization_full_context", 0) for m in rm])
     st.add("failed", [float(m.get("state") == "failed") for m in rm])
     st.add("truncated", [float(b["finish_reason"][i] == "length") for b, i in rows])
+    st.add("overlong", [float((b.meta.get("overlong_penalty") or [0.0] * len(b))[i]) for b, i in rows])
     return st
 
 
@@ -162,4 +189,5 @@ def rollout_metrics(st: Stats) -> dict[str, float]:
         "rollout/tokenization_full_context_turns": st.total("full_context"),
         "rollout/failed_requests": st.total("failed"),
         "rollout/truncated": st.mean("truncated"),
+        "reward/overlong_penalty_mean": st.mean("overlong"),
     }

@@ -14,6 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import torch
+import torch.distributed as dist
+
 from mcore_agentic.algorithms.rollout_correction import compute_rollout_correction
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel.stats import Stats, max_over, sum_over
@@ -22,6 +26,7 @@ from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
 from mcore_agentic.trainer.build import Components, model_state_io, tool_schemas
 from mcore_agentic.trainer.distribute import StepPlan, exchange_rows, gather_shapes, plan_step, return_rows, tag_groups
+from mcore_agentic.trainer.dynamic_sampling import GroupPool, allocate, counts_tensor
 from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
 from mcore_agentic.trainer.preemption import StopSignals, TrainingStopped
 from mcore_agentic.trainer.rollout_dump import TRAINER_FIELDS, DumpWriter, dump_rows
@@ -59,6 +64,7 @@ class RLTrainer:
         self.schemas = tool_schemas(c.tools) if self.cfg.rollout.multi_turn.tool_schemas_in_prompt else None
         self.pad_id = int(c.tokenizer.pad_token_id if c.tokenizer.pad_token_id is not None else c.tokenizer.eos_token_id)
         self.state = LoopState()
+        self._batches: Any = iter(())  # the training loader's current epoch (fit() starts it)
         # The SFT warm start re-anchors the reference model: then it is checkpointed too.
         anchored_ref = c.ref if self.cfg.trainer.sft_warmup_steps > 0 else None
         self.writers, self.readers = model_state_io(c.actor, c.critic, anchored_ref)
@@ -98,15 +104,11 @@ class RLTrainer:
             if cfg.val_before_train and self.state.step == 0:
                 self.tracker.log(self.validate(), 0)
             progress = self.progress_factory(self.c.total_steps, self.state.step)
-            batches = iter(self.c.train_loader)
+            self._batches = iter(self.c.train_loader)
             try:
                 while self.state.step < self.c.total_steps:
-                    rows = next(batches, None)
-                    if rows is None:  # epoch boundary: the loader starts the next epoch
-                        batches = iter(self.c.train_loader)
-                        continue
                     step = self.state.step + 1
-                    metrics = self.train_step(rows, step)
+                    metrics = self.train_step(self.next_prompts(), step)
                     self.state.step = step
                     self.state.history.append(metrics["reward/mean"])
                     if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == self.c.total_steps):
@@ -134,12 +136,11 @@ class RLTrainer:
         c, t = self.c, self.timer
         start = time.perf_counter()
         with t.phase("step"):
-            local_rows = c.placement.split_rows(rows)
-            rollout_cfg = dataclasses.replace(self.cfg.rollout, seed=self.rollout_seed(step))
             cache = getattr(c.engine, "cache", None)  # vLLM's prefix-cache counters
             cached_before = (cache.prompt_tokens, cache.cached_tokens) if cache is not None else (0, 0)
             with t.phase("gen"), c.weight_sync:  # enter: the engine gets the actor's current weights
-                local = self.rollout(local_rows, rollout_cfg)  # None off the group's leader
+                # None off the group's leader; dynamic sampling may roll out (and score) several rounds here.
+                local, generated, group_rows, sampling = self.collect(rows, step)
             version = c.weight_sync.version.value  # the weights these rows were sampled with
             sync = c.weight_sync.metrics()
             if cache is not None:
@@ -148,12 +149,8 @@ class RLTrainer:
                 sync["rollout/prefix_cache_hit_rate"] = hits / prompt_tokens if prompt_tokens else 0.0
             if local is not None:  # a timing (so under timing_s/): this rank's rollout group, rank 0's when logged
                 sync["timing_s/rollout_event_loop_max_stall"] = float(local.info.get("rollout/event_loop_max_stall_s", 0.0))
-            with t.phase("reward"):
-                if local is not None:
-                    extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]
-                    local = exp.score_rollout(local, c.reward_fn, c.tokenizer, extra)
             with t.phase("distribute"):  # includes waiting for the slowest group's rollout
-                batch, rollout_stats, num_groups, plan = self.distribute(local, step)
+                batch, rollout_stats, num_groups, plan = self.distribute(local, generated, group_rows, step)
             with t.phase("old_log_prob"):
                 batch = c.actor.compute_log_prob(batch, calculate_entropy=True)
             if c.ref is not None:
@@ -177,11 +174,103 @@ class RLTrainer:
                     c.critic.offload()  # what critic.*_offload names stays off the device until the next step
             if c.critic is None or step > self.cfg.critic.warmup_steps:
                 with t.phase("update_actor"):
-                    actor_batch, corr_metrics = self.rollout_correction(batch)
-                    update_metrics.update(corr_metrics)
+                    actor_batch, loss_metrics = self.actor_batch(batch)
+                    update_metrics.update(loss_metrics)
                     update_metrics.update(prefix("actor/", c.actor.update_policy(actor_batch)))
                 c.weight_sync.version.bump()  # the engine must resync before the next rollout
-        return self.step_metrics(batch, rollout_stats, {**adv_metrics, **update_metrics, **sync}, time.perf_counter() - start)
+        extra = {**adv_metrics, **update_metrics, **sync, **sampling}
+        return self.step_metrics(batch, rollout_stats, extra, time.perf_counter() - start)
+
+    # ----------------------------------------------------------------------------------- rollout
+    def collect(self, rows: list[dict[str, Any]], step: int) -> tuple[Batch | None, list[Batch], list[int], dict[str, float]]:
+        """The step's scored rollout: this rollout group's training rows (None off its leader or when it
+        contributes none), every scored batch it generated (for the step's statistics), the rows each
+        rollout group trains, and the dynamic-sampling metrics.
+
+        Without ``algorithm.filter_groups`` one round of ``rows``; with it, rounds of fresh prompts until
+        the step has ``data.train_batch_size`` informative groups (see :mod:`.dynamic_sampling`).
+        """
+        c, p = self.c, self.c.placement
+        fg = self.cfg.algorithm.filter_groups
+        if not fg.enable:
+            local = self.rollout_scored(rows, step, 0)
+            per_group = [c.sizes.sequences_per_step // p.num_groups] * p.num_groups
+            return local, [local] if local is not None else [], per_group, {}
+        pool = GroupPool(fg.metric)
+        generated: list[Batch] = []
+        table = torch.zeros(p.num_groups, 2, dtype=torch.long)  # (informative, spare) groups per rollout group
+        wanted = self.cfg.data.train_batch_size
+        rounds = prompts = 0
+        while True:
+            if rounds:
+                rows = self.next_prompts()
+            local = self.rollout_scored(rows, step, rounds)
+            rounds += 1
+            prompts += len(rows)
+            mine = torch.zeros_like(table)
+            if local is not None:
+                generated.append(local)
+                mine = counts_tensor(p.num_groups, p.group_index, *pool.add(local))
+            table += sum_over(dist.group.WORLD if dist.is_initialized() else None)(mine)
+            if int(table[:, 0].sum()) >= wanted or (fg.max_num_gen_batches and rounds >= fg.max_num_gen_batches):
+                break
+        informative_groups = int(table[:, 0].sum())
+        take = allocate(table[:, 0].tolist(), min(informative_groups, wanted))
+        fill = allocate(table[:, 1].tolist(), wanted - sum(take))
+        if sum(fill):
+            logger.warning(
+                "step %d: %d sampling rounds found %d of %d informative prompt groups; %d groups without reward "
+                "variance fill the batch (raise algorithm.filter_groups.max_num_gen_batches)",
+                step, rounds, informative_groups, wanted, sum(fill),
+            )
+        n = self.cfg.rollout.n
+        local = None
+        if p.is_leader:
+            local = pool.take(take[p.group_index], fill[p.group_index], self.pad_id)
+        metrics = {
+            "rollout/sampling_rounds": float(rounds),
+            "rollout/prompts_consumed": float(prompts),
+            "rollout/filtered_groups": float(table[:, 1].sum()),
+            "rollout/informative_groups": float(informative_groups),
+            "rollout/filled_groups": float(sum(fill)),
+        }
+        return local, generated, [(a + b) * n for a, b in zip(take, fill)], metrics
+
+    def rollout_scored(self, rows: list[dict[str, Any]], step: int, round_: int) -> Batch | None:
+        """This rollout group's share of ``rows``, rolled out with the seeds of (step, round) and scored; None off its leader."""
+        c = self.c
+        local_rows = c.placement.split_rows(rows)
+        rollout_cfg = dataclasses.replace(self.cfg.rollout, seed=self.rollout_seed(step, round_))
+        local = self.rollout(local_rows, rollout_cfg)
+        if local is None:
+            return None
+        with self.timer.phase("reward"):
+            extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]
+            return exp.score_rollout(
+                local, c.reward_fn, c.tokenizer, extra,
+                overlong_buffer=self.cfg.reward.overlong_buffer, max_response_length=self.cfg.data.max_response_length,
+            )
+
+    def next_prompts(self) -> list[dict[str, Any]]:
+        """The loader's next batch of prompts (the next epoch's first at an epoch's end), the same on every rank."""
+        for _ in range(2):
+            rows = next(self._batches, None)
+            if rows is not None:
+                return rows
+            self._batches = iter(self.c.train_loader)  # epoch boundary: the loader starts the next epoch
+        raise RuntimeError("the training data loader yields no batches")
+
+    def actor_batch(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """The actor's batch: truncated rows out of the policy loss under ``algorithm.overlong_filtering``, then
+        the rollout correction (the critic keeps the batch as it was); plus their metrics."""
+        metrics: dict[str, float] = {}
+        if self.cfg.algorithm.overlong_filtering:
+            truncated = batch["truncated"].bool()
+            st = Stats().add("truncated", truncated.float()).reduce(self.dp_group)
+            metrics["actor/overlong_filtered_fraction"] = st.mean("truncated")
+            batch = batch.update({"response_mask": batch["response_mask"] * (~truncated).long().unsqueeze(-1)})
+        batch, corr = self.rollout_correction(batch)
+        return batch, {**metrics, **corr}
 
     def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The actor's batch under ``algorithm.rollout_correction``: importance weights and the rejection mask
@@ -203,15 +292,17 @@ class RLTrainer:
         """The group that sums over DP replicas (one rank per replica); None with one replica."""
         return self.c.layout.dp_group() if self.c.layout.data_parallel_size > 1 else None
 
-    def distribute(self, local: Batch | None, step: int) -> tuple[Batch, Stats, int, StepPlan]:
-        """This replica's rows of the step (tensors only), the rollout statistics of the whole step, the
-        step's count of prompt-group ids and the plan. The leaders' per-row objects never leave them."""
+    def distribute(
+        self, local: Batch | None, generated: list[Batch], group_rows: list[int], step: int
+    ) -> tuple[Batch, Stats, int, StepPlan]:
+        """This replica's rows of the step (tensors only), the rollout statistics of the whole step (over every
+        ``generated`` row, filtered groups included), the step's count of prompt-group ids and the plan.
+        ``group_rows``: the rows each rollout group trains. The leaders' per-row objects never leave them."""
         c, sizes = self.c, self.c.sizes
         if local is not None:
-            local = tag_groups(local, c.placement.group_index)
-        stats = exp.rollout_stats([local] if local is not None else []).reduce(world=True)
-        rows_per_group = sizes.sequences_per_step // c.placement.num_groups
-        shapes = gather_shapes(local, c.placement, rows_per_group)
+            local = tag_groups(local, sum(group_rows[: c.placement.group_index]))
+        stats = exp.rollout_stats(generated).reduce(world=True)
+        shapes = gather_shapes(local, c.placement, group_rows)
         minis = [sizes.actor.mini_batch_sequences] + ([sizes.critic.mini_batch_sequences] if sizes.critic else [])
         actor = self.cfg.actor
         plan = plan_step(
@@ -219,7 +310,7 @@ class RLTrainer:
             seed=actor.seed + step * SEED_STRIDE if actor.shuffle else None,
         )
         batch = exchange_rows(local, plan, c.layout, self.pad_id)
-        return batch, stats, rows_per_group * c.placement.num_groups, plan
+        return batch, stats, sizes.sequences_per_step, plan
 
     def dump_train(self, local: Batch | None, batch: Batch, plan: StepPlan, step: int, version: int) -> dict[str, float]:
         """Bring the trainer's per-token values of each leader's rows back to it and queue its dump (collective)."""
@@ -256,10 +347,13 @@ class RLTrainer:
             rows, c.engine, c.tools, c.interactions, rollout_cfg, self.chat, c.executor
         )
 
-    def rollout_seed(self, step: int) -> int:
-        """Deterministic per step and rollout group, so a resumed run samples what the uninterrupted one did."""
+    def rollout_seed(self, step: int, round_: int = 0) -> int:
+        """Deterministic per step, sampling round and rollout group, so a resumed run samples what the
+        uninterrupted one did. Round 0 keeps the stride layout; later (dynamic-sampling) rounds hash."""
         base = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.seed
         p = self.c.placement
+        if round_:
+            return int(np.random.SeedSequence([base, step, p.group_index, round_]).generate_state(1)[0])
         return base + (step * p.num_groups + p.group_index) * SEED_STRIDE
 
     def step_metrics(self, batch: Batch, rollout_stats: Stats, extra: dict[str, float], seconds: float) -> dict[str, Any]:

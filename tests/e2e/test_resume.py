@@ -73,9 +73,9 @@ def _noisy(row: dict) -> dict:
     return {k: v for k, v in row.items() if k.startswith(NUMERIC_NOISE)}
 
 
-def _assert_same_run(rows_a: dict, rows_b: dict) -> None:
-    assert sorted(rows_a) == [1, 2, 3] and sorted(rows_b) == [1, 2, 3]
-    for step in (1, 2, 3):
+def _assert_same_run(rows_a: dict, rows_b: dict, steps: tuple[int, ...] = (1, 2, 3)) -> None:
+    assert sorted(rows_a) == list(steps) and sorted(rows_b) == list(steps)
+    for step in steps:
         assert _comparable(rows_b[step]) == _comparable(rows_a[step]), f"step {step} differs after resume"
         assert _noisy(rows_b[step]) == pytest.approx(_noisy(rows_a[step]), abs=1e-5)
 

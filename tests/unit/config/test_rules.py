@@ -100,3 +100,21 @@ def test_error_message_says_how_to_fix():
         validate(_cfg("actor.ppo_micro_batch_size_per_gpu=3"), 2)
     message = str(info.value)
     assert message.startswith("actor.ppo_micro_batch_size_per_gpu: ") and "use a divisor of 8" in message
+
+
+def test_dynamic_sampling_and_overlong_keys_are_checked():
+    assert _field(2, "rollout.n=1", "algorithm.adv_estimator=gae", "algorithm.filter_groups.enable=true") == "rollout.n"
+    assert _field(2, "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=48",
+                  "data.max_response_length=48", "rollout.response_length=48") == "reward.overlong_buffer.len"
+    with pytest.raises(ConfigError) as info:
+        _cfg("algorithm.filter_groups.metric=seq_final_reward")
+    assert info.value.field == "algorithm.filter_groups.metric"
+    with pytest.raises(ConfigError) as info:
+        _cfg("algorithm.filter_groups.max_num_gen_batches=-1")
+    assert info.value.field == "algorithm.filter_groups.max_num_gen_batches"
+    with pytest.raises(ConfigError) as info:
+        _cfg("reward.overlong_buffer.len=0")
+    assert info.value.field == "reward.overlong_buffer.len"
+    ok = _cfg("algorithm.filter_groups.enable=true", "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=8")
+    assert ok.algorithm.filter_groups.enable and ok.reward.overlong_buffer.len == 8
+    validate(ok, 2)

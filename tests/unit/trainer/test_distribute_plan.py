@@ -113,7 +113,7 @@ def _shapes(n: int, rows_per_group: int, leaders: list[int], seed: int = 0) -> R
     return RowShapes(
         prompt=[rng.randint(1, 50) for _ in range(n)],
         response=[rng.randint(0, 400) for _ in range(n)],
-        rows_per_group=rows_per_group,
+        group_rows=[rows_per_group] * len(leaders),
         group_leaders=leaders,
     )
 
@@ -122,6 +122,16 @@ def test_row_shapes():
     shapes = _shapes(6, 3, [0, 4])
     assert shapes.tokens(2) == shapes.prompt[2] + shapes.response[2]
     assert [shapes.source(r) for r in range(6)] == [0, 0, 0, 4, 4, 4]
+    assert [shapes.local_index(r) for r in range(6)] == [0, 1, 2, 0, 1, 2]
+
+
+def test_row_shapes_of_uneven_rollout_groups():
+    # Dynamic sampling: group 0 kept 4 rows, group 1 none, group 2 two.
+    shapes = RowShapes(prompt=[1] * 6, response=[2] * 6, group_rows=[4, 0, 2], group_leaders=[0, 2, 4])
+    assert [shapes.source(r) for r in range(6)] == [0, 0, 0, 0, 4, 4]
+    assert [shapes.local_index(r) for r in range(6)] == [0, 1, 2, 3, 0, 1]
+    with pytest.raises(ValueError, match="do not match rollout groups"):
+        RowShapes(prompt=[1] * 5, response=[2] * 5, group_rows=[4, 0, 2], group_leaders=[0, 2, 4])
 
 
 def test_plan_step_chunks_by_the_gcd_of_rows_and_mini_batches():
@@ -157,6 +167,7 @@ def _rollout(prompts, responses, seed: int = 0) -> Batch:
     b = len(prompts)
     tensors["seq_scores"] = torch.rand(b, generator=gen)
     tensors["group_index"] = torch.randint(0, 100, (b,), generator=gen)
+    tensors["truncated"] = torch.randint(0, 2, (b,), generator=gen)
     return Batch(tensors=tensors, meta={"uid": [f"u{i}" for i in range(b)]}), masks, logps
 
 
@@ -170,10 +181,10 @@ def _shapes_of(batches: list[Batch]) -> RowShapes:
         width = b["prompts"].shape[1]
         p += b["attention_mask"][:, :width].sum(1).tolist()
         r += b["attention_mask"][:, width:].sum(1).tolist()
-    return RowShapes(p, r, rows_per_group=len(batches[0]), group_leaders=[2 * g for g in range(len(batches))])
+    return RowShapes(p, r, group_rows=[len(b) for b in batches], group_leaders=[2 * g for g in range(len(batches))])
 
 
-def _expected(rows, prompts, responses, masks, logps, scores, groups) -> dict[str, torch.Tensor]:
+def _expected(rows, prompts, responses, masks, logps, scores, groups, truncated) -> dict[str, torch.Tensor]:
     out = build_rollout_layout(
         [prompts[r] for r in rows], [responses[r] for r in rows], pad_token_id=PAD,
         response_fields={
@@ -183,6 +194,7 @@ def _expected(rows, prompts, responses, masks, logps, scores, groups) -> dict[st
     )
     out["seq_scores"] = scores[rows]
     out["group_index"] = groups[rows]
+    out["truncated"] = truncated[rows]
     return out
 
 
@@ -200,20 +212,21 @@ def test_pack_unpack_round_trip_one_source():
     rows = [4, 0, 2, 5]  # a subset, out of order; row 2 has no response, row 5 no prompt
     ints, floats = _pack(local, rows, shapes)
     assert ints.dtype == torch.long and floats.dtype == torch.float32
-    # Real tokens only: prompt + response + response_mask + group_index; log-probs + score.
-    assert ints.numel() == sum(shapes.tokens(r) + shapes.response[r] + 1 for r in rows)
+    # Real tokens only: prompt + response + response_mask + group_index + truncated; log-probs + score.
+    assert ints.numel() == sum(shapes.tokens(r) + shapes.response[r] + 2 for r in rows)
     assert floats.numel() == sum(shapes.response[r] + 1 for r in rows)
     got = _unpack({0: (ints, floats)}, rows, shapes, PAD)
-    want = _expected(rows, PROMPTS, RESPONSES, masks, logps, local["seq_scores"], local["group_index"])
+    want = _expected(rows, PROMPTS, RESPONSES, masks, logps, local["seq_scores"], local["group_index"], local["truncated"])
     _assert_same(got, want)
     # Re-padded to the subset's own widths, not the source's.
     assert got["prompts"].shape == (4, 3) and got["responses"].shape == (4, 3)
 
 
-def test_pack_unpack_round_trip_two_sources_interleaved():
-    first, m1, l1 = _rollout(PROMPTS[:3], RESPONSES[:3], seed=1)
-    second, m2, l2 = _rollout(PROMPTS[3:], RESPONSES[3:], seed=2)
-    shapes = _shapes_of([first, second])  # leaders 0 and 2, rows 0-2 and 3-5
+@pytest.mark.parametrize("cut", [3, 4])  # 4: uneven rollout groups (dynamic sampling)
+def test_pack_unpack_round_trip_two_sources_interleaved(cut):
+    first, m1, l1 = _rollout(PROMPTS[:cut], RESPONSES[:cut], seed=1)
+    second, m2, l2 = _rollout(PROMPTS[cut:], RESPONSES[cut:], seed=2)
+    shapes = _shapes_of([first, second])  # leaders 0 and 2, rows 0..cut-1 and cut..5
     rows = [3, 1, 5, 0, 4]
     buffers = {
         src: _pack(local, [r for r in rows if shapes.source(r) == src], shapes)
@@ -222,7 +235,8 @@ def test_pack_unpack_round_trip_two_sources_interleaved():
     got = _unpack(buffers, rows, shapes, PAD)
     scores = torch.cat([first["seq_scores"], second["seq_scores"]])
     groups = torch.cat([first["group_index"], second["group_index"]])
-    want = _expected(rows, PROMPTS, RESPONSES, m1 + m2, l1 + l2, scores, groups)
+    truncated = torch.cat([first["truncated"], second["truncated"]])
+    want = _expected(rows, PROMPTS, RESPONSES, m1 + m2, l1 + l2, scores, groups, truncated)
     _assert_same(got, want)
 
 
@@ -237,16 +251,18 @@ def test_pack_of_no_rows_is_empty():
 def test_gather_shapes_on_one_process():
     local, _, _ = _rollout(PROMPTS, RESPONSES)
     placement = SimpleNamespace(tensor_parallel_size=1, num_groups=1, group_index=0)
-    shapes = gather_shapes(local, placement, rows_per_group=6)
+    shapes = gather_shapes(local, placement, 6)
     assert shapes.prompt == [3, 1, 2, 4, 1, 0] and shapes.response == [2, 5, 0, 1, 3, 2]
-    assert shapes.group_leaders == [0] and shapes.rows_per_group == 6
+    assert shapes.group_leaders == [0] and shapes.group_rows == [6]
     with pytest.raises(ValueError, match="returned 6 rows, expected 4"):
-        gather_shapes(local, placement, rows_per_group=4)
+        gather_shapes(local, placement, 4)
+    with pytest.raises(ValueError, match="returned 6 rows, expected 5"):
+        gather_shapes(local, placement, [5])
 
 
 def test_tag_groups_ids_are_unique_across_rollout_groups():
     uids = ["b", "b", "a", "a"]
-    tagged = [tag_groups(Batch(tensors={"x": torch.zeros(4)}, meta={"uid": list(uids)}), g) for g in range(3)]
+    tagged = [tag_groups(Batch(tensors={"x": torch.zeros(4)}, meta={"uid": list(uids)}), 4 * g) for g in range(3)]
     ids = [t["group_index"].tolist() for t in tagged]
     assert ids[0] == [0, 0, 1, 1]
     assert ids[1] == [4, 4, 5, 5] and ids[2] == [8, 8, 9, 9]
