@@ -8,7 +8,13 @@ import torch
 
 from mcore_agentic.data.batch import Batch, build_rollout_layout
 from mcore_agentic.trainer.dynamic_sampling import (
-    GroupPool, allocate, concat_rollouts, counts_tensor, group_rows, informative, metric_values,
+    GroupPool,
+    allocate,
+    concat_rollouts,
+    counts_tensor,
+    group_rows,
+    informative,
+    metric_values,
 )
 
 PAD = 0
