@@ -253,6 +253,18 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
             "=1 but algorithm.filter_groups.enable=true keeps the prompt groups whose samples differ: "
             "set rollout.n to 2 or more, or turn filtering off",
         )
+    if cfg.rollout.partial_rollout.enable:
+        require(
+            not cfg.algorithm.filter_groups.enable,
+            "rollout.partial_rollout.enable",
+            "=true together with algorithm.filter_groups.enable=true is not supported yet: turn one off",
+        )
+        require(
+            cfg.rollout.multi_turn.enable,
+            "rollout.partial_rollout.enable",
+            "=true pauses requests between assistant turns; single-turn rollouts have none: set "
+            "rollout.multi_turn.enable=true or turn partial rollouts off",
+        )
     buffer = cfg.reward.overlong_buffer
     if buffer.enable:
         require(

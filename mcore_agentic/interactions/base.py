@@ -9,6 +9,7 @@ interaction by name (``interaction_kwargs.name``), see
 
 from __future__ import annotations
 
+import copy
 import uuid
 from typing import Any, Protocol, runtime_checkable
 
@@ -72,6 +73,16 @@ class BaseInteraction:
     async def finalize_interaction(self, instance_id: str, **kwargs: Any) -> None:
         """Free per-request state; safe for unknown ids."""
         self._instances.pop(instance_id, None)
+
+    # -- partial rollouts: a paused request's state in a checkpoint ---------------------------------
+    def export_state(self, instance_id: str) -> Any:
+        """The instance's state as plain (picklable) data; subclasses keeping state elsewhere override both."""
+        return copy.deepcopy(self._instances.get(instance_id))
+
+    def import_state(self, instance_id: str, state: Any) -> None:
+        """Restore what :meth:`export_state` returned, into an instance just re-created with the same id."""
+        if state is not None:
+            self._instances[instance_id] = copy.deepcopy(state)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

@@ -72,6 +72,10 @@ class AgentContext:
     interactions: Mapping[str, Any] = field(default_factory=dict)
     cpu_pool: Executor | None = None
     """Threads for rendering, tokenizing and the sanity check (None: on the event loop)."""
+    weight_version: int = 0
+    """The engine's weight version: recorded on every token sampled in this rollout."""
+    turn_budget: int | None = None
+    """Partial rollouts: assistant turns a request may take in this rollout before it pauses (None: no limit)."""
 
 
 @dataclass
@@ -96,13 +100,26 @@ class AgentSession:
         self.num_prompt_messages = len(request.messages)
         self.tokens: ConversationTokenizer | None = None
         self.max_len = min(ctx.cfg.prompt_length + ctx.cfg.response_length, ctx.cfg.effective_max_model_len)
+        self.paused = False
+        self.turns_this_run = 0
 
     async def run(self) -> RolloutRequest:
+        """Run the request until it ends, or, under a turn budget, until it pauses at a turn boundary.
+
+        A paused session (:attr:`paused`) keeps its tool instances and interaction; calling ``run`` again
+        (with a new :attr:`ctx`: the next step's engine and weights) continues where it stopped.
+        """
         req = self.req
+        self.paused = False
+        self.turns_this_run = 0
         try:
-            req.transition(RequestState.RUNNING)
-            await self._start()
+            if req.state is RequestState.PENDING:
+                req.transition(RequestState.RUNNING)
+                await self._start()
             reason = await self._turns()
+            if reason is None:
+                self.paused = True
+                return req
             await self._score()
             await self._cpu(self._sanity_check, reason)
             req.complete(reason)
@@ -111,7 +128,8 @@ class AgentSession:
                 req.fail(f"{type(exc).__name__}: {exc}")
             logger.warning("rollout request %s failed: %s: %s", req.request_id, type(exc).__name__, exc)
         finally:
-            await self._release()
+            if not self.paused:
+                await self.release()
         return req
 
     async def _cpu(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -176,17 +194,21 @@ class AgentSession:
 
     # -- turns --------------------------------------------------------------------------------------
 
-    async def _turns(self) -> FinishReason:
+    async def _turns(self) -> FinishReason | None:
+        """Turns until the request ends (its finish reason), or None when the rollout's turn budget pauses it."""
         req, chat, mt = self.req, self.ctx.chat, self.mt
         traj = req.trajectory
         while True:
             budget = min(self.ctx.cfg.response_length - traj.response_len, self.max_len - len(traj))
             if budget <= 0:
                 return FinishReason.LENGTH
+            if self.ctx.turn_budget is not None and self.turns_this_run >= self.ctx.turn_budget:
+                return None  # at a turn boundary: every environment reply is in, the next turn is the model's
+            self.turns_this_run += 1
             out = await self._generate(budget)
             req.metrics.assistant_turns += 1
             ids, log_probs = out.token_ids[:budget], out.log_probs[:budget]
-            traj.append(ids, sampled=True, log_probs=log_probs)
+            traj.append(ids, sampled=True, log_probs=log_probs, version=self.ctx.weight_version)
             if out.finish_reason == "abort":
                 return FinishReason.ABORTED
             ended = bool(ids) and ids[-1] in chat.stop_token_ids
@@ -361,7 +383,78 @@ class AgentSession:
         req.metrics.sanity_check_mismatch = int(bool(diffs))
         req.sanity_check_diffs = diffs
 
-    async def _release(self) -> None:
+    # -- pause / checkpoint --------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """A paused session as plain data (pickled into checkpoints): the request, the incremental tokenizer's
+        state and each tool instance's and the interaction's exported state. :meth:`restore` inverts it."""
+        if not self.paused:
+            raise RuntimeError(f"request {self.req.request_id} is not paused: only a paused session is snapshotted")
+        tools = {}
+        for name, inst in self.instances.items():
+            export = getattr(inst.tool, "export_state", None)
+            if export is None:
+                raise TypeError(
+                    f"tool {name!r} ({type(inst.tool).__name__}) has no export_state(instance_id): a checkpoint cannot "
+                    "hold its in-flight instances; derive it from BaseTool or add export_state/import_state"
+                )
+            tools[name] = {"instance_id": inst.instance_id, "kwargs": inst.kwargs, "state": export(inst.instance_id)}
+        interaction = None
+        if self.interaction is not None:
+            export = getattr(self.interaction, "export_state", None)
+            if export is None:
+                raise TypeError(f"interaction {type(self.interaction).__name__} has no export_state(instance_id)")
+            interaction = {"instance_id": self.interaction_id, "state": export(self.interaction_id)}
+        tokens = self.tokens
+        assert tokens is not None
+        return {
+            "request": self.req,
+            "tokens": {"prompt": tokens.prompt, "tools": tokens.tools, "texts": list(tokens._texts),
+                       "used_fallback": tokens.used_fallback, "paths": dict(tokens.paths)},
+            "schemas": self.schemas,
+            "argument_schemas": self.argument_schemas,
+            "num_prompt_messages": self.num_prompt_messages,
+            "tools": tools,
+            "interaction": interaction,
+        }
+
+    @classmethod
+    async def restore(cls, snap: dict[str, Any], ctx: AgentContext) -> AgentSession:
+        """The paused session ``snap`` describes, its tool instances and interaction re-created in their saved state."""
+        from mcore_agentic.interactions.registry import select_interaction
+        from mcore_agentic.rollout.tokenization import ConversationTokenizer
+
+        req: RolloutRequest = snap["request"]
+        session = cls(req, ctx)
+        session.num_prompt_messages = snap["num_prompt_messages"]
+        session.schemas = snap["schemas"]
+        session.argument_schemas = snap["argument_schemas"]
+        for name, saved in snap["tools"].items():
+            if name not in ctx.tools:
+                raise RequestDataError(f"a paused request uses tool {name!r}, which this run does not configure")
+            tool = ctx.tools[name]
+            create = (saved["kwargs"].get("create_kwargs") or {})
+            instance_id = await tool.create(instance_id=saved["instance_id"], **create)
+            tool.import_state(instance_id, saved["state"])
+            session.instances[name] = _ToolInstance(tool, instance_id, saved["kwargs"])
+        if snap["interaction"] is not None:
+            session.interaction = select_interaction(ctx.interactions, req.interaction_kwargs)
+            saved = snap["interaction"]
+            kwargs = {k: v for k, v in req.interaction_kwargs.items() if k != "name"}
+            session.interaction_id = await session.interaction.start_interaction(instance_id=saved["instance_id"], **kwargs)
+            session.interaction.import_state(session.interaction_id, saved["state"])
+        t = snap["tokens"]
+        tokens = ConversationTokenizer(ctx.chat, t["prompt"], tools=t["tools"])
+        tokens._texts = list(t["texts"])
+        tokens.used_fallback = t["used_fallback"]
+        tokens.paths.update(t["paths"])
+        session.tokens = tokens
+        session.paused = True
+        return session
+
+    async def release(self) -> None:
+        """Release the request's tool instances and finalize its interaction (at its end, or when a paused
+        session is dropped)."""
         for name, inst in self.instances.items():
             try:
                 await inst.tool.release(inst.instance_id, **(inst.kwargs.get("release_kwargs") or {}))

@@ -106,6 +106,36 @@ class MultiTurnConfig:
 
 
 @dataclass(frozen=True)
+class PartialRolloutConfig:
+    """Partial rollouts (``rollout.partial_rollout``, slime/Kimi style): the step does not wait for the long tail.
+
+    Each step every live request takes at most ``max_turns_per_step`` assistant turns per round; one that
+    needs more pauses at the turn boundary (its tool replies in, the next turn the model's) and resumes in
+    the next round or step, with the weights of then: each token records the weight version that sampled
+    it, and ``algorithm.rollout_correction`` corrects for the policy change. Rounds run until
+    ``data.train_batch_size`` prompt groups are complete; the oldest complete groups train. Requests that
+    pause are kept with their tool instances and interactions, and in checkpoints. The budget counts turns,
+    not seconds, so a resumed run reproduces the uninterrupted one. When to use: multi-turn tasks whose
+    turn count is long-tailed (``rollout/num_turns_max`` far above the mean)."""
+
+    enable: bool = False
+    """Pause requests at the per-step turn budget instead of waiting for them."""
+    max_turns_per_step: int = 4
+    """Assistant turns a request may take per round before it pauses: at or above a typical request's turns, so
+    that only the long tail pauses."""
+    over_sampling_batches: int = 1
+    """Extra ``data.train_batch_size`` batches of prompts kept in flight, so that a step finds enough complete
+    groups without waiting for the paused ones: a step starts a new batch of prompts, and more while fewer than
+    ``1 + over_sampling_batches`` batches of groups are in flight."""
+
+    def __post_init__(self) -> None:
+        require(self.max_turns_per_step >= 1, "rollout.partial_rollout.max_turns_per_step",
+                f"must be >= 1, got {self.max_turns_per_step}")
+        require(self.over_sampling_batches >= 0, "rollout.partial_rollout.over_sampling_batches",
+                f"must be >= 0, got {self.over_sampling_batches}")
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """Sampling and engine settings for generating trajectories (``rollout.*``)."""
 
@@ -142,6 +172,8 @@ class RolloutConfig:
     On GPUs ``gpu_memory_utilization`` decides."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Tool calls and interactions."""
+    partial_rollout: PartialRolloutConfig = field(default_factory=PartialRolloutConfig)
+    """Pause long requests at a per-step turn budget and resume them next step (``rollout.partial_rollout.*``)."""
 
     def __post_init__(self) -> None:
         require(self.name in ENGINES, "rollout.name", f"unknown engine {self.name!r}; use one of {list(ENGINES)}")

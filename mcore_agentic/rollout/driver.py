@@ -89,38 +89,57 @@ async def generate_sequences(
     every tool that accepts one. Rendering, tokenizing and the sanity check run on
     ``rollout.multi_turn.tokenizer_threads`` threads (0: on the event loop).
     """
+    requests = build_requests(rows, cfg)
+    ctx = rollout_context(engine, tools, interactions, cfg, tokenizer, executor)
+    try:
+        async with LoopStallMonitor() as monitor:
+            await asyncio.gather(*(run_request(r, ctx) for r in requests))
+    finally:
+        close_context(ctx)
+    batch = finish_batch(requests, cfg, ctx.chat)
+    batch.info["rollout/event_loop_max_stall_s"] = monitor.max_stall_s
+    return batch
+
+
+def rollout_context(
+    engine: RolloutEngine,
+    tools: Mapping[str, Any] | None,
+    interactions: Mapping[str, Any] | None,
+    cfg: RolloutConfig,
+    tokenizer: Any,
+    executor: Any = None,
+    **extra: Any,
+) -> AgentContext:
+    """What one rollout's requests share: the engine, tokenizer, parser, tools (bound to ``executor``) and
+    a CPU pool of ``rollout.multi_turn.tokenizer_threads`` threads (:func:`close_context` shuts it down).
+    ``extra``: further :class:`AgentContext` fields (the weight version, a turn budget)."""
     chat = tokenizer if isinstance(tokenizer, ChatTokenizer) else ChatTokenizer(tokenizer)
     tools = dict(tools or {})
     if executor is not None:
         for tool in tools.values():
             if hasattr(tool, "bind_executor"):
                 tool.bind_executor(executor)
-    requests = build_requests(rows, cfg)
     threads = cfg.multi_turn.tokenizer_threads
     pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="rollout-cpu") if threads else None
-    ctx = AgentContext(
-        engine=engine,
-        chat=chat,
-        cfg=cfg,
-        parser=get_tool_parser(cfg.multi_turn.format),
-        tools=tools,
-        interactions=dict(interactions or {}),
-        cpu_pool=pool,
+    return AgentContext(
+        engine=engine, chat=chat, cfg=cfg, parser=get_tool_parser(cfg.multi_turn.format), tools=tools,
+        interactions=dict(interactions or {}), cpu_pool=pool, **extra,
     )
-    try:
-        async with LoopStallMonitor() as monitor:
-            await asyncio.gather(*(run_request(r, ctx) for r in requests))
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def close_context(ctx: AgentContext) -> None:
+    if ctx.cpu_pool is not None:
+        ctx.cpu_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def finish_batch(requests: Sequence[RolloutRequest], cfg: RolloutConfig, chat: ChatTokenizer) -> Batch:
+    """Ended requests -> their batch; sanity-check mismatches are logged (the first in full)."""
     mismatched = [r for r in requests if r.metrics.sanity_check_mismatch]
     if mismatched:
         log_mismatch(mismatched[0].request_id, mismatched[0].sanity_check_diffs)
         if len(mismatched) > 1:
             logger.warning("%d of %d trajectories differ from their template render", len(mismatched), len(requests))
-    batch = collate(requests, cfg, pad_token_id=_pad_id(chat.tokenizer))
-    batch.info["rollout/event_loop_max_stall_s"] = monitor.max_stall_s
-    return batch
+    return collate(requests, cfg, pad_token_id=_pad_id(chat.tokenizer))
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -147,6 +166,8 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
             "rollout_log_probs": ([t.response_log_probs for t in trajs], torch.float32),
         },
     )
+    # The oldest weight version that sampled a row's tokens (partial rollouts resume across versions; -1: none).
+    oldest = [min((v for v in t.response_versions if v >= 0), default=-1) for t in trajs]
     meta = {
         "messages": [r.messages for r in requests],
         "uid": [r.uid for r in requests],
@@ -158,6 +179,7 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
         "finish_reason": [r.finish_reason.value if r.finish_reason else "aborted" for r in requests],
         "request_metrics": [_request_metrics(r) for r in requests],
         "tool_log": [list(r.tool_log) for r in requests],
+        "oldest_version": oldest,
     }
     failed = sum(r.state is RequestState.FAILED for r in requests)
     aborted = sum(r.state is RequestState.COMPLETED and r.finish_reason is FinishReason.ABORTED for r in requests)
@@ -206,13 +228,18 @@ def generate_sequences_sync(
     loop; inside an already running loop (Ray actors, notebooks), where ``asyncio.run`` is not
     allowed, on a fresh loop in a helper thread.
     """
-    rollout = generate_sequences(rows, engine, tools, interactions, cfg, tokenizer, executor)
+    return run_sync(generate_sequences(rows, engine, tools, interactions, cfg, tokenizer, executor), engine)
+
+
+def run_sync(coro: Any, engine: Any = None) -> Any:
+    """Run a rollout coroutine from synchronous code, on ``engine.event_loop`` when the engine has one
+    (see :func:`generate_sequences_sync`)."""
     loop = getattr(engine, "event_loop", None)
     if loop is not None:
-        return loop.run_until_complete(rollout)
+        return loop.run_until_complete(coro)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(rollout)
+        return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, rollout).result()
+        return pool.submit(asyncio.run, coro).result()

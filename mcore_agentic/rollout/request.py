@@ -5,7 +5,7 @@ A :class:`RolloutRequest` moves ``pending -> running -> (tool_calling | interact
 one the engine aborted, keeps its row but trains on nothing (its loss mask is all 0). Illegal moves
 raise :class:`IllegalTransition` (they are bugs in the loop, not model errors).
 The :class:`Trajectory` holds the token ids in sequence order with a parallel loss
-mask and rollout logprobs; :meth:`Trajectory.append` is the only way to grow it, so
+mask, rollout logprobs and sampling weight versions; :meth:`Trajectory.append` is the only way to grow it, so
 the lists never drift apart, and :meth:`Trajectory.truncate` cuts them together.
 """
 
@@ -90,6 +90,9 @@ class Trajectory:
     ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """The weight version that sampled each token (-1 on prompt and environment tokens): a partial rollout's
+    segments keep the version they were sampled with."""
     prompt_len: int = 0
 
     def __len__(self) -> int:
@@ -116,6 +119,10 @@ class Trajectory:
         return self.log_probs[self.prompt_len :]
 
     @property
+    def response_versions(self) -> list[int]:
+        return self.versions[self.prompt_len :]
+
+    @property
     def attention_mask(self) -> list[int]:
         return [1] * len(self.ids)
 
@@ -130,16 +137,19 @@ class Trajectory:
         self.append(ids, sampled=False)
         self.prompt_len = len(ids)
 
-    def append(self, ids: list[int], *, sampled: bool, log_probs: list[float] | None = None) -> None:
-        """Add a segment: engine-sampled (mask 1, ``log_probs`` required) or environment (mask 0)."""
+    def append(self, ids: list[int], *, sampled: bool, log_probs: list[float] | None = None, version: int = 0) -> None:
+        """Add a segment: engine-sampled (mask 1, ``log_probs`` required, sampled by weight ``version``) or
+        environment (mask 0)."""
         if sampled:
             if log_probs is None or len(log_probs) != len(ids):
                 raise ValueError(f"sampled segment of {len(ids)} ids needs as many log_probs, got {log_probs!r:.80}")
             self.log_probs.extend(map(float, log_probs))
+            self.versions.extend([int(version)] * len(ids))
         else:
             if log_probs is not None:
                 raise ValueError("environment tokens carry no log_probs")
             self.log_probs.extend([0.0] * len(ids))
+            self.versions.extend([-1] * len(ids))
         self.ids.extend(map(int, ids))
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
 
@@ -151,7 +161,7 @@ class Trajectory:
         """Keep the first ``length`` tokens (ids, mask and logprobs together)."""
         if length < self.prompt_len:
             raise ValueError(f"cannot cut into the prompt ({self.prompt_len} tokens) to length {length}")
-        del self.ids[length:], self.loss_mask[length:], self.log_probs[length:]
+        del self.ids[length:], self.loss_mask[length:], self.log_probs[length:], self.versions[length:]
 
 
 @dataclass

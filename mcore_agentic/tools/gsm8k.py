@@ -10,6 +10,7 @@ Also home to the small GSM8K answer helpers the interaction reuses.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -123,3 +124,11 @@ class GSM8KTool(BaseTool):
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         await super().release(instance_id)
         self._state.pop(instance_id, None)
+
+    def export_state(self, instance_id: str) -> Any:
+        return {"base": super().export_state(instance_id), "state": copy.deepcopy(self._state.get(instance_id))}
+
+    def import_state(self, instance_id: str, state: Any) -> None:
+        super().import_state(instance_id, state["base"])
+        if state["state"] is not None:
+            self._state[instance_id] = copy.deepcopy(state["state"])

@@ -68,6 +68,25 @@ def allocate(available: Sequence[int], wanted: int) -> list[int]:
     return out
 
 
+def allocate_even(available: Sequence[int], wanted: int) -> list[int]:
+    """``wanted`` groups taken as evenly as ``available`` allows over the rollout groups (water-filling; the
+    remainder goes to the first ones): no leader's groups wait while another's train (partial rollouts)."""
+    take = [0] * len(available)
+    left = wanted
+    while left:
+        open_ = [g for g, n in enumerate(available) if take[g] < n]
+        if not open_:
+            raise ValueError(f"{wanted} groups wanted but only {sum(available)} available")
+        share = max(1, left // len(open_))
+        for g in open_:
+            add = min(share, int(available[g]) - take[g], left)
+            take[g] += add
+            left -= add
+            if not left:
+                break
+    return take
+
+
 def concat_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:
     """Rows of rollout batches with different padded widths, in order, re-padded to the widest."""
     batches = [b for b in batches if len(b)]

@@ -21,12 +21,13 @@ import torch.distributed as dist
 from mcore_agentic.algorithms.rollout_correction import compute_rollout_correction
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel.stats import Stats, max_over, sum_over
-from mcore_agentic.rollout.driver import generate_sequences_sync
+from mcore_agentic.rollout.driver import close_context, finish_batch, generate_sequences_sync, rollout_context, run_sync
+from mcore_agentic.rollout.partial import RolloutBuffer
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
 from mcore_agentic.trainer.build import Components, model_state_io, tool_schemas
 from mcore_agentic.trainer.distribute import StepPlan, exchange_rows, gather_shapes, plan_step, return_rows, tag_groups
-from mcore_agentic.trainer.dynamic_sampling import GroupPool, allocate, counts_tensor
+from mcore_agentic.trainer.dynamic_sampling import GroupPool, allocate, allocate_even, counts_tensor
 from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
 from mcore_agentic.trainer.preemption import StopSignals, TrainingStopped
 from mcore_agentic.trainer.rollout_dump import TRAINER_FIELDS, DumpWriter, dump_rows
@@ -73,6 +74,11 @@ class RLTrainer:
         self.timer = PhaseTimer(on_end=self.gpu.phase_end if self.gpu.enabled else None)
         if self.gpu.enabled and hasattr(c.weight_sync, "gpu"):
             c.weight_sync.gpu = self.gpu
+        # Partial rollouts: each rollout leader's groups in flight across steps (checkpointed with the models).
+        self.buffer = RolloutBuffer() if self.cfg.rollout.partial_rollout.enable and c.placement.is_leader else None
+        if self.cfg.rollout.partial_rollout.enable:
+            self.writers["rollout_buffer"] = self._save_buffer
+            self.readers["rollout_buffer"] = self._load_buffer
         self.sft_summary: dict[str, float] = {}
         self.stop = StopSignals([])  # replaced by the installed one in fit()
         t = self.cfg.trainer
@@ -84,9 +90,47 @@ class RLTrainer:
         )
 
     def close(self) -> None:
-        """Finish writing queued trajectory dumps."""
+        """Finish writing queued trajectory dumps; release the paused requests' tools and interactions."""
         if self.dump_writer is not None:
             self.dump_writer.close()
+        if self.buffer is not None:
+            run_sync(self.buffer.close(), self.c.engine)
+
+    def _buffer_file(self, directory: Any) -> Any:
+        from pathlib import Path
+
+        return Path(directory) / f"group_{self.c.placement.group_index:05d}.pkl"
+
+    def _save_buffer(self, directory: Any) -> None:
+        """Checkpoint writer: each rollout leader pickles its buffer (paused sessions with their tools' state)."""
+        if self.buffer is None:
+            return
+        import pickle
+
+        self._buffer_file(directory).write_bytes(pickle.dumps(self.buffer.snapshot(), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _load_buffer(self, directory: Any) -> None:
+        """Checkpoint reader: the leader's buffer, its paused sessions' tool instances and interactions re-created."""
+        if self.buffer is None:
+            return
+        import pickle
+
+        from mcore_agentic.config.errors import ConfigError
+
+        path = self._buffer_file(directory)
+        if not path.is_file():
+            raise ConfigError(
+                "rollout.partial_rollout.enable",
+                f"{path} is missing: the checkpoint was written by another number of rollout groups or without "
+                "partial rollouts; resume with the same layout",
+            )
+        c = self.c
+        snap = pickle.loads(path.read_bytes())  # noqa: S301 -- the run's own checkpoint, verified by its manifest
+        ctx = rollout_context(c.engine, c.tools, c.interactions, self.cfg.rollout, self.chat, c.executor)
+        try:
+            self.buffer = run_sync(RolloutBuffer.restore(snap, ctx), c.engine)
+        finally:
+            close_context(ctx)
 
     # ----------------------------------------------------------------------------------- run
     def fit(self) -> LoopState:
@@ -191,6 +235,8 @@ class RLTrainer:
         the step has ``data.train_batch_size`` informative groups (see :mod:`.dynamic_sampling`).
         """
         c, p = self.c, self.c.placement
+        if self.cfg.rollout.partial_rollout.enable:
+            return self.collect_partial(rows, step)
         fg = self.cfg.algorithm.filter_groups
         if not fg.enable:
             local = self.rollout_scored(rows, step, 0)
@@ -235,6 +281,83 @@ class RLTrainer:
             "rollout/filled_groups": float(sum(fill)),
         }
         return local, generated, [(a + b) * n for a, b in zip(take, fill)], metrics
+
+    def collect_partial(
+        self, rows: list[dict[str, Any]], step: int
+    ) -> tuple[Batch | None, list[Batch], list[int], dict[str, float]]:
+        """:meth:`collect` under ``rollout.partial_rollout``: start this step's prompts (and more while fewer than
+        ``1 + over_sampling_batches`` batches of groups are in flight), run rounds of at most
+        ``max_turns_per_step`` turns per request until ``data.train_batch_size`` groups are complete over the
+        rollout groups, and train the oldest complete ones, shared evenly over the leaders (see
+        :mod:`mcore_agentic.rollout.partial`)."""
+        c, p = self.c, self.c.placement
+        pr = self.cfg.rollout.partial_rollout
+        wanted = self.cfg.data.train_batch_size
+        world = sum_over(dist.group.WORLD if dist.is_initialized() else None)
+        buf = self.buffer
+        held = int(world(torch.tensor([len(buf) if buf is not None else 0]))[0])
+        batches = [rows]
+        while held + len(batches) * wanted < (1 + pr.over_sampling_batches) * wanted:
+            batches.append(self.next_prompts())
+        version = c.weight_sync.version.value
+        ctx = None
+        if buf is not None:
+            ctx = rollout_context(c.engine, c.tools, c.interactions, self.cfg.rollout, self.chat, c.executor,
+                                  weight_version=version, turn_budget=pr.max_turns_per_step)
+            for k, b in enumerate(batches):
+                buf.add(p.split_rows(b), dataclasses.replace(self.cfg.rollout, seed=self.rollout_seed(step, k)), ctx, step)
+        rounds, resumed, stall = 0, 0, 0.0
+        try:
+            while True:
+                mine = torch.zeros(p.num_groups, 2, dtype=torch.long)
+                if buf is not None:
+                    assert ctx is not None
+                    report = run_sync(buf.run(ctx), c.engine)
+                    resumed += report.resumed if rounds == 0 else 0  # paused in an earlier step, resumed now
+                    stall = max(stall, report.stall_s)
+                    mine[p.group_index] = torch.tensor([buf.complete_groups, buf.live_sessions])
+                rounds += 1
+                table = world(mine)
+                if int(table[:, 0].sum()) >= wanted or int(table[:, 1].sum()) == 0:
+                    break
+        finally:
+            if ctx is not None:
+                close_context(ctx)
+        take = allocate_even(table[:, 0].tolist(), wanted)
+        local, oldest, stale = None, [], torch.zeros(2, dtype=torch.float64)
+        if buf is not None and take[p.group_index]:
+            requests = buf.take(take[p.group_index])
+            for r in requests:
+                sampled = [v for v in r.trajectory.response_versions if v >= 0]
+                stale += torch.tensor([sum(v < version for v in sampled), len(sampled)], dtype=torch.float64)
+            local = self.score(finish_batch(requests, self.cfg.rollout, self.chat), requests)
+            local.info["rollout/event_loop_max_stall_s"] = stall
+            oldest = [v for v in local["oldest_version"] if v >= 0]
+        stale = world(stale)
+        age = max_over(dist.group.WORLD if dist.is_initialized() else None)(
+            torch.tensor([float(version - min(oldest)) if oldest else 0.0]))
+        after = world(torch.tensor([float(len(buf)) if buf is not None else 0.0,
+                                    float(buf.live_sessions) if buf is not None else 0.0, float(resumed)]))
+        metrics = {
+            "rollout/partial_rounds": float(rounds),
+            "rollout/partial_prompts_started": float(len(batches) * wanted),
+            "rollout/partial_resumed": float(after[2]),
+            "rollout/partial_paused": float(after[1]),
+            "rollout/partial_buffered_groups": float(after[0]),
+            "rollout/oldest_token_age": float(age[0]),
+            "rollout/stale_token_fraction": float(stale[0] / stale[1]) if stale[1] else 0.0,
+        }
+        n = self.cfg.rollout.n
+        return local, [local] if local is not None else [], [t * n for t in take], metrics
+
+    def score(self, batch: Batch, requests: list[Any]) -> Batch:
+        """Score a leader's rollout batch (its requests' ``extra_info`` go to the reward function)."""
+        c = self.c
+        with self.timer.phase("reward"):
+            return exp.score_rollout(
+                batch, c.reward_fn, c.tokenizer, [r.extra_info for r in requests],
+                overlong_buffer=self.cfg.reward.overlong_buffer, max_response_length=self.cfg.data.max_response_length,
+            )
 
     def rollout_scored(self, rows: list[dict[str, Any]], step: int, round_: int) -> Batch | None:
         """This rollout group's share of ``rows``, rolled out with the seeds of (step, round) and scored; None off its leader."""
@@ -443,6 +566,8 @@ class RLTrainer:
             "loop": dataclasses.asdict(self.state),
             "dataloader": self.c.train_loader.state_dict(),
             "kl_coef": float(self.c.kl_ctrl.value),
+            # Partial rollouts record the version that sampled each token: it must continue, not restart.
+            "weight_version": int(self.c.weight_sync.version.value),
         }
         from mcore_agentic.config.walk import to_dict
 
@@ -463,6 +588,7 @@ class RLTrainer:
         self.state = LoopState(**s["loop"])
         self.c.train_loader.load_state_dict(s["dataloader"])
         self.c.kl_ctrl.value = s["kl_coef"]
+        self.c.weight_sync.version.value = int(s.get("weight_version", self.state.step + int(self.state.sft_done)))
         self.tracker.continue_after(self.state.step)  # the steps after it are re-run: each is logged once
         self.timer.pop()
         if self.c.layout.rank == 0:

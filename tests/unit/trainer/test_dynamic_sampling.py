@@ -95,3 +95,15 @@ def test_pool_keeps_informative_groups_first_then_spares_in_round_order():
     filled = pool.take(1, 2, PAD)  # one informative group, then the spares in round order
     assert filled["uid"] == ["y", "y", "x", "x", "w", "w"]
     assert pool.take(0, 0, PAD) is None
+
+
+def test_allocate_even_spreads_groups_over_rollout_groups():
+    from mcore_agentic.trainer.dynamic_sampling import allocate_even
+
+    assert allocate_even([5, 5], 4) == [2, 2]
+    assert allocate_even([1, 5, 5], 6) == [1, 3, 2]  # the first runs out; the rest share what is left
+    assert allocate_even([3, 3], 5) == [3, 2]
+    assert allocate_even([0, 7], 4) == [0, 4]
+    assert allocate_even([2, 2], 0) == [0, 0]
+    with pytest.raises(ValueError, match="5 groups wanted but only 4"):
+        allocate_even([2, 2], 5)

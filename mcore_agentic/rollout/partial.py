@@ -1,0 +1,137 @@
+"""Partial rollouts: a rollout leader's prompt groups in flight across steps (``rollout.partial_rollout``).
+
+A :class:`RolloutBuffer` holds, oldest first, every prompt group this leader has started and not yet
+handed to training: each group's ``n`` sessions are ended (completed or failed), or paused at a turn
+boundary with their tool instances and interaction alive. :meth:`RolloutBuffer.run` gives every live
+session one round of at most ``turn_budget`` assistant turns with the current engine and weights;
+:meth:`RolloutBuffer.take` removes the oldest complete groups for training. Nothing is ever dropped:
+a request leaves the buffer only in a trained group (or at :meth:`RolloutBuffer.close`, released).
+
+:meth:`RolloutBuffer.snapshot` / :meth:`RolloutBuffer.restore` carry the buffer through a checkpoint
+(pickled: rows' ``extra_info`` may hold any Python data); paused tools and interactions are re-created
+with their instance ids and their exported state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mcore_agentic.rollout.agent_loop import AgentContext, AgentSession
+from mcore_agentic.rollout.config import RolloutConfig
+from mcore_agentic.rollout.loop_monitor import LoopStallMonitor
+from mcore_agentic.rollout.request import RolloutRequest
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass
+class BufferedGroup:
+    """One prompt's ``n`` sessions and the step that started them."""
+
+    uid: str
+    born: int
+    sessions: list[AgentSession]
+
+    @property
+    def complete(self) -> bool:
+        return all(s.req.done for s in self.sessions)
+
+
+@dataclass
+class RoundReport:
+    """What one :meth:`RolloutBuffer.run` did."""
+
+    resumed: int
+    """Sessions that had paused before this round and ran again in it."""
+    paused: int
+    """Sessions paused at the end of the round."""
+    stall_s: float
+    """The event loop's longest stall in the round (see :class:`LoopStallMonitor`)."""
+
+
+class RolloutBuffer:
+    """A rollout leader's prompt groups in flight, oldest first (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.groups: list[BufferedGroup] = []
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    @property
+    def complete_groups(self) -> int:
+        return sum(g.complete for g in self.groups)
+
+    @property
+    def live_sessions(self) -> int:
+        return sum(not s.req.done for g in self.groups for s in g.sessions)
+
+    def add(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig, ctx: AgentContext, step: int) -> None:
+        """Start ``cfg.n`` sessions per row (seeded by ``cfg.seed``, as a plain rollout would) as new groups."""
+        from mcore_agentic.rollout.driver import build_requests
+
+        by_uid: dict[str, list[AgentSession]] = {}
+        for req in build_requests(rows, cfg):
+            by_uid.setdefault(req.uid, []).append(AgentSession(req, ctx))
+        self.groups.extend(BufferedGroup(uid, step, sessions) for uid, sessions in by_uid.items())
+
+    async def run(self, ctx: AgentContext) -> RoundReport:
+        """One round: every live session continues (or starts) with ``ctx`` until it ends or pauses."""
+        live = [s for g in self.groups for s in g.sessions if not s.req.done]
+        resumed = sum(s.paused for s in live)
+        for s in live:
+            s.ctx = ctx
+        async with LoopStallMonitor() as monitor:
+            await asyncio.gather(*(s.run() for s in live))
+        return RoundReport(resumed=resumed, paused=sum(s.paused for s in live), stall_s=monitor.max_stall_s)
+
+    def take(self, count: int) -> list[RolloutRequest]:
+        """Remove the ``count`` oldest complete groups; their requests, group after group."""
+        chosen = [g for g in self.groups if g.complete][:count]
+        if len(chosen) < count:
+            raise ValueError(f"{count} complete groups wanted, {len(chosen)} in the buffer")
+        ids = {id(g) for g in chosen}
+        self.groups = [g for g in self.groups if id(g) not in ids]
+        return [s.req for g in chosen for s in g.sessions]
+
+    def oldest_born(self) -> int | None:
+        return min((g.born for g in self.groups), default=None)
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The buffer as plain data: ended requests as they are, paused sessions by :meth:`AgentSession.snapshot`."""
+        return {
+            "version": SNAPSHOT_VERSION,
+            "groups": [
+                {"uid": g.uid, "born": g.born,
+                 "sessions": [{"ended": s.req} if s.req.done else {"paused": s.snapshot()} for s in g.sessions]}
+                for g in self.groups
+            ],
+        }
+
+    @classmethod
+    async def restore(cls, snap: Mapping[str, Any], ctx: AgentContext) -> RolloutBuffer:
+        if snap.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"rollout buffer snapshot version {snap.get('version')!r}, expected {SNAPSHOT_VERSION}")
+        buf = cls()
+        for g in snap["groups"]:
+            sessions = []
+            for s in g["sessions"]:
+                if "ended" in s:
+                    session = AgentSession(s["ended"], ctx)
+                else:
+                    session = await AgentSession.restore(s["paused"], ctx)
+                sessions.append(session)
+            buf.groups.append(BufferedGroup(g["uid"], g["born"], sessions))
+        return buf
+
+    async def close(self) -> None:
+        """Release the tool instances and interactions of every paused session (the run ends)."""
+        for g in self.groups:
+            for s in g.sessions:
+                if s.paused and not s.req.done:
+                    await s.release()
+        self.groups = []
