@@ -122,12 +122,16 @@ def _metrics(
         "rollout_corr/kl_k3": float(sums[5]) / tokens,
         "rollout_corr/rows_dropped_fraction": float(sums[7]) / max(float(sums[6]), 1.0),
     }
+    known = reduce is None or reduce_max is not None  # the extremes are global
     cdf = torch.cumsum(counts, 0) / counts.sum()
     centres = (_BINS[:-1] + _BINS[1:]) / 2
     for q in (0.01, 0.5, 0.99):
         at = int(torch.searchsorted(cdf, torch.tensor(q, dtype=torch.float64)))
-        out[f"rollout_corr/ratio_p{round(q * 100):02d}"] = float(torch.exp(centres[min(at, len(centres) - 1)]))
-    if reduce is None or reduce_max is not None:
+        value = float(torch.exp(centres[min(at, len(centres) - 1)]))
+        if known:  # a bin centre can lie past the data (ratios of 1 +- 1e-6 fall in bins centred at 0.995/1.005)
+            value = min(max(value, float(-extremes[1])), float(extremes[0]))
+        out[f"rollout_corr/ratio_p{round(q * 100):02d}"] = value
+    if known:
         out["rollout_corr/ratio_max"] = float(extremes[0])
         out["rollout_corr/ratio_min"] = float(-extremes[1])
     return out

@@ -8,7 +8,6 @@ sample's ``interaction_kwargs`` (``ground_truth=...``, as in verl's data).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
@@ -37,6 +36,8 @@ class _Instance:
 
 
 class GSM8KInteraction(BaseInteraction):
+    instance_state_attrs = ("_state",)  # per-request answers and scores: kept by paused requests
+
     def __init__(self, config: dict[str, Any]):
         super().__init__(config)
         self.settings: GSM8KInteractionConfig = build(GSM8KInteractionConfig, self.config, path="config")
@@ -69,11 +70,3 @@ class GSM8KInteraction(BaseInteraction):
     async def finalize_interaction(self, instance_id: str, **kwargs: Any) -> None:
         await super().finalize_interaction(instance_id)
         self._state.pop(instance_id, None)
-
-    def export_state(self, instance_id: str) -> Any:
-        return {"base": super().export_state(instance_id), "state": copy.deepcopy(self._state.get(instance_id))}
-
-    def import_state(self, instance_id: str, state: Any) -> None:
-        super().import_state(instance_id, state["base"])
-        if state["state"] is not None:
-            self._state[instance_id] = copy.deepcopy(state["state"])

@@ -19,13 +19,13 @@ Contract with the rollout loop:
 from __future__ import annotations
 
 import asyncio
-import copy
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from mcore_agentic.tools.executor import TOOL_CLOCK, ToolClock, ToolExecutor, default_executor
 from mcore_agentic.tools.schema import drop_null_keywords
+from mcore_agentic.utils.instance_state import export_instance, import_instance
 
 
 @dataclass
@@ -120,14 +120,17 @@ class BaseTool:
         self._instances.pop(instance_id, None)
 
     # -- partial rollouts: a paused request's state in a checkpoint ---------------------------------
+    instance_state_attrs: tuple[str, ...] = ()
+    """Attributes (dicts keyed by instance id) holding per-request state besides ``_instances``: a subclass
+    keeping state elsewhere names them, or overrides ``export_state``/``import_state``."""
+
     def export_state(self, instance_id: str) -> Any:
-        """The instance's state as plain (picklable) data; subclasses keeping state elsewhere override both."""
-        return copy.deepcopy(self._instances.get(instance_id))
+        """The instance's state as plain (picklable) data."""
+        return export_instance(self, instance_id)
 
     def import_state(self, instance_id: str, state: Any) -> None:
         """Restore what :meth:`export_state` returned, into an instance just re-created with the same id."""
-        if state is not None:
-            self._instances[instance_id] = copy.deepcopy(state)
+        import_instance(self, instance_id, state)
 
 
     def __repr__(self) -> str:

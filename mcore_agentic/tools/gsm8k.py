@@ -10,7 +10,6 @@ Also home to the small GSM8K answer helpers the interaction reuses.
 
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -84,6 +83,8 @@ class _Instance:
 class GSM8KTool(BaseTool):
     """Parameters ``{"answer": str}``; ``create(instance_id, ground_truth="#### 72" | "72" | 72)``."""
 
+    instance_state_attrs = ("_state",)  # per-request answers and scores: kept by paused requests
+
     def __init__(self, config: dict[str, Any], tool_schema: dict[str, Any]):
         super().__init__(config, tool_schema)
         self.settings: GSM8KToolConfig = build(GSM8KToolConfig, self.config, path="config")
@@ -124,11 +125,3 @@ class GSM8KTool(BaseTool):
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         await super().release(instance_id)
         self._state.pop(instance_id, None)
-
-    def export_state(self, instance_id: str) -> Any:
-        return {"base": super().export_state(instance_id), "state": copy.deepcopy(self._state.get(instance_id))}
-
-    def import_state(self, instance_id: str, state: Any) -> None:
-        super().import_state(instance_id, state["base"])
-        if state["state"] is not None:
-            self._state[instance_id] = copy.deepcopy(state["state"])

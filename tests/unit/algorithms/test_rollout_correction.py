@@ -102,3 +102,14 @@ def test_config_names_the_bad_key():
     with pytest.raises(ConfigError, match="rollout_rs_threshold_lower"):
         RolloutCorrectionConfig(rollout_rs="token", rollout_rs_threshold=2.0, rollout_rs_threshold_lower=3.0)
     assert not RolloutCorrectionConfig().enabled and RolloutCorrectionConfig(rollout_rs="token").enabled
+
+
+def test_percentiles_stay_inside_the_observed_ratios():
+    # Ratios of 1 +- 1e-6 (engine and trainer in fp32) fall in the histogram bins centred at 0.995 and 1.005;
+    # the reported percentiles are bounded by the ratios actually seen.
+    old = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64)
+    rollout = old + torch.tensor([[1e-6, -1e-6, 2e-7]], dtype=torch.float64)
+    m = compute_rollout_correction(old, rollout, torch.ones(1, 3), RolloutCorrectionConfig(rollout_is="token")).metrics
+    for q in ("p01", "p50", "p99"):
+        assert m["rollout_corr/ratio_min"] <= m[f"rollout_corr/ratio_{q}"] <= m["rollout_corr/ratio_max"]
+        assert m[f"rollout_corr/ratio_{q}"] == pytest.approx(1.0, abs=2e-6)

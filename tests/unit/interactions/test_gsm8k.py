@@ -43,3 +43,18 @@ def test_strict_format_and_instances_are_independent():
     assert bare[0] is False and bare[2] == 0.0
     assert marked[0] is True and multipart[0] is True
     assert unknown[0] is True and "error" in unknown[3]  # a caller bug ends the episode instead of crashing
+
+
+def test_exported_state_restores_an_interaction_in_a_fresh_object():
+    async def main():
+        inter = GSM8KInteraction({"name": "g", "max_user_turns": 3})
+        iid = await inter.start_interaction("r", ground_truth=7)
+        await inter.generate_response(iid, _assistant("#### 8"))
+        state = inter.export_state(iid)
+        fresh = GSM8KInteraction({"name": "g", "max_user_turns": 3})
+        await fresh.start_interaction("r", ground_truth=7)
+        fresh.import_state("r", state)
+        return await fresh.generate_response("r", _assistant("#### 7"))
+
+    done, _, score, extra = asyncio.run(main())
+    assert done and score == 1.0 and extra == {"turn": 2}  # the turn counter continued

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-from typing import Any
 
 import pytest
 
@@ -24,14 +23,9 @@ SCRIPTS = {
 
 
 class StatefulAdd(AddTool):
-    """AddTool whose per-instance results travel through checkpoints (what a stateful tool must add)."""
+    """AddTool whose per-instance results travel through checkpoints (what a stateful tool must declare)."""
 
-    def export_state(self, instance_id: str) -> Any:
-        return {"base": super().export_state(instance_id), "results": list(self.results.get(instance_id, []))}
-
-    def import_state(self, instance_id: str, state: Any) -> None:
-        super().import_state(instance_id, state["base"])
-        self.results[instance_id] = list(state["results"])
+    instance_state_attrs = ("results",)
 
 
 @pytest.fixture(scope="module")

@@ -65,3 +65,21 @@ def test_bad_parameters_are_error_observations():
     assert wrong_type.is_error
     assert unknown.is_error and "no open instance" in unknown.text
     assert not no_number.is_error and "no number found" in no_number.text and no_number.metrics["correct"] == 0.0
+
+
+def test_exported_state_restores_an_instance_in_a_fresh_tool():
+    """A paused request's tool instance survives a checkpoint: re-created by id, its answers come back."""
+    async def main():
+        tool = GSM8KTool({"no_improvement_penalty": 0.05}, SCHEMA)
+        a = await tool.create("a", ground_truth="#### 72")
+        await tool.execute(a, {"answer": "72"})
+        state = tool.export_state(a)
+        fresh = GSM8KTool({"no_improvement_penalty": 0.05}, SCHEMA)
+        await fresh.create("a", ground_truth="#### 72")
+        before = await fresh.calc_reward("a")
+        fresh.import_state("a", state)
+        again = await fresh.execute("a", {"answer": "#### 72"})  # no improvement on the restored best: penalised
+        return before, await fresh.calc_reward("a"), again.reward
+
+    before, after, step_reward = asyncio.run(main())
+    assert before == 0.0 and after == 1.0 and step_reward == -0.05
