@@ -234,6 +234,7 @@ def _scored(rows: list[dict[str, Any]]) -> Batch:
             "rule_score": [r["rule"] for r in rows],
             "num_turns": [r["turns"] for r in rows],
             "finish_reason": [r["finish"] for r in rows],
+            "overlong_penalty": [r.get("overlong", 0.0) for r in rows],
         },
     )
 
@@ -241,7 +242,7 @@ def _scored(rows: list[dict[str, Any]]) -> Batch:
 ROWS = [
     dict(score=1.5, acc=1.0, rule=1.0, turns=3, finish="stop",
          rm={"assistant_turns": 2, "tool_calls": 2, "tool_errors": 1, "template_drift": 1}),
-    dict(score=0.5, acc=0.0, rule=0.0, turns=1, finish="length", rm=None),
+    dict(score=0.5, acc=0.0, rule=0.0, turns=1, finish="length", rm=None, overlong=-0.3),
     dict(score=-1.0, acc=0.0, rule=0.5, turns=5, finish="stop",
          rm={"state": "failed", "assistant_turns": 3, "tool_calls": 3, "sanity_check_mismatch": 2,
              "tokenization_full_context": 4}),
@@ -269,6 +270,7 @@ def test_rollout_metrics_by_hand():
         "rollout/tokenization_full_context_turns": 4,
         "rollout/failed_requests": 1,
         "rollout/truncated": 1.0 / 3,
+        "reward/overlong_penalty_mean": -0.1,
     }
     assert m.keys() == want.keys()
     for k, v in want.items():
