@@ -1,7 +1,8 @@
 """The PPO/GRPO step loop: the algorithm top to bottom, built by :mod:`.build`, maths in :mod:`.experience`.
 
-One step: prompts -> weight sync (context manager) -> rollout of this rollout group's prompts
-(on its leader) -> rewards -> rows to the DP replica that trains them (:mod:`.distribute`) ->
+One step: prompts -> weight sync (context manager) -> rollout and rewards of this rollout group's prompts
+(on its leader; one round, dynamic-sampling rounds or partial-rollout rounds: :mod:`.collect`) ->
+rows to the DP replica that trains them (:mod:`.distribute`) ->
 old log-probs -> ref log-probs -> values -> advantages -> critic update -> actor update ->
 metrics (reduced over ranks) -> checkpoint -> validation.
 """
@@ -14,20 +15,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import torch
-import torch.distributed as dist
-
 from mcore_agentic.algorithms.rollout_correction import compute_rollout_correction
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel.stats import Stats, max_over, sum_over
-from mcore_agentic.rollout.driver import close_context, finish_batch, generate_sequences_sync, rollout_context, run_sync
-from mcore_agentic.rollout.partial import RolloutBuffer
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
 from mcore_agentic.trainer.build import Components, model_state_io, tool_schemas
+from mcore_agentic.trainer.collect import SEED_STRIDE, RolloutCollector
 from mcore_agentic.trainer.distribute import StepPlan, exchange_rows, gather_shapes, plan_step, return_rows, tag_groups
-from mcore_agentic.trainer.dynamic_sampling import GroupPool, allocate, allocate_even, counts_tensor
 from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
 from mcore_agentic.trainer.preemption import StopSignals, TrainingStopped
 from mcore_agentic.trainer.rollout_dump import TRAINER_FIELDS, DumpWriter, dump_rows
@@ -35,9 +30,6 @@ from mcore_agentic.utils.gpu_metrics import gpu_metrics_for
 from mcore_agentic.utils.timing import PhaseTimer
 
 logger = logging.getLogger(__name__)
-
-# Rollout seeds: request j of rollout group g (of G) at step k samples with base + (k * G + g) * SEED_STRIDE + j.
-SEED_STRIDE = 100_003
 
 
 @dataclass
@@ -65,7 +57,6 @@ class RLTrainer:
         self.schemas = tool_schemas(c.tools) if self.cfg.rollout.multi_turn.tool_schemas_in_prompt else None
         self.pad_id = int(c.tokenizer.pad_token_id if c.tokenizer.pad_token_id is not None else c.tokenizer.eos_token_id)
         self.state = LoopState()
-        self._batches: Any = iter(())  # the training loader's current epoch (fit() starts it)
         # The SFT warm start re-anchors the reference model: then it is checkpointed too.
         anchored_ref = c.ref if self.cfg.trainer.sft_warmup_steps > 0 else None
         self.writers, self.readers = model_state_io(c.actor, c.critic, anchored_ref)
@@ -74,11 +65,11 @@ class RLTrainer:
         self.timer = PhaseTimer(on_end=self.gpu.phase_end if self.gpu.enabled else None)
         if self.gpu.enabled and hasattr(c.weight_sync, "gpu"):
             c.weight_sync.gpu = self.gpu
-        # Partial rollouts: each rollout leader's groups in flight across steps (checkpointed with the models).
-        self.buffer = RolloutBuffer() if self.cfg.rollout.partial_rollout.enable and c.placement.is_leader else None
+        # Each step's rollout; under partial rollouts its buffer of requests in flight is a checkpoint part.
+        self.collector = RolloutCollector(c, self.chat, self.timer, self.pad_id)
         if self.cfg.rollout.partial_rollout.enable:
-            self.writers["rollout_buffer"] = self._save_buffer
-            self.readers["rollout_buffer"] = self._load_buffer
+            self.writers["rollout_buffer"] = self.collector.save_buffer
+            self.readers["rollout_buffer"] = self.collector.load_buffer
         self.sft_summary: dict[str, float] = {}
         self.stop = StopSignals([])  # replaced by the installed one in fit()
         t = self.cfg.trainer
@@ -93,44 +84,7 @@ class RLTrainer:
         """Finish writing queued trajectory dumps; release the paused requests' tools and interactions."""
         if self.dump_writer is not None:
             self.dump_writer.close()
-        if self.buffer is not None:
-            run_sync(self.buffer.close(), self.c.engine)
-
-    def _buffer_file(self, directory: Any) -> Any:
-        from pathlib import Path
-
-        return Path(directory) / f"group_{self.c.placement.group_index:05d}.pkl"
-
-    def _save_buffer(self, directory: Any) -> None:
-        """Checkpoint writer: each rollout leader pickles its buffer (paused sessions with their tools' state)."""
-        if self.buffer is None:
-            return
-        import pickle
-
-        self._buffer_file(directory).write_bytes(pickle.dumps(self.buffer.snapshot(), protocol=pickle.HIGHEST_PROTOCOL))
-
-    def _load_buffer(self, directory: Any) -> None:
-        """Checkpoint reader: the leader's buffer, its paused sessions' tool instances and interactions re-created."""
-        if self.buffer is None:
-            return
-        import pickle
-
-        from mcore_agentic.config.errors import ConfigError
-
-        path = self._buffer_file(directory)
-        if not path.is_file():
-            raise ConfigError(
-                "rollout.partial_rollout.enable",
-                f"{path} is missing: the checkpoint was written by another number of rollout groups or without "
-                "partial rollouts; resume with the same layout",
-            )
-        c = self.c
-        snap = pickle.loads(path.read_bytes())  # noqa: S301 -- the run's own checkpoint, verified by its manifest
-        ctx = rollout_context(c.engine, c.tools, c.interactions, self.cfg.rollout, self.chat, c.executor)
-        try:
-            self.buffer = run_sync(RolloutBuffer.restore(snap, ctx), c.engine)
-        finally:
-            close_context(ctx)
+        self.collector.close()
 
     # ----------------------------------------------------------------------------------- run
     def fit(self) -> LoopState:
@@ -148,11 +102,11 @@ class RLTrainer:
             if cfg.val_before_train and self.state.step == 0:
                 self.tracker.log(self.validate(), 0)
             progress = self.progress_factory(self.c.total_steps, self.state.step)
-            self._batches = iter(self.c.train_loader)
+            self.collector.start()
             try:
                 while self.state.step < self.c.total_steps:
                     step = self.state.step + 1
-                    metrics = self.train_step(self.next_prompts(), step)
+                    metrics = self.train_step(self.collector.next_prompts(), step)
                     self.state.step = step
                     self.state.history.append(metrics["reward/mean"])
                     if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == self.c.total_steps):
@@ -184,7 +138,7 @@ class RLTrainer:
             cached_before = (cache.prompt_tokens, cache.cached_tokens) if cache is not None else (0, 0)
             with t.phase("gen"), c.weight_sync:  # enter: the engine gets the actor's current weights
                 # None off the group's leader; dynamic sampling may roll out (and score) several rounds here.
-                local, generated, group_rows, sampling = self.collect(rows, step)
+                local, generated, group_rows, sampling = self.collector.collect(rows, step)
             version = c.weight_sync.version.value  # the weights these rows were sampled with
             sync = c.weight_sync.metrics()
             if cache is not None:
@@ -224,164 +178,6 @@ class RLTrainer:
                 c.weight_sync.version.bump()  # the engine must resync before the next rollout
         extra = {**adv_metrics, **update_metrics, **sync, **sampling}
         return self.step_metrics(batch, rollout_stats, extra, time.perf_counter() - start)
-
-    # ----------------------------------------------------------------------------------- rollout
-    def collect(self, rows: list[dict[str, Any]], step: int) -> tuple[Batch | None, list[Batch], list[int], dict[str, float]]:
-        """The step's scored rollout: this rollout group's training rows (None off its leader or when it
-        contributes none), every scored batch it generated (for the step's statistics), the rows each
-        rollout group trains, and the dynamic-sampling metrics.
-
-        Without ``algorithm.filter_groups`` one round of ``rows``; with it, rounds of fresh prompts until
-        the step has ``data.train_batch_size`` informative groups (see :mod:`.dynamic_sampling`).
-        """
-        c, p = self.c, self.c.placement
-        if self.cfg.rollout.partial_rollout.enable:
-            return self.collect_partial(rows, step)
-        fg = self.cfg.algorithm.filter_groups
-        if not fg.enable:
-            local = self.rollout_scored(rows, step, 0)
-            per_group = [c.sizes.sequences_per_step // p.num_groups] * p.num_groups
-            return local, [local] if local is not None else [], per_group, {}
-        pool = GroupPool(fg.metric)
-        generated: list[Batch] = []
-        table = torch.zeros(p.num_groups, 2, dtype=torch.long)  # (informative, spare) groups per rollout group
-        wanted = self.cfg.data.train_batch_size
-        rounds = prompts = 0
-        while True:
-            if rounds:
-                rows = self.next_prompts()
-            local = self.rollout_scored(rows, step, rounds)
-            rounds += 1
-            prompts += len(rows)
-            mine = torch.zeros_like(table)
-            if local is not None:
-                generated.append(local)
-                mine = counts_tensor(p.num_groups, p.group_index, *pool.add(local))
-            table += sum_over(dist.group.WORLD if dist.is_initialized() else None)(mine)
-            if int(table[:, 0].sum()) >= wanted or (fg.max_num_gen_batches and rounds >= fg.max_num_gen_batches):
-                break
-        informative_groups = int(table[:, 0].sum())
-        take = allocate(table[:, 0].tolist(), min(informative_groups, wanted))
-        fill = allocate(table[:, 1].tolist(), wanted - sum(take))
-        if sum(fill):
-            logger.warning(
-                "step %d: %d sampling rounds found %d of %d informative prompt groups; %d groups without reward "
-                "variance fill the batch (raise algorithm.filter_groups.max_num_gen_batches)",
-                step, rounds, informative_groups, wanted, sum(fill),
-            )
-        n = self.cfg.rollout.n
-        local = None
-        if p.is_leader:
-            local = pool.take(take[p.group_index], fill[p.group_index], self.pad_id)
-        metrics = {
-            "rollout/sampling_rounds": float(rounds),
-            "rollout/prompts_consumed": float(prompts),
-            "rollout/filtered_groups": float(table[:, 1].sum()),
-            "rollout/informative_groups": float(informative_groups),
-            "rollout/filled_groups": float(sum(fill)),
-        }
-        return local, generated, [(a + b) * n for a, b in zip(take, fill)], metrics
-
-    def collect_partial(
-        self, rows: list[dict[str, Any]], step: int
-    ) -> tuple[Batch | None, list[Batch], list[int], dict[str, float]]:
-        """:meth:`collect` under ``rollout.partial_rollout``: start this step's prompts (and more while fewer than
-        ``1 + over_sampling_batches`` batches of groups are in flight), run rounds of at most
-        ``max_turns_per_step`` turns per request until ``data.train_batch_size`` groups are complete over the
-        rollout groups, and train the oldest complete ones, shared evenly over the leaders (see
-        :mod:`mcore_agentic.rollout.partial`)."""
-        c, p = self.c, self.c.placement
-        pr = self.cfg.rollout.partial_rollout
-        wanted = self.cfg.data.train_batch_size
-        world = sum_over(dist.group.WORLD if dist.is_initialized() else None)
-        buf = self.buffer
-        held = int(world(torch.tensor([len(buf) if buf is not None else 0]))[0])
-        batches = [rows]
-        while held + len(batches) * wanted < (1 + pr.over_sampling_batches) * wanted:
-            batches.append(self.next_prompts())
-        version = c.weight_sync.version.value
-        ctx = None
-        if buf is not None:
-            ctx = rollout_context(c.engine, c.tools, c.interactions, self.cfg.rollout, self.chat, c.executor,
-                                  weight_version=version, turn_budget=pr.max_turns_per_step)
-            for k, b in enumerate(batches):
-                buf.add(p.split_rows(b), dataclasses.replace(self.cfg.rollout, seed=self.rollout_seed(step, k)), ctx, step)
-        rounds, resumed, stall = 0, 0, 0.0
-        try:
-            while True:
-                mine = torch.zeros(p.num_groups, 2, dtype=torch.long)
-                if buf is not None:
-                    assert ctx is not None
-                    report = run_sync(buf.run(ctx), c.engine)
-                    resumed += report.resumed if rounds == 0 else 0  # paused in an earlier step, resumed now
-                    stall = max(stall, report.stall_s)
-                    mine[p.group_index] = torch.tensor([buf.complete_groups, buf.live_sessions])
-                rounds += 1
-                table = world(mine)
-                if int(table[:, 0].sum()) >= wanted or int(table[:, 1].sum()) == 0:
-                    break
-        finally:
-            if ctx is not None:
-                close_context(ctx)
-        take = allocate_even(table[:, 0].tolist(), wanted)
-        local, oldest, stale = None, [], torch.zeros(2, dtype=torch.float64)
-        if buf is not None and take[p.group_index]:
-            requests = buf.take(take[p.group_index])
-            for r in requests:
-                sampled = [v for v in r.trajectory.response_versions if v >= 0]
-                stale += torch.tensor([sum(v < version for v in sampled), len(sampled)], dtype=torch.float64)
-            local = self.score(finish_batch(requests, self.cfg.rollout, self.chat), requests)
-            local.info["rollout/event_loop_max_stall_s"] = stall
-            oldest = [v for v in local["oldest_version"] if v >= 0]
-        stale = world(stale)
-        age = max_over(dist.group.WORLD if dist.is_initialized() else None)(
-            torch.tensor([float(version - min(oldest)) if oldest else 0.0]))
-        after = world(torch.tensor([float(len(buf)) if buf is not None else 0.0,
-                                    float(buf.live_sessions) if buf is not None else 0.0, float(resumed)]))
-        metrics = {
-            "rollout/partial_rounds": float(rounds),
-            "rollout/partial_prompts_started": float(len(batches) * wanted),
-            "rollout/partial_resumed": float(after[2]),
-            "rollout/partial_paused": float(after[1]),
-            "rollout/partial_buffered_groups": float(after[0]),
-            "rollout/oldest_token_age": float(age[0]),
-            "rollout/stale_token_fraction": float(stale[0] / stale[1]) if stale[1] else 0.0,
-        }
-        n = self.cfg.rollout.n
-        return local, [local] if local is not None else [], [t * n for t in take], metrics
-
-    def score(self, batch: Batch, requests: list[Any]) -> Batch:
-        """Score a leader's rollout batch (its requests' ``extra_info`` go to the reward function)."""
-        c = self.c
-        with self.timer.phase("reward"):
-            return exp.score_rollout(
-                batch, c.reward_fn, c.tokenizer, [r.extra_info for r in requests],
-                overlong_buffer=self.cfg.reward.overlong_buffer, max_response_length=self.cfg.data.max_response_length,
-            )
-
-    def rollout_scored(self, rows: list[dict[str, Any]], step: int, round_: int) -> Batch | None:
-        """This rollout group's share of ``rows``, rolled out with the seeds of (step, round) and scored; None off its leader."""
-        c = self.c
-        local_rows = c.placement.split_rows(rows)
-        rollout_cfg = dataclasses.replace(self.cfg.rollout, seed=self.rollout_seed(step, round_))
-        local = self.rollout(local_rows, rollout_cfg)
-        if local is None:
-            return None
-        with self.timer.phase("reward"):
-            extra = [r.get("extra_info") or {} for r in local_rows for _ in range(rollout_cfg.n)]
-            return exp.score_rollout(
-                local, c.reward_fn, c.tokenizer, extra,
-                overlong_buffer=self.cfg.reward.overlong_buffer, max_response_length=self.cfg.data.max_response_length,
-            )
-
-    def next_prompts(self) -> list[dict[str, Any]]:
-        """The loader's next batch of prompts (the next epoch's first at an epoch's end), the same on every rank."""
-        for _ in range(2):
-            rows = next(self._batches, None)
-            if rows is not None:
-                return rows
-            self._batches = iter(self.c.train_loader)  # epoch boundary: the loader starts the next epoch
-        raise RuntimeError("the training data loader yields no batches")
 
     def actor_batch(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The actor's batch: truncated rows out of the policy loss under ``algorithm.overlong_filtering``, then
@@ -461,24 +257,6 @@ class RLTrainer:
             self.dump_writer.failed += 1
             logger.warning("trajectory dump of %s step %d (rollout group %d) failed: %r", split, step, group, exc)
 
-    def rollout(self, rows: list[dict[str, Any]], rollout_cfg: Any) -> Batch | None:
-        """The group's rollout of ``rows`` on its leader (the rank holding the engine); None elsewhere."""
-        c = self.c
-        if not c.placement.is_leader:
-            return None
-        return generate_sequences_sync(
-            rows, c.engine, c.tools, c.interactions, rollout_cfg, self.chat, c.executor
-        )
-
-    def rollout_seed(self, step: int, round_: int = 0) -> int:
-        """Deterministic per step, sampling round and rollout group, so a resumed run samples what the
-        uninterrupted one did. Round 0 keeps the stride layout; later (dynamic-sampling) rounds hash."""
-        base = self.cfg.rollout.seed if self.cfg.rollout.seed is not None else self.cfg.seed
-        p = self.c.placement
-        if round_:
-            return int(np.random.SeedSequence([base, step, p.group_index, round_]).generate_state(1)[0])
-        return base + (step * p.num_groups + p.group_index) * SEED_STRIDE
-
     def step_metrics(self, batch: Batch, rollout_stats: Stats, extra: dict[str, float], seconds: float) -> dict[str, Any]:
         """The step's metrics on every rank: rollout statistics (reduced over the world), this replica's
         rows' statistics reduced over DP, the updates' (already global) and timings."""
@@ -547,7 +325,7 @@ class RLTrainer:
             batches = []
             with c.weight_sync:
                 if c.placement.is_leader:
-                    batches = [self.rollout(part, val_cfg) for part in parts]
+                    batches = [self.collector.rollout(part, val_cfg) for part in parts]
             scored = [
                 exp.score_rollout(b, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in part])
                 for b, part in zip(batches, parts)
