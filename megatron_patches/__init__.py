@@ -10,6 +10,8 @@ megatron-core versions and when it can go. Two kinds:
   patches): bugs of megatron-core 0.16.1 / torch's checkpoint planner that do not depend
   on the device, applied whether or not CUDA is available.
   ``mcore_agentic.trainer.model_checkpoint.load_worker`` refuses to load without them.
+  ``moe_router_gemm_without_te`` is device-independent too (an MoE router without
+  TransformerEngine), so it is in :data:`CHECKPOINT_PATCH_NAMES`' "applied on GPU too" set.
 
 Public API::
 
@@ -54,6 +56,9 @@ PATCH_NAMES: tuple[str, ...] = (
     "dist_checkpointing_devices",
     "rope_cp_slice",
     "tied_embedding_sync",
+    "moe_devices",
+    "moe_dispatch_splits",
+    "moe_router_gemm_without_te",
     "dist_checkpointing_weights_only",
     "distopt_load_unstepped",
     "distopt_load_step_key",

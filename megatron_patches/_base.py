@@ -46,6 +46,16 @@ class PatchContext:
         setattr(owner, attr, new)
         return True
 
+    def add(self, owner: Any, attr: str, value: Any) -> bool:
+        """Define ``owner.attr`` (which must not exist); :meth:`restore` deletes it again."""
+        if owner is None or hasattr(owner, attr):
+            if owner is not None:
+                self.missing.append(f"{getattr(owner, '__name__', type(owner).__name__)}.{attr} (expected absent)")
+            return False
+        self.swaps.append((owner, attr, _MISSING))
+        setattr(owner, attr, value)
+        return True
+
     def swap_in(self, dotted: str, attr: str, make_new: Callable[[Any], Any]) -> bool:
         """``swap(module(dotted), attr, make_new(original))``; a missing module or attribute is recorded."""
         return self.wrap(self.module(dotted), attr, make_new)

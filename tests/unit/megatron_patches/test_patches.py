@@ -27,12 +27,13 @@ from tests.helpers.distributed import run_distributed
 from tests.unit.megatron_patches._tiny_gpt import pack, unpack
 
 
-def _init(tp: int = 1, pp: int = 1, cp: int = 1) -> None:
+def _init(tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> None:
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
+        expert_model_parallel_size=ep,
     )
 
 
@@ -317,6 +318,29 @@ def probe_distopt_load(tmp_dir: str) -> dict[str, Any]:
     }
 
 
+def probe_moe() -> torch.Tensor:
+    """A one-layer MoE GPT (4 experts, top-2, all-to-all dispatcher) at EP=2: each rank holds two experts and
+    routes its own tokens (different on each rank) through both ranks' experts."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from tests.unit.megatron_patches._tiny_gpt import transformer_config
+
+    _init(ep=2)
+    _seed()
+    cfg = transformer_config(
+        num_layers=1, num_moe_experts=4, moe_ffn_hidden_size=16, moe_router_topk=2, moe_grouped_gemm=False,
+        moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
+        expert_model_parallel_size=2, use_cpu_initialization=True,
+    )
+    spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False, normalization="RMSNorm")
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=64, max_sequence_length=16,
+                     position_embedding_type="rope")
+    ids = (torch.arange(8) * (dist.get_rank() + 3) % 64).reshape(1, 8)
+    with torch.no_grad():
+        return model(ids, torch.arange(8).reshape(1, 8), attention_mask=None)
+
+
 def _probe_table(tmp_root: str) -> dict[str, tuple[str, Callable[[], Any]]]:
     """patch name -> (probe label, probe). Each call to a dist-ckpt probe needs a fresh directory."""
     dirs = iter(os.path.join(tmp_root, f"ckpt{i}") for i in range(16))  # same paths on every rank
@@ -332,6 +356,9 @@ def _probe_table(tmp_root: str) -> dict[str, tuple[str, Callable[[], Any]]]:
         "dist_checkpointing_devices": ("ckpt", lambda: probe_dist_checkpointing_devices(next(dirs))),
         "rope_cp_slice": ("rope_cp", probe_rope_cp_slice),
         "tied_embedding_sync": ("tied", probe_tied_embedding_sync),
+        "moe_devices": ("moe", probe_moe),
+        "moe_dispatch_splits": ("moe", probe_moe),
+        "moe_router_gemm_without_te": ("moe", probe_moe),
         "dist_checkpointing_weights_only": ("ckpt_bytes", lambda: probe_dist_checkpointing_weights_only(next(dirs))),
         "distopt_load_unstepped": ("distopt_load", lambda: probe_distopt_load(next(dirs))),
         "distopt_load_step_key": ("distopt_load", lambda: probe_distopt_load(next(dirs))),
@@ -403,6 +430,9 @@ _EXPECTED_FAILURE = {
     "clip": "AssertionError",
     "distopt_load_unstepped": "AssertionError: ",  # state_dict(): assert len(steps) == 1, over no per-param steps
     "distopt_load_step_key": "KeyError: 'step'",
+    "moe_devices": "RuntimeError: torch.cuda.Stream requires CUDA support",
+    "moe_dispatch_splits": "TypeError: all_to_all_single(): incompatible function arguments",
+    "moe_router_gemm_without_te": "NameError: name 'te_general_gemm' is not defined",
 }
 # ... raised in this function (when the module alone does not pin it down).
 _EXPECTED_FUNCTION = {
@@ -574,3 +604,12 @@ def test_a_missing_target_is_an_error_listing_it_and_nothing_stays_patched(monke
     assert "half_a_patch: holder.renamed_in_a_later_version, megatron.core.no_such_module" in message
     assert "tested on megatron-core 0.16.1" in message
     assert holder.present == 1 and "half_a_patch" not in megatron_patches.applied()
+
+
+def test_moe_layer_runs_at_expert_parallel_2(records):
+    for rec in records:
+        out = rec["moe_devices/with"]
+        assert out.shape == (1, 8, 64) and torch.isfinite(out).all()
+    # Each rank routed its own tokens: the logits differ, and both ranks' experts took part (EP=2 all-to-all).
+    assert not torch.equal(records[0]["moe_devices/with"], records[1]["moe_devices/with"])
+
