@@ -62,6 +62,7 @@ def model_shape(model_path: str | os.PathLike) -> dict[str, Any] | None:
         "num_attention_heads": heads,
         "num_query_groups": getattr(hf, "num_key_value_heads", None) or heads,
         "num_layers": hf.num_hidden_layers,
+        "num_experts": int(getattr(hf, "num_experts", 0) or 0),
     }
 
 

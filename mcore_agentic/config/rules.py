@@ -153,6 +153,33 @@ def check_world_size(par: ParallelConfig, world_size: int, *, field_prefix: str 
     )
 
 
+def check_expert_split(par: ParallelConfig, world_size: int, *, num_experts: int | None = None,
+                       field_prefix: str = "actor") -> None:
+    """EP must divide the ranks of one TP rank (DP * CP * TP / ETP over the world) and the number of experts
+    (``num_experts`` None: not known yet, or a dense model, for which EP must stay 1)."""
+    ep = par.expert_model_parallel_size
+    if ep == 1:
+        return
+    field = f"{field_prefix}.expert_model_parallel_size"
+    if num_experts is not None and num_experts == 0:
+        raise ConfigError(field, f"={ep} but the model has no experts (a dense model): set 1")
+    ranks = world_size // par.pipeline_model_parallel_size // par.expert_tensor_parallel_size
+    if ranks % ep:
+        raise ConfigError(
+            field,
+            f"={ep} does not divide the {ranks} ranks of a pipeline stage (world {world_size} / PP "
+            f"{par.pipeline_model_parallel_size}): choose a divisor of {ranks} ({_divisors(ranks)})",
+        )
+    if num_experts is not None and num_experts % ep:
+        raise ConfigError(field, f"={ep} does not divide the model's {num_experts} experts: choose a divisor of {num_experts}")
+    if par.tensor_model_parallel_size > 1 and not par.sequence_parallel:
+        raise ConfigError(
+            f"{field_prefix}.tensor_model_parallel_size",
+            f"={par.tensor_model_parallel_size} with experts needs sequence_parallel (Megatron's MoE layer refuses to "
+            "train with TP > 1 without it; sequence parallelism needs TransformerEngine): set TP to 1 on CPU",
+        )
+
+
 def check_model_split(
     par: ParallelConfig, *, num_attention_heads: int, num_query_groups: int | None, num_layers: int,
     field_prefix: str = "actor",
@@ -206,8 +233,11 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     par = cfg.actor.parallel
     check_world_size(par, world_size)
+    shape = dict(model_shape or {})
+    num_experts = shape.pop("num_experts", None)
     if model_shape is not None:
-        check_model_split(par, **model_shape)
+        check_model_split(par, **shape)
+    check_expert_split(par, world_size, num_experts=num_experts)
     dp = world_size // par.model_parallel_size
     rollout_tp = cfg.rollout.tensor_model_parallel_size
     check_rollout_groups(rollout_tp, world_size, world_size if local_world_size is None else local_world_size)

@@ -112,6 +112,10 @@ class Bridge(ABC):
     def tp_split_dim(self, megatron_name: str) -> int | None:
         """Dim TP shards: 0 (column-parallel, vocab-parallel), 1 (row-parallel) or None (replicated)."""
 
+    def is_expert(self, global_name: str) -> bool:
+        """True for a parameter of one expert (mixture-of-experts bridges): held by one expert-parallel rank."""
+        return False
+
     def is_gated_fc1(self, megatron_name: str) -> bool:
         """True for the fused ``[gate; up]`` MLP input projection (each TP shard holds ``[gate_r; up_r]``)."""
         return False
@@ -156,6 +160,13 @@ class Bridge(ABC):
             halves = [s.chunk(2, dim=dim) for s in shards]
             return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=dim)
         return torch.cat(shards, dim=dim)
+
+    @staticmethod
+    def expert_group(chunks: list[Any]) -> Any:
+        """The model's expert-parallel group when it has more than one rank, else None."""
+        pgs = getattr(unwrap_model(chunks[0]), "pg_collection", None)
+        group = getattr(pgs, "ep", None) if pgs is not None else None
+        return group if _group_rank_size(group)[1] > 1 else None
 
     # ------------------------------------------------------------------ naming
     @staticmethod
@@ -208,14 +219,15 @@ class Bridge(ABC):
         except BridgeError as exc:
             error = str(exc)
         # Exchange over PP even after an error, so every stage raises instead of one hanging in a collective
-        # (TP and DP peers load the same names and fail alike).
-        pp_group = unwrap_model(chunks[0]).pp_group
-        _, pp_size = _group_rank_size(pp_group)
+        # (TP and DP peers load the same names and fail alike). With expert parallelism each EP rank loads its
+        # own experts: the exchange is then over the world (once, at load).
+        group = None if self.expert_group(chunks) is not None else unwrap_model(chunks[0]).pp_group
+        size = dist.get_world_size() if group is None and dist.is_initialized() else _group_rank_size(group)[1]
         stages: list[Any] = [(sorted(used), error)]
-        if pp_size > 1:
-            stages = [None] * pp_size
-            dist.all_gather_object(stages, (sorted(used), error), group=pp_group)
-        errors = [f"pipeline stage {i}: {err}" for i, (_, err) in enumerate(stages) if err is not None]
+        if size > 1:
+            stages = [None] * size
+            dist.all_gather_object(stages, (sorted(used), error), group=group)
+        errors = [f"rank {i} of the pipeline/expert group: {err}" for i, (_, err) in enumerate(stages) if err is not None]
         if errors:
             raise BridgeError("; ".join(errors))
         used = set().union(*(set(names) for names, _ in stages))
@@ -236,17 +248,28 @@ class Bridge(ABC):
         """Yield every HF ``(name, tensor)`` of the full model, identically on every rank.
 
         Parameters are visited in one global order agreed over the PP group; each is
-        all-gathered over TP on its owning stage, broadcast from there over PP, then
+        all-gathered over TP on its owning stage (an expert broadcast there from the expert-parallel
+        rank that holds it), broadcast from there over PP, then
         converted by :meth:`megatron_param_to_hf` (vocabulary padding removed). Every rank
         must iterate the generator to the end (it runs collectives). Yielded tensors are
         fresh copies, never views of the parameters.
         """
         local = self.local_params(chunks)
         model = unwrap_model(chunks[0])
-        tp_group, pp_group = model.tp_group, model.pp_group
+        tp_group, pp_group, ep_group = model.tp_group, model.pp_group, self.expert_group(chunks)
         _, tp_size = _group_rank_size(tp_group)
         pp_rank, pp_size = _group_rank_size(pp_group)
-        meta = {name: (self._full_shape(name, p, tp_size), str(p.dtype).removeprefix("torch.")) for name, p in local.items()}
+        ep_rank, ep_size = _group_rank_size(ep_group)
+        # name -> (full shape, dtype, the EP rank holding it: None for a parameter every EP rank holds)
+        meta = {
+            name: (self._full_shape(name, p, tp_size), str(p.dtype).removeprefix("torch."),
+                   ep_rank if self.is_expert(name) else None)
+            for name, p in local.items()
+        }
+        if ep_size > 1:  # each EP rank lists its own experts: merge the lists within the stage
+            per_ep: list[Any] = [None] * ep_size
+            dist.all_gather_object(per_ep, meta, group=ep_group)
+            meta = {name: m for part in per_ep for name, m in part.items()}
         if pp_size > 1:
             per_stage: list[Any] = [None] * pp_size
             dist.all_gather_object(per_stage, meta, group=pp_group)
@@ -260,11 +283,13 @@ class Bridge(ABC):
             if self.skip_on_export(name):
                 continue
             src = owner[name]
-            if src == pp_rank:
+            shape, dtype, ep_src = per_stage[src][name]
+            if src == pp_rank and name in local:
                 full = self._gather_tp(name, local[name], tp_group, tp_size)
             else:
-                shape, dtype = per_stage[src][name]
                 full = torch.empty(shape, dtype=getattr(torch, dtype), device=self._device(chunks))
+            if src == pp_rank and ep_src is not None and ep_size > 1:  # an expert: from the EP rank that holds it
+                dist.broadcast(full, group=ep_group, group_src=ep_src)
             if pp_size > 1:
                 dist.broadcast(full, group=pp_group, group_src=src)
             yield from self.megatron_param_to_hf(name, full)

@@ -8,8 +8,11 @@ from mcore_agentic.models.bridge import Bridge, config_error
 from mcore_agentic.models.bridges.llama import LlamaBridge
 from mcore_agentic.models.bridges.qwen2 import Qwen2Bridge
 from mcore_agentic.models.bridges.qwen3 import Qwen3Bridge
+from mcore_agentic.models.bridges.qwen3_moe import Qwen3MoeBridge
 
-BRIDGES: dict[str, type[Bridge]] = {cls.architecture: cls for cls in (Qwen2Bridge, Qwen3Bridge, LlamaBridge)}
+BRIDGES: dict[str, type[Bridge]] = {
+    cls.architecture: cls for cls in (Qwen2Bridge, Qwen3Bridge, Qwen3MoeBridge, LlamaBridge)
+}
 
 
 def get_bridge(hf_config: Any, *, make_vocab_size_divisible_by: int = 128, lm_head: bool = True) -> Bridge:

@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face checkpoints (Qwen2 / Qwen3 / Llama) built from a config,
+"""Tiny random Hugging Face checkpoints (Qwen2 / Qwen3 / Qwen3-MoE / Llama) built from a config,
 saved together with the matching offline Qwen tokenizer. For tests, the embedded
 default job and benchmarks; never downloads anything.
 
@@ -18,7 +18,7 @@ from typing import Any, Literal
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.tokenizer import ChatTemplateName, load_qwen_tokenizer
 
-TinyArch = Literal["qwen2", "qwen3", "llama"]
+TinyArch = Literal["qwen2", "qwen3", "qwen3_moe", "llama"]
 VOCAB_MULTIPLE = 64
 
 # Named size presets: keyword arguments for make_tiny_hf_model.
@@ -64,9 +64,13 @@ def tiny_hf_config(
     intermediate_size: int,
     max_position_embeddings: int,
     tie_word_embeddings: bool,
+    num_experts: int = 8,
+    num_experts_per_tok: int = 2,
+    moe_intermediate_size: int | None = None,
 ):
-    """The transformers config object for ``arch`` (no weights)."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    """The transformers config object for ``arch`` (no weights). The ``*expert*`` arguments are Qwen3-MoE's
+    (``moe_intermediate_size`` None: ``intermediate_size // 4``); every layer of the tiny MoE is sparse."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     if hidden_size % num_attention_heads:
         raise ConfigError("num_attention_heads", f"{num_attention_heads} does not divide hidden_size={hidden_size}")
@@ -96,9 +100,17 @@ def tiny_hf_config(
         return Qwen3Config(
             **common, head_dim=head_dim, rms_norm_eps=1e-6, rope_theta=1_000_000.0, use_sliding_window=False
         )
+    if arch == "qwen3_moe":
+        head_dim = hidden_size // num_attention_heads
+        return Qwen3MoeConfig(
+            **common, head_dim=head_dim, rms_norm_eps=1e-6, rope_theta=1_000_000.0, use_sliding_window=False,
+            num_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
+            moe_intermediate_size=moe_intermediate_size or intermediate_size // 4, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001,
+        )
     if arch == "llama":
         return LlamaConfig(**common, rms_norm_eps=1e-5, rope_theta=500_000.0)
-    raise ConfigError("arch", f"unknown tiny-model arch {arch!r}; use one of qwen2, qwen3, llama")
+    raise ConfigError("arch", f"unknown tiny-model arch {arch!r}; use one of qwen2, qwen3, qwen3_moe, llama")
 
 
 def make_tiny_hf_model(
@@ -115,6 +127,9 @@ def make_tiny_hf_model(
     tie_word_embeddings: bool = False,
     seed: int = 0,
     chat_template: ChatTemplateName = "qwen2_5",
+    num_experts: int = 8,
+    num_experts_per_tok: int = 2,
+    moe_intermediate_size: int | None = None,
 ) -> Path:
     """Write a random fp32 HF checkpoint of ``arch`` plus its tokenizer to ``out_dir``; return it.
 
@@ -143,6 +158,9 @@ def make_tiny_hf_model(
         intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
+        num_experts=num_experts,
+        num_experts_per_tok=num_experts_per_tok,
+        moe_intermediate_size=moe_intermediate_size,
     )
     # fork_rng keeps the caller's global RNG state untouched.
     with torch.random.fork_rng(devices=[]):

@@ -1,4 +1,4 @@
-"""``ParallelConfig``: how one model is split over ranks (TP, PP, virtual PP, CP, sequence parallel).
+"""``ParallelConfig``: how one model is split over ranks (TP, PP, virtual PP, CP, sequence parallel, EP).
 
 Light imports only (dataclasses): the config tree composes this without pulling
 in torch or megatron-core. ``__post_init__`` names fields relative to the group
@@ -39,8 +39,18 @@ class ParallelConfig:
     """Split LayerNorm/dropout activations along the sequence over the TP group. Needs TP > 1
     (and, in this project, TransformerEngine: refused on CPU)."""
 
+    expert_model_parallel_size: int = 1
+    """EP (mixture-of-experts models): ranks that each hold ``num_experts / EP`` of every MoE layer's experts;
+    tokens reach their experts by all-to-all. Megatron carves the EP group out of the DP x CP ranks of one TP
+    rank, so EP must divide ``TP * CP * DP / expert_tensor_parallel_size`` and the number of experts."""
+
+    expert_tensor_parallel_size: int = 1
+    """ETP: ranks that split each expert's weights (Megatron's default is TP; here 1, the only value gloo runs:
+    its all-gather of unequal sizes is missing)."""
+
     def __post_init__(self) -> None:
-        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                     "expert_model_parallel_size", "expert_tensor_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
@@ -58,6 +68,12 @@ class ParallelConfig:
                 )
         if not isinstance(self.sequence_parallel, bool):
             raise ConfigError("sequence_parallel", f"must be true or false, got {self.sequence_parallel!r}")
+        if self.expert_tensor_parallel_size != 1:
+            raise ConfigError(
+                "expert_tensor_parallel_size",
+                f"={self.expert_tensor_parallel_size} is not supported in this version: set 1 (experts whole on each "
+                "expert-parallel rank; raise expert_model_parallel_size instead)",
+            )
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             raise ConfigError(
                 "sequence_parallel",

@@ -228,6 +228,8 @@ def initialize_parallel(cfg: ParallelConfig, seed: int) -> ParallelLayout:
         pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=cfg.virtual_pipeline_model_parallel_size,
         context_parallel_size=cfg.context_parallel_size,
+        expert_model_parallel_size=cfg.expert_model_parallel_size,
+        expert_tensor_parallel_size=cfg.expert_tensor_parallel_size,
     )
     layout = current_parallel_layout()
     global _REPLICAS

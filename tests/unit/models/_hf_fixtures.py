@@ -1,4 +1,4 @@
-"""Tiny random HF checkpoints (Qwen2, Qwen3, Llama) for the bridge tests, saved as safetensors.
+"""Tiny random HF checkpoints (Qwen2, Qwen3, Qwen3-MoE, Llama) for the bridge tests, saved as safetensors.
 
 Every parameter is re-drawn with a visible scale (norm weights around 1, biases
 non-zero) so that a swapped or transposed mapping changes the logits.
@@ -29,6 +29,11 @@ def make_tiny_hf(
         config = transformers.Qwen2Config(**common)
     elif arch == "Qwen3ForCausalLM":
         config = transformers.Qwen3Config(head_dim=24, **common)  # head_dim != hidden/heads, as in real Qwen3
+    elif arch == "Qwen3MoeForCausalLM":
+        config = transformers.Qwen3MoeConfig(
+            head_dim=24, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[], **common,
+        )
     elif arch == "LlamaForCausalLM":
         # Llama-3 rope scaling with Megatron's fixed constants; head_dim 16 has wavelengths beyond 8192.
         rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
