@@ -27,7 +27,7 @@ def _cfg(arch: str, **kw):
     )
     common.update(kw)
     cls = {"Qwen2ForCausalLM": transformers.Qwen2Config, "Qwen3ForCausalLM": transformers.Qwen3Config,
-           "LlamaForCausalLM": transformers.LlamaConfig}[arch]
+           "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig, "LlamaForCausalLM": transformers.LlamaConfig}[arch]
     config = cls(**common)
     config.architectures = [arch]
     return config
@@ -35,18 +35,19 @@ def _cfg(arch: str, **kw):
 
 @pytest.mark.parametrize("arch", sorted(BRIDGES))
 def test_transformer_config_maps_every_field(arch: str) -> None:
-    extra = {"head_dim": 24} if arch == "Qwen3ForCausalLM" else {}
+    qwen3 = arch.startswith("Qwen3")
+    extra = {"head_dim": 24} if qwen3 else {}
     hf = _cfg(arch, **extra)
     bridge = get_bridge(hf)
     t = bridge.transformer_config(hf, _Par(tp=2, pp=1, cp=1), params_dtype=torch.float32)
     assert (t.num_layers, t.hidden_size, t.ffn_hidden_size) == (3, 64, 96)
     assert (t.num_attention_heads, t.num_query_groups) == (4, 2)
-    assert t.kv_channels == (24 if arch == "Qwen3ForCausalLM" else 16)
+    assert t.kv_channels == (24 if qwen3 else 16)
     assert t.normalization == "RMSNorm" and t.layernorm_epsilon == 1e-5
     assert t.gated_linear_unit and t.activation_func is F.silu
     assert t.add_bias_linear is False
     assert t.add_qkv_bias is (arch == "Qwen2ForCausalLM")
-    assert t.qk_layernorm is (arch == "Qwen3ForCausalLM")
+    assert t.qk_layernorm is qwen3
     assert t.hidden_dropout == 0.0 and t.attention_dropout == 0.0
     assert t.init_method_std == 0.03
     assert t.tensor_model_parallel_size == 2 and t.pipeline_model_parallel_size == 1 and t.context_parallel_size == 1
@@ -58,6 +59,45 @@ def test_transformer_config_maps_every_field(arch: str) -> None:
     assert bridge.rope_kwargs(hf) == {"position_embedding_type": "rope", "rotary_base": 12345.0}
     assert bridge.padded_vocab_size(1) == 1024 and bridge.padded_vocab_size(2) == 1024
     assert bridge.padded_vocab_size(4) == 1024 and bridge.padded_vocab_size(3) == 1152
+
+
+def test_moe_router_and_experts_map_to_megatron() -> None:
+    hf = _cfg("Qwen3MoeForCausalLM", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+    bridge = get_bridge(hf)
+    par = ParallelConfig(expert_model_parallel_size=2)
+    t = bridge.transformer_config(hf, par)
+    assert (t.num_moe_experts, t.moe_router_topk, t.moe_ffn_hidden_size) == (8, 2, 32)
+    assert t.moe_router_score_function == "softmax" and t.moe_router_pre_softmax is False  # renormalised top-k
+    assert t.moe_layer_freq == [1, 1, 1] and not t.moe_grouped_gemm and t.moe_token_dispatcher_type == "alltoall"
+    assert t.expert_model_parallel_size == 2 and t.moe_aux_loss_coeff == 0.0
+    plain = get_bridge(_cfg("Qwen3MoeForCausalLM", num_experts=8, num_experts_per_tok=2, norm_topk_prob=False))
+    assert plain.transformer_config(plain.hf_config, ParallelConfig()).moe_router_pre_softmax is True
+    names = bridge.hf_names("decoder.layers.1.mlp.experts.local_experts.5.linear_fc1.weight")
+    assert names == ["model.layers.1.mlp.experts.5.gate_proj.weight", "model.layers.1.mlp.experts.5.up_proj.weight"]
+    assert bridge.hf_names("decoder.layers.0.mlp.router.weight") == ["model.layers.0.mlp.gate.weight"]
+    assert bridge.tp_split_dim("decoder.layers.0.mlp.experts.local_experts.5.linear_fc2.weight") is None
+    with pytest.raises(ConfigError, match="num_experts"):
+        bridge.transformer_config(hf, ParallelConfig(expert_model_parallel_size=3))
+    with pytest.raises(ConfigError, match="mlp_only_layers"):
+        get_bridge(_cfg("Qwen3MoeForCausalLM", mlp_only_layers=[1]))
+    with pytest.raises(ConfigError, match="num_experts_per_tok"):
+        get_bridge(_cfg("Qwen3MoeForCausalLM", num_experts_per_tok=1, norm_topk_prob=True))
+
+
+def test_expert_parallel_rules_name_the_key() -> None:
+    from mcore_agentic.config.rules import check_expert_split
+
+    with pytest.raises(ConfigError, match="expert_tensor_parallel_size"):
+        ParallelConfig(expert_tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="actor.expert_model_parallel_size.*divide the 2 ranks"):
+        check_expert_split(ParallelConfig(expert_model_parallel_size=4), 2)
+    with pytest.raises(ConfigError, match="6 experts"):
+        check_expert_split(ParallelConfig(expert_model_parallel_size=4), 4, num_experts=6)
+    with pytest.raises(ConfigError, match="no experts"):
+        check_expert_split(ParallelConfig(expert_model_parallel_size=2), 2, num_experts=0)
+    with pytest.raises(ConfigError, match="actor.tensor_model_parallel_size"):
+        check_expert_split(ParallelConfig(expert_model_parallel_size=2, tensor_model_parallel_size=2), 4, num_experts=8)
+    check_expert_split(ParallelConfig(expert_model_parallel_size=2), 2, num_experts=8)
 
 
 def test_overrides_and_bf16() -> None:

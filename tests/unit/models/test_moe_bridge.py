@@ -23,9 +23,9 @@ TOL = 1e-4
 
 
 def _body(rank: int, world_size: int, par: ParallelConfig, path: str, input_ids: torch.Tensor) -> bytes:
-    import megatron_patches
     from safetensors.torch import load_file
 
+    import megatron_patches
     from mcore_agentic.models.hf_io import load_hf_config
     from mcore_agentic.models.registry import get_bridge
     from mcore_agentic.parallel.layout import initialize_parallel
