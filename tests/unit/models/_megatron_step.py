@@ -22,8 +22,11 @@ class Trainable:
     optimizer: Any
 
 
-def build_trainable(par: ParallelConfig, path: str, hf_state: Any = None, *, lr: float = 0.1) -> Trainable:
-    """Parallel state for ``par``, the model with ``hf_state`` (default: the checkpoint at ``path``), DDP, optimizer."""
+def build_trainable(
+    par: ParallelConfig, path: str, hf_state: Any = None, *, lr: float = 0.1, **tcfg_overrides: Any
+) -> Trainable:
+    """Parallel state for ``par``, the model with ``hf_state`` (default: the checkpoint at ``path``), DDP, optimizer.
+    ``tcfg_overrides``: TransformerConfig fields (an MoE load-balancing loss, say)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -34,7 +37,7 @@ def build_trainable(par: ParallelConfig, path: str, hf_state: Any = None, *, lr:
     initialize_parallel(par, seed=1234)
     hf_config = load_hf_config(path)
     bridge = get_bridge(hf_config)
-    tcfg = bridge.transformer_config(hf_config, par)
+    tcfg = bridge.transformer_config(hf_config, par, **tcfg_overrides)
     tcfg.finalize_model_grads_func = finalize_model_grads  # DP grad reduction + tied-embedding sync across stages
     chunks = bridge.build_model(hf_config, tcfg)
     bridge.load_hf_weights(chunks, path if hf_state is None else hf_state)
