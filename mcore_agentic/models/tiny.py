@@ -32,6 +32,19 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
         num_key_value_heads=2,
         intermediate_size=128,
     ),
+    # The unit-test size as a mixture of experts: Qwen3-MoE, 8 experts of 32 (top-2) in each of the 2 layers.
+    "tiny_moe": dict(
+        arch="qwen3_moe",
+        vocab_size=4096,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    ),
     # ~101M parameters with the qwen2 arch (untied, 16384 BPE ranks -> 16448 ids); for bench/.
     "100m": dict(
         vocab_size=16384,

@@ -6,7 +6,9 @@ all-gathering each stage's metadata over the PP group and cached — so the coll
 of all ranks line up. Per bucket of consecutive plan entries:
 
 1. on the owning stage the TP shards are all-gathered and merged with the bridge's
-   :meth:`~mcore_agentic.models.bridge.Bridge.merge_tp` (fused gate/up handled there);
+   :meth:`~mcore_agentic.models.bridge.Bridge.merge_tp` (fused gate/up handled there); an
+   expert of a mixture-of-experts model is broadcast there from the expert-parallel rank
+   that holds it;
 2. the full tensors are broadcast from the owning stage over the PP group;
 3. :meth:`~mcore_agentic.models.bridge.Bridge.megatron_param_to_hf` maps each to HF
    ``(name, tensor)`` pairs (QKV split per query group, gate/up split, vocabulary padding
@@ -57,6 +59,8 @@ class PlanEntry:
     """Rank in the PP group of the stage holding the parameter."""
     tp_split_dim: int | None
     """Dim the TP shards split (None: replicated over TP)."""
+    ep_owner: int | None = None
+    """An expert's rank in the expert-parallel group that holds it (None: every EP rank holds the parameter)."""
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -83,6 +87,8 @@ class ExportPlan:
     tp_size: int
     pp_rank: int
     pp_size: int
+    ep_rank: int = 0
+    ep_size: int = 1
 
     @property
     def largest_nbytes(self) -> int:
@@ -134,13 +140,19 @@ def build_export_plan(bridge: Bridge, chunks: list[Any]) -> ExportPlan:
     model = unwrap_model(chunks[0])
     tp_rank, tp_size = _rank_size(model.tp_group)
     pp_rank, pp_size = _rank_size(model.pp_group)
+    ep_group = bridge.expert_group(chunks)
+    ep_rank, ep_size = _rank_size(ep_group)
     meta = {}
     for name, param in bridge.local_params(chunks).items():
         dim = bridge.tp_split_dim(name)
         shape = list(param.shape)
         if dim is not None:
             shape[dim] *= tp_size
-        meta[name] = (tuple(shape), str(param.dtype).removeprefix("torch."), dim)
+        meta[name] = (tuple(shape), str(param.dtype).removeprefix("torch."), dim, ep_rank if bridge.is_expert(name) else None)
+    if ep_size > 1:  # each EP rank lists its own experts: merge the lists within the stage
+        per_ep: list[Any] = [None] * ep_size
+        dist.all_gather_object(per_ep, meta, group=ep_group)
+        meta = {name: m for part in per_ep for name, m in part.items()}
     per_stage: list[Any] = [meta]
     if pp_size > 1:
         per_stage = [None] * pp_size
@@ -153,9 +165,9 @@ def build_export_plan(bridge: Bridge, chunks: list[Any]) -> ExportPlan:
     for name in sorted(owner, key=bridge.export_order_key):
         if bridge.skip_on_export(name):
             continue
-        shape, dtype, dim = per_stage[owner[name]][name]
-        entries.append(PlanEntry(name, shape, dtype, owner[name], dim))
-    return ExportPlan(tuple(entries), tp_rank, tp_size, pp_rank, pp_size)
+        shape, dtype, dim, ep_owner = per_stage[owner[name]][name]
+        entries.append(PlanEntry(name, shape, dtype, owner[name], dim, ep_owner))
+    return ExportPlan(tuple(entries), tp_rank, tp_size, pp_rank, pp_size, ep_rank, ep_size)
 
 
 class StreamingExporter:
@@ -181,6 +193,7 @@ class StreamingExporter:
         self.tracker = tracker
         model = unwrap_model(chunks[0])
         self._tp_group, self._pp_group = model.tp_group, model.pp_group
+        self._ep_group = bridge.expert_group(chunks)
         self._plan: ExportPlan | None = None
 
     @property
@@ -256,8 +269,11 @@ class StreamingExporter:
             dist.broadcast(tensor, group=self._pp_group, group_src=owner)
 
     def _one(self, entry: PlanEntry, local: dict[str, torch.Tensor], device) -> torch.Tensor:
-        """Per-tensor path: one TP all-gather (split tensors) and one PP broadcast."""
-        if entry.owner == self.plan.pp_rank:
+        """Per-tensor path: one TP all-gather (split tensors), an expert's broadcast from its EP rank, one PP broadcast."""
+        expert_elsewhere = entry.ep_owner is not None and entry.ep_owner != self.plan.ep_rank
+        if entry.owner == self.plan.pp_rank and expert_elsewhere:
+            full = self._new(entry.full_shape, entry.torch_dtype, device)
+        elif entry.owner == self.plan.pp_rank:
             shard = local[entry.name].detach()
             if self._is_split(entry):
                 parts = self._all_gather_shards(shard.reshape(-1).contiguous())
@@ -267,6 +283,8 @@ class StreamingExporter:
                 full = self._track(shard.clone())
         else:
             full = self._new(entry.full_shape, entry.torch_dtype, device)
+        if entry.owner == self.plan.pp_rank and entry.ep_owner is not None and self.plan.ep_size > 1:
+            dist.broadcast(full, group=self._ep_group, group_src=entry.ep_owner)
         self._broadcast(full, entry.owner)
         return full
 

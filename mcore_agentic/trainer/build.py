@@ -45,8 +45,9 @@ def ensure_model(cfg: RLConfig) -> Path:
     """The HF checkpoint of ``model.model_path``; a missing tiny preset under ``outputs/`` is created once.
 
     The embedded default points at ``outputs/models/tiny_qwen2``: on a fresh machine rank 0
-    writes the random tiny Qwen2 checkpoint (``make_tiny_hf_model_from_preset``) and the
-    other ranks wait. Any other missing path is a config error.
+    writes the random tiny Qwen2 checkpoint (``make_tiny_hf_model_from_preset``; a path whose
+    name has ``moe`` gets the tiny Qwen3-MoE, ``100m`` the 100M model) and the other ranks wait.
+    Any other missing path is a config error.
     """
     path = Path(cfg.model.model_path)
     if (path / "config.json").is_file():
@@ -58,7 +59,7 @@ def ensure_model(cfg: RLConfig) -> Path:
         )
     from mcore_agentic.models.tiny import make_tiny_hf_model_from_preset
 
-    preset = "100m" if "100m" in path.name else "tiny"
+    preset = "100m" if "100m" in path.name else ("tiny_moe" if "moe" in path.name else "tiny")
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
         logger.info("creating the %s model checkpoint at %s (cached for later runs)", preset, path)

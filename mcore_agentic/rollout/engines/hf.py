@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -41,6 +42,9 @@ import torch
 from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams, deliver
 
 Legacy = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values): [B, heads, T, head_dim]
+
+
+_PER_EXPERT = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 @dataclass
@@ -99,6 +103,7 @@ class HFEngine:
         self._released = False
         self._weights_invalid = False  # after resume_memory, until a finished sync
         self._synced: set[int] = set()
+        self._expert_parts: dict[int, set[str]] = {}  # fused expert tensor -> the per-expert names received
         self._kept_buffers: dict[str, torch.Tensor] = {}
         self._params = self._named_params()
         # statistics, for tests and logs
@@ -265,14 +270,43 @@ class HFEngine:
         persistent = set(self.model.state_dict().keys())
         return {k: v for k, v in named.items() if k in persistent}
 
+    def _expert_slice(self, name: str) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """For a per-expert checkpoint name (``…experts.{e}.gate_proj/up_proj/down_proj.weight``, what the trainer
+        exports and transformers writes to disk) of a model holding its experts fused in memory
+        (``…experts.gate_up_proj`` [E, 2I, H], ``…experts.down_proj`` [E, H, I]): the fused tensor, the view of
+        that expert's part of it, and how many such parts the fused tensor has. None for other names."""
+        match = _PER_EXPERT.match(name)
+        if match is None:
+            return None
+        prefix, e, proj = match.group(1), int(match.group(2)), match.group(3)
+        fused = self._params.get(f"{prefix}.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}")
+        if fused is None or fused.dim() != 3 or e >= fused.shape[0]:
+            return None
+        if proj == "down_proj":
+            return fused, fused[e], fused.shape[0]
+        inner = fused.shape[1] // 2
+        return fused, (fused[e, :inner] if proj == "gate_proj" else fused[e, inner:]), 2 * fused.shape[0]
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
-        """Copy a bucket of HF-named tensors into the model (strict names and shapes)."""
+        """Copy a bucket of HF-named tensors into the model (strict names and shapes; per-expert names fill
+        the model's fused expert tensors part by part)."""
         if self._released:
             raise RuntimeError("HFEngine.update_weights while memory is released; call resume_memory() first")
         with self._lock, torch.no_grad():
             self._check_idle("update_weights")
             for name, tensor in named_tensors:
                 target = self._params.get(name)
+                expert = self._expert_slice(name) if target is None else None
+                if expert is not None:
+                    fused, view, parts = expert
+                    if tuple(view.shape) != tuple(tensor.shape):
+                        raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != engine's {tuple(view.shape)}")
+                    view.copy_(tensor.to(device=view.device, dtype=view.dtype))
+                    seen = self._expert_parts.setdefault(id(fused), set())
+                    seen.add(name)
+                    if len(seen) == parts:
+                        self._synced.add(id(fused))
+                    continue
                 if target is None:
                     example = next(iter(self._params))
                     raise KeyError(f"weight {name!r} is not in the engine's model (HF names, e.g. {example!r})")
@@ -285,6 +319,7 @@ class HFEngine:
         """End a sync: every tensor must have been sent (any tied alias counts); bump ``weight_version``."""
         missing = sorted(name for name, t in self._params.items() if id(t) not in self._synced)
         self._synced.clear()
+        self._expert_parts.clear()
         if missing:
             raise ValueError(f"weight sync to version {version} left {len(missing)} tensors unset, e.g. {missing[:3]}")
         self.weight_version = version
