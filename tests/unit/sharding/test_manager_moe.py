@@ -22,9 +22,9 @@ TOL = 1e-5
 
 
 def _body(rank: int, world_size: int, path: str) -> bytes:
-    import megatron_patches
     import transformers
 
+    import megatron_patches
     from mcore_agentic.algorithms.config import PolicyLossConfig
     from mcore_agentic.models.hf_io import load_hf_config
     from mcore_agentic.parallel.config import ParallelConfig
