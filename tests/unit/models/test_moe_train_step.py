@@ -1,6 +1,7 @@
 """One MoE training step (Qwen3-MoE, 8 experts, top-2, the switch load-balancing loss on) at EP=2 equals EP=1
 (DP=2 both): the same loss, grad norm and updated weights within 1e-5 relative, compared as full HF-named
-tensors. At EP=2 each rank holds 4 experts and tokens cross ranks by all-to-all in forward and backward."""
+tensors. At EP=2 each rank holds 4 experts and tokens cross ranks by all-to-all in forward and backward.
+The trained EP=2 model saved as a Megatron distributed checkpoint loads at EP=1 bitwise."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ RTOL = 1e-5
 AUX = {"moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.01}
 
 
-def _body(rank: int, world_size: int, path: str) -> bytes:
+def _body(rank: int, world_size: int, path: str, ckpt_dir: str) -> bytes:
+    from megatron.core import dist_checkpointing
+
     import megatron_patches
     from mcore_agentic.parallel.layout import destroy_parallel
     from tests.helpers.hf import load_hf_state_dict
@@ -31,14 +34,24 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
         trainable = build_trainable(par, path, **AUX)
         out[name] = train_step(trainable)
         out[name]["weights"] = export(trainable)
+        if name == "ep2":  # the trained EP=2 model as a Megatron distributed checkpoint
+            dist_checkpointing.save(trainable.chunks[0].sharded_state_dict(), ckpt_dir)
         destroy_parallel()
+    # Resumed at EP=1 from the untrained weights: the checkpoint must supply every expert.
+    trainable = build_trainable(LAYOUTS["ep1"], path, **AUX)
+    chunk = trainable.chunks[0]
+    chunk.load_state_dict(dist_checkpointing.load(chunk.sharded_state_dict(), ckpt_dir))
+    out["loaded_at_ep1"] = export(trainable)
+    destroy_parallel()
     return pack(out)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict[str, Any]]:
-    path = make_tiny_hf("Qwen3MoeForCausalLM", tmp_path_factory.mktemp("moe") / "qwen3_moe")
-    return [unpack(r) for r in run_distributed(_body, 2, args=(str(path),))]
+    root = tmp_path_factory.mktemp("moe")
+    path = make_tiny_hf("Qwen3MoeForCausalLM", root / "qwen3_moe")
+    (root / "ckpt").mkdir()
+    return [unpack(r) for r in run_distributed(_body, 2, args=(str(path), str(root / "ckpt")))]
 
 
 def test_ep2_step_equals_ep1(results):
@@ -57,3 +70,12 @@ def test_ep2_step_equals_ep1(results):
             moved += not torch.equal(w, initial[key])
             torch.testing.assert_close(got[key], w, rtol=RTOL, atol=RTOL * w.abs().max().item(), msg=lambda m, k=key: f"{k}: {m}")
     assert moved > len(initial)  # on both ranks most tensors changed, experts and routers included
+
+
+def test_ep2_dist_checkpoint_resumes_at_ep1_exactly(results):
+    for res in results:
+        saved, loaded = res["ep2"]["weights"], res["loaded_at_ep1"]
+        assert loaded.keys() == saved.keys()
+        for key, want in saved.items():
+            assert torch.equal(loaded[key], want), key
+
