@@ -104,11 +104,13 @@ class Actor:
         require_keys(batch, keys, "Actor.update_policy")
         seed = self.cfg.seed + self._updates  # each update shuffles differently, reproducibly
         self._updates += 1
-        return ppo_epochs(
+        metrics = ppo_epochs(
             self.engine, batch, mini_batch_size=self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
             shuffle=self.cfg.shuffle, seed=seed, head=log_prob_head(self.engine, self.temperature, True),
             make_loss=self._ppo_loss_fn, batching=self.batching,
         )
+        # MoE: expert load over this step's actor passes (old log-probs and the updates); {} for a dense model.
+        return {**metrics, **self.engine.moe_metrics()}
 
     # ------------------------------------------------------------------ SFT
     def sft_step(self, batch: Batch) -> dict[str, float]:

@@ -178,6 +178,9 @@ class MegatronEngine:
                 chunk.requires_grad_(False)
         self.chunks: list[Any] = chunks
         self.offloader = Offloader()
+        from mcore_agentic.workers.moe_load import RouterLoad
+
+        self.router_load = RouterLoad(chunks)  # mixture-of-experts models: tokens per expert (no hooks otherwise)
 
     # ------------------------------------------------------------------ build
     def _wrap_ddp(self, chunks: list[Any], use_distributed_optimizer: bool) -> list[Any]:
@@ -462,6 +465,17 @@ class MegatronEngine:
         return {"grad_norm": float(grad_norm), "lr": lr, "update_ok": float(ok)}
 
     # ------------------------------------------------------------------ export / offload
+    def moe_metrics(self) -> dict[str, float]:
+        """Expert load over the passes since the last call (``moe/*``, see :mod:`.moe_load`); {} for a dense
+        model. Collective over DP x CP and PP."""
+        if not self.router_load.enabled:
+            return {}
+        from megatron.core import parallel_state as ps
+
+        return self.router_load.pop(
+            ps.get_data_parallel_group(with_context_parallel=True), ps.get_pipeline_model_parallel_group()
+        )
+
     def export_hf_weights(self) -> dict[str, torch.Tensor]:
         """Full HF tensors of the model (collective: every rank must call)."""
         return dict(self.bridge.export_hf_weights(self.chunks))

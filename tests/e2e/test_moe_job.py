@@ -22,3 +22,6 @@ def test_default_job_runs_on_a_mixture_of_experts_at_ep2(tmp_path: Path) -> None
         assert math.isfinite(row["actor/grad_norm"]) and row["actor/grad_norm"] > 0
         assert row["rollout/num_sequences"] == 8
         assert row["rollout/logprob_diff_max"] < 1e-4  # the engine holds the EP=2 actor's weights (fp32)
+        # Expert load over the step's actor passes, summed over both ranks' tokens: 8 experts, top-2.
+        assert 1.0 <= row["actor/moe/load_imbalance"] <= row["actor/moe/load_imbalance_max"] <= 4.0
+        assert 0 <= row["actor/moe/idle_experts"] <= 16
