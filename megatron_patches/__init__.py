@@ -11,7 +11,7 @@ megatron-core versions and when it can go. Two kinds:
   on the device, applied whether or not CUDA is available.
   ``mcore_agentic.trainer.model_checkpoint.load_worker`` refuses to load without them.
   ``moe_router_gemm_without_te`` is device-independent too (an MoE router without
-  TransformerEngine), so it is in :data:`CHECKPOINT_PATCH_NAMES`' "applied on GPU too" set.
+  TransformerEngine): :data:`DEVICE_INDEPENDENT_PATCH_NAMES` lists every patch applied on GPU.
 
 Public API::
 
@@ -82,7 +82,12 @@ def get_patch(name: str) -> Patch:
     return importlib.import_module(f"megatron_patches.{name}").PATCH
 
 
-CHECKPOINT_PATCH_NAMES: tuple[str, ...] = tuple(n for n in PATCH_NAMES if not get_patch(n).cpu_only)
+DEVICE_INDEPENDENT_PATCH_NAMES: tuple[str, ...] = tuple(n for n in PATCH_NAMES if not get_patch(n).cpu_only)
+"""The patches that are not ``cpu_only``: applied on GPU too."""
+
+CHECKPOINT_PATCH_NAMES: tuple[str, ...] = tuple(
+    n for n in DEVICE_INDEPENDENT_PATCH_NAMES if n.startswith(("dist_checkpointing_", "distopt_load_"))
+)
 """The patches that are not ``cpu_only`` (the checkpoint-load fixes): applied on GPU too."""
 
 
@@ -135,6 +140,7 @@ def applied() -> tuple[str, ...]:
 
 __all__ = [
     "CHECKPOINT_PATCH_NAMES",
+    "DEVICE_INDEPENDENT_PATCH_NAMES",
     "PATCH_NAMES",
     "TESTED_MEGATRON_CORE",
     "MissingPatchTargets",

@@ -557,16 +557,19 @@ def test_distopt_step_is_shared_after_a_load_without_the_patch(records):
     assert wrong_step and wrong_param  # some rank holds two parameters: a wrong bias correction, other weights
 
 
-def test_checkpoint_patches_are_exactly_the_ones_applied_with_cuda(monkeypatch):
+def test_device_independent_patches_are_exactly_the_ones_applied_with_cuda(monkeypatch):
     not_cpu_only = tuple(n for n in megatron_patches.PATCH_NAMES if not megatron_patches.get_patch(n).cpu_only)
-    assert not_cpu_only == megatron_patches.CHECKPOINT_PATCH_NAMES
+    assert not_cpu_only == megatron_patches.DEVICE_INDEPENDENT_PATCH_NAMES
+    assert set(megatron_patches.CHECKPOINT_PATCH_NAMES) < set(not_cpu_only)
+    assert megatron_patches.CHECKPOINT_PATCH_NAMES == (
+        "dist_checkpointing_weights_only", "distopt_load_unstepped", "distopt_load_step_key", "distopt_load_shared_step")
     before = megatron_patches.applied()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     try:
         added = [n for n in megatron_patches.apply() if n not in before]
     finally:
         megatron_patches.revert([n for n in megatron_patches.applied() if n not in before])
-    assert added == [n for n in megatron_patches.CHECKPOINT_PATCH_NAMES if n not in before]
+    assert added == [n for n in megatron_patches.DEVICE_INDEPENDENT_PATCH_NAMES if n not in before]
     assert megatron_patches.applied() == before
 
 

@@ -22,15 +22,13 @@ ARCH = "Qwen3MoeForCausalLM"
 TOL = 1e-4
 
 
-def _body(rank: int, world_size: int, par: ParallelConfig, path: str, input_ids: torch.Tensor) -> bytes:
+def _layout(par: ParallelConfig, path: str, input_ids: torch.Tensor) -> dict:
     from safetensors.torch import load_file
 
-    import megatron_patches
     from mcore_agentic.models.hf_io import load_hf_config
     from mcore_agentic.models.registry import get_bridge
     from mcore_agentic.parallel.layout import initialize_parallel
 
-    megatron_patches.apply()
     initialize_parallel(par, seed=1234)
     hf_config = load_hf_config(path)
     bridge = get_bridge(hf_config)
@@ -44,15 +42,30 @@ def _body(rank: int, world_size: int, par: ParallelConfig, path: str, input_ids:
     exported = dict(bridge.export_hf_weights(chunks))
     on_disk = load_file(str(Path(path) / "model.safetensors"))
     same = sorted(exported) == sorted(on_disk) and all(torch.equal(exported[k], on_disk[k]) for k in on_disk)
-    return pack({"logits": None if logits is None else logits[..., :VOCAB], "experts": experts, "export_equal": same,
-                 "exported": len(exported)})
+    return {"logits": None if logits is None else logits[..., :VOCAB], "experts": experts, "export_equal": same,
+            "exported": len(exported)}
+
+
+def _body(rank: int, world_size: int, path: str, input_ids: torch.Tensor) -> bytes:
+    """Every layout in turn (parallel state torn down between them)."""
+    import megatron_patches
+    from mcore_agentic.parallel.layout import destroy_parallel
+
+    megatron_patches.apply()
+    out = {}
+    for name, par in LAYOUTS.items():
+        out[name] = _layout(par, path, input_ids)
+        destroy_parallel()
+    return pack(out)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> tuple[Path, torch.Tensor, torch.Tensor]:
+def checkpoint(tmp_path_factory) -> tuple[torch.Tensor, dict[str, list[dict]]]:
+    """The HF logits, and per layout each rank's results (one spawn of 2 ranks runs every layout)."""
     path = make_tiny_hf(ARCH, tmp_path_factory.mktemp("moe") / ARCH)
     input_ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(7))
-    return path, input_ids, hf_logits(path, input_ids)
+    per_rank = [unpack(r) for r in run_distributed(_body, world_size=2, args=(str(path), input_ids))]
+    return hf_logits(path, input_ids), {name: [r[name] for r in per_rank] for name in LAYOUTS}
 
 
 LAYOUTS = {
@@ -65,9 +78,8 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_moe_logits_match_hf_and_export_is_the_checkpoint(layout: str, checkpoint) -> None:
-    path, input_ids, expected = checkpoint
-    par = LAYOUTS[layout]
-    results = [unpack(r) for r in run_distributed(_body, world_size=2, args=(par, str(path), input_ids))]
+    expected, runs = checkpoint
+    results = runs[layout]
     for rank, res in enumerate(results):
         assert res["export_equal"], f"{layout} rank {rank}: the export differs from the checkpoint"
         # embedding, per layer (q k v o, q/k norms, 2 layer norms, router, 8 x 3 expert matrices), final norm, lm_head
