@@ -8,7 +8,12 @@ checkpoint) with the trainer's builders (``get_bridge`` -> ``transformer_config`
 no merge or HF conversion). Prints a table with the export / raw ratio and the exporter's peak
 live bytes against its bound ``max(bucket, largest) + largest``.
 
+With ``--moe`` the model is a Qwen3-MoE (16 experts of 512, top-4, in each of 8 layers by default) at
+EP=2: each rank holds half of every layer's experts, the export broadcasts each expert over the EP group,
+and the raw baseline all-gathers the expert bytes over the EP group in chunks of the bucket size.
+
     python bench/weight_sync.py                        # re-launches itself with torchrun, 2 ranks
+    python bench/weight_sync.py --moe --hidden 512 --layers 8 --heads 8 --kv-heads 4
     torchrun --nproc_per_node 2 bench/weight_sync.py --buckets 16,64 --repeats 1
 """
 
@@ -38,12 +43,26 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--buckets", default="16,64,256", help="comma-separated bucket sizes in MiB")
     p.add_argument("--repeats", type=int, default=2, help="timed passes per row (the fastest is reported)")
+    p.add_argument("--moe", action="store_true", help="a Qwen3-MoE at EP=2 instead of a dense Qwen2 at TP=2")
+    p.add_argument("--experts", type=int, default=16)
+    p.add_argument("--topk", type=int, default=4)
+    p.add_argument("--expert-ffn", type=int, default=512)
     return p.parse_args(argv)
 
 
 def _hf_config(a: argparse.Namespace):
     import transformers
 
+    if a.moe:
+        config = transformers.Qwen3MoeConfig(
+            vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
+            num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.hidden // a.heads,
+            max_position_embeddings=4096, tie_word_embeddings=False, torch_dtype="float32",
+            num_experts=a.experts, num_experts_per_tok=a.topk, moe_intermediate_size=a.expert_ffn,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        )
+        config.architectures = ["Qwen3MoeForCausalLM"]
+        return config
     config = transformers.Qwen2Config(
         vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.ffn, num_hidden_layers=a.layers,
         num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, max_position_embeddings=4096,
@@ -96,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     from mcore_agentic.sharding.exporter import LiveBytes, StreamingExporter
 
     megatron_patches.apply()
-    par = ParallelConfig(tensor_model_parallel_size=2)
+    par = ParallelConfig(expert_model_parallel_size=2) if a.moe else ParallelConfig(tensor_model_parallel_size=2)
     layout = initialize_parallel(par, seed=1)
     hf_config = _hf_config(a)
     bridge = get_bridge(hf_config)
@@ -104,8 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     chunks = bridge.build_model(hf_config, bridge.transformer_config(hf_config, par))
     build_s = time.perf_counter() - t
     local = bridge.local_params(chunks)
-    local_bytes = sum(p.numel() * p.element_size() for p in local.values())
-    tp_group = layout.tp_group()
+    if a.moe:  # what must move: each rank's experts, to the other EP rank
+        local_bytes = sum(p.numel() * p.element_size() for n, p in local.items() if bridge.is_expert(n))
+        tp_group = bridge.expert_group(chunks)
+    else:
+        local_bytes = sum(p.numel() * p.element_size() for p in local.values())
+        tp_group = layout.tp_group()
     rows = []
     for bucket_mb in (float(b) for b in a.buckets.split(",")):
         chunk = int(bucket_mb * MB)
@@ -129,8 +152,10 @@ def main(argv: list[str] | None = None) -> None:
                          hf_bytes=counts["bytes"], peak=tracker.peak, bound=bound))
     if dist.get_rank() == 0:
         params = sum(e.numel for e in exporter.plan.entries)
-        print(f"\nweight-sync export on CPU: Qwen2 {params / 1e6:.0f}M params (hidden {a.hidden}, {a.layers} layers, "
-              f"vocab {a.vocab}), fp32, TP=2 on {dist.get_world_size()} gloo ranks; model build {build_s:.1f}s; "
+        what = (f"Qwen3-MoE {params / 1e6:.0f}M params ({a.experts} experts of {a.expert_ffn}, top-{a.topk}, hidden "
+                f"{a.hidden}, {a.layers} layers, vocab {a.vocab}), fp32, EP=2" if a.moe else
+                f"Qwen2 {params / 1e6:.0f}M params (hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}), fp32, TP=2")
+        print(f"\nweight-sync export on CPU: {what} on {dist.get_world_size()} gloo ranks; model build {build_s:.1f}s; "
               f"best of {a.repeats}")
         print(f"{'bucket MiB':>10} {'buckets':>7} {'export s':>9} {'GB/s':>6} {'raw a-g s':>9} "
               f"{'export/raw':>10} {'peak MiB':>9} {'bound MiB':>9}")
