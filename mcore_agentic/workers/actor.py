@@ -64,6 +64,7 @@ class Actor:
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             total_training_steps=total_training_steps,
             vocab_size=vocab_size,
+            moe=cfg.moe,
         )
         self.batching = MicroBatching(
             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,

@@ -109,6 +109,23 @@ def _validate_batching(cfg: ActorConfig | CriticConfig, group: str) -> None:
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """Router losses of a mixture-of-experts actor (``actor.moe.*``; a dense model ignores them). Each is a mean
+    over the mini-batch's tokens (Megatron's per-micro-batch losses weighted by their tokens and divided by the
+    mini-batch's token count over all DP x CP ranks), like the policy loss, whatever the micro-batch split."""
+
+    aux_loss_coeff: float = 0.0
+    """Weight of the switch load-balancing loss (``E * sum_e f_e P_e`` per MoE layer, Megatron's ``aux_loss``);
+    0: off, the default for RL (the routing is part of the policy; Qwen3-MoE pre-trained with 0.001)."""
+    z_loss_coeff: float = 0.0
+    """Weight of the router z-loss (ST-MoE: the squared log-sum-exp of the router logits); 0: off."""
+
+    def __post_init__(self) -> None:
+        require(self.aux_loss_coeff >= 0, "actor.moe.aux_loss_coeff", f"must be >= 0, got {self.aux_loss_coeff}")
+        require(self.z_loss_coeff >= 0, "actor.moe.z_loss_coeff", f"must be >= 0, got {self.z_loss_coeff}")
+
+
+@dataclass(frozen=True)
 class ActorConfig:
     """The policy being trained (Megatron engine + PPO update). The checkpoint and dtype are the ``model`` group's.
 
@@ -149,6 +166,8 @@ class ActorConfig:
     """Move optimizer state (Adam moments, fp32 main params) off the device while the rollout runs."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """Router losses of a mixture-of-experts model (``actor.moe.*``)."""
 
     def __post_init__(self) -> None:
         _validate_batching(self, "actor")

@@ -30,6 +30,7 @@ gives each its own tokens' gradient, and the DP x CP sum completes it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -123,6 +124,7 @@ class MegatronEngine:
         transformer_impl: str = "auto",
         vocab_size: int | None = None,
         lm_head: bool = True,
+        moe: Any = None,
     ) -> None:
         """``vocab_size``: the ids log-probs normalise over — the tokenizer's, which the rollout engine
         samples from (a checkpoint's embedding table may be padded past it, and a softmax over ids the
@@ -160,6 +162,7 @@ class MegatronEngine:
             # previous stage are the same peer, so an activation and a gradient sent in one batch can swap.
             # Unbatched p2p posts sends/recvs in Megatron's even/odd order instead.
             batch_p2p_comm=not (interleaved and not torch.cuda.is_available()),
+            **self._moe_overrides(moe),
         )
         from mcore_agentic.models.transformer_impl import use_te_for
 
@@ -183,6 +186,19 @@ class MegatronEngine:
         self.router_load = RouterLoad(chunks)  # mixture-of-experts models: tokens per expert (no hooks otherwise)
 
     # ------------------------------------------------------------------ build
+    def _moe_overrides(self, moe: Any) -> dict[str, Any]:
+        """Router-loss settings of ``actor.moe`` for a mixture-of-experts model; {} for a dense one or none given."""
+        self.moe_losses = (0.0, 0.0)
+        if moe is None or not int(getattr(self.hf_config, "num_experts", 0) or 0):
+            return {}
+        self.moe_losses = (float(moe.aux_loss_coeff), float(moe.z_loss_coeff))
+        aux, z = self.moe_losses
+        return {
+            "moe_router_load_balancing_type": "aux_loss" if aux > 0 else "none",
+            "moe_aux_loss_coeff": aux,
+            "moe_z_loss_coeff": z if z > 0 else None,
+        }
+
     def _wrap_ddp(self, chunks: list[Any], use_distributed_optimizer: bool) -> list[Any]:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.transformer.module import Float16Module
@@ -433,7 +449,8 @@ class MegatronEngine:
         _, mbs = self.micro_batches(batch, batching)
         for chunk in self.chunks:
             chunk.train()
-        outputs = self._run(mbs, head_fn, loss_fn, forward_only=False)
+        with self._router_losses_per_global_token(mbs):
+            outputs = self._run(mbs, head_fn, loss_fn, forward_only=False)
         # DP x CP gradient sum (no scaling: calculate_per_token_loss), tied-embedding and TP-norm fix-ups.
         finalize_model_grads(self.chunks, num_tokens=None)
         sums: dict[str, float] | None = None
@@ -465,6 +482,31 @@ class MegatronEngine:
         return {"grad_norm": float(grad_norm), "lr": lr, "update_ok": float(ok)}
 
     # ------------------------------------------------------------------ export / offload
+    @contextlib.contextmanager
+    def _router_losses_per_global_token(self, mbs: list[MicroBatch]) -> Any:
+        """MoE router losses as means over the mini-batch's tokens. Under ``calculate_per_token_loss`` Megatron
+        adds each micro-batch's aux/z loss times its token count and expects ``finalize_model_grads`` to divide
+        every gradient by the total; this engine normalises in ``loss_fn`` instead (no division there), so the
+        coefficients are divided by the total tokens of the mini-batch over DP x CP for the duration of the pass."""
+        aux, z = self.moe_losses
+        if aux == 0 and z == 0:
+            yield
+            return
+        from megatron.core import parallel_state as ps
+
+        total = torch.tensor([float(sum(mb.tokens.numel() for mb in mbs))], dtype=torch.float64)
+        group = ps.get_data_parallel_group(with_context_parallel=True)
+        if dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(total, group=group)
+        n = max(float(total[0]), 1.0)
+        before = (self.tcfg.moe_aux_loss_coeff, self.tcfg.moe_z_loss_coeff)
+        self.tcfg.moe_aux_loss_coeff = aux / n
+        self.tcfg.moe_z_loss_coeff = z / n if z > 0 else None
+        try:
+            yield
+        finally:
+            self.tcfg.moe_aux_loss_coeff, self.tcfg.moe_z_loss_coeff = before
+
     def moe_metrics(self) -> dict[str, float]:
         """Expert load over the passes since the last call (``moe/*``, see :mod:`.moe_load`); {} for a dense
         model. Collective over DP x CP and PP."""
