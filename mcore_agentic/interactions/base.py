@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Protocol, runtime_checkable
 
 from mcore_agentic.config.errors import ConfigError
-from mcore_agentic.utils.instance_state import export_instance, import_instance
+from mcore_agentic.utils.instance_state import InstanceState
 
 
 @runtime_checkable
@@ -32,7 +32,7 @@ class InteractionProtocol(Protocol):
     async def finalize_interaction(self, instance_id: str, **kwargs: Any) -> None: ...
 
 
-class BaseInteraction:
+class BaseInteraction(InstanceState):
     """Base class for interactions.
 
     ``config["name"]`` is how samples select it (the registry fills it in).
@@ -74,18 +74,6 @@ class BaseInteraction:
         """Free per-request state; safe for unknown ids."""
         self._instances.pop(instance_id, None)
 
-    # -- partial rollouts: a paused request's state in a checkpoint ---------------------------------
-    instance_state_attrs: tuple[str, ...] = ()
-    """Attributes (dicts keyed by instance id) holding per-request state besides ``_instances``: a subclass
-    keeping state elsewhere names them, or overrides ``export_state``/``import_state``."""
-
-    def export_state(self, instance_id: str) -> Any:
-        """The instance's state as plain (picklable) data."""
-        return export_instance(self, instance_id)
-
-    def import_state(self, instance_id: str, state: Any) -> None:
-        """Restore what :meth:`export_state` returned, into an instance just re-created with the same id."""
-        import_instance(self, instance_id, state)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from mcore_agentic.tools.executor import TOOL_CLOCK, ToolClock, ToolExecutor, default_executor
 from mcore_agentic.tools.schema import drop_null_keywords
-from mcore_agentic.utils.instance_state import export_instance, import_instance
+from mcore_agentic.utils.instance_state import InstanceState
 
 
 @dataclass
@@ -59,7 +59,7 @@ class ToolProtocol(Protocol):
     async def release(self, instance_id: str, **kwargs: Any) -> None: ...
 
 
-class BaseTool:
+class BaseTool(InstanceState):
     """Base class for tools. Subclasses override ``execute`` and, if they keep state, the rest.
 
     ``config`` is the YAML entry's ``config:`` mapping; ``tool_schema`` its
@@ -118,19 +118,6 @@ class BaseTool:
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         """Free per-request state; safe to call for an unknown or already released id."""
         self._instances.pop(instance_id, None)
-
-    # -- partial rollouts: a paused request's state in a checkpoint ---------------------------------
-    instance_state_attrs: tuple[str, ...] = ()
-    """Attributes (dicts keyed by instance id) holding per-request state besides ``_instances``: a subclass
-    keeping state elsewhere names them, or overrides ``export_state``/``import_state``."""
-
-    def export_state(self, instance_id: str) -> Any:
-        """The instance's state as plain (picklable) data."""
-        return export_instance(self, instance_id)
-
-    def import_state(self, instance_id: str, state: Any) -> None:
-        """Restore what :meth:`export_state` returned, into an instance just re-created with the same id."""
-        import_instance(self, instance_id, state)
 
 
     def __repr__(self) -> str:

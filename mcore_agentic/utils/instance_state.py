@@ -21,3 +21,20 @@ def import_instance(owner: Any, instance_id: str, state: dict[str, Any]) -> None
     for attr, value in state.items():
         if value is not None:
             getattr(owner, attr)[instance_id] = copy.deepcopy(value)
+
+
+class InstanceState:
+    """Mixin of the tool and interaction base classes: a paused request's instance state in a checkpoint."""
+
+    instance_state_attrs: tuple[str, ...] = ()
+    """Attributes (dicts keyed by instance id) holding per-request state besides ``_instances``: a subclass
+    keeping state elsewhere names them, or overrides ``export_state``/``import_state``."""
+
+    def export_state(self, instance_id: str) -> Any:
+        """The instance's state as plain (picklable) data."""
+        return export_instance(self, instance_id)
+
+    def import_state(self, instance_id: str, state: Any) -> None:
+        """Restore what :meth:`export_state` returned, into an instance just re-created with the same id."""
+        import_instance(self, instance_id, state)
+
