@@ -41,7 +41,7 @@ class RouterLoad:
     def _hook(self, module: Any, args: Any, output: Any) -> None:
         routing_map = output[1]
         layer = int(module.layer_number or 0)
-        counts = routing_map.detach().sum(dim=0).to(torch.float64).cpu()
+        counts = routing_map.detach().sum(dim=0, dtype=torch.float64)  # stays on the device: no sync per layer
         self.counts[layer] = self.counts[layer] + counts if layer in self.counts else counts
 
     def pop(self, token_group: Any = None, pp_group: Any = None) -> dict[str, float]:
@@ -51,13 +51,15 @@ class RouterLoad:
             return {}
         layers = sorted(self.counts)
         table = torch.stack([self.counts[k] for k in layers]) if layers else torch.zeros(0, 0, dtype=torch.float64)
+        device = table.device  # the collectives run where the counts are (NCCL on GPU); the metrics are floats
         self.counts = {}
         if token_group is not None and dist.is_initialized() and dist.get_world_size(token_group) > 1 and table.numel():
             dist.all_reduce(table, group=token_group)
         mean = table.mean(dim=1).clamp(min=1e-12) if table.numel() else table.new_zeros(0)
         ratio = table.max(dim=1).values / mean if table.numel() else table.new_zeros(0)
-        sums = torch.tensor([float(ratio.sum()), float(len(layers)), float((table == 0).sum())], dtype=torch.float64)
-        worst = torch.tensor([float(ratio.max()) if len(layers) else 0.0], dtype=torch.float64)
+        sums = torch.tensor([float(ratio.sum()), float(len(layers)), float((table == 0).sum())], dtype=torch.float64,
+                            device=device)
+        worst = torch.tensor([float(ratio.max()) if len(layers) else 0.0], dtype=torch.float64, device=device)
         if pp_group is not None and dist.is_initialized() and dist.get_world_size(pp_group) > 1:
             dist.all_reduce(sums, group=pp_group)
             dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=pp_group)

@@ -2,8 +2,8 @@
 
 The meter task's requests take two turns (a tool call, then the answer), so with
 ``max_turns_per_step=1`` requests pause at a turn boundary with their tool reply in and resume in a later
-step under newer weights. A run of 4 steps is resumed from its step-2 checkpoint, taken with requests
-paused in the buffer: steps 3 and 4 must come out exactly as in the uninterrupted run, and every started
+step under newer weights. A run of 3 steps is resumed from its step-2 checkpoint, taken with requests
+paused in the buffer: step 3 must come out exactly as in the uninterrupted run, and every started
 prompt group is trained once or still in the buffer at the end (none lost, none trained twice).
 """
 
@@ -18,7 +18,7 @@ from tests.e2e.test_default_job import job_overrides, launch, read_rows
 from tests.e2e.test_resume import _assert_same_run
 
 PARTIAL = [
-    "trainer.sft_warmup_steps=120", "trainer.total_training_steps=4",
+    "trainer.sft_warmup_steps=120", "trainer.total_training_steps=3",
     "rollout.partial_rollout.enable=true", "rollout.partial_rollout.max_turns_per_step=1",
     "trainer.test_freq=-1", "trainer.logger=[jsonl]", "trainer.progress_bar=false", "trainer.plot_at_end=false",
 ]
@@ -39,15 +39,15 @@ def test_resume_with_paused_requests_reproduces_the_run(tmp_path: Path) -> None:
                                      "trainer.rollout_data_freq=1"]))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
     rows_a = read_rows(a / "logs" / "metrics.jsonl")
-    assert sorted(rows_a) == [1, 2, 3, 4]
+    assert sorted(rows_a) == [1, 2, 3]
     assert rows_a[2]["rollout/partial_paused"] > 0, rows_a[2]  # the step-2 checkpoint holds requests in flight
-    assert any(rows_a[s]["rollout/partial_resumed"] > 0 for s in (3, 4))
-    assert max(rows_a[s]["rollout/oldest_token_age"] for s in (2, 3, 4)) >= 1  # resumed under newer weights
-    _conserved(rows_a, [1, 2, 3, 4], 0)
+    assert rows_a[3]["rollout/partial_resumed"] > 0
+    assert max(rows_a[s]["rollout/oldest_token_age"] for s in (2, 3)) >= 1  # resumed under newer weights
+    _conserved(rows_a, [1, 2, 3], 0)
     # Every trained row is a distinct request: no sample trained twice.
     table = read_dump(dumps).to_pylist()
     train = [r for r in table if r["split"] == "train"]
-    assert len(train) == 4 * PROMPTS * N
+    assert len(train) == 3 * PROMPTS * N
     assert len({r["request_id"] for r in train}) == len(train)
 
     b = tmp_path / "b"
@@ -55,6 +55,6 @@ def test_resume_with_paused_requests_reproduces_the_run(tmp_path: Path) -> None:
                                        f"trainer.resume_mode={a / 'ckpt' / 'global_step_2'}"]))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
     rows_b = read_rows(b / "logs" / "metrics.jsonl")
-    no_dumps = {s: {k: v for k, v in rows_a[s].items() if not k.startswith("dump/")} for s in (3, 4)}
-    _assert_same_run(no_dumps, rows_b, steps=(3, 4))
-    _conserved(rows_b, [3, 4], rows_a[2]["rollout/partial_buffered_groups"])
+    no_dumps = {3: {k: v for k, v in rows_a[3].items() if not k.startswith("dump/")}}
+    _assert_same_run(no_dumps, rows_b, steps=(3,))
+    _conserved(rows_b, [3], rows_a[2]["rollout/partial_buffered_groups"])

@@ -4,7 +4,7 @@ Each rank's actor holds 4 of the 8 experts per layer; the streamed export gather
 group and the engine, holding its experts fused (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I]),
 fills them from the per-expert tensors. After the sync (and after a PPO update and a second sync) the
 engine's teacher-forced log-probs equal the actor's old log-probs (fp32); the streamed buckets equal
-the simple export bitwise.
+the simple export bitwise. The same spawn checks the ``actor.moe`` router losses.
 """
 
 from __future__ import annotations
@@ -19,6 +19,23 @@ from tests.unit.models._hf_fixtures import make_tiny_hf
 from tests.unit.sharding._fixtures import make_batch, teacher_forced_log_probs
 
 TOL = 1e-5
+
+
+def _aux_grad_norm(path: str, aux: float, copies: int, par, layout) -> float:
+    """Grad norm of one PPO step with zero advantages (no entropy or KL term): the router loss's gradient only."""
+    from mcore_agentic.algorithms.config import PolicyLossConfig
+    from mcore_agentic.data.batch import Batch
+    from mcore_agentic.workers.actor import Actor
+    from mcore_agentic.workers.config import ActorConfig, MoEConfig, OptimConfig
+
+    rows = 2 * 8 * copies  # both DP ranks' rows: one optimizer step over every row, micro-batches of 2
+    cfg = ActorConfig(parallel=par, ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=2, shuffle=False,
+                      optim=OptimConfig(lr=1e-3), policy_loss=PolicyLossConfig(entropy_coeff=0.0),
+                      moe=MoEConfig(aux_loss_coeff=aux))
+    actor = Actor(cfg, mini_batch_sequences=rows, model_path=path, dtype="float32", layout=layout)
+    batch = Batch.concat([make_batch(8)] * copies)
+    batch = actor.compute_log_prob(batch.update({"advantages": torch.zeros_like(batch["advantages"])}))
+    return float(actor.update_policy(batch)["grad_norm"])
 
 
 def _body(rank: int, world_size: int, path: str) -> bytes:
@@ -64,6 +81,10 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
         version.bump()
         batch = actor.compute_log_prob(batch)
     out["mask"] = batch["response_mask"]
+    out["aux"] = {  # actor.moe router losses, same layout (see test_aux_loss_is_honoured_as_a_mean_over_tokens)
+        "off": _aux_grad_norm(path, 0.0, 1, par, layout), "on": _aux_grad_norm(path, 0.1, 1, par, layout),
+        "on_twice": _aux_grad_norm(path, 0.1, 2, par, layout),
+    }
     buf = io.BytesIO()
     torch.save(out, buf)
     return buf.getvalue()
@@ -84,3 +105,15 @@ def test_engine_log_probs_match_the_ep2_actor_after_each_sync(runs):
             gap = (engine_lp - old_lp)[mask].abs().max().item()
             assert gap <= TOL, f"rank {rank} sync {step}: max |engine - actor| = {gap:.2e}"
         assert not torch.equal(out["old_lp"][0], out["old_lp"][1])  # the update moved the policy, then it synced
+
+
+def test_aux_loss_is_honoured_as_a_mean_over_tokens(runs):
+    """``actor.moe.aux_loss_coeff``: with zero advantages the load-balancing loss is the only gradient. It is zero
+    with coefficient 0, non-zero with 0.1, and a mean over the mini-batch's tokens: the same rows twice over in
+    one optimizer step (twice the tokens, each micro-batch twice) give the same gradient, not twice it."""
+    for out in runs:
+        aux = out["aux"]
+        assert aux["off"] == 0.0
+        assert aux["on"] > 1e-6
+        assert aux["on_twice"] == pytest.approx(aux["on"], rel=1e-5)
+
