@@ -13,9 +13,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "slurm" / "train_multinode.sh"
 
-# Each fake appends "<name>\t<arg>\t<arg>..." to $FAKE_LOG.
+# Each fake appends "<name>\t<arg>\t<arg>..." to $FAKE_LOG in one write: the Ray head's srun runs in
+# the background beside `ray status`, and a line written in pieces could be split by the other's.
 _RECORDER = """#!/bin/bash
-{ printf '%s' "$(basename "$0")"; printf '\\t%s' "$@"; printf '\\n'; } >> "$FAKE_LOG"
+line=$(basename "$0"); printf -v args '\\t%s' "$@"; printf '%s\\n' "$line$args" >> "$FAKE_LOG"
 """
 # Like the real ones, background `ray start --block` steps run until killed, `ray status` only
 # succeeds once a head was started, and the training step (here: instant) starts after the Ray
