@@ -21,6 +21,8 @@ key                        shape        meaning
 ``token_level_scores``     [B, R]       rewards before KL
 ``token_level_rewards``    [B, R]       rewards after KL-in-reward
 ``advantages``/``returns`` [B, R]
+``routed_experts``         [B, P+R,     the experts the engine's routers chose per token (mixture-of-experts,
+                           L, k]        ``actor.moe.routing_replay``); aligned with ``input_ids``, -1 on padding
 ========================  ===========  ===============================================
 
 The first five keys (the layout) are built in one place: :func:`build_rollout_layout` from
@@ -145,7 +147,35 @@ Row = Sequence[int] | Sequence[float] | torch.Tensor
 """One sample's tokens (or per-token values): a list, or a 1-D tensor."""
 
 LAYOUT_KEYS = ("prompts", "responses", "input_ids", "attention_mask", "position_ids")
-"""The keys the layout builders write; every other key is a response field or per-sample ``[B]``."""
+"""The keys the layout builders write; every other key is a token field, a response field or per-sample ``[B]``."""
+
+TOKEN_FIELDS = ("routed_experts",)
+"""Keys aligned with ``input_ids`` (``[B, P+R, ...]``): a left-padded prompt part and a right-padded response part,
+-1 on padding."""
+
+
+def build_token_field(
+    rows: Sequence[torch.Tensor | Any | None], prompt_lens: Sequence[int], *, prompt_width: int, response_width: int
+) -> torch.Tensor:
+    """One token field ``[B, P+R, ...]`` from per-sample values over the sample's tokens (prompt then response;
+    ``prompt_lens`` splits them; None: unknown), -1 on padding and unknown tokens."""
+    shaped = [torch.as_tensor(r) for r in rows if r is not None]
+    if not shaped:
+        raise ValueError("a token field needs at least one sample with values")
+    tail, dtype = tuple(shaped[0].shape[1:]), shaped[0].dtype
+    out = torch.full((len(rows), prompt_width + response_width, *tail), -1, dtype=dtype)
+    for i, (row, p) in enumerate(zip(rows, prompt_lens)):
+        if row is None:
+            continue
+        row = torch.as_tensor(row)
+        if tuple(row.shape[1:]) != tail:
+            raise ValueError(f"token field row {i} has {tuple(row.shape[1:])} values per token, another {tail}")
+        r = len(row) - p
+        if p > prompt_width or r > response_width or r < 0:
+            raise ValueError(f"token field row {i} ({p}+{r} tokens) does not fit [{prompt_width}+{response_width}]")
+        out[i, prompt_width - p : prompt_width] = row[:p]
+        out[i, prompt_width : prompt_width + r] = row[p:]
+    return out
 
 _TYPECODES = {torch.int64: "q", torch.float32: "f"}
 
@@ -214,7 +244,10 @@ def repad_rollout_layout(
     for k, v in tensors.items():
         if k in LAYOUT_KEYS:
             continue
-        if v.dim() == 2 and v.shape[1] == rlen:
+        if k in TOKEN_FIELDS:
+            fields[k] = torch.cat([_pad_to(v[:, :plen], prompt_width, -1, left=True),
+                                   _pad_to(v[:, plen:], response_width, -1, left=False)], dim=1)
+        elif v.dim() == 2 and v.shape[1] == rlen:
             fields[k] = _pad_to(v, response_width, 0, left=False)
         elif v.dim() == 1:
             fields[k] = v
@@ -260,7 +293,7 @@ def _pad_to(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tens
     extra = width - t.shape[1]
     if extra == 0:
         return t
-    pad = torch.full((t.shape[0], extra), value, dtype=t.dtype, device=t.device)
+    pad = torch.full((t.shape[0], extra, *t.shape[2:]), value, dtype=t.dtype, device=t.device)
     return torch.cat([pad, t] if left else [t, pad], dim=1)
 
 

@@ -205,10 +205,17 @@ class AgentSession:
             if self.ctx.turn_budget is not None and self.turns_this_run >= self.ctx.turn_budget:
                 return None  # at a turn boundary: every environment reply is in, the next turn is the model's
             self.turns_this_run += 1
-            out = await self._generate(budget)
+            context = len(traj)
+            out, token_in = await self._generate(budget)
             req.metrics.assistant_turns += 1
             ids, log_probs = out.token_ids[:budget], out.log_probs[:budget]
             traj.append(ids, sampled=True, log_probs=log_probs, version=self.ctx.weight_version)
+            if out.routed_experts is not None:
+                # Rows of the prompt the engine fed (when it was the trajectory itself), then of the sampled ids.
+                prompt_rows = len(out.routed_experts) - max(len(out.token_ids) - 1, 0)
+                if token_in:
+                    traj.record_routing(out.routed_experts[:prompt_rows])
+                traj.record_routing(out.routed_experts[prompt_rows:], start=context)
             if out.finish_reason == "abort":
                 return FinishReason.ABORTED
             ended = bool(ids) and ids[-1] in chat.stop_token_ids
@@ -257,7 +264,8 @@ class AgentSession:
         limit = own if own is not None else self.mt.max_user_turns
         return limit is None or self.req.metrics.user_turns < limit
 
-    async def _generate(self, budget: int) -> GenerationOutput:
+    async def _generate(self, budget: int) -> tuple[GenerationOutput, bool]:
+        """The engine's turn, and whether its prompt was the trajectory's ids (token-in)."""
         req, ctx = self.req, self.ctx
         cfg = ctx.cfg
         turn = req.metrics.assistant_turns
@@ -270,15 +278,16 @@ class AgentSession:
             top_k=cfg.top_k,
             seed=seed,
         )
-        if self.mt.use_inference_chat_template and turn > 0:
+        token_in = not (self.mt.use_inference_chat_template and turn > 0)
+        if token_in:
+            prompt = req.trajectory.ids
+        else:
             # Production-style prompt (templates like Qwen3 drop earlier reasoning); trained ids keep it all.
             prompt = await self._cpu(ctx.chat.prompt_ids, list(req.messages), tools=self.schemas)
-        else:
-            prompt = req.trajectory.ids
         started = time.perf_counter()
         out = await ctx.engine.generate(list(prompt), params)
         req.metrics.generate_seconds += time.perf_counter() - started
-        return out
+        return out, token_in
 
     async def _append_env(self, new_messages: list[dict[str, Any]], sampled_eot: bool, sampled_text: str | None) -> bool:
         """Append environment messages and their delta ids (+ next generation prompt); False if out of room."""

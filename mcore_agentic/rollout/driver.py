@@ -15,7 +15,8 @@ per-sample meta ``messages`` (the final conversation), ``uid`` (shared by a prom
 tool's step rewards plus its ``calc_reward``), ``interaction_scores`` (list of turn scores),
 ``num_turns`` (assistant + interaction turns), ``finish_reason`` (stop | length | tool_calls |
 aborted), ``request_metrics`` (dict: counters, timings, state, error, per-tool rewards), ``tool_log``
-(per call: turn, name, arguments, result, error, seconds).
+(per call: turn, name, arguments, result, error, seconds). An engine that records routed experts adds
+``routed_experts`` [B, P+R, moe_layers, top_k] (int16, -1 on padding and tokens it never fed).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from mcore_agentic.config.errors import ConfigError
-from mcore_agentic.data.batch import Batch, build_rollout_layout
+from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
 from mcore_agentic.rollout.agent_loop import AgentContext, run_request
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.engines.base import RolloutEngine
@@ -166,6 +167,11 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
             "rollout_log_probs": ([t.response_log_probs for t in trajs], torch.float32),
         },
     )
+    if any(t.routed_experts is not None for t in trajs):
+        tensors["routed_experts"] = build_token_field(
+            [t.routed_experts for t in trajs], [t.prompt_len for t in trajs],
+            prompt_width=tensors["prompts"].shape[1], response_width=tensors["responses"].shape[1],
+        )
     # The oldest weight version that sampled a row's tokens (partial rollouts resume across versions; -1: none).
     oldest = [min((v for v in t.response_versions if v >= 0), default=-1) for t in trajs]
     meta = {

@@ -5,7 +5,8 @@ A :class:`RolloutRequest` moves ``pending -> running -> (tool_calling | interact
 one the engine aborted, keeps its row but trains on nothing (its loss mask is all 0). Illegal moves
 raise :class:`IllegalTransition` (they are bugs in the loop, not model errors).
 The :class:`Trajectory` holds the token ids in sequence order with a parallel loss
-mask, rollout logprobs and sampling weight versions; :meth:`Trajectory.append` is the only way to grow it, so
+mask, rollout logprobs and sampling weight versions (and, for a mixture-of-experts engine asked for them,
+the experts its routers chose per token); :meth:`Trajectory.append` is the only way to grow it, so
 the lists never drift apart, and :meth:`Trajectory.truncate` cuts them together.
 """
 
@@ -15,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+import numpy as np
 
 
 class RequestState(StrEnum):
@@ -94,6 +97,10 @@ class Trajectory:
     """The weight version that sampled each token (-1 on prompt and environment tokens): a partial rollout's
     segments keep the version they were sampled with."""
     prompt_len: int = 0
+    routed_experts: np.ndarray | None = None
+    """``[len(ids), moe_layers, top_k]`` int16: the experts the engine's routers chose for each token when it fed
+    it (-1 where it never did: the last sampled token, or a context the engine saw in another rendering), or None
+    when the engine records none. The first engine call that fed a token sets its row (a prefix cache's view)."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -152,6 +159,25 @@ class Trajectory:
             self.versions.extend([-1] * len(ids))
         self.ids.extend(map(int, ids))
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
+        if self.routed_experts is not None:
+            unknown = np.full((len(ids), *self.routed_experts.shape[1:]), -1, dtype=np.int16)
+            self.routed_experts = np.concatenate([self.routed_experts, unknown])
+
+    def record_routing(self, routed: np.ndarray, start: int = 0) -> None:
+        """Rows of the engine's routed experts for tokens ``start ..`` (as many as both have); tokens that already
+        have theirs keep them."""
+        routed = np.asarray(routed, dtype=np.int16)
+        if self.routed_experts is None:
+            self.routed_experts = np.full((len(self.ids), *routed.shape[1:]), -1, dtype=np.int16)
+        elif routed.shape[1:] != self.routed_experts.shape[1:]:
+            raise ValueError(f"routed experts {routed.shape[1:]} per token, the trajectory has "
+                             f"{self.routed_experts.shape[1:]}")
+        stop = min(len(self.ids), start + len(routed))
+        if stop <= start:
+            return
+        rows = self.routed_experts[start:stop]
+        unknown = (rows < 0).all(axis=(1, 2))
+        rows[unknown] = routed[: stop - start][unknown]
 
     def exclude_from_loss(self) -> None:
         """Mask every token: the row stays in the batch (shapes, metrics) but trains on nothing."""
@@ -162,6 +188,8 @@ class Trajectory:
         if length < self.prompt_len:
             raise ValueError(f"cannot cut into the prompt ({self.prompt_len} tokens) to length {length}")
         del self.ids[length:], self.loss_mask[length:], self.log_probs[length:], self.versions[length:]
+        if self.routed_experts is not None:
+            self.routed_experts = self.routed_experts[:length]
 
 
 @dataclass

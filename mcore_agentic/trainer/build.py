@@ -71,6 +71,21 @@ def ensure_model(cfg: RLConfig) -> Path:
     return path
 
 
+def replay_routing_shape(cfg: RLConfig) -> tuple[int, int] | None:
+    """``(moe_layers, top_k)`` of the routing the engine records under ``actor.moe.routing_replay``; None when
+    it is ``disable``. A dense model with it on is a config error."""
+    if cfg.actor.moe.routing_replay == "disable":
+        return None
+    from mcore_agentic.models.hf_io import load_hf_config
+    from mcore_agentic.workers.routing_replay import routing_shape
+
+    shape = routing_shape(load_hf_config(cfg.model.model_path))
+    if shape is None:
+        raise ConfigError("actor.moe.routing_replay", f"{cfg.actor.moe.routing_replay!r} needs a mixture-of-experts "
+                          f"model, {cfg.model.model_path} is dense: set it to disable")
+    return shape
+
+
 def build_tokenizer(model_path: str | Path) -> Any:
     """The checkpoint's own tokenizer (with its chat template), never downloaded."""
     from transformers import AutoTokenizer
@@ -245,6 +260,9 @@ class Components:
     reward_fn: RewardFn
     kl_ctrl: FixedKLController | AdaptiveKLController
     total_steps: int
+    routing_shape: tuple[int, int] | None = None
+    """``(moe_layers, top_k)`` of the rows' ``routed_experts`` when the engine records them
+    (``actor.moe.routing_replay`` on a mixture-of-experts model); None otherwise."""
 
 
 def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Components:
@@ -255,6 +273,7 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     from mcore_agentic.rollout.engines import build_engine
 
     ensure_model(cfg)
+    routing = replay_routing_shape(cfg)
     tokenizer = build_tokenizer(cfg.model.model_path)
     tools, interactions, executor = build_tools(cfg)
     train_set, val_set = build_datasets(cfg, tokenizer, tools)
@@ -267,7 +286,8 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     placement = build_rollout_placement(cfg, layout)
     engine = None  # a rollout group's other ranks hold none (see parallel.rollout_placement)
     if placement.is_leader:
-        engine = build_engine(cfg.rollout, cfg.model.model_path, device=str(device), dtype=cfg.model.dtype, seed=cfg.seed)
+        engine = build_engine(cfg.rollout, cfg.model.model_path, device=str(device), dtype=cfg.model.dtype, seed=cfg.seed,
+                              record_routing=routing is not None)
     return Components(
         cfg=cfg,
         layout=layout,
@@ -287,4 +307,5 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
         reward_fn=build_reward_fn(cfg.reward),
         kl_ctrl=build_kl_controller(cfg.algorithm.kl_ctrl),
         total_steps=steps,
+        routing_shape=routing,
     )

@@ -16,7 +16,8 @@ objects: messages, tool I/O, request metrics). The objects stay there; only tens
    per-token values into one int64 and one float32 buffer and sends them point-to-point
    (``batch_isend_irecv``) to the replica's first rank, which broadcasts them over its replica
    (TP x CP x PP peers). The replica rebuilds its rows in the rollout layout, padded only to its
-   own longest row.
+   own longest row. A mixture-of-experts rollout's ``routed_experts`` (int16 per token, MoE layer and
+   top-k slot) ride in the int64 buffer, four to a value.
 
 A rank receives its replica's share of the step and nothing else; the bytes that cross the
 wire are real tokens, not padding or pickles.
@@ -36,7 +37,7 @@ import torch.distributed as dist
 
 from mcore_agentic.algorithms.advantages import group_ids
 from mcore_agentic.data.balance import partition
-from mcore_agentic.data.batch import Batch, build_rollout_layout
+from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
 
 __all__ = ["RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
 
@@ -44,6 +45,8 @@ RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout
 """Per-response-token tensors that travel with a row (besides its token ids)."""
 ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long, "truncated": torch.long}
 """Per-row scalars that travel with it."""
+ROUTING_FIELD = "routed_experts"
+"""The per-token int16 field that travels with a row when the exchange is given its per-token shape."""
 
 
 @dataclass(frozen=True)
@@ -166,14 +169,30 @@ def _count(fields: dict[str, torch.dtype], dtype: torch.dtype) -> int:
     return sum(d == dtype for d in fields.values())
 
 
-def _row_sizes(shapes: RowShapes, row: int) -> tuple[int, int]:
-    """(int64 values, float32 values) one row carries: its ids, then its response and row fields."""
+def _routing_int64s(tokens: int, routing_shape: tuple[int, ...] | None) -> int:
+    """int64 values holding ``tokens`` rows of int16 routing (four to a value)."""
+    return 0 if not routing_shape else -(-tokens * math.prod(routing_shape) // 4)
+
+
+def _row_sizes(shapes: RowShapes, row: int, routing_shape: tuple[int, ...] | None = None) -> tuple[int, int]:
+    """(int64 values, float32 values) one row carries: its ids, then its response and row fields, then its routing."""
     p, r = shapes.prompt[row], shapes.response[row]
     ints = p + r + r * _count(RESPONSE_FIELDS, torch.long) + _count(ROW_FIELDS, torch.long)
+    ints += _routing_int64s(p + r, routing_shape)
     return ints, r * _count(RESPONSE_FIELDS, torch.float32) + _count(ROW_FIELDS, torch.float32)
 
 
-def _pack(local: Batch, rows: Sequence[int], shapes: RowShapes) -> tuple[torch.Tensor, torch.Tensor]:
+def _routing_as_int64(values: torch.Tensor) -> torch.Tensor:
+    flat = values.reshape(-1).to(torch.int16).clone()  # its own storage: a slice may start mid-int64
+    extra = -len(flat) % 4
+    if extra:
+        flat = torch.cat([flat, torch.full((extra,), -1, dtype=torch.int16)])
+    return flat.view(torch.int64)
+
+
+def _pack(
+    local: Batch, rows: Sequence[int], shapes: RowShapes, routing_shape: tuple[int, ...] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """This leader's ``rows`` (global ids) as one int64 and one float32 buffer, row after row."""
     width = local["prompts"].shape[1]
     ints: list[torch.Tensor] = []
@@ -186,12 +205,15 @@ def _pack(local: Batch, rows: Sequence[int], shapes: RowShapes) -> tuple[torch.T
             (ints if dtype == torch.long else floats).append(local[name][i, :r].to(dtype))
         for name, dtype in ROW_FIELDS.items():
             (ints if dtype == torch.long else floats).append(local[name][i : i + 1].to(dtype))
+        if routing_shape:
+            ints.append(_routing_as_int64(local[ROUTING_FIELD][i, width - p : width + r]))
     cat = lambda parts, dtype: torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)  # noqa: E731
     return cat(ints, torch.long), cat(floats, torch.float32)
 
 
 def _unpack(
-    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]], rows: Sequence[int], shapes: RowShapes, pad_token_id: int
+    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]], rows: Sequence[int], shapes: RowShapes, pad_token_id: int,
+    routing_shape: tuple[int, ...] | None = None,
 ) -> Batch:
     cursor = {src: [0, 0] for src in buffers}
 
@@ -205,6 +227,7 @@ def _unpack(
     prompts, responses = [], []
     response_fields: dict[str, list[torch.Tensor]] = {k: [] for k in RESPONSE_FIELDS}
     row_fields: dict[str, list[torch.Tensor]] = {k: [] for k in ROW_FIELDS}
+    routing: list[torch.Tensor] = []
     for row in rows:
         src = shapes.source(row)
         p, r = shapes.prompt[row], shapes.response[row]
@@ -214,19 +237,30 @@ def _unpack(
             response_fields[name].append(take(src, dtype, r))
         for name, dtype in ROW_FIELDS.items():
             row_fields[name].append(take(src, dtype, 1))
+        if routing_shape:
+            packed = take(src, torch.long, _routing_int64s(p + r, routing_shape)).view(torch.int16)
+            routing.append(packed[: (p + r) * math.prod(routing_shape)].reshape(p + r, *routing_shape))
     tensors = build_rollout_layout(
         prompts, responses, pad_token_id=pad_token_id,
         response_fields={k: (v, RESPONSE_FIELDS[k]) for k, v in response_fields.items()},
     )
     tensors.update({k: torch.cat(v) for k, v in row_fields.items()})
+    if routing_shape and rows:
+        tensors[ROUTING_FIELD] = build_token_field(
+            routing, [len(t) for t in prompts],
+            prompt_width=tensors["prompts"].shape[1], response_width=tensors["responses"].shape[1],
+        )
     return Batch(tensors=tensors)
 
 
-def exchange_rows(local: Batch | None, plan: StepPlan, layout: Any, pad_token_id: int) -> Batch:
+def exchange_rows(
+    local: Batch | None, plan: StepPlan, layout: Any, pad_token_id: int, routing_shape: tuple[int, ...] | None = None
+) -> Batch:
     """This rank's replica's rows (``plan.replicas[layout.dp_rank]``, in that order) as a padded :class:`Batch`.
 
     Collective over the world: leaders send, each replica's first rank receives, then broadcasts
     to its replica. Only int64/float32 tensors move; their sizes come from ``plan.shapes``.
+    ``routing_shape``: ``(moe_layers, top_k)`` when the rows carry ``routed_experts`` (every rank passes it).
     """
     shapes = plan.shapes
     me = dist.get_rank() if dist.is_initialized() else 0
@@ -241,7 +275,7 @@ def exchange_rows(local: Batch | None, plan: StepPlan, layout: Any, pad_token_id
             own = [r for r in rows if shapes.source(r) == me]
             if not own:
                 continue
-            ints, floats = _pack(local, own, shapes)
+            ints, floats = _pack(local, own, shapes, routing_shape)
             if firsts[d] == me:
                 buffers[me] = (ints, floats)
                 continue
@@ -251,7 +285,7 @@ def exchange_rows(local: Batch | None, plan: StepPlan, layout: Any, pad_token_id
     # Receives: at this replica's first rank, one pair of buffers per leader that has rows here.
     sizes: dict[int, list[int]] = {}
     for row in mine:
-        n_int, n_float = _row_sizes(shapes, row)
+        n_int, n_float = _row_sizes(shapes, row, routing_shape)
         acc = sizes.setdefault(shapes.source(row), [0, 0])
         acc[0] += n_int
         acc[1] += n_float
@@ -284,7 +318,7 @@ def exchange_rows(local: Batch | None, plan: StepPlan, layout: Any, pad_token_id
             buffers[s] = (flat_int[at[0] : at[0] + sizes[s][0]], flat_float[at[1] : at[1] + sizes[s][1]])
             at[0] += sizes[s][0]
             at[1] += sizes[s][1]
-    return _unpack(buffers, mine, shapes, pad_token_id)
+    return _unpack(buffers, mine, shapes, pad_token_id, routing_shape)
 
 
 def return_rows(

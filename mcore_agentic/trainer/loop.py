@@ -151,6 +151,7 @@ class RLTrainer:
                 batch, rollout_stats, num_groups, plan = self.distribute(local, generated, group_rows, step)
             with t.phase("old_log_prob"):
                 batch = c.actor.compute_log_prob(batch, calculate_entropy=True)
+                sync.update(c.actor.routing_metrics())  # rollout/routing_agreement (actor.moe.routing_replay)
             if c.ref is not None:
                 with t.phase("ref"):
                     batch = c.ref.compute_ref_log_prob(batch)
@@ -228,7 +229,7 @@ class RLTrainer:
             shapes, c.layout.data_parallel_size, mini_batch_sizes=minis,
             seed=actor.seed + step * SEED_STRIDE if actor.shuffle else None,
         )
-        batch = exchange_rows(local, plan, c.layout, self.pad_id)
+        batch = exchange_rows(local, plan, c.layout, self.pad_id, c.routing_shape)
         return batch, stats, sizes.sequences_per_step, plan
 
     def dump_train(self, local: Batch | None, batch: Batch, plan: StepPlan, step: int, version: int) -> dict[str, float]:

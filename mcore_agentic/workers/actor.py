@@ -15,6 +15,7 @@ batch every rank builds whole; metrics are identical on every rank.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -79,7 +80,9 @@ class Actor:
     def compute_log_prob(self, batch: Batch, *, calculate_entropy: bool = False) -> Batch:
         """``batch`` plus ``old_log_probs`` [B, R] (and ``entropys`` [B, R]); 0 on response padding."""
         require_keys(batch, MODEL_KEYS, "Actor.compute_log_prob")
-        out = self.engine.forward_only(batch, log_prob_head(self.engine, self.temperature, calculate_entropy), self.batching)
+        head = log_prob_head(self.engine, self.temperature, calculate_entropy)
+        with self._routing(replay=self.cfg.moe.routing_replay == "rollout", measure=True):
+            out = self.engine.forward_only(batch, head, self.batching)
         tensors = {"old_log_probs": out["log_probs"]}
         if calculate_entropy:
             tensors["entropys"] = out["entropys"]
@@ -105,13 +108,25 @@ class Actor:
         require_keys(batch, keys, "Actor.update_policy")
         seed = self.cfg.seed + self._updates  # each update shuffles differently, reproducibly
         self._updates += 1
-        metrics = ppo_epochs(
-            self.engine, batch, mini_batch_size=self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
-            shuffle=self.cfg.shuffle, seed=seed, head=log_prob_head(self.engine, self.temperature, True),
-            make_loss=self._ppo_loss_fn, batching=self.batching,
-        )
+        with self._routing(replay=self.cfg.moe.routing_replay == "rollout", measure=False):
+            metrics = ppo_epochs(
+                self.engine, batch, mini_batch_size=self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
+                shuffle=self.cfg.shuffle, seed=seed, head=log_prob_head(self.engine, self.temperature, True),
+                make_loss=self._ppo_loss_fn, batching=self.batching,
+            )
         # MoE: expert load over this step's actor passes (old log-probs and the updates); {} for a dense model.
         return {**metrics, **self.engine.moe_metrics()}
+
+    def routing_metrics(self) -> dict[str, float]:
+        """``rollout/routing_agreement`` of the old-log-prob passes since the last call (``actor.moe.routing_replay``
+        on a mixture-of-experts model; else {}). Collective over the world."""
+        return self.engine.routing.pop_agreement() if self.engine.routing is not None else {}
+
+    def _routing(self, *, replay: bool, measure: bool) -> Any:
+        """A pass's routing replay switches (nothing for a dense model or ``actor.moe.routing_replay=disable``)."""
+        if self.engine.routing is None:
+            return contextlib.nullcontext()
+        return self.engine.routing.use(replay=replay, measure=measure)
 
     # ------------------------------------------------------------------ SFT
     def sft_step(self, batch: Batch) -> dict[str, float]:

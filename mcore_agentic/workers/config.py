@@ -119,8 +119,17 @@ class MoEConfig:
     0: off, the default for RL (the routing is part of the policy; Qwen3-MoE pre-trained with 0.001)."""
     z_loss_coeff: float = 0.0
     """Weight of the router z-loss (ST-MoE: the squared log-sum-exp of the router logits); 0: off."""
+    routing_replay: str = "disable"
+    """``disable``; ``measure``: the rollout engine records the experts its routers chose per token and the
+    old-log-prob forward reports ``rollout/routing_agreement`` (tokens whose top-k set the trainer's routers
+    share); ``rollout``: also route the old-log-prob and update forwards through the engine's experts
+    (routing replay, "R3"), so the trainer scores the sampled tokens with the experts that sampled them."""
 
     def __post_init__(self) -> None:
+        from mcore_agentic.workers.routing_replay import ROUTING_REPLAY_MODES
+
+        require(self.routing_replay in ROUTING_REPLAY_MODES, "actor.moe.routing_replay",
+                f"{self.routing_replay!r}: use one of {', '.join(ROUTING_REPLAY_MODES)}")
         require(self.aux_loss_coeff >= 0, "actor.moe.aux_loss_coeff", f"must be >= 0, got {self.aux_loss_coeff}")
         require(self.z_loss_coeff >= 0, "actor.moe.z_loss_coeff", f"must be >= 0, got {self.z_loss_coeff}")
 

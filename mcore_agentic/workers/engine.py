@@ -43,6 +43,7 @@ from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel.cp_split import cp_gather, cp_packed_indices, cp_positions, cp_split
 from mcore_agentic.workers.config import OptimConfig
 from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors, optimizer_tensors
+from mcore_agentic.workers.routing_replay import model_layout_routing
 from mcore_agentic.workers.sequence import (
     PackedSequences,
     fixed_micro_batches,
@@ -95,6 +96,9 @@ class MicroBatch:
     """Positions of ``tokens`` within their rows."""
     packed_seq_params: Any = None
     """Megatron's ``PackedSeqParams`` (THD) of a packed micro-batch; None when padded."""
+    routing: torch.Tensor | None = None
+    """The engine's routed experts of ``tokens`` in the routers' order ``[s, b, moe_layers, top_k]`` (routing
+    replay, when the rows carry ``routed_experts``); None otherwise."""
 
 
 def decay_horizon(optim: OptimConfig, run_optimizer_steps: int | None) -> int | None:
@@ -184,6 +188,14 @@ class MegatronEngine:
         from mcore_agentic.workers.moe_load import RouterLoad
 
         self.router_load = RouterLoad(chunks)  # mixture-of-experts models: tokens per expert (no hooks otherwise)
+        self.routing: Any = None  # routing replay (actor.moe.routing_replay) of a mixture-of-experts model
+        if moe is not None and getattr(moe, "routing_replay", "disable") != "disable" and self.router_load.enabled:
+            from mcore_agentic.workers.routing_replay import RoutingReplay
+
+            self.routing = RoutingReplay(
+                chunks, sequence_parallel=bool(self.tcfg.sequence_parallel),
+                tp_size=layout.tensor_model_parallel_size, tp_rank=layout.tp_rank,
+            )
 
     # ------------------------------------------------------------------ build
     def _moe_overrides(self, moe: Any) -> dict[str, Any]:
@@ -323,12 +335,14 @@ class MegatronEngine:
     def _micro_batch(self, data: Batch, prompt_len: int, pack: bool, common: int) -> MicroBatch:
         cp, cp_rank = self.layout.context_parallel_size, self.layout.cp_rank
         layout = dict(cp_size=cp, multiple_of=self._length_multiple)
+        replay = self.routing is not None and "routed_experts" in data
         if not pack:
             packed = pad_rows(data["input_ids"], data["attention_mask"], prompt_len, min_len=common, **layout)
             pos = cp_positions(packed.padded_len, cp, cp_rank, device=packed.tokens.device)
             return MicroBatch(
                 data=data, packed=packed, tokens=cp_split(packed.tokens, cp, cp_rank),
                 labels=cp_split(packed.labels, cp, cp_rank), position_ids=pos.unsqueeze(0).expand(len(data), -1),
+                routing=model_layout_routing(packed, data["routed_experts"], cp, cp_rank) if replay else None,
             )
         from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -346,6 +360,7 @@ class MegatronEngine:
         return MicroBatch(
             data=data, packed=packed, tokens=packed.tokens[:, local], labels=packed.labels[:, local],
             position_ids=packed.position_ids[:, local], packed_seq_params=params,
+            routing=model_layout_routing(packed, data["routed_experts"], cp, cp_rank) if replay else None,
         )
 
     # ------------------------------------------------------------------ schedule
@@ -356,6 +371,8 @@ class MegatronEngine:
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
             mb: MicroBatch = next(data_iterator)
+            if self.routing is not None:
+                self.routing.set_micro_batch(model, mb.routing)
             # attention_mask=None: attention is causal (within each packed row), right for rows that start at 0.
             out = model(
                 input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None,

@@ -78,6 +78,14 @@ class PackedSequences:
             return self.padded_len
         return int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
 
+    def gather_tokens(self, values: torch.Tensor, fill: float = 0) -> torch.Tensor:
+        """Per-token ``values`` of the original rows (``[b, P + R, ...]``, aligned with ``input_ids``) in this
+        layout: ``[*tokens.shape, ...]``, ``fill`` on padding."""
+        out = values.new_full((self.num_tokens, *values.shape[2:]), fill)
+        for i, (first, n, start) in enumerate(zip(self.left_pad.tolist(), self.lengths.tolist(), self.starts.tolist())):
+            out[start : start + n] = values[i, first : first + n]
+        return out.view(*self.tokens.shape, *values.shape[2:])
+
     def response_index(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(flat index [b, R], valid [b, R])``: where response token j's output sits in ``out.reshape(-1)``.
 

@@ -13,11 +13,14 @@ SGLANG_BASE_PORT = 30000
 """Engine ``i`` of a node: ``port=SGLANG_BASE_PORT + 100 * i`` (unbound on one node: IPC + a free NCCL port)."""
 
 
-def build_engine(cfg: RolloutConfig, model_path: str | Path, *, device: str, dtype: str, seed: int | None) -> RolloutEngine:
+def build_engine(
+    cfg: RolloutConfig, model_path: str | Path, *, device: str, dtype: str, seed: int | None, record_routing: bool = False
+) -> RolloutEngine:
     """The engine ``rollout.name`` names, loaded from a local HF checkpoint directory (the one place engines are built).
 
     ``device``: this rank's device (``"cpu"``, ``"cuda:3"``); ``dtype``: ``model.dtype``'s names;
-    ``seed``: the engine's sampling seed (the trainer passes the run's ``seed``).
+    ``seed``: the engine's sampling seed (the trainer passes the run's ``seed``); ``record_routing``: return the
+    experts a mixture-of-experts model's routers chose per token (``actor.moe.routing_replay``; hf and sglang).
 
     ``hf``: :class:`~mcore_agentic.rollout.engines.hf.HFEngine` on ``device`` (rollout TP only sets how
     many ranks share it: the model is not sharded). ``vllm``:
@@ -33,8 +36,15 @@ def build_engine(cfg: RolloutConfig, model_path: str | Path, *, device: str, dty
         from mcore_agentic.rollout.engines.hf import HFEngine
 
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        return HFEngine.from_pretrained(model_path, dtype=torch_dtype, device=str(dev), seed=seed or 0)
+        return HFEngine.from_pretrained(
+            model_path, dtype=torch_dtype, device=str(dev), seed=seed or 0, record_routing=record_routing
+        )
     if cfg.name == "vllm":
+        if record_routing:
+            from mcore_agentic.config.errors import ConfigError
+
+            raise ConfigError("actor.moe.routing_replay", "rollout.name=vllm does not return routed experts here: use "
+                              "rollout.name=hf (CPU) or sglang, or set actor.moe.routing_replay=disable")
         from mcore_agentic.rollout.engines.vllm import VLLMEngine, default_kv_cache_bytes
 
         kv_bytes = cfg.kv_cache_memory_mb * 2**20 if cfg.kv_cache_memory_mb is not None else None

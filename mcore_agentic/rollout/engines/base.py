@@ -6,6 +6,12 @@ stop token included when it stopped on one) with the logprob of each.
 Which distribution the logprobs refer to: ``log softmax(logits / temperature)`` at the
 sampled token, over the full vocabulary, *before* top-k/top-p filtering (temperature 0,
 greedy, uses temperature 1). That is what the trainer recomputes from the same ids.
+
+Routed experts (mixture-of-experts models, when the engine was asked to record them): row ``t`` of
+``routed_experts`` holds, for each MoE layer, the ``top_k`` experts the engine's router chose for the
+token fed at position ``t`` of ``prompt_ids + token_ids`` — every prompt token and every sampled token
+but the last (which the engine never fed). Token-in, token-out like the ids: the rollout aligns them with
+its trajectory, and the trainer can replay them (``actor.moe.routing_replay``).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 EngineFinishReason = Literal["stop", "length", "abort"]
@@ -54,10 +61,15 @@ class GenerationOutput:
     token_ids: list[int]
     log_probs: list[float]
     finish_reason: EngineFinishReason
+    routed_experts: np.ndarray | None = None
+    """``[len(prompt_ids) + len(token_ids) - 1, moe_layers, top_k]`` int16 expert ids (module docstring), or
+    None when the engine records none."""
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.log_probs):
             raise ValueError(f"{len(self.token_ids)} token ids but {len(self.log_probs)} logprobs")
+        if self.routed_experts is not None and self.routed_experts.ndim != 3:
+            raise ValueError(f"routed_experts must be [tokens, moe_layers, top_k], got {self.routed_experts.shape}")
         if self.finish_reason not in ("stop", "length", "abort"):
             raise ValueError(f"unknown finish_reason {self.finish_reason!r}")
 

@@ -16,6 +16,11 @@ Each request samples from its own ``torch.Generator`` seeded by ``params.seed``,
 the ids do not depend on which requests share a step (logprobs agree to float
 rounding of the padded batched forward).
 
+Routed experts (``record_routing=True``, mixture-of-experts models): a forward hook on every MoE layer's
+router (``model.layers.L.mlp.gate``, whose third output is the chosen expert ids) keeps each forward's
+top-k; a prefill hands each row its prompt tokens' rows (left padding dropped), a decoding step the row of
+the token it fed. A finished request returns them as ``GenerationOutput.routed_experts``.
+
 Memory on CPU: :meth:`release_memory` moves the parameters to the ``meta`` device
 (frees them; the small non-persistent buffers such as rotary frequencies are kept
 aside); :meth:`resume_memory` allocates uninitialised storage, and ``generate``
@@ -34,9 +39,11 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams, deliver
@@ -45,6 +52,7 @@ Legacy = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, value
 
 
 _PER_EXPERT = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_MOE_ROUTER = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp\.gate$")
 
 
 @dataclass
@@ -66,6 +74,8 @@ class _Row:
     last: int = -1
     out_ids: list[int] = field(default_factory=list)
     out_lps: list[float] = field(default_factory=list)
+    routing: list[np.ndarray] = field(default_factory=list)
+    """Routed experts of the tokens fed so far, ``[tokens, moe_layers, top_k]`` pieces (``record_routing``)."""
 
 
 class HFEngine:
@@ -81,6 +91,7 @@ class HFEngine:
         batch_window_s: float = 0.005,
         idle_exit_s: float = 1.0,
         seed: int = 0,
+        record_routing: bool = False,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -106,6 +117,10 @@ class HFEngine:
         self._expert_parts: dict[int, set[str]] = {}  # fused expert tensor -> the per-expert names received
         self._kept_buffers: dict[str, torch.Tensor] = {}
         self._params = self._named_params()
+        self._routed: list[torch.Tensor | None] = []  # this forward's expert ids per MoE layer
+        self.record_routing = record_routing
+        if record_routing:
+            self._hook_routers()
         # statistics, for tests and logs
         self.prefills_run = 0
         self.steps_run = 0
@@ -118,6 +133,36 @@ class HFEngine:
 
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True).to(device)
         return cls(model, **kw)
+
+    # -- routed experts -----------------------------------------------------------------------------
+
+    def _hook_routers(self) -> None:
+        """Keep the expert ids every MoE router of the model chooses (its third output), in layer order."""
+        routers = []
+        for name, module in self.model.named_modules():
+            match = _MOE_ROUTER.search(name)
+            if match is not None and hasattr(module, "top_k"):
+                routers.append((int(match.group(1)), module))
+        if not routers:
+            raise ValueError("HFEngine(record_routing=True) needs a mixture-of-experts model (no `layers.L.mlp.gate` "
+                             "router found): set actor.moe.routing_replay=disable for a dense model")
+        routers.sort(key=lambda item: item[0])
+        self._routed = [None] * len(routers)
+        for ordinal, (_, module) in enumerate(routers):
+            module.register_forward_hook(partial(self._keep_routing, ordinal))
+
+    def _keep_routing(self, ordinal: int, module: Any, args: Any, output: Any) -> None:
+        self._routed[ordinal] = output[2]
+
+    def _forward_routing(self) -> torch.Tensor | None:
+        """``[tokens, moe_layers, top_k]`` int16 of the forward just run (None when not recording)."""
+        if not self.record_routing:
+            return None
+        if any(t is None for t in self._routed):
+            raise RuntimeError("a MoE router produced no expert ids in this forward")
+        out = torch.stack([t for t in self._routed if t is not None], dim=1).to(torch.int16).cpu()
+        self._routed = [None] * len(self._routed)
+        return out
 
     # -- generation ---------------------------------------------------------------------------------
 
@@ -194,6 +239,11 @@ class HFEngine:
         new_rows = [
             _Row(p, torch.Generator().manual_seed(p.seed), next_position=lengths[i]) for i, p in enumerate(incoming)
         ]
+        routed = self._forward_routing()
+        if routed is not None:  # [rows x width, L, k], left-padded rows: keep each row's prompt tokens
+            routed = routed.view(len(incoming), width, *routed.shape[1:])
+            for i, row in enumerate(new_rows):
+                row.routing.append(routed[i, width - lengths[i] :].numpy())
         keep = self._sample_all(new_rows, out.logits[:, -1, :])
         if not keep:
             return rows, cache, mask
@@ -224,6 +274,10 @@ class HFEngine:
         )
         self.steps_run += 1
         self.max_rows_per_step = max(self.max_rows_per_step, n)
+        routed = self._forward_routing()
+        if routed is not None:  # one fed token per row
+            for i, row in enumerate(rows):
+                row.routing.append(routed[i : i + 1].numpy())
         for r in rows:
             r.next_position += 1
         keep = self._sample_all(rows, out.logits[:, -1, :])
@@ -254,12 +308,16 @@ class HFEngine:
             row.out_lps.append(logprob)
             row.last = token
             if token in params.stop_token_ids:
-                _deliver(row.req, GenerationOutput(row.out_ids, row.out_lps, "stop"))
+                _deliver(row.req, self._output(row, "stop"))
             elif len(row.out_ids) >= params.max_new_tokens:
-                _deliver(row.req, GenerationOutput(row.out_ids, row.out_lps, "length"))
+                _deliver(row.req, self._output(row, "length"))
             else:
                 keep.append(i)
         return keep
+
+    def _output(self, row: _Row, reason: str) -> GenerationOutput:
+        routed = np.concatenate(row.routing) if row.routing else None
+        return GenerationOutput(row.out_ids, row.out_lps, reason, routed_experts=routed)  # type: ignore[arg-type]
 
     # -- weights and memory -------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams
@@ -22,11 +23,21 @@ from mcore_agentic.tools.base import BaseTool, ToolResponse
 ASSISTANT_HEADER = "<|im_start|>assistant"
 
 
+def scripted_routing(fed: list[int], call: int) -> np.ndarray:
+    """``[len(fed), 2, 2]`` int16 "experts" naming each fed token: its id and position, and the engine call."""
+    pos = np.arange(len(fed))
+    ids = np.asarray(fed)
+    return np.stack([np.stack([ids % 30000, pos], -1), np.stack([pos, np.full_like(pos, call)], -1)], 1).astype(np.int16)
+
+
 class ScriptedEngine:
     """Answers from ``scripts[key][turn]`` where ``key`` is found in the decoded prompt."""
 
-    def __init__(self, tokenizer: Any, scripts: dict[str, list[str]], *, fail_on: str | None = None, delay: float = 0.0):
+    def __init__(self, tokenizer: Any, scripts: dict[str, list[str]], *, fail_on: str | None = None, delay: float = 0.0,
+                 routing: bool = False):
         self.tokenizer = tokenizer
+        self.routing = routing
+        """Also return ``routed_experts`` (2 layers x top-2) that name each fed token: see :func:`scripted_routing`."""
         self.scripts = scripts
         self.fail_on = fail_on
         self.delay = delay
@@ -55,7 +66,8 @@ class ScriptedEngine:
         if len(ids) > params.max_new_tokens:
             ids, finish = ids[: params.max_new_tokens], "length"
         # distinct, recognisable logprobs: -(1 + position / 100)
-        return GenerationOutput(ids, [-(1.0 + i / 100) for i in range(len(ids))], finish)
+        routed = scripted_routing(list(prompt_ids) + ids[:-1], self.calls) if self.routing else None
+        return GenerationOutput(ids, [-(1.0 + i / 100) for i in range(len(ids))], finish, routed_experts=routed)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         raise NotImplementedError("scripted engine has no weights")

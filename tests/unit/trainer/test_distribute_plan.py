@@ -240,6 +240,37 @@ def test_pack_unpack_round_trip_two_sources_interleaved(cut):
     _assert_same(got, want)
 
 
+def test_routed_experts_ride_with_their_rows_across_sources():
+    """Per-token int16 routing (3 MoE layers x top-2, an odd count per token: packed four to an int64 and padded)
+    arrives aligned with the rows' tokens in the receiver's own widths, -1 on padding."""
+    from mcore_agentic.data.batch import build_token_field
+
+    def routing(p, r, salt):  # a value per (row, token, layer, slot) that names its token
+        return [torch.arange((len(p) + len(r)) * 6, dtype=torch.int16).view(-1, 3, 2) + salt for p, r in zip(p, r)]
+
+    cut = 4
+    sources = []
+    for k, (lo, hi) in enumerate(((0, cut), (cut, 6))):
+        local, _, _ = _rollout(PROMPTS[lo:hi], RESPONSES[lo:hi], seed=k)
+        values = routing(PROMPTS[lo:hi], RESPONSES[lo:hi], 100 * (lo + 1))
+        local = local.update({"routed_experts": build_token_field(
+            values, [len(p) for p in PROMPTS[lo:hi]], prompt_width=local["prompts"].shape[1],
+            response_width=local["responses"].shape[1])})
+        sources.append((local, values))
+    shapes = _shapes_of([s for s, _ in sources])
+    rows = [3, 1, 5, 0, 4]
+    buffers = {src: _pack(local, [r for r in rows if shapes.source(r) == src], shapes, (3, 2))
+               for src, (local, _) in ((0, sources[0]), (2, sources[1]))}
+    assert sum(b[0].numel() for b in buffers.values()) == sum(
+        shapes.tokens(r) + shapes.response[r] + 2 + -(-shapes.tokens(r) * 6 // 4) for r in rows)
+    got = _unpack(buffers, rows, shapes, PAD, (3, 2))
+    every = sources[0][1] + sources[1][1]
+    want = build_token_field([every[r] for r in rows], [len(PROMPTS[r]) for r in rows],
+                             prompt_width=got["prompts"].shape[1], response_width=got["responses"].shape[1])
+    assert got["routed_experts"].dtype == torch.int16 and torch.equal(got["routed_experts"], want)
+    assert bool((got["routed_experts"][got["attention_mask"] == 0] == -1).all())
+
+
 def test_pack_of_no_rows_is_empty():
     local, _, _ = _rollout(PROMPTS, RESPONSES)
     ints, floats = _pack(local, [], _shapes_of([local]))
