@@ -51,9 +51,9 @@ def _rollout(path: str, prompts: list[list[int]]):
 
 
 def _body(rank: int, world_size: int, path: str) -> bytes:
-    import megatron_patches
     from megatron.core.transformer.moe.router import TopKRouter
 
+    import megatron_patches
     from mcore_agentic.algorithms.config import PolicyLossConfig
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import initialize_parallel
