@@ -77,6 +77,14 @@ class SafetensorsState(Mapping[str, torch.Tensor]):
         return name in self._file_of
 
 
+def moe_routing_shape(hf_config: Any) -> tuple[int, int] | None:
+    """``(moe_layers, top_k)`` of one token's routed experts (what an engine records for routing replay); None for
+    a dense model. Every layer is a MoE layer (the bridges refuse dense layers between sparse ones)."""
+    if not int(getattr(hf_config, "num_experts", 0) or 0):
+        return None
+    return int(hf_config.num_hidden_layers), int(hf_config.num_experts_per_tok)
+
+
 def save_hf_checkpoint(
     path: str | Path,
     tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],

@@ -76,10 +76,9 @@ def replay_routing_shape(cfg: RLConfig) -> tuple[int, int] | None:
     it is ``disable``. A dense model with it on is a config error."""
     if cfg.actor.moe.routing_replay == "disable":
         return None
-    from mcore_agentic.models.hf_io import load_hf_config
-    from mcore_agentic.workers.routing_replay import routing_shape
+    from mcore_agentic.models.hf_io import load_hf_config, moe_routing_shape
 
-    shape = routing_shape(load_hf_config(cfg.model.model_path))
+    shape = moe_routing_shape(load_hf_config(cfg.model.model_path))
     if shape is None:
         raise ConfigError("actor.moe.routing_replay", f"{cfg.actor.moe.routing_replay!r} needs a mixture-of-experts "
                           f"model, {cfg.model.model_path} is dense: set it to disable")

@@ -33,13 +33,6 @@ import torch.distributed as dist
 ROUTING_REPLAY_MODES = ("disable", "measure", "rollout")
 
 
-def routing_shape(hf_config: Any) -> tuple[int, int] | None:
-    """``(moe_layers, top_k)`` of one token's routing record; None for a dense model."""
-    if not int(getattr(hf_config, "num_experts", 0) or 0):
-        return None
-    return int(hf_config.num_hidden_layers), int(hf_config.num_experts_per_tok)
-
-
 class EngineRouting:
     """One router's replay target and agreement counts (the module docstring)."""
 

@@ -73,4 +73,5 @@ def build_engine(
         deterministic=cfg.seed is not None,
         base_gpu_id=local_rank,
         port=SGLANG_BASE_PORT + 100 * (local_rank // cfg.tensor_model_parallel_size),
+        return_routed_experts=record_routing,
     )

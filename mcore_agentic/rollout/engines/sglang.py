@@ -26,11 +26,18 @@ Weight sync: every ``update_weights_from_tensor`` runs inside one SGLang weight-
 ``weight_version`` unchanged (the weights may be partly updated: sync again before generating).
 
 The engine runs with ``skip_tokenizer_init=True``: ids in, ids out, no detokenization.
+
+Routed experts (``return_routed_experts=True``, routing replay): the engine starts with
+``enable_return_routed_experts`` and each request asks for ``return_routed_experts``; SGLang returns
+``meta_info["routed_experts"]``, base64 of int32 ids ordered by token, layer and top-k slot, one row per token
+it fed (prompt and samples but the last). SGLang's radix cache keeps a cached prefix's rows from the
+request that computed them, which is what the trajectory keeps too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import random
@@ -38,6 +45,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams
@@ -80,23 +88,46 @@ def to_sglang_sampling_params(params: SamplingParams, *, deterministic: bool = F
     return out
 
 
-def to_sglang_request(prompt_ids: list[int], params: SamplingParams, *, deterministic: bool = False) -> dict[str, Any]:
+def to_sglang_request(
+    prompt_ids: list[int], params: SamplingParams, *, deterministic: bool = False, return_routed_experts: bool = False
+) -> dict[str, Any]:
     """Keyword arguments of ``sglang.Engine.async_generate`` for one request."""
-    return {
+    request = {
         "input_ids": list(prompt_ids),
         "sampling_params": to_sglang_sampling_params(params, deterministic=deterministic),
         "return_logprob": True,
     }
+    if return_routed_experts:
+        request["return_routed_experts"] = True
+    return request
 
 
-def from_sglang_output(output: dict[str, Any]) -> GenerationOutput:
+def decode_routed_experts(value: Any, *, routing_shape: tuple[int, int], tokens: int) -> np.ndarray:
+    """``meta_info["routed_experts"]`` (base64 of int32, or an array) as ``[tokens, moe_layers, top_k]`` int16."""
+    if isinstance(value, (str, bytes)):
+        flat = np.frombuffer(base64.b64decode(value), dtype=np.int32)
+    else:
+        flat = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value, dtype=np.int32).reshape(-1)
+    per_token = routing_shape[0] * routing_shape[1]
+    if flat.size % per_token or flat.size // per_token < tokens:
+        raise ValueError(
+            f"SGLang returned {flat.size} routed expert ids, not {tokens} tokens x {routing_shape[0]} MoE layers x "
+            f"top-{routing_shape[1]}: does the server run with enable_return_routed_experts on this model?"
+        )
+    return flat.reshape(-1, *routing_shape)[:tokens].astype(np.int16)
+
+
+def from_sglang_output(
+    output: dict[str, Any], *, prompt_len: int = 0, routing_shape: tuple[int, int] | None = None
+) -> GenerationOutput:
     """A :class:`GenerationOutput` from one ``async_generate`` result dict.
 
     With ``skip_tokenizer_init`` the result is ``{"output_ids", "meta_info"}`` (no ``text``).
     Ids and logprobs come from ``meta_info["output_token_logprobs"]`` (``(logprob, id, None)``
     triples, one per sampled token); ``output_ids``, when present, must agree.
     ``meta_info["finish_reason"]`` is ``{"type": "stop"|"length"|"abort", ...}`` (or None while
-    unfinished, read as abort).
+    unfinished, read as abort). With ``routing_shape`` (``(moe_layers, top_k)``), ``meta_info["routed_experts"]``
+    becomes ``routed_experts`` for the ``prompt_len`` prompt tokens and the samples but the last.
     """
     meta = output.get("meta_info")
     if not isinstance(meta, dict):
@@ -114,7 +145,14 @@ def from_sglang_output(output: dict[str, Any]) -> GenerationOutput:
     kind = reason.get("type") if isinstance(reason, dict) else reason
     if kind not in ("stop", "length", "abort"):
         kind = "abort"
-    return GenerationOutput(token_ids=token_ids, log_probs=log_probs, finish_reason=kind)
+    routed = None
+    if routing_shape is not None:
+        if meta.get("routed_experts") is None:
+            raise ValueError("SGLang output has no meta_info.routed_experts; start the engine with "
+                             "enable_return_routed_experts and call async_generate(return_routed_experts=True)")
+        fed = prompt_len + max(len(token_ids) - 1, 0)
+        routed = decode_routed_experts(meta["routed_experts"], routing_shape=routing_shape, tokens=fed)
+    return GenerationOutput(token_ids=token_ids, log_probs=log_probs, finish_reason=kind, routed_experts=routed)
 
 
 def sglang_engine_kwargs(
@@ -192,6 +230,7 @@ class SGLangEngine:
         port: int | None = None,
         deterministic: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
+        return_routed_experts: bool = False,
     ):
         try:
             import sglang
@@ -216,8 +255,17 @@ class SGLangEngine:
             dtype=dtype,
             port=port,
             deterministic=deterministic,
-            extra=engine_kwargs,
+            extra={**({"enable_return_routed_experts": True} if return_routed_experts else {}), **(engine_kwargs or {})},
         )
+        self.routing_shape: tuple[int, int] | None = None
+        """``(moe_layers, top_k)`` of the routed experts each request returns (``return_routed_experts``)."""
+        if return_routed_experts:
+            from mcore_agentic.models.hf_io import load_hf_config, moe_routing_shape
+
+            self.routing_shape = moe_routing_shape(load_hf_config(model_path))
+            if self.routing_shape is None:
+                raise ValueError(f"SGLangEngine(return_routed_experts=True) needs a mixture-of-experts model: "
+                                 f"{model_path} is dense")
         self.deterministic = bool(kwargs.get("enable_deterministic_inference"))
         """Whether ``SamplingParams.seed`` takes effect (SGLang's ``enable_deterministic_inference``)."""
         self._engine = sglang.Engine(**kwargs)
@@ -246,9 +294,10 @@ class SGLangEngine:
                 "SamplingParams.seed has no effect on SGLangEngine(deterministic=False): SGLang uses sampling_seed "
                 "only with enable_deterministic_inference; pass deterministic=True for reproducible samples"
             )
-        request = to_sglang_request(prompt_ids, params, deterministic=self.deterministic)
+        request = to_sglang_request(prompt_ids, params, deterministic=self.deterministic,
+                                    return_routed_experts=self.routing_shape is not None)
         output = await self._engine.async_generate(**request)
-        return from_sglang_output(output)
+        return from_sglang_output(output, prompt_len=len(prompt_ids), routing_shape=self.routing_shape)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         """Load one bucket; a sync's first bucket opens SGLang's weight-update session."""

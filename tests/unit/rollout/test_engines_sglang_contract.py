@@ -13,11 +13,13 @@ against the real classes where SGLang is installed.
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib.util
 import logging
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -38,7 +40,8 @@ SERVER_ARGS_FIELDS = frozenset(
     random_seed log_level port host nccl_port dist_init_addr nnodes node_rank sampling_backend
     attention_backend load_format context_length max_running_requests max_total_tokens
     chunked_prefill_size disable_radix_cache trust_remote_code kv_cache_dtype quantization
-    schedule_policy sampling_defaults preferred_sampling_params rl_on_policy_target""".split()
+    schedule_policy sampling_defaults preferred_sampling_params rl_on_policy_target
+    enable_return_routed_experts""".split()
 )
 # API fields of SGLang 0.5.23's srt/sampling/sampling_params.py::SamplingParams.
 SAMPLING_PARAMS_FIELDS = frozenset(
@@ -50,7 +53,7 @@ SAMPLING_PARAMS_FIELDS = frozenset(
 # Keyword arguments of SGLang 0.5.23's Engine.async_generate that the adapter may use.
 ASYNC_GENERATE_KWARGS = frozenset(
     """prompt sampling_params input_ids return_logprob logprob_start_len top_logprobs_num token_ids_logprob
-    lora_path stream rid""".split()
+    lora_path stream rid return_routed_experts""".split()
 )
 NO_SESSION = "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
 
@@ -102,6 +105,11 @@ class _SGLangEngine:
         meta = {"id": "9f1c", "finish_reason": {"type": self.finish}, "prompt_tokens": len(request["input_ids"])}
         if request.get("return_logprob"):
             meta["output_token_logprobs"] = [(-0.5 / (i + 1), t, None) for i, t in enumerate(self.reply)]
+        if request.get("return_routed_experts") and self.kwargs.get("enable_return_routed_experts"):
+            # int32 ids by token, layer (2), top-k slot (2) of every fed token, base64 (as SGLang's meta_info)
+            fed = len(request["input_ids"]) + len(self.reply) - 1
+            ids = (np.arange(fed * 4, dtype=np.int32) % 8).reshape(fed, 2, 2)
+            meta["routed_experts"] = base64.b64encode(ids.tobytes()).decode()
         return {"output_ids": list(self.reply), "meta_info": meta}  # skip_tokenizer_init: no "text"
 
     def begin_weight_update(self, selector: str = "all"):
@@ -455,3 +463,34 @@ def test_build_engine_gives_sglang_the_trainers_dtype_seed_and_placement(fake_sg
     assert kwargs["dtype"] == "bfloat16" and kwargs["random_seed"] == 11 and kwargs["tp_size"] == 2
     assert kwargs["base_gpu_id"] == 6 and kwargs["port"] == SGLANG_BASE_PORT + 100 * 3
     assert engine.deterministic  # rollout.seed set: reproducible samples need deterministic inference
+
+
+def test_routed_experts_are_asked_for_and_decoded_per_fed_token(fake_sglang, tmp_path):
+    """Routing replay on SGLang: ``enable_return_routed_experts`` on the server, ``return_routed_experts`` on each
+    request, and ``meta_info["routed_experts"]`` (base64 int32 by token, layer, slot) decoded to one int16 row per
+    fed token (prompt and samples but the last); a server that returns none is an error naming the setting."""
+    from mcore_agentic.rollout.config import RolloutConfig
+    from mcore_agentic.rollout.engines import build_engine
+    from mcore_agentic.rollout.engines.sglang import decode_routed_experts
+    from tests.unit.models._hf_fixtures import make_tiny_hf
+
+    path = make_tiny_hf("Qwen3MoeForCausalLM", tmp_path / "moe")  # 2 MoE layers, top-2
+    engine = build_engine(RolloutConfig(name="sglang"), path, device="cuda:0", dtype="bfloat16", seed=1,
+                          record_routing=True)
+    assert engine._engine.kwargs["enable_return_routed_experts"] is True
+    out = _generate(engine, [1, 2, 3], SamplingParams(max_new_tokens=2))
+    assert engine._engine.calls[-1][1]["return_routed_experts"] is True
+    assert out.routed_experts.dtype == np.int16 and out.routed_experts.shape == (3 + 2 - 1, 2, 2)
+    assert out.routed_experts.reshape(-1).tolist() == [i % 8 for i in range(16)]
+    plain = build_engine(RolloutConfig(name="sglang"), path, device="cuda:0", dtype="bfloat16", seed=1)
+    assert "enable_return_routed_experts" not in plain._engine.kwargs
+    assert _generate(plain, [1], SamplingParams(max_new_tokens=2)).routed_experts is None
+    assert "return_routed_experts" not in plain._engine.calls[-1][1]
+    engine._engine.kwargs["enable_return_routed_experts"] = False  # the server would record nothing
+    with pytest.raises(ValueError, match="enable_return_routed_experts"):
+        _generate(engine, [1, 2], SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match="5 tokens x 2 MoE layers"):
+        decode_routed_experts(base64.b64encode(np.zeros(8, np.int32).tobytes()), routing_shape=(2, 2), tokens=5)
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        build_engine(RolloutConfig(name="sglang"), make_tiny_hf("Qwen3ForCausalLM", tmp_path / "d"), device="cuda:0",
+                     dtype="bfloat16", seed=1, record_routing=True)

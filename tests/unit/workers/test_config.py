@@ -4,7 +4,7 @@ import pytest
 
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.config.load import build
-from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig, RefConfig
+from mcore_agentic.workers.config import ActorConfig, CriticConfig, MoEConfig, OptimConfig, RefConfig
 
 
 def test_defaults_build():
@@ -25,6 +25,8 @@ def test_defaults_build():
         (OptimConfig, {"lr_decay_style": "step"}, "lr_decay_style"),
         (OptimConfig, {"betas": (0.9, 1.5)}, "betas"),
         (OptimConfig, {"min_lr": 1.0, "lr": 0.1}, "min_lr"),
+        (MoEConfig, {"routing_replay": "R3"}, "actor.moe.routing_replay"),
+        (MoEConfig, {"aux_loss_coeff": -1.0}, "actor.moe.aux_loss_coeff"),
     ],
 )
 def test_bad_values_name_the_field(cls, kwargs, key):
