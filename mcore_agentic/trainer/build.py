@@ -286,7 +286,7 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     engine = None  # a rollout group's other ranks hold none (see parallel.rollout_placement)
     if placement.is_leader:
         engine = build_engine(cfg.rollout, cfg.model.model_path, device=str(device), dtype=cfg.model.dtype, seed=cfg.seed,
-                              record_routing=routing is not None)
+                              routing_shape=routing)
     return Components(
         cfg=cfg,
         layout=layout,

@@ -14,13 +14,15 @@ SGLANG_BASE_PORT = 30000
 
 
 def build_engine(
-    cfg: RolloutConfig, model_path: str | Path, *, device: str, dtype: str, seed: int | None, record_routing: bool = False
+    cfg: RolloutConfig, model_path: str | Path, *, device: str, dtype: str, seed: int | None,
+    routing_shape: tuple[int, int] | None = None,
 ) -> RolloutEngine:
     """The engine ``rollout.name`` names, loaded from a local HF checkpoint directory (the one place engines are built).
 
     ``device``: this rank's device (``"cpu"``, ``"cuda:3"``); ``dtype``: ``model.dtype``'s names;
-    ``seed``: the engine's sampling seed (the trainer passes the run's ``seed``); ``record_routing``: return the
-    experts a mixture-of-experts model's routers chose per token (``actor.moe.routing_replay``; hf and sglang).
+    ``seed``: the engine's sampling seed (the trainer passes the run's ``seed``); ``routing_shape``: ``(moe_layers,
+    top_k)`` of a mixture-of-experts model whose routers' choices each request returns (``actor.moe.routing_replay``;
+    hf and sglang).
 
     ``hf``: :class:`~mcore_agentic.rollout.engines.hf.HFEngine` on ``device`` (rollout TP only sets how
     many ranks share it: the model is not sharded). ``vllm``:
@@ -37,10 +39,10 @@ def build_engine(
 
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         return HFEngine.from_pretrained(
-            model_path, dtype=torch_dtype, device=str(dev), seed=seed or 0, record_routing=record_routing
+            model_path, dtype=torch_dtype, device=str(dev), seed=seed or 0, record_routing=routing_shape is not None
         )
     if cfg.name == "vllm":
-        if record_routing:
+        if routing_shape is not None:
             from mcore_agentic.config.errors import ConfigError
 
             raise ConfigError("actor.moe.routing_replay", "rollout.name=vllm does not return routed experts here: use "
@@ -73,5 +75,5 @@ def build_engine(
         deterministic=cfg.seed is not None,
         base_gpu_id=local_rank,
         port=SGLANG_BASE_PORT + 100 * (local_rank // cfg.tensor_model_parallel_size),
-        return_routed_experts=record_routing,
+        routing_shape=routing_shape,
     )

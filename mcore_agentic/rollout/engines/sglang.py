@@ -27,7 +27,7 @@ Weight sync: every ``update_weights_from_tensor`` runs inside one SGLang weight-
 
 The engine runs with ``skip_tokenizer_init=True``: ids in, ids out, no detokenization.
 
-Routed experts (``return_routed_experts=True``, routing replay): the engine starts with
+Routed experts (``routing_shape=(moe_layers, top_k)``, routing replay): the engine starts with
 ``enable_return_routed_experts`` and each request asks for ``return_routed_experts``; SGLang returns
 ``meta_info["routed_experts"]``, base64 of int32 ids ordered by token, layer and top-k slot, one row per token
 it fed (prompt and samples but the last). SGLang's radix cache keeps a cached prefix's rows from the
@@ -230,7 +230,7 @@ class SGLangEngine:
         port: int | None = None,
         deterministic: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
-        return_routed_experts: bool = False,
+        routing_shape: tuple[int, int] | None = None,
     ):
         try:
             import sglang
@@ -255,17 +255,10 @@ class SGLangEngine:
             dtype=dtype,
             port=port,
             deterministic=deterministic,
-            extra={**({"enable_return_routed_experts": True} if return_routed_experts else {}), **(engine_kwargs or {})},
+            extra={**({"enable_return_routed_experts": True} if routing_shape else {}), **(engine_kwargs or {})},
         )
-        self.routing_shape: tuple[int, int] | None = None
-        """``(moe_layers, top_k)`` of the routed experts each request returns (``return_routed_experts``)."""
-        if return_routed_experts:
-            from mcore_agentic.models.hf_io import load_hf_config, moe_routing_shape
-
-            self.routing_shape = moe_routing_shape(load_hf_config(model_path))
-            if self.routing_shape is None:
-                raise ValueError(f"SGLangEngine(return_routed_experts=True) needs a mixture-of-experts model: "
-                                 f"{model_path} is dense")
+        self.routing_shape = routing_shape
+        """``(moe_layers, top_k)``: every request returns its routed experts (routing replay); None: none."""
         self.deterministic = bool(kwargs.get("enable_deterministic_inference"))
         """Whether ``SamplingParams.seed`` takes effect (SGLang's ``enable_deterministic_inference``)."""
         self._engine = sglang.Engine(**kwargs)

@@ -33,4 +33,4 @@ def test_routing_replay_needs_a_mixture_of_experts_model_and_an_engine_that_reco
         replay_routing_shape(cfg(dense, "rollout"))
     assert err.value.field == "actor.moe.routing_replay"
     with pytest.raises(ConfigError, match="rollout.name=vllm"):
-        build_engine(RolloutConfig(name="vllm"), moe, device="cpu", dtype="float32", seed=0, record_routing=True)
+        build_engine(RolloutConfig(name="vllm"), moe, device="cpu", dtype="float32", seed=0, routing_shape=(2, 2))

@@ -4,12 +4,14 @@ The rollout engine runs in bfloat16 and records its routers' top-k per token; th
 replay some tokens' routers choose other experts than the engine's (``rollout/routing_agreement`` < 1); with
 replay every router of the old-log-prob forward *and* of the update forwards routes each token the engine fed to
 exactly the recorded experts (checked per token and layer on the routing maps), and the tokens it never fed (the
-last sampled one, padding) keep their own.
+last sampled one, padding) keep their own. At PP=2 (each stage replaying its own layers of the record) the replayed
+log-probs are the EP=2 ones.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 
 import pytest
@@ -56,7 +58,7 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
     import megatron_patches
     from mcore_agentic.algorithms.config import PolicyLossConfig
     from mcore_agentic.parallel.config import ParallelConfig
-    from mcore_agentic.parallel.layout import initialize_parallel
+    from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, MoEConfig, OptimConfig
 
@@ -65,8 +67,8 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
     layout = initialize_parallel(par, seed=1)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(1, 200, (int(n),), generator=g).tolist() for n in torch.randint(4, 14, (8,), generator=g)]
-    batch = _rollout(path, prompts)  # every rank samples the same rows (same seeds): the actor's DP share is its half
-    batch = batch.index(range(4 * rank, 4 * rank + 4))
+    full = _rollout(path, prompts)  # every rank samples the same rows (same seeds): the actor's DP share is its half
+    batch = full.index(range(4 * rank, 4 * rank + 4))
     cfg = ActorConfig(parallel=par, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, shuffle=False,
                       optim=OptimConfig(lr=1e-2), policy_loss=PolicyLossConfig(entropy_coeff=0.0),
                       moe=MoEConfig(routing_replay="rollout"))
@@ -96,6 +98,14 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
     mask = batch["response_mask"].bool()
     out["gap_free"] = (free - batch["rollout_log_probs"])[mask].abs()
     out["gap_replay"] = (replayed["old_log_probs"] - batch["rollout_log_probs"])[mask].abs()
+    out["ep_replay"], out["ep_free"] = replayed["old_log_probs"], free
+    # PP=2: each stage's routers are other layers of the record (layer 1 on stage 0, layer 2 on stage 1).
+    destroy_parallel()
+    par = ParallelConfig(pipeline_model_parallel_size=2)
+    layout = initialize_parallel(par, seed=1)
+    actor = Actor(dataclasses.replace(cfg, parallel=par), mini_batch_sequences=8, model_path=path, dtype="float32",
+                  layout=layout)
+    out["pp_replay"] = actor.compute_log_prob(full)["old_log_probs"]
     buf = io.BytesIO()
     torch.save(out, buf)
     return buf.getvalue()
@@ -146,3 +156,13 @@ def test_replay_routes_every_fed_token_to_the_recorded_experts_in_both_passes(ru
                 # tokens the engine never fed (the last sampled one, padding) keep their own top-2
                 assert bool((routing_map[~(target >= 0).all(-1)].sum(-1) == 2).all())
         assert len(out["update"]) == len(out["replay"])  # one optimizer step over the same micro-batches
+
+
+def test_replay_at_pp2_gives_the_ep2_log_probs(runs):
+    full = runs[0]["pp_replay"]
+    assert torch.equal(full, runs[1]["pp_replay"])  # broadcast from the last stage
+    for rank, out in enumerate(runs):
+        mine = full[4 * rank : 4 * rank + 4]
+        assert (mine - out["ep_replay"]).abs().max() <= 1e-5
+    # and replay mattered: some token's log-prob differs from the trainer's own routing's
+    assert max(float((out["ep_replay"] - out["ep_free"]).abs().max()) for out in runs) > 1e-3
