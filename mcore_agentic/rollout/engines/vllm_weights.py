@@ -5,7 +5,8 @@ calls it between ``start_weight_update`` and ``finish_weight_update``; it loads 
 (Hugging Face-named tensors, passed by reference, never serialised) through the model's own
 ``load_weights`` inside vLLM's layerwise reload, which re-runs the kernels' weight processing
 (the CPU build repacks linear weights). Tied checkpoints get the head fed the embedding: the
-reload unties them.
+reload unties them. Mixture-of-experts layers get their experts kernel's own weight processing run
+again after the reload (:func:`reprocess_experts`): vLLM runs it at the first load only.
 """
 
 from __future__ import annotations
@@ -69,11 +70,33 @@ def register_inproc_backend() -> None:
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
             finalize_layerwise_reload(self.model, self.model_config)
+            reprocess_experts(self.model)
 
         def shutdown(self) -> None:
             pass
 
     WeightTransferEngineFactory.register_engine(INPROC_BACKEND, InprocWeightTransfer)
+
+
+def reprocess_experts(model: torch.nn.Module) -> int:
+    """Run each unquantized MoE layer's experts-kernel weight processing again; returns how many layers.
+
+    vLLM 0.32's ``UnquantizedFusedMoEMethod._setup_kernel`` calls ``moe_kernel.fused_experts.
+    process_weights_after_loading`` only when it builds the kernel (the first load): on a weight update the
+    reloaded experts stay in checkpoint layout, which the CPU kernel reads as its prepacked grouped-GEMM
+    layout (wrong outputs, no error). Every MoE layer is reloaded in a complete sync, so each gets its
+    processing once more, exactly as at the first load.
+    """
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        kernel = getattr(method, "moe_kernel", None)
+        if isinstance(method, UnquantizedFusedMoEMethod) and kernel is not None and hasattr(module, "w13_weight"):
+            kernel.fused_experts.process_weights_after_loading(module)
+            count += 1
+    return count
 
 
 class QuietReload(logging.Filter):
@@ -102,4 +125,5 @@ def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-__all__ = ["INPROC_BACKEND", "QuietReload", "checkpoint_shapes", "finish_reload", "register_inproc_backend"]
+__all__ = ["INPROC_BACKEND", "QuietReload", "checkpoint_shapes", "finish_reload", "register_inproc_backend",
+           "reprocess_experts"]
