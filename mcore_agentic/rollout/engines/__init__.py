@@ -45,8 +45,9 @@ def build_engine(
         if routing_shape is not None:
             from mcore_agentic.config.errors import ConfigError
 
-            raise ConfigError("actor.moe.routing_replay", "rollout.name=vllm does not return routed experts here: use "
-                              "rollout.name=hf (CPU) or sglang, or set actor.moe.routing_replay=disable")
+            raise ConfigError("actor.moe.routing_replay", "rollout.name=vllm does not return routed experts (vLLM 0.32 "
+                              "does only with its V2 model runner, which needs Triton on a GPU): use rollout.name=hf "
+                              "(CPU) or sglang, or set actor.moe.routing_replay=disable")
         from mcore_agentic.rollout.engines.vllm import VLLMEngine, default_kv_cache_bytes
 
         kv_bytes = cfg.kv_cache_memory_mb * 2**20 if cfg.kv_cache_memory_mb is not None else None
