@@ -46,7 +46,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _rollout(path: str, a: argparse.Namespace, dtype: torch.dtype):
     """The engine's completions of random prompts as rollout rows with ``routed_experts`` (every rank: all rows)."""
-    from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
+    from mcore_agentic.data.batch import Batch
+    from mcore_agentic.rollout.driver import trajectory_tensors
     from mcore_agentic.rollout.engines.base import SamplingParams
     from mcore_agentic.rollout.engines.hf import HFEngine
     from mcore_agentic.rollout.request import Trajectory
@@ -67,14 +68,7 @@ def _rollout(path: str, a: argparse.Namespace, dtype: torch.dtype):
         t.append(out.token_ids, sampled=True, log_probs=out.log_probs)
         t.record_routing(out.routed_experts)
         trajs.append(t)
-    tensors = build_rollout_layout(
-        [t.prompt_ids for t in trajs], [t.response_ids for t in trajs], pad_token_id=0,
-        response_fields={"response_mask": ([t.response_mask for t in trajs], torch.long),
-                         "rollout_log_probs": ([t.response_log_probs for t in trajs], torch.float32)})
-    tensors["routed_experts"] = build_token_field(
-        [t.routed_experts for t in trajs], [t.prompt_len for t in trajs],
-        prompt_width=tensors["prompts"].shape[1], response_width=tensors["responses"].shape[1])
-    return Batch(tensors=tensors)
+    return Batch(tensors=trajectory_tensors(trajs, pad_token_id=0))
 
 
 def main(argv: list[str] | None = None) -> None:

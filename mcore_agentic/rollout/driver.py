@@ -37,7 +37,7 @@ from mcore_agentic.rollout.agent_loop import AgentContext, run_request
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.engines.base import RolloutEngine
 from mcore_agentic.rollout.loop_monitor import LoopStallMonitor
-from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest
+from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
 from mcore_agentic.rollout.tokenization import ChatTokenizer, log_mismatch
 from mcore_agentic.rollout.tool_parser import get_tool_parser
 
@@ -148,16 +148,9 @@ def _pad_id(tokenizer: Any) -> int:
     return int(pad if pad is not None else tokenizer.eos_token_id)
 
 
-def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token_id: int) -> Batch:
-    """Finished requests -> padded tensors and meta lists (layout in the module docstring)."""
-    if not requests:
-        raise ValueError("no requests to collate")
-    for r in requests:
-        if not r.done:
-            raise ValueError(f"request {r.request_id} is still {r.state.value}")
-        if r.trajectory.prompt_len > cfg.prompt_length or r.trajectory.response_len > cfg.response_length:
-            raise ValueError(f"request {r.request_id} exceeds the length limits; the loop should have cut it")
-    trajs = [r.trajectory for r in requests]
+def trajectory_tensors(trajs: Sequence[Trajectory], *, pad_token_id: int) -> dict[str, torch.Tensor]:
+    """The rollout layout of trajectories: ids, ``response_mask``, ``rollout_log_probs`` and, when the engine
+    recorded them, ``routed_experts``."""
     tensors = build_rollout_layout(
         [t.prompt_ids for t in trajs],
         [t.response_ids for t in trajs],
@@ -172,6 +165,20 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
             [t.routed_experts for t in trajs], [t.prompt_len for t in trajs],
             prompt_width=tensors["prompts"].shape[1], response_width=tensors["responses"].shape[1],
         )
+    return tensors
+
+
+def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token_id: int) -> Batch:
+    """Finished requests -> padded tensors and meta lists (layout in the module docstring)."""
+    if not requests:
+        raise ValueError("no requests to collate")
+    for r in requests:
+        if not r.done:
+            raise ValueError(f"request {r.request_id} is still {r.state.value}")
+        if r.trajectory.prompt_len > cfg.prompt_length or r.trajectory.response_len > cfg.response_length:
+            raise ValueError(f"request {r.request_id} exceeds the length limits; the loop should have cut it")
+    trajs = [r.trajectory for r in requests]
+    tensors = trajectory_tensors(trajs, pad_token_id=pad_token_id)
     # The oldest weight version that sampled a row's tokens (partial rollouts resume across versions; -1: none).
     oldest = [min((v for v in t.response_versions if v >= 0), default=-1) for t in trajs]
     meta = {

@@ -23,7 +23,8 @@ from tests.unit.models._hf_fixtures import make_tiny_hf
 
 def _rollout(path: str, prompts: list[list[int]]):
     """The engine's samples as rollout rows with ``routed_experts`` (bf16 engine, recorded routing)."""
-    from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
+    from mcore_agentic.data.batch import Batch
+    from mcore_agentic.rollout.driver import trajectory_tensors
     from mcore_agentic.rollout.engines.base import SamplingParams
     from mcore_agentic.rollout.engines.hf import HFEngine
     from mcore_agentic.rollout.request import Trajectory
@@ -41,15 +42,7 @@ def _rollout(path: str, prompts: list[list[int]]):
         t.append(out.token_ids, sampled=True, log_probs=out.log_probs)
         t.record_routing(out.routed_experts)
         trajs.append(t)
-    tensors = build_rollout_layout(
-        [t.prompt_ids for t in trajs], [t.response_ids for t in trajs], pad_token_id=0,
-        response_fields={"response_mask": ([t.response_mask for t in trajs], torch.long),
-                         "rollout_log_probs": ([t.response_log_probs for t in trajs], torch.float32)},
-    )
-    tensors["routed_experts"] = build_token_field(
-        [t.routed_experts for t in trajs], [t.prompt_len for t in trajs],
-        prompt_width=tensors["prompts"].shape[1], response_width=tensors["responses"].shape[1])
-    return Batch(tensors=tensors)
+    return Batch(tensors=trajectory_tensors(trajs, pad_token_id=0))
 
 
 def _body(rank: int, world_size: int, path: str) -> bytes:
