@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,7 @@ def launch(dict_cfg: DictConfig) -> int:
     except ConfigError as exc:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
+        _let_rank0_report(rank)
         _shutdown(destroy_parallel)
         return EXIT_CONFIG_ERROR
     except TrainingStopped as exc:
@@ -113,6 +115,32 @@ def launch(dict_cfg: DictConfig) -> int:
         return EXIT_PREEMPTED
     _shutdown(destroy_parallel)
     return 0
+
+
+def _let_rank0_report(rank: int, timeout_s: float = 10.0) -> None:
+    """Hold the other ranks' exit until rank 0 has printed its error line: torchrun stops every rank as soon as
+    one exits, and a rank 0 a moment behind would be killed before it says what is wrong. Bounded: an error
+    that rank 0 never reaches costs the others ``timeout_s``, never a hang."""
+    import datetime
+
+    import torch.distributed as dist
+
+    key = "mcore_agentic/config_error_reported"
+    try:
+        store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
+    except Exception:  # noqa: BLE001 -- no store: fall back to a short pause
+        store = None
+    if store is None:
+        if rank != 0:
+            time.sleep(2.0)
+        return
+    try:
+        if rank == 0:
+            store.set(key, "1")
+        else:
+            store.wait([key], datetime.timedelta(seconds=timeout_s))
+    except Exception:  # noqa: BLE001 -- rank 0 gone or never there: exit anyway
+        pass
 
 
 def _shutdown(destroy_parallel: Any) -> None:

@@ -80,7 +80,7 @@ def test_tp_not_dividing_query_groups(tmp_path):
     proc = _torchrun(["actor.tensor_model_parallel_size=2", f"model.model_path={model_dir}"], tmp_path)
     assert proc.returncode != 0
     lines = _lines_naming(proc, "actor.tensor_model_parallel_size")
-    assert len(lines) == 1, lines
+    assert len(lines) == 1, (lines, proc.stdout[-2000:], proc.stderr[-4000:])
     assert lines[0].startswith("error: actor.tensor_model_parallel_size: =2 does not divide")
     assert "num_query_groups (KV heads) = 1" in lines[0]
     _assert_no_worker_traceback(proc)
