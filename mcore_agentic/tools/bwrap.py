@@ -1,38 +1,40 @@
-"""Bubblewrap for the code sandbox: find ``bwrap``, say what the sandbox mounts, build its argv, probe it.
+"""Bubblewrap for the code sandbox: find ``bwrap``, say what the sandbox mounts, build its argv.
 
 One sandbox is one ``bwrap`` process tree with, all kernel-enforced:
 
-* new user, PID, network, IPC, UTS (and, where the kernel has one, cgroup)
-  namespaces; the code runs as uid/gid 65534 with every capability dropped, in
-  its own session, and cannot create further user namespaces;
-* a fresh ``/proc`` of its own PID namespace (the host's processes are not
-  there) and a minimal ``/dev``;
-* read-only binds of exactly the interpreter, its standard library, its
-  site-packages (unless ``site_packages: false``), the system's shared-library
-  directories and any ``extra_read_paths``; nothing else of the host;
+* new user, PID, network, IPC, UTS (and, where the kernel has one, cgroup) namespaces; bwrap
+  waits (``--userns-block-fd``) while the trainer writes the user namespace's uid and gid maps
+  (:mod:`.host_user`: which host uid the code runs as) and moves the sandbox into its memory
+  cgroup (:mod:`.memory_cgroup`), so both hold before the interpreter starts; inside, the code
+  runs as uid/gid 65534 with every capability dropped, in its own session;
+* a fresh ``/proc`` of its own PID namespace (the host's processes are not there), mounted
+  read-only, so no kernel tunable under ``/proc/sys`` can be written whatever the uid; a ``/dev``
+  of ``null``, ``zero``, ``full``, ``random`` and ``urandom`` only, read-only (no ``/dev/shm``,
+  no terminals);
+* read-only binds of exactly the interpreter, its standard library, its site-packages (unless
+  ``site_packages: false``), the system's shared-library directories and any
+  ``extra_read_paths``; nothing else of the host;
 * the working directory ``/sandbox`` (also ``$HOME``, ``$TMPDIR`` and, unless an
-  ``extra_read_paths`` entry lives there, ``/tmp``)
-  on a tmpfs of ``disk_mb``; the root and ``/dev`` are remounted read-only, so
-  that tmpfs is the only place the code can write;
+  ``extra_read_paths`` entry lives there, ``/tmp``) on a tmpfs of ``disk_mb``; the root and
+  ``/dev`` are remounted read-only, so that tmpfs is the only place the code can write;
+* a seccomp filter (:mod:`.seccomp`), which also keeps the code from creating user namespaces;
 * ``--die-with-parent``: if the trainer dies, so does every sandbox.
 
-The argv is built once per sandbox configuration (:class:`SandboxImage`) and
-checked by running it (:func:`check_usable`): a kernel that refuses user
-namespaces, a missing binary or a broken mount is reported with one line saying
-how to fix it, never silently worked around.
+Nothing of an execution lives on the host's disk: its code, output and status travel through
+pipes. The argv is built once per sandbox configuration (:class:`SandboxImage`); the sandbox
+proves it works by running one execution before the tool starts (:mod:`.sandbox`), and a
+failure is reported in one line saying how to fix it (:func:`describe_failure`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-SANDBOX_UID = 65534
 WORKDIR = "/sandbox"
 BOOTSTRAP_PATH = "/.sandbox_child.py"
 _SYSTEM_LIB_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32")
@@ -43,8 +45,8 @@ _NAMESPACES = (
     "--unshare-ipc",
     "--unshare-uts",
     "--unshare-cgroup-try",
-    "--disable-userns",
 )
+_DEVICES = ("null", "zero", "full", "random", "urandom")
 FIX_MOUNTS = (
     "check that the interpreter's paths and extra_read_paths exist and are readable, or set the code tool's "
     "config sandbox: unsafe_subprocess to run model code without isolation"
@@ -143,15 +145,35 @@ def bwrap_argv(
     bootstrap: str,
     disk_mb: int,
     env: dict[str, str],
-    seccomp_fd: int | None = None,
-    info_fd: int | None = None,
+    *,
+    seccomp_fd: int,
+    info_fd: int,
+    userns_block_fd: int,
+    keep_setid_caps: bool,
 ) -> list[str]:
-    """``bwrap`` and its options up to (including) ``--``; append the command to run."""
-    argv = [bwrap, *_NAMESPACES, "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+    """``bwrap`` and its options up to (including) ``--``; append the command to run.
+
+    bwrap writes the sandbox's pid to ``info_fd`` and then waits for a byte on ``userns_block_fd``:
+    meanwhile the caller writes the uid/gid maps (and moves it into its cgroup). ``keep_setid_caps``
+    keeps ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_CHOWN`` for the bootstrap, which starts as namespace
+    root, gives the working directory to the sandbox uid and drops to it before it reads any code (a
+    root trainer, :mod:`.host_user`); the drop clears them all.
+    """
+    argv = [bwrap, *_NAMESPACES, "--userns-block-fd", str(userns_block_fd), "--info-fd", str(info_fd)]
     argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if keep_setid_caps:
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
+    argv += ["--proc", "/proc", "--remount-ro", "/proc"]
+    argv += ["--tmpfs", "/dev"]
+    for name in _DEVICES:
+        argv += ["--dev-bind" if name == "null" else "--dev-bind-try", f"/dev/{name}", f"/dev/{name}"]
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        argv += ["--symlink", f"/proc/self/fd/{i}", f"/dev/{name}"]
+    argv += ["--symlink", "/proc/self/fd", "/dev/fd"]
     for target, path in image.symlinks:
         argv += ["--symlink", target, path]
+    for parent in _mount_point_parents([dst for _, dst in image.binds] + [BOOTSTRAP_PATH]):
+        argv += ["--perms", "0755", "--dir", parent]
     for src, dst in image.binds:
         argv += ["--ro-bind", src, dst]
     argv += ["--ro-bind", bootstrap, BOOTSTRAP_PATH]
@@ -163,30 +185,34 @@ def bwrap_argv(
     argv += ["--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
-    if seccomp_fd is not None:
-        argv += ["--seccomp", str(seccomp_fd)]
-    if info_fd is not None:
-        argv += ["--info-fd", str(info_fd)]
+    argv += ["--seccomp", str(seccomp_fd)]
     return [*argv, "--"]
 
 
-def check_usable(argv_prefix: list[str], python: str, timeout_s: float = 30.0) -> None:
-    """Run ``python -c pass`` in the sandbox; :class:`SandboxUnavailable` with the cause and fix if it fails."""
-    try:
-        result = subprocess.run(
-            [*argv_prefix, python, "-I", "-S", "-c", "pass"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout_s,
-            close_fds=True,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SandboxUnavailable(f"bubblewrap could not start ({type(exc).__name__}: {exc}); {FIX_USERNS}") from None
-    if result.returncode != 0:
-        lines = result.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit code {result.returncode}"]
-        cause = lines[-1].strip()
-        userns = any(word in cause.lower() for word in ("namespace", "uid map", "permission", "not permitted"))
-        raise SandboxUnavailable(f"bubblewrap cannot build the sandbox here ({cause}); {FIX_USERNS if userns else FIX_MOUNTS}")
+def _mount_point_parents(destinations: list[str]) -> list[str]:
+    """The directories above the mount points that no bind provides, outermost first.
+
+    bwrap creates a mount point's missing parents ``0700``, owned by whoever sets the sandbox up
+    (namespace root under a root trainer); the code runs as another uid and must traverse them.
+    """
+    def under(path: str, root: str) -> bool:
+        return path == root or path.startswith(root.rstrip("/") + "/")
+
+    parents = set()
+    for dst in destinations:
+        parent = os.path.dirname(dst)
+        while parent not in ("/", ""):
+            parents.add(parent)
+            parent = os.path.dirname(parent)
+    return sorted((p for p in parents if not any(under(p, d) for d in destinations)), key=lambda p: (p.count("/"), p))
+
+
+def describe_failure(stderr: str, exit_code: int | None) -> str:
+    """One line: why a sandbox could not start (from bwrap's or the bootstrap's stderr), and the fix."""
+    lines = stderr.strip().splitlines() or [f"exit code {exit_code}"]
+    cause = lines[-1].strip()
+    userns = any(word in cause.lower() for word in ("namespace", "uid map", "not permitted", "permission denied"))
+    return f"bubblewrap cannot build the sandbox here ({cause}); {FIX_USERNS if userns else FIX_MOUNTS}"
 
 
 def bootstrap_source() -> str:

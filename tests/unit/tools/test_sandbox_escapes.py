@@ -439,14 +439,18 @@ def test_runs_as_nobody_without_capabilities_in_its_own_pid_namespace(tool):
         def look():
             status = dict(line.split(":", 1) for line in open("/proc/self/status"))
             pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-            return os.getuid(), os.getgid(), status["CapEff"].strip(), status["CapBnd"].strip(), status["NoNewPrivs"].strip(), pids
+            caps = [int(status[k], 16) for k in ("CapPrm", "CapEff", "CapAmb", "CapBnd")]
+            return os.getuid(), os.getgid(), os.getgroups(), caps, status["NoNewPrivs"].strip(), pids
         print(unhooked(look))
         """
     )
     result = model_call(tool, code)
-    uid, gid, cap_eff, cap_bnd, _no_new_privs, pids = eval(result.text)  # noqa: S307 -- our own repr
-    assert (uid, gid) == (65534, 65534)
-    assert int(cap_eff, 16) == 0 and int(cap_bnd, 16) == 0
+    uid, gid, groups, (cap_prm, cap_eff, cap_amb, cap_bnd), no_new_privs, pids = eval(result.text)  # noqa: S307
+    assert (uid, gid, groups) == (65534, 65534, [])
+    assert cap_prm == cap_eff == cap_amb == 0 and no_new_privs == "1"
+    # A root trainer's bootstrap needs CAP_SETUID/SETGID/CHOWN to drop; the bounding set keeps them, but with
+    # no-new-privileges and nosuid mounts no exec can bring any back.
+    assert cap_bnd & ~((1 << 0) | (1 << 6) | (1 << 7)) == 0 if os.geteuid() == 0 else cap_bnd == 0
     assert max(pids) < 10, pids  # only the sandbox's own processes exist
     assert not result.is_error
 
