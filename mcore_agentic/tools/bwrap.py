@@ -37,6 +37,9 @@ from pathlib import Path
 
 WORKDIR = "/sandbox"
 BOOTSTRAP_PATH = "/.sandbox_child.py"
+SETPRIV_PATH = "/.setpriv"
+SANDBOX_UID = 65534
+"""The uid (and gid) the code sees inside the sandbox."""
 _SYSTEM_LIB_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32")
 _NAMESPACES = (
     "--unshare-user",
@@ -149,20 +152,22 @@ def bwrap_argv(
     seccomp_fd: int,
     info_fd: int,
     userns_block_fd: int,
-    keep_setid_caps: bool,
+    setpriv: str | None = None,
 ) -> list[str]:
-    """``bwrap`` and its options up to (including) ``--``; append the command to run.
+    """``bwrap`` and its options up to (including) ``--``, and a privilege drop; append the command to run.
 
     bwrap writes the sandbox's pid to ``info_fd`` and then waits for a byte on ``userns_block_fd``:
-    meanwhile the caller writes the uid/gid maps (and moves it into its cgroup). ``keep_setid_caps``
-    keeps ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_CHOWN`` for the bootstrap, which starts as namespace
-    root, gives the working directory to the sandbox uid and drops to it before it reads any code (a
-    root trainer, :mod:`.host_user`); the drop clears them all.
+    meanwhile the caller writes the uid/gid maps (and moves it into its cgroup). With ``setpriv`` (a
+    root trainer, :mod:`.host_user`) the sandbox is set up as namespace root, which keeps
+    ``CAP_SETUID``, ``CAP_SETGID`` and ``CAP_SETPCAP`` for one thing: ``setpriv`` (util-linux) drops to
+    the sandbox uid and gid, clears the groups, the inheritable and the bounding set, and only then
+    executes the interpreter, which thus never runs privileged. The working directory is then a
+    sticky world-writable tmpfs (it was made by namespace root); otherwise it is the code's own, 0700.
     """
     argv = [bwrap, *_NAMESPACES, "--userns-block-fd", str(userns_block_fd), "--info-fd", str(info_fd)]
     argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    if keep_setid_caps:
-        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
+    if setpriv is not None:
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
     argv += ["--proc", "/proc", "--remount-ro", "/proc"]
     argv += ["--tmpfs", "/dev"]
     for name in _DEVICES:
@@ -172,12 +177,13 @@ def bwrap_argv(
     argv += ["--symlink", "/proc/self/fd", "/dev/fd"]
     for target, path in image.symlinks:
         argv += ["--symlink", target, path]
-    for parent in _mount_point_parents([dst for _, dst in image.binds] + [BOOTSTRAP_PATH]):
+    binds = [*image.binds, (bootstrap, BOOTSTRAP_PATH)] + ([(setpriv, SETPRIV_PATH)] if setpriv is not None else [])
+    for parent in _mount_point_parents([dst for _, dst in binds]):
         argv += ["--perms", "0755", "--dir", parent]
-    for src, dst in image.binds:
+    for src, dst in binds:
         argv += ["--ro-bind", src, dst]
-    argv += ["--ro-bind", bootstrap, BOOTSTRAP_PATH]
-    argv += ["--size", str(disk_mb * 1024 * 1024), "--perms", "0700", "--tmpfs", WORKDIR]
+    workdir_mode = "1777" if setpriv is not None else "0700"
+    argv += ["--size", str(disk_mb * 1024 * 1024), "--perms", workdir_mode, "--tmpfs", WORKDIR]
     if not any(dst == "/tmp" or dst.startswith("/tmp/") for _, dst in image.binds):  # else /tmp holds those binds
         argv += ["--symlink", WORKDIR.lstrip("/"), "/tmp"]
     argv += ["--chdir", WORKDIR]
@@ -186,7 +192,12 @@ def bwrap_argv(
     for key, value in env.items():
         argv += ["--setenv", key, value]
     argv += ["--seccomp", str(seccomp_fd)]
-    return [*argv, "--"]
+    argv.append("--")
+    if setpriv is not None:
+        ids = str(SANDBOX_UID)
+        argv += [SETPRIV_PATH, f"--reuid={ids}", f"--regid={ids}", "--clear-groups"]
+        argv += ["--inh-caps=-all", "--bounding-set=-all", "--"]
+    return argv
 
 
 def _mount_point_parents(destinations: list[str]) -> list[str]:

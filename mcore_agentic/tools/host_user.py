@@ -10,11 +10,12 @@ trainer writes the namespace's uid and gid maps (:meth:`HostUser.maps`):
   a *dedicated* uid taken from ``host_uid_range`` (a different one for each execution, so no two
   concurrent executions share a uid's process count, pipe quota or signal queue). bwrap sets the
   sandbox up as namespace root, which is host root for the files it binds, so an interpreter
-  under a ``0700`` ``/root`` is still reached; the sandbox's bootstrap then drops to 65534 (host
-  uid X, no supplementary groups: the trainer's are cleared before bwrap starts) before it reads
-  any code. Leaving uid 0 clears every capability (checked in the bootstrap, which exits otherwise).
-  From then on the kernel sees an unprivileged user that owns no host file: ``/proc/sys`` and
-  every root-only file are out of reach, and ``RLIMIT_NPROC`` binds (the kernel exempts only root).
+  under a ``0700`` ``/root`` is still reached; then ``setpriv`` (util-linux) drops to 65534 (host
+  uid X), clears the supplementary groups (the trainer's group 0 among them), the inheritable
+  and the bounding capability sets, and only then executes the interpreter: nothing in the
+  sandbox ever runs as host root after bwrap's own set-up. From then on the kernel sees an
+  unprivileged user that owns no host file: ``/proc/sys`` and every root-only file are out of
+  reach, and ``RLIMIT_NPROC`` binds (the kernel exempts only root).
 * **trainer is root, ``host_user: trainer``**: ``65534 0 1``, the sandbox's uid *is* host root
   (what bubblewrap alone gives). A weaker mode a config must ask for; a warning says so.
 
@@ -28,12 +29,13 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import shutil
 from dataclasses import dataclass
+
+from mcore_agentic.tools.bwrap import SANDBOX_UID
 
 logger = logging.getLogger(__name__)
 
-SANDBOX_UID = 65534
-"""The uid (and gid) the code sees inside the sandbox."""
 DEFAULT_UID_RANGE = (2_000_000_000, 65536)
 """Dedicated host uids for a root trainer's sandboxes: unused by every distribution, systemd
 (its container range ends at 1879048191) and Kubernetes' user-namespace ranges."""
@@ -108,10 +110,12 @@ class HostUser:
     """Dedicated host ids (first, count) when sandboxes run as their own uids (root trainer), else None."""
     excluded: frozenset[int] = frozenset()
     """Ids of the range that belong to an account of this system and are skipped."""
+    setpriv: str | None = None
+    """The ``setpriv`` that drops the sandbox from namespace root to :data:`SANDBOX_UID` (with ``uid_range``)."""
 
     @property
     def drops_root(self) -> bool:
-        """Whether the sandbox starts as namespace root and its bootstrap drops to :data:`SANDBOX_UID`."""
+        """Whether the sandbox is set up as namespace root and ``setpriv`` drops it to :data:`SANDBOX_UID`."""
         return self.uid_range is not None
 
     @property
@@ -183,7 +187,14 @@ def resolve_host_user(host_user: str, uid_range: tuple[int, int] | None) -> Host
     excluded = frozenset(i for i in _system_ids() if chosen[0] <= i < chosen[0] + chosen[1])
     if len(excluded) >= chosen[1]:
         raise HostUserError(f"every id of host_uid_range {list(chosen)} belongs to an account of this system; pick another")
-    return HostUser(trainer_uid=uid, trainer_gid=gid, uid_range=chosen, excluded=excluded)
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
+    if setpriv is None:
+        raise HostUserError(
+            "the trainer runs as root, and the sandbox needs setpriv (util-linux) to start model code as an "
+            "unprivileged uid; install util-linux, run the trainer as an ordinary user, or set host_user: trainer "
+            "(the sandbox then runs as host root: weaker)"
+        )
+    return HostUser(trainer_uid=uid, trainer_gid=gid, uid_range=chosen, excluded=excluded, setpriv=os.path.realpath(setpriv))
 
 
 def _show(intervals: list[tuple[int, int]]) -> str:

@@ -54,6 +54,7 @@ from mcore_agentic.config.errors import ConfigError, require
 from mcore_agentic.tools.bwrap import (
     BOOTSTRAP_PATH,
     FIX_USERNS,
+    SANDBOX_UID,
     WORKDIR,
     SandboxUnavailable,
     bootstrap_source,
@@ -62,7 +63,7 @@ from mcore_agentic.tools.bwrap import (
     find_bwrap,
     interpreter_image,
 )
-from mcore_agentic.tools.host_user import SANDBOX_UID, HostUser, HostUserError, resolve_host_user
+from mcore_agentic.tools.host_user import HostUser, HostUserError, resolve_host_user
 from mcore_agentic.tools.memory_cgroup import MemoryCgroups
 from mcore_agentic.tools.owner import OwnerTag, stale_entries
 from mcore_agentic.tools.sandbox_child import DROP_FAILED
@@ -204,6 +205,7 @@ class Sandbox:
     def __init__(self, limits: SandboxLimits):
         self.limits = limits
         self._idle: collections.deque[Worker] = collections.deque()
+        self._busy: set[Worker] = set()
         self._lock = threading.Lock()
         self._closed = False
         self._cgroups: MemoryCgroups | None = None
@@ -254,6 +256,11 @@ class Sandbox:
             )
         self._fill()
 
+    @property
+    def has_memory_cgroup(self) -> bool:
+        """Whether each execution gets a memory cgroup (else memfd and System V shared memory are denied)."""
+        return self._cgroups is not None
+
     def _use_memory_cgroup(self) -> None:
         if self.limits.memory_cgroup == "off":
             self.memory_bound = "address-space limit; memfd, System V shared memory denied (memory_cgroup: off)"
@@ -278,7 +285,7 @@ class Sandbox:
         except OSError as exc:
             raise SandboxUnavailable(f"could not set up the sandbox ({type(exc).__name__}: {exc}); {FIX_USERNS}") from None
         if result.exit_code == DROP_FAILED:
-            raise SandboxUnavailable(f"the sandbox could not drop to an unprivileged uid ({result.stderr.strip()})")
+            raise SandboxUnavailable(f"the sandbox did not start unprivileged ({result.stderr.strip()})")
         if result.stdout.split() != [marker, str(SANDBOX_UID)]:
             raise SandboxUnavailable(describe_failure(result.stderr, result.exit_code))
 
@@ -309,7 +316,7 @@ class Sandbox:
             "max_processes": limits.max_processes,
             "isolate_network": limits.sandbox == "unsafe_subprocess",
             "extra_read_paths": list(limits.extra_read_paths),
-            "drop_to": SANDBOX_UID if self._host_user is not None and self._host_user.drops_root else None,
+            "expect_uid": SANDBOX_UID if limits.sandbox == "bwrap" else None,
         }
         args = [sys.executable, "-I", "-B", "-X", "utf8"]
         if not limits.site_packages:
@@ -331,7 +338,7 @@ class Sandbox:
         def prefix(seccomp_fd: int, info_fd: int, block_fd: int) -> list[str]:
             return bwrap_argv(
                 self._bwrap, self._image, bootstrap_source(), limits.disk_mb, self._env(WORKDIR),
-                seccomp_fd=seccomp_fd, info_fd=info_fd, userns_block_fd=block_fd, keep_setid_caps=host_user.drops_root,
+                seccomp_fd=seccomp_fd, info_fd=info_fd, userns_block_fd=block_fd, setpriv=host_user.setpriv,
             )  # fmt: skip
 
         plan = SpawnPlan(
@@ -378,6 +385,8 @@ class Sandbox:
 
     def _execute(self, worker: Worker, code: str, refill: bool = False) -> ExecutionResult:
         limits = self.limits
+        with self._lock:
+            self._busy.add(worker)
         try:
             worker.send(code.encode("utf-8", errors="replace"))
             if refill:
@@ -385,6 +394,8 @@ class Sandbox:
             seen = worker.collect(limits.timeout_s, 4 * limits.max_output_chars, int(limits.max_file_mb * _MB))
             rc = worker.proc.returncode
         finally:
+            with self._lock:
+                self._busy.discard(worker)
             worker.close(self._cgroups)
         stdout, out_cut = seen.stdout.text(limits.max_output_chars)
         stderr, err_cut = seen.stderr.text(limits.max_output_chars)
@@ -404,10 +415,13 @@ class Sandbox:
         )
 
     def close(self) -> None:
-        """Kill the idle workers and remove this sandbox's host-side state; idempotent."""
+        """Kill every worker, idle or running (a running execution then returns as killed); idempotent."""
         with self._lock:
             self._closed = True
             idle, self._idle = list(self._idle), collections.deque()
+            busy = list(self._busy)
+        for worker in busy:
+            worker.kill()  # its execution's thread sees it end and releases it
         for worker in idle:
             worker.close(self._cgroups)
 

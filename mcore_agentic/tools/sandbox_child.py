@@ -5,9 +5,8 @@ Started by :mod:`mcore_agentic.tools.sandbox` as
 (or, with ``sandbox: unsafe_subprocess``, as a plain subprocess). It imports
 nothing from this project (``-I`` keeps the project off ``sys.path``) and, in order:
 
-0. when it starts as namespace root (a root trainer, see :mod:`mcore_agentic.tools.host_user`):
-   gives it the working directory, drops to the sandbox uid and gid (65534; on the host a dedicated unprivileged uid) and checks
-   that no capability survived, exiting with :data:`DROP_FAILED` otherwise, before any code exists;
+0. in a bwrap sandbox: checks that it is the sandbox uid with no group and no capability
+   (exiting with :data:`DROP_FAILED` otherwise), before any code exists;
 1. reads the code from stdin until EOF (a warm worker waits here, booted and
    ready; it imports only what every execution needs, since imports are paid per execution);
 2. sets resource limits on itself (soft = hard, so the code cannot raise them):
@@ -73,29 +72,21 @@ PATH_EVENTS = {
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 AF_UNIX = 1  # socket.AF_UNIX on Linux, without importing socket (every import here is paid per execution)
 DROP_FAILED = 121
-"""Exit code when the privilege drop did not leave an unprivileged process (the sandbox refuses to run code)."""
+"""Exit code when the sandbox's process is not unprivileged (the sandbox refuses to run code)."""
 SIGPENDING = 64
 
 
-def drop_root(uid):
-    """From namespace root to ``uid``/``uid`` with no capability left; exit with DROP_FAILED otherwise.
-
-    The working directory (bwrap's tmpfs, created by namespace root) is given to ``uid`` first, and the
-    supplementary groups (the root trainer's, group 0 among them) are dropped.
-    """
+def check_unprivileged(uid):
+    """Exit with DROP_FAILED unless this process is ``uid``/``uid`` with no groups and no capability left."""
     try:
-        os.chown(os.getcwd(), uid, uid)
-        os.setgroups([])  # bwrap inherited the root trainer's supplementary groups
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
         with open("/proc/self/status") as f:
             status = dict(line.split(":", 1) for line in f if ":" in line)
         ids = status["Uid"].split() + status["Gid"].split()
         caps = [int(status[k], 16) for k in ("CapPrm", "CapEff", "CapAmb")]
         if any(int(i) != uid for i in ids) or any(caps) or os.getgroups():
-            raise PermissionError(f"still privileged after the drop: ids {ids}, caps {caps}, groups {os.getgroups()}")
+            raise PermissionError(f"ids {ids}, capabilities {caps}, groups {os.getgroups()}")
     except (OSError, KeyError, ValueError) as exc:
-        sys.stderr.write(f"sandbox: could not drop privileges: {exc}\n")
+        sys.stderr.write(f"sandbox: not an unprivileged process: {exc}\n")
         sys.stderr.flush()
         os._exit(DROP_FAILED)
 
@@ -222,8 +213,8 @@ def show_source(code):
 
 def main():
     cfg = json.loads(sys.argv[1])
-    if cfg.get("drop_to") is not None:
-        drop_root(cfg["drop_to"])
+    if cfg.get("expect_uid") is not None:
+        check_unprivileged(cfg["expect_uid"])
     workdir = os.path.realpath(os.getcwd())
     roots = read_roots(cfg["extra_read_paths"])
     code = sys.stdin.buffer.read().decode("utf-8", errors="replace")  # a warm worker waits here

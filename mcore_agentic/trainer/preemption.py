@@ -45,6 +45,25 @@ REPEAT_WINDOW_S = 3.0
 """Deliveries of a stop signal this close to the first are the same event (Slurm + torchrun both deliver)."""
 
 
+HARD_EXIT_CLEANUP_S = 2.0
+"""How long an immediate exit waits for the code sandboxes to kill their executions and remove their host state."""
+
+
+def _release_host_state() -> None:
+    """Before an immediate exit (no ``atexit``): the code sandboxes' host-side state, if this process has any.
+
+    Runs on a helper thread, bounded by :data:`HARD_EXIT_CLEANUP_S`, so an exit requested from a signal
+    handler cannot wait on a lock the interrupted main thread holds; what it cannot finish, the next
+    trainer on the host reclaims (the state is named after its owner process).
+    """
+    sandbox = sys.modules.get("mcore_agentic.tools.sandbox")
+    if sandbox is None:
+        return
+    cleaner = threading.Thread(target=sandbox.close_all, name="sandbox-cleanup", daemon=True)
+    cleaner.start()
+    cleaner.join(HARD_EXIT_CLEANUP_S)
+
+
 class TrainingStopped(Exception):
     """Raised by the step loop after the checkpoint of a signal-triggered stop (identical on every rank)."""
 
@@ -185,6 +204,7 @@ class StopSignals:
         if not count or now - self._first_at < self.repeat_window_s:
             return
         _say(f"second {signal.Signals(signum).name}: exiting now without a checkpoint (the last complete one is kept)")
+        _release_host_state()
         os._exit(128 + signum)
 
     # --------------------------------------------------------------------------- decisions
