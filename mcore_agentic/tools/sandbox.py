@@ -501,3 +501,10 @@ def close_all() -> None:
 
 
 atexit.register(close_all)
+# Also before the interpreter joins the executor threads at exit, so a running execution is killed, not waited for.
+# Those hooks run last-registered first, and concurrent.futures registers the join when its thread module is
+# imported: import it first.
+if hasattr(threading, "_register_atexit"):
+    import concurrent.futures.thread  # noqa: F401
+
+    threading._register_atexit(close_all)
