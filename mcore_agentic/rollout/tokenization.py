@@ -45,12 +45,19 @@ linear diff (each resync looks a bounded window ahead; no quadratic ``difflib``)
 differences that only add, drop or change whitespace are ignored, whatever the token
 boundaries.
 
+Environment text is literal (:mod:`.literal_text`): in every render tokenized here (the prompt, each
+delta, the sanity check's reference), the contents of messages other than the assistant's are
+tokenized with their added-token strings as ordinary text, so a tool result or a user turn cannot
+forge ``<|im_end|>``/``<|im_start|>`` or a ``<tool_call>``; only the template's own structure is
+special. Sampled ids are never re-tokenized into the trajectory.
+
 Thread safety: renders and tokenizations may run in worker threads (the agent loop does,
 to keep its event loop free); the fast tokenizer's ``encode`` releases the GIL.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -60,6 +67,8 @@ from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from mcore_agentic.rollout.literal_text import LiteralText
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +133,7 @@ class ChatTokenizer:
             stops.add(int(tokenizer.eos_token_id))
         self._stop_token_ids = sorted(stops)
         self._split_ids = self._hard_split_ids()
+        self.literal = LiteralText(tokenizer, self.encode)
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -155,7 +165,16 @@ class ChatTokenizer:
 
     def prompt_ids(self, messages: Messages, *, tools: list[dict] | None) -> list[int]:
         """The initial prompt: full render with the generation prompt (tool schemas included)."""
-        return self.encode(self.render(messages, tools=tools, add_generation_prompt=True))
+        return self.encode_render(messages, lambda m: self.render(m, tools=tools, add_generation_prompt=True))
+
+    def encode_render(self, messages: Messages, render: Any, text: str | None = None) -> list[int]:
+        """Ids of ``render(messages)`` (``text`` if already rendered) with every non-assistant content literal."""
+        if text is None:
+            text = render(messages)
+        neutral = self.literal.neutralize(messages)
+        if neutral is None:
+            return self.encode(text)
+        return self.literal.encode_rendered(text, render(neutral))
 
     def conversation(self, messages: Messages, *, tools: list[dict] | None) -> ConversationTokenizer:
         """Incremental tokenization of a conversation whose prompt is ``messages`` (rendered and tokenized now)."""
@@ -185,14 +204,24 @@ class ChatTokenizer:
         """
         if not 0 < start <= len(messages):
             raise ValueError(f"start={start} must be in 1..{len(messages)}")
+        segment = self._env_text(messages, start, tools=tools, sampled_eot=sampled_eot, history_text=history_text)
+        neutral_new = self.literal.neutralize(messages[start:])
+        if neutral_new is None:
+            return dataclasses.replace(segment, ids=self.encode(segment.text))
+        neutral = self._env_text([*messages[:start], *neutral_new], start, tools=tools, sampled_eot=sampled_eot,
+                                 history_text=history_text)  # fmt: skip
+        return dataclasses.replace(segment, ids=self.literal.encode_rendered(segment.text, neutral.text))
+
+    def _env_text(
+        self, messages: Messages, start: int, *, tools: list[dict] | None, sampled_eot: bool | None, history_text: str | None
+    ) -> EnvSegment:
+        """:meth:`env_segment`'s text and path (ids not filled)."""
         curr = self.render(messages, tools=tools, add_generation_prompt=True)
         if history_text is not None and sampled_eot is not False and curr.startswith(history_text):
-            text = curr[len(history_text) :]
-            return EnvSegment(self.encode(text), text, used_fallback=False)
+            return EnvSegment([], curr[len(history_text) :], used_fallback=False)
         prev = self.render(messages[:start], tools=tools, add_generation_prompt=False)
         if curr.startswith(prev):
-            text = curr[self._cut(prev, len(prev), sampled_eot) :]
-            return EnvSegment(self.encode(text), text, used_fallback=False)
+            return EnvSegment([], curr[self._cut(prev, len(prev), sampled_eot) :], used_fallback=False)
         return self._base_fallback(messages[start:], tools=tools, sampled_eot=sampled_eot, path=TokenizationPath.FULL_CONTEXT)
 
     def local_env_segment(
@@ -212,14 +241,33 @@ class ChatTokenizer:
         turn, end-of-turn token included (None skips the one-render path). Exact for context-free
         templates (:meth:`local_context`); O(prompt + last turn + new text), whatever the history.
         """
+        args = (prompt, head, last)
+        segment = self._local_env_text(*args, new, tools=tools, sampled_text=sampled_text, sampled_eot=sampled_eot)
+        neutral_new = self.literal.neutralize(new)
+        if neutral_new is None:
+            return dataclasses.replace(segment, ids=self.encode(segment.text))
+        neutral = self._local_env_text(*args, neutral_new, tools=tools, sampled_text=sampled_text, sampled_eot=sampled_eot)
+        return dataclasses.replace(segment, ids=self.literal.encode_rendered(segment.text, neutral.text))
+
+    def _local_env_text(
+        self,
+        prompt: Messages,
+        head: str,
+        last: dict[str, Any],
+        new: Messages,
+        *,
+        tools: list[dict] | None,
+        sampled_text: str | None,
+        sampled_eot: bool,
+    ) -> EnvSegment:
+        """:meth:`local_env_segment`'s text and path (ids not filled)."""
         local = self.render([*prompt, last, *new], tools=tools, add_generation_prompt=True)
         if sampled_eot and sampled_text and local.startswith(head) and local.startswith(sampled_text, len(head)):
-            text = local[len(head) + len(sampled_text) :]
-            return EnvSegment(self.encode(text), text, used_fallback=False, path=TokenizationPath.ONE_RENDER)
+            return EnvSegment([], local[len(head) + len(sampled_text) :], used_fallback=False, path=TokenizationPath.ONE_RENDER)
         prev = self.render([*prompt, last], tools=tools, add_generation_prompt=False)
         if local.startswith(prev):
             text = local[self._cut(prev, len(prev), sampled_eot) :]
-            return EnvSegment(self.encode(text), text, used_fallback=False, path=TokenizationPath.TWO_RENDERS)
+            return EnvSegment([], text, used_fallback=False, path=TokenizationPath.TWO_RENDERS)
         return self._base_fallback(new, tools=tools, sampled_eot=sampled_eot, path=TokenizationPath.BASE_FALLBACK)
 
     def _base_fallback(
@@ -238,7 +286,7 @@ class ChatTokenizer:
             text = full[len(self.render(base, tools=tools, add_generation_prompt=False)) :]
         else:
             text = full[self._cut(full, len(base_head), sampled_eot, search_from=len(base_head)) :]
-        return EnvSegment(self.encode(text), text, used_fallback=True, path=path)
+        return EnvSegment([], text, used_fallback=True, path=path)
 
     def _cut(self, text: str, end: int, sampled_eot: bool | None, search_from: int | None = None) -> int:
         """Where environment text starts in ``text``: after (or at) the closing end-of-turn token."""
@@ -359,16 +407,23 @@ class ChatTokenizer:
         """
         if mode == "disable":
             return []
-        if not used_fallback and not truncated:
-            text = self._reference_text(ids, messages, tools)
-            if self.encodes_to(text, ids, loss_mask, ids_text=ids_text):
-                return []
-            reference = self.encode(text)  # the mismatch is described against the render already made
-        else:
+        if used_fallback:
             reference = self.reference_ids(
-                ids, loss_mask, messages, tools=tools, num_prompt_messages=num_prompt_messages, used_fallback=used_fallback
+                ids, loss_mask, messages, tools=tools, num_prompt_messages=num_prompt_messages, used_fallback=True
             )
-        return self.sanity_check(ids, reference, mode=mode, truncated=truncated)
+            return self.sanity_check(ids, reference, mode=mode, truncated=truncated)
+        text = self._reference_text(ids, messages, tools)
+        neutral_messages = self.literal.neutralize(messages)
+        neutral = None if neutral_messages is None else self._reference_text(ids, neutral_messages, tools)
+        if not truncated and neutral is None and self.encodes_to(text, ids, loss_mask, ids_text=ids_text):
+            return []
+        reference = self._encode_reference(text, neutral)  # the mismatch is described against the render already made
+        return self.sanity_check(ids, reference, mode=mode, truncated=truncated, neutral_text=neutral)
+
+    def _encode_reference(self, text: str, neutral: str | None) -> list[int]:
+        """A render's ids: ``neutral`` (its twin with literal contents neutralized, when any holds special text) tells
+        the template's special tokens from the environment's text (:mod:`.literal_text`)."""
+        return self.encode(text) if neutral is None else self.literal.encode_rendered(text, neutral)
 
     # -- the context probe --------------------------------------------------------------------------
 
@@ -451,7 +506,10 @@ class ChatTokenizer:
         render of its assistant message.
         """
         if not used_fallback:
-            return self.encode(self._reference_text(ids, messages, tools))
+            text = self._reference_text(ids, messages, tools)
+            neutral_messages = self.literal.neutralize(messages)
+            neutral = None if neutral_messages is None else self._reference_text(ids, neutral_messages, tools)
+            return self._encode_reference(text, neutral)
         assistants = [m for m in messages[num_prompt_messages:] if m.get("role") == "assistant"]
         out: list[int] = []
         turn = 0
@@ -483,13 +541,15 @@ class ChatTokenizer:
         truncated: bool = False,
         context_chars: int = 20,
         max_diffs: int = 16,
+        neutral_text: str | None = None,
     ) -> list[dict[str, str]]:
         """Text diffs between the trajectory ``ids`` and ``reference`` that ``mode`` counts (at most ``max_diffs``).
 
         ``truncated``: the trajectory was cut by a length limit, so only ``reference``'s prefix of the
         same text length is compared. ``ignore_strippable`` drops every difference that is whitespace
         only (the two stretches are equal once whitespace is removed, whatever the token boundaries);
-        ``disable`` returns no diffs.
+        ``disable`` returns no diffs. ``neutral_text``: the reference's render with literal contents
+        neutralized, when some hold special-token text (:mod:`.literal_text`), for re-tokenizing a prefix.
         """
         if mode == "disable" or ids == reference:
             return []
@@ -498,7 +558,12 @@ class ChatTokenizer:
             ref_text = self.decode(reference)
             if ref_text.startswith(have):
                 return []
-            reference = self.encode(ref_text[: len(have)])
+            if neutral_text is None:
+                reference = self.encode(ref_text[: len(have)])
+            else:  # decode(encode(x)) is normalize(x); the neutral twin normalizes to the same length
+                normalizer = self._backend.normalizer if self._backend is not None else None
+                neutral = normalizer.normalize_str(neutral_text) if normalizer is not None else neutral_text
+                reference = self.literal.encode_rendered(ref_text[: len(have)], neutral[: len(have)])
             if ids == reference:
                 return []
         diffs = []
@@ -528,7 +593,9 @@ class ConversationTokenizer:
         self.tools = tools
         self.prompt: Messages = list(messages)
         self.head = chat.render(self.prompt, tools=tools, add_generation_prompt=True)
-        self.prompt_ids: list[int] = chat.encode(self.head)
+        self.prompt_ids: list[int] = chat.encode_render(
+            self.prompt, lambda m: chat.render(m, tools=tools, add_generation_prompt=True), text=self.head
+        )
         self.context = chat.local_context(tools)
         if self.context == "light":
             self._prefix, self._prefix_tools = list(LIGHT_PREFIX), None

@@ -1,0 +1,126 @@
+"""Environment text as ordinary tokens: only the chat template's own structure becomes special tokens.
+
+A tool result, a simulated user's turn or a prompt can contain the text of the tokenizer's added
+tokens (``<|im_end|>``, ``<|im_start|>``, ``<tool_call>``, ...). Tokenized as usual, that text
+becomes those tokens, and environment text can forge turn boundaries, roles and tool calls in
+what the model reads. Here every message's content except the assistant's (the policy's own
+output, sampled or demonstrated) is *literal*: its added-token strings are tokenized as the text
+they are, as if the tokenizer had no added tokens.
+
+How the two kinds of occurrence are told apart in a render: the same messages are rendered once
+more with each added-token string of a literal content replaced by as many ``x`` (its *neutral*
+twin, :meth:`LiteralText.neutralize`). Every added-token string the template writes itself is
+in both renders, at the same place; those written by the environment are only in the real one.
+When the two renders differ in length (a template that transforms content by its characters),
+nothing can be told apart safely and :class:`ForgedStructureError` is raised: the request fails
+and trains on nothing rather than train on a forged structure.
+
+Text without any added-token string (nearly all of it) takes the ordinary path unchanged: one
+pattern search per rendered delta decides.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_NEUTRAL = "x"  # what a template leaves alone: not whitespace (trimmed), not escaped by tojson, in no added token
+
+
+class ForgedStructureError(ValueError):
+    """Environment text holds special-token strings, and this template's render of it cannot be checked."""
+
+
+class LiteralText:
+    """The added tokens of one tokenizer: find them in text, neutralize messages, tokenize with literal content."""
+
+    def __init__(self, tokenizer: Any, encode: Any):
+        self._encode = encode
+        decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self.ids: dict[str, int] = {t.content: int(i) for i, t in decoder.items() if t.content}
+        contents = sorted(self.ids, key=len, reverse=True)  # leftmost, then longest, as the tokenizer matches
+        self.pattern = re.compile("|".join(re.escape(c) for c in contents)) if contents else None
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = backend if backend is not None and getattr(backend, "model", None) is not None else None
+        self._tokenizer = tokenizer
+
+    def contains(self, text: str) -> bool:
+        """Whether ``text`` holds the text of any added token."""
+        return self.pattern is not None and self.pattern.search(text) is not None
+
+    # -- messages -----------------------------------------------------------------------------------
+
+    def neutralize(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """``messages`` with every added-token string of a literal content replaced by as many ``x``, or None if none has one."""
+        if self.pattern is None:
+            return None
+        out: list[dict[str, Any]] | None = None
+        for i, message in enumerate(messages):
+            if message.get("role") == "assistant":
+                continue
+            content = message.get("content")
+            replaced = self._neutral_content(content)
+            if replaced is not content:
+                if out is None:
+                    out = list(messages)
+                out[i] = {**message, "content": replaced}
+        return out
+
+    def _neutral_content(self, content: Any) -> Any:
+        assert self.pattern is not None
+        if isinstance(content, str):
+            if not self.pattern.search(content):
+                return content
+            return self.pattern.sub(lambda m: _NEUTRAL * len(m.group()), content)
+        if isinstance(content, list):
+            parts = [self._neutral_content_part(part) for part in content]
+            return parts if any(a is not b for a, b in zip(parts, content)) else content
+        return content
+
+    def _neutral_content_part(self, part: Any) -> Any:
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            text = self._neutral_content(part["text"])
+            return part if text is part["text"] else {**part, "text": text}
+        if isinstance(part, str):
+            return self._neutral_content(part)
+        return part
+
+    # -- tokenization -------------------------------------------------------------------------------
+
+    def encode_literal(self, text: str) -> list[int]:
+        """Ids of ``text`` with no added token recognised: added-token strings become the ordinary tokens of their text."""
+        if not self.contains(text):
+            return self._encode(text)
+        if self._backend is None:  # a slow tokenizer: its own switch (which splits every added token there)
+            return list(self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        normalizer, pre = self._backend.normalizer, self._backend.pre_tokenizer
+        normalized = normalizer.normalize_str(text) if normalizer is not None else text
+        pieces = pre.pre_tokenize_str(normalized) if pre is not None else [(normalized, (0, len(normalized)))]
+        model = self._backend.model
+        return [token.id for piece, _ in pieces for token in model.tokenize(piece)]
+
+    def encode_rendered(self, text: str, neutral: str) -> list[int]:
+        """Ids of a render ``text`` whose literal contents are neutralized in ``neutral`` (the same render otherwise).
+
+        The template's added-token strings (those at the same place in ``neutral``) become their tokens and cut
+        the text, as the tokenizer cuts it; every stretch between them is tokenized literally.
+        """
+        if len(text) != len(neutral):
+            raise ForgedStructureError(
+                "environment text holds the chat template's special-token strings and the template renders it "
+                "transformed, so its own special tokens cannot be told apart from the environment's; the request "
+                "is failed rather than trained on forged structure"
+            )
+        assert self.pattern is not None
+        structural = [m for m in self.pattern.finditer(neutral)]
+        out: list[int] = []
+        pos = 0
+        for m in structural:
+            token = m.group()
+            if text[m.start() : m.end()] != token or m.start() < pos:
+                raise ForgedStructureError(f"the template's {token!r} is not where its neutral render has it")
+            out += self.encode_literal(text[pos : m.start()])
+            out.append(self.ids[token])
+            pos = m.end()
+        out += self.encode_literal(text[pos:])
+        return out
