@@ -317,6 +317,7 @@ class Sandbox:
             "isolate_network": limits.sandbox == "unsafe_subprocess",
             "extra_read_paths": list(limits.extra_read_paths),
             "expect_uid": SANDBOX_UID if limits.sandbox == "bwrap" else None,
+            "expect_no_groups": self._host_user is not None and self._host_user.drops_root,
         }
         args = [sys.executable, "-I", "-B", "-X", "utf8"]
         if not limits.site_packages:

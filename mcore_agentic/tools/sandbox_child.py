@@ -76,14 +76,18 @@ DROP_FAILED = 121
 SIGPENDING = 64
 
 
-def check_unprivileged(uid):
-    """Exit with DROP_FAILED unless this process is ``uid``/``uid`` with no groups and no capability left."""
+def check_unprivileged(uid, no_groups):
+    """Exit with DROP_FAILED unless this process is ``uid``/``uid`` with no capability (and, if asked, no group) left.
+
+    An ordinary trainer's sandbox keeps that user's own supplementary groups (shown as 65534 inside),
+    as bubblewrap leaves them; a root trainer's has none (``setpriv --clear-groups``).
+    """
     try:
         with open("/proc/self/status") as f:
             status = dict(line.split(":", 1) for line in f if ":" in line)
         ids = status["Uid"].split() + status["Gid"].split()
         caps = [int(status[k], 16) for k in ("CapPrm", "CapEff", "CapAmb")]
-        if any(int(i) != uid for i in ids) or any(caps) or os.getgroups():
+        if any(int(i) != uid for i in ids) or any(caps) or (no_groups and os.getgroups()):
             raise PermissionError(f"ids {ids}, capabilities {caps}, groups {os.getgroups()}")
     except (OSError, KeyError, ValueError) as exc:
         sys.stderr.write(f"sandbox: not an unprivileged process: {exc}\n")
@@ -214,7 +218,7 @@ def show_source(code):
 def main():
     cfg = json.loads(sys.argv[1])
     if cfg.get("expect_uid") is not None:
-        check_unprivileged(cfg["expect_uid"])
+        check_unprivileged(cfg["expect_uid"], cfg["expect_no_groups"])
     workdir = os.path.realpath(os.getcwd())
     roots = read_roots(cfg["extra_read_paths"])
     code = sys.stdin.buffer.read().decode("utf-8", errors="replace")  # a warm worker waits here
