@@ -7,9 +7,14 @@ Each execution runs ``print(sum(range(10**5)))`` and must print ``4999950000``.
 * ``bwrap, warm pool``: the default, ``warm_pool: 2`` (the interpreter of the next sandbox boots ahead).
 
 Concurrency ``c`` means ``c`` executions in flight at once (threads for the baseline, the
-tool's executor with ``c`` slots for the sandbox); each row runs ``--calls`` executions.
+tool's executor with ``c`` slots for the sandbox); each row runs ``--calls`` executions. The three
+are measured ``--repeats`` times, interleaved (baseline, cold, warm, baseline, ...), and each
+column is the median: on a 2-core machine a single run of the baseline varies by +-20%.
 
-Usage: ``python bench/code_tool.py [--calls 96] [--concurrency 1 32]``.
+The header line says how the sandbox ran here: its host user (a dedicated uid per execution when
+the bench runs as root) and what bounds its memory (a memory cgroup, or denied routes).
+
+Usage: ``python bench/code_tool.py [--calls 96] [--concurrency 1 32] [--repeats 3]``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import statistics
 import subprocess
 import sys
 import time
@@ -24,6 +30,7 @@ import time
 from mcore_agentic.tools.base import safe_execute
 from mcore_agentic.tools.code_interpreter import PythonCodeTool
 from mcore_agentic.tools.executor import LocalExecutor
+from mcore_agentic.tools.sandbox import get_sandbox
 
 CODE = "print(sum(range(10**5)))"
 EXPECTED = "4999950000"
@@ -64,14 +71,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=96)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     sandboxed(8, 2, warm_pool=2)  # warm-up: imports, page cache
+    sandbox = get_sandbox(PythonCodeTool({"warm_pool": 2, "timeout_s": 60}, SCHEMA).limits)
+    host_user = sandbox._host_user
+    who = "a dedicated uid per execution" if host_user.drops_root else f"uid {host_user.trainer_uid}"
+    print(f"sandbox: runs as {who}; memory: {sandbox.memory_bound}; medians of {args.repeats} interleaved runs\n")
     print("| concurrency | baseline exec/s | bwrap cold exec/s | cold / baseline | bwrap warm pool exec/s | warm / baseline |")
     print("|---:|---:|---:|---:|---:|---:|")
     for c in args.concurrency:
-        base = baseline(args.calls, c)
-        cold = sandboxed(args.calls, c, warm_pool=0)
-        warm = sandboxed(args.calls, c, warm_pool=2)
+        runs: dict[str, list[float]] = {"base": [], "cold": [], "warm": []}
+        for _ in range(args.repeats):
+            runs["base"].append(baseline(args.calls, c))
+            runs["cold"].append(sandboxed(args.calls, c, warm_pool=0))
+            runs["warm"].append(sandboxed(args.calls, c, warm_pool=2))
+        base, cold, warm = (statistics.median(runs[k]) for k in ("base", "cold", "warm"))
         print(f"| {c} | {base:.1f} | {cold:.1f} | {cold / base:.2f}x | {warm:.1f} | {warm / base:.2f}x |", flush=True)
 
 

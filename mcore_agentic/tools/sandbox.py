@@ -254,7 +254,11 @@ class Sandbox:
                 "code tool: sandbox: unsafe_subprocess runs model-written code WITHOUT isolation (same user, "
                 "host filesystem and processes visible; only resource limits and an audit hook); use sandbox: bwrap",
             )
-        self._fill()
+        # Warm workers are started by one long-lived thread: a sandbox dies with the thread that started it
+        # (--die-with-parent), and the caller of run() goes straight to its own code's output.
+        self._refill_wanted = threading.Event()
+        self._refill_wanted.set()
+        threading.Thread(target=self._refill_loop, name="sandbox-refill", daemon=True).start()
 
     @property
     def has_memory_cgroup(self) -> bool:
@@ -355,6 +359,17 @@ class Sandbox:
         )
         return Worker.spawn(plan, self._cgroups)
 
+    def _refill_loop(self) -> None:
+        while True:
+            self._refill_wanted.wait()
+            self._refill_wanted.clear()
+            if self._closed:
+                return
+            try:
+                self._fill()
+            except Exception as exc:  # noqa: BLE001 -- no warm worker: the next call starts its own (and says why)
+                logger.warning("code tool: could not start a warm sandbox (%s: %s)", type(exc).__name__, exc)
+
     def _fill(self) -> None:
         while True:
             with self._lock:
@@ -391,7 +406,7 @@ class Sandbox:
         try:
             worker.send(code.encode("utf-8", errors="replace"))
             if refill:
-                self._fill()  # the replacement boots while this code runs
+                self._refill_wanted.set()  # the replacement boots while this code runs
             seen = worker.collect(limits.timeout_s, 4 * limits.max_output_chars, int(limits.max_file_mb * _MB))
             rc = worker.proc.returncode
         finally:
@@ -421,6 +436,8 @@ class Sandbox:
             self._closed = True
             idle, self._idle = list(self._idle), collections.deque()
             busy = list(self._busy)
+        if hasattr(self, "_refill_wanted"):
+            self._refill_wanted.set()  # the refill thread sees the sandbox closed and ends
         for worker in busy:
             worker.kill()  # its execution's thread sees it end and releases it
         for worker in idle:
