@@ -18,7 +18,9 @@ step boundary:
 * a *second* signal exits at once (code ``128 + signum``), even while the main
   thread is blocked inside a collective: the watcher thread reads Python's
   signal wakeup fd, which the C-level handler writes whatever the main thread is
-  doing. Deliveries within :data:`REPEAT_WINDOW_S` of the first count as the same
+  doing. ``atexit`` does not run then, so the code tool's sandboxes get up to
+  :data:`HARD_EXIT_CLEANUP_S` to kill their executions and remove their host-side
+  state (what they cannot, the next trainer on the host reclaims). Deliveries within :data:`REPEAT_WINDOW_S` of the first count as the same
   signal: under Slurm every process of the step receives it and ``torchrun``
   forwards it once more to its workers.
 

@@ -98,3 +98,47 @@ def test_poll_agrees_across_ranks_when_only_one_was_signalled():
     r0, r1 = run_distributed(_poll_body, world_size=2)
     assert r0[:3] == r1[:3] == [(False, False), (True, True), (True, False)]
     assert r1[3] == "SIGUSR1" and r0[3] == "a stop signal to another rank"
+
+
+_BLOCKED_WITH_SANDBOX = textwrap.dedent(
+    """
+    import datetime, threading, time
+    import torch.distributed as dist
+    from mcore_agentic.trainer.preemption import StopSignals
+    from tests.unit.tools.test_sandbox_escapes import make_tool, model_call
+
+    tool = make_tool(warm_pool=1, timeout_s=60)
+    threading.Thread(target=model_call, args=(tool, "import time\\ntime.sleep(60)"), daemon=True).start()
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))
+    with StopSignals(["SIGTERM"], repeat_window_s=0.2) as stop:
+        time.sleep(1.0)  # the execution is running
+        print("ready", flush=True)
+        while not stop.requested:
+            time.sleep(0.01)
+        store.wait(["never"], datetime.timedelta(seconds=40))
+    """
+)
+
+
+def test_an_immediate_exit_kills_running_sandboxes_and_leaves_no_host_state():
+    """The second signal's exit skips atexit: the code sandboxes are closed on the way out all the same."""
+    from tests.unit.tools.test_sandbox_host import _bootstrap_processes, _state_of
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_WITH_SANDBOX], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.poll() is not None else ""
+        before = set(_bootstrap_processes())
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 128 + signal.SIGTERM, proc.stderr.read()
+    assert before, "the execution and the warm sandbox should have been running"
+    time.sleep(0.2)
+    assert set(_bootstrap_processes()) & before == set()
+    assert _state_of(proc.pid) == []
