@@ -103,6 +103,19 @@ def nesting_exceeds(text: str, start: int = 0, limit: int = MAX_NESTING) -> bool
     return False
 
 
+def value_nesting_exceeds(value: Any, limit: int = MAX_NESTING) -> bool:
+    """Whether a decoded value nests lists/dicts deeper than ``limit`` (iterative: no recursion limit involved)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple, dict)):
+            if depth >= limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def too_deep_message() -> str:
     return f"the tool call nests JSON arrays/objects deeper than the limit of {MAX_NESTING} levels"
 

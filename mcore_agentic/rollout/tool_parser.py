@@ -82,6 +82,7 @@ from mcore_agentic.rollout.tool_call import (
     escape_surrogates,
     json_type,
     new_call_id,
+    value_nesting_exceeds,
 )
 from mcore_agentic.rollout.tool_parser_json import HermesParser, Llama3JsonParser, MistralParser
 from mcore_agentic.rollout.tool_parser_qwen3_coder import Qwen3CoderParser
@@ -192,6 +193,9 @@ def _signature(schema: dict[str, Any]) -> str:
     return "; ".join(parts) or "no arguments"
 
 
+_VALIDATION_NESTING = MAX_NESTING + 2
+
+
 def validate_tool_call(call: ToolCall, tools: Mapping[str, ToolProtocol], max_errors: int = 3) -> ToolCallError | None:
     """``None`` when ``call`` names a known tool with schema-valid arguments, else the error the model reads.
 
@@ -203,6 +207,14 @@ def validate_tool_call(call: ToolCall, tools: Mapping[str, ToolProtocol], max_er
     if tool is None:
         known = ", ".join(sorted(tools)) or "(none)"
         return ToolCallError(call.raw, f"Error: unknown tool '{name}'. Available tools: {known}.", id=call.id, name=call.name)
+    # Deeper than any parser lets through (a payload within MAX_NESTING holds arguments two levels less deep, plus
+    # margin): refused the same way whatever the interpreter's recursion limit, which the validator recurses into.
+    if value_nesting_exceeds(call.arguments, _VALIDATION_NESTING):
+        message = (
+            f"Error: the arguments for tool '{name}' could not be checked: they nest arrays/objects deeper than "
+            f"{_VALIDATION_NESTING} levels."
+        )
+        return ToolCallError(call.raw, message, id=call.id, name=call.name)
     try:
         return _schema_problems(call, tool, max_errors)
     except Exception as exc:  # noqa: BLE001 -- a bad schema or a pathological payload must not fail the request

@@ -13,9 +13,9 @@ A :class:`Worker` owns
 * its memory cgroup, when the host has one (:mod:`.memory_cgroup`).
 
 bwrap builds the namespaces, reports the sandbox's pid and waits; :meth:`Worker.spawn` then
-writes the user namespace's maps (:mod:`.host_user`), moves both bwrap processes into the
-execution's cgroup and lets it go on, so the interpreter starts unprivileged and charged to
-its cgroup. In ``unsafe_subprocess`` mode the worker is a plain subprocess in its own session,
+writes the user namespace's maps (:mod:`.host_user`), moves the sandbox's init (the parent of
+everything the code runs) into the execution's cgroup and lets it go on, so the interpreter
+starts unprivileged and charged to its cgroup. In ``unsafe_subprocess`` mode the worker is a plain subprocess in its own session,
 with a working directory on the host that :meth:`Worker.close` removes.
 """
 

@@ -122,14 +122,14 @@ _BLOCKED_WITH_SANDBOX = textwrap.dedent(
 
 def test_an_immediate_exit_kills_running_sandboxes_and_leaves_no_host_state():
     """The second signal's exit skips atexit: the code sandboxes are closed on the way out all the same."""
-    from tests.unit.tools.test_sandbox_host import _bootstrap_processes, _state_of
+    from tests.unit.tools.test_sandbox_host import _bootstrap_pids_of, _state_of
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_WITH_SANDBOX], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.poll() is not None else ""
-        before = set(_bootstrap_processes())
+        before = set(_bootstrap_pids_of(proc.pid))  # this trainer's sandboxes only (the suite may hold others)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
@@ -140,5 +140,5 @@ def test_an_immediate_exit_kills_running_sandboxes_and_leaves_no_host_state():
     assert code == 128 + signal.SIGTERM, proc.stderr.read()
     assert before, "the execution and the warm sandbox should have been running"
     time.sleep(0.2)
-    assert set(_bootstrap_processes()) & before == set()
+    assert [pid for pid in before if Path(f"/proc/{pid}").exists()] == []
     assert _state_of(proc.pid) == []
