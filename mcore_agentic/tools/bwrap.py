@@ -28,7 +28,9 @@ failure is reported in one line saying how to fix it (:func:`describe_failure`).
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -96,6 +98,8 @@ class SandboxImage:
     """(host source, sandbox destination), all read-only."""
     symlinks: tuple[tuple[str, str], ...]
     """(target, sandbox path), e.g. ``/lib -> usr/lib`` as on the host."""
+    hidden: tuple[str, ...] = ()
+    """``.pth`` files of editable installs covered by ``/dev/null`` (see :func:`editable_finders`)."""
 
 
 def _stdlib_dirs() -> list[str]:
@@ -139,7 +143,60 @@ def interpreter_image(site_packages: bool, extra_read_paths: tuple[str, ...] = (
         binds[os.path.realpath(path)] = path
     for path in extra_read_paths:
         binds[os.path.realpath(path)] = os.path.abspath(path)
-    return SandboxImage(python=python, binds=tuple(sorted(binds.items(), key=lambda kv: kv[1])), symlinks=tuple(symlinks))
+    hidden = editable_finders(_site_dirs(), extra_read_paths) if site_packages else []
+    return SandboxImage(
+        python=python,
+        binds=tuple(sorted(binds.items(), key=lambda kv: kv[1])),
+        symlinks=tuple(symlinks),
+        hidden=tuple(hidden),
+    )
+
+
+_FINDER_MAPPING = re.compile(r"^MAPPING\b[^=]*=\s*(\{.*?\})\s*$", re.MULTILINE)
+
+
+def editable_finders(site_dirs: list[str], extra_read_paths: tuple[str, ...]) -> list[str]:
+    """The ``.pth`` files of editable installs whose import hook would be useless in the sandbox.
+
+    setuptools' editable installs put ``import __editable___<name>_finder; ...install()`` in a ``.pth``
+    file, which every interpreter with site-packages runs at start-up: 20-30 ms of imports (pathlib,
+    importlib.util, urllib.parse) per execution, to map packages onto source directories the sandbox
+    does not mount. Those files are hidden (an unreadable ``/dev/null`` over them, which ``site``
+    skips), unless a directory they map lies in ``extra_read_paths``, where the code could import it.
+    """
+    readable = [os.path.realpath(p) for p in extra_read_paths]
+    hidden = []
+    for site_dir in site_dirs:
+        try:
+            names = sorted(n for n in os.listdir(site_dir) if n.startswith("__editable__") and n.endswith(".pth"))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(site_dir, name)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    lines = f.read().splitlines()
+            except (OSError, UnicodeDecodeError):
+                continue
+            finders = [line.split(";")[0].split()[1] for line in lines if line.startswith("import __editable__")]
+            if not finders or any(_maps_into(os.path.join(site_dir, f + ".py"), readable) for f in finders):
+                continue  # plain path lines cost nothing; a mapped directory the code can read keeps its hook
+            hidden.append(path)
+    return hidden
+
+
+def _maps_into(finder: str, roots: list[str]) -> bool:
+    """Whether the editable finder module ``finder`` maps a package into one of ``roots`` (or cannot be read)."""
+    try:
+        with open(finder, encoding="utf-8") as f:
+            match = _FINDER_MAPPING.search(f.read())
+        mapping = ast.literal_eval(match.group(1)) if match else None
+    except (OSError, ValueError, SyntaxError, UnicodeDecodeError):
+        mapping = None
+    if not isinstance(mapping, dict):
+        return True  # not what we know: keep it
+    targets = [os.path.realpath(str(t)) for t in mapping.values()]
+    return any(t == r or t.startswith(r.rstrip("/") + "/") for t in targets for r in roots)
 
 
 def bwrap_argv(
@@ -182,6 +239,8 @@ def bwrap_argv(
         argv += ["--perms", "0755", "--dir", parent]
     for src, dst in binds:
         argv += ["--ro-bind", src, dst]
+    for path in image.hidden:
+        argv += ["--ro-bind", "/dev/null", path]
     workdir_mode = "1777" if setpriv is not None else "0700"
     argv += ["--size", str(disk_mb * 1024 * 1024), "--perms", workdir_mode, "--tmpfs", WORKDIR]
     if not any(dst == "/tmp" or dst.startswith("/tmp/") for _, dst in image.binds):  # else /tmp holds those binds

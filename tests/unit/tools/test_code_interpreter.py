@@ -212,3 +212,21 @@ def test_32_concurrent_executions_each_get_their_own_result():
         executor.shutdown()
     assert [r.text for r in results] == [str(i * i) for i in range(32)]
     assert not any(r.is_error for r in results)
+
+
+def test_editable_install_hooks_are_hidden_unless_their_sources_are_readable(tmp_path):
+    """An editable install's import hook maps packages onto sources the sandbox does not mount: not run there."""
+    from mcore_agentic.tools.bwrap import editable_finders, interpreter_image
+
+    site, src = tmp_path / "site-packages", tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    site.mkdir()
+    (site / "__editable__.pkg-1.0.pth").write_text("import __editable___pkg_1_0_finder; __editable___pkg_1_0_finder.install()\n")
+    (site / "__editable___pkg_1_0_finder.py").write_text(f"MAPPING: dict[str, str] = {{'pkg': {str(src / 'pkg')!r}}}\n")
+    (site / "__editable__.flat-1.0.pth").write_text(f"{src}\n")  # a plain path line: nothing to run
+    hook = str(site / "__editable__.pkg-1.0.pth")
+    assert editable_finders([str(site)], ()) == [hook]
+    assert editable_finders([str(site)], (str(src),)) == []  # the code may read the sources: the hook stays
+    # this repository's own editable install (the suite's venv) is hidden, and site-packages still import
+    image = interpreter_image(True)
+    assert all(path.endswith(".pth") and "__editable__" in os.path.basename(path) for path in image.hidden)
