@@ -204,25 +204,18 @@ class ChatTokenizer:
         """
         if not 0 < start <= len(messages):
             raise ValueError(f"start={start} must be in 1..{len(messages)}")
-        segment = self._env_text(messages, start, tools=tools, sampled_eot=sampled_eot, history_text=history_text)
-        neutral_new = self.literal.neutralize(messages[start:])
-        if neutral_new is None:
-            return dataclasses.replace(segment, ids=self.encode(segment.text))
-        neutral = self._env_text([*messages[:start], *neutral_new], start, tools=tools, sampled_eot=sampled_eot,
-                                 history_text=history_text)  # fmt: skip
-        return dataclasses.replace(segment, ids=self.literal.encode_rendered(segment.text, neutral.text))
 
-    def _env_text(
-        self, messages: Messages, start: int, *, tools: list[dict] | None, sampled_eot: bool | None, history_text: str | None
-    ) -> EnvSegment:
-        """:meth:`env_segment`'s text and path (ids not filled)."""
-        curr = self.render(messages, tools=tools, add_generation_prompt=True)
-        if history_text is not None and sampled_eot is not False and curr.startswith(history_text):
-            return EnvSegment([], curr[len(history_text) :], used_fallback=False)
-        prev = self.render(messages[:start], tools=tools, add_generation_prompt=False)
-        if curr.startswith(prev):
-            return EnvSegment([], curr[self._cut(prev, len(prev), sampled_eot) :], used_fallback=False)
-        return self._base_fallback(messages[start:], tools=tools, sampled_eot=sampled_eot, path=TokenizationPath.FULL_CONTEXT)
+        def text_of(new: Messages) -> EnvSegment:
+            full = [*messages[:start], *new]
+            curr = self.render(full, tools=tools, add_generation_prompt=True)
+            if history_text is not None and sampled_eot is not False and curr.startswith(history_text):
+                return EnvSegment([], curr[len(history_text) :], used_fallback=False)
+            prev = self.render(messages[:start], tools=tools, add_generation_prompt=False)
+            if curr.startswith(prev):
+                return EnvSegment([], curr[self._cut(prev, len(prev), sampled_eot) :], used_fallback=False)
+            return self._base_fallback(new, tools=tools, sampled_eot=sampled_eot, path=TokenizationPath.FULL_CONTEXT)
+
+        return self._with_ids(text_of, messages[start:])
 
     def local_env_segment(
         self,
@@ -241,34 +234,28 @@ class ChatTokenizer:
         turn, end-of-turn token included (None skips the one-render path). Exact for context-free
         templates (:meth:`local_context`); O(prompt + last turn + new text), whatever the history.
         """
-        args = (prompt, head, last)
-        segment = self._local_env_text(*args, new, tools=tools, sampled_text=sampled_text, sampled_eot=sampled_eot)
+
+        def text_of(new: Messages) -> EnvSegment:
+            local = self.render([*prompt, last, *new], tools=tools, add_generation_prompt=True)
+            if sampled_eot and sampled_text and local.startswith(head) and local.startswith(sampled_text, len(head)):
+                text = local[len(head) + len(sampled_text) :]
+                return EnvSegment([], text, used_fallback=False, path=TokenizationPath.ONE_RENDER)
+            prev = self.render([*prompt, last], tools=tools, add_generation_prompt=False)
+            if local.startswith(prev):
+                text = local[self._cut(prev, len(prev), sampled_eot) :]
+                return EnvSegment([], text, used_fallback=False, path=TokenizationPath.TWO_RENDERS)
+            return self._base_fallback(new, tools=tools, sampled_eot=sampled_eot, path=TokenizationPath.BASE_FALLBACK)
+
+        return self._with_ids(text_of, new)
+
+    def _with_ids(self, text_of: Any, new: Messages) -> EnvSegment:
+        """``text_of(new)`` (a segment's text and path) with its ids: with literal environment text
+        (:mod:`.literal_text`), where ``new`` holds special-token strings, by ``text_of`` of its neutral twin."""
+        segment = text_of(new)
         neutral_new = self.literal.neutralize(new)
         if neutral_new is None:
             return dataclasses.replace(segment, ids=self.encode(segment.text))
-        neutral = self._local_env_text(*args, neutral_new, tools=tools, sampled_text=sampled_text, sampled_eot=sampled_eot)
-        return dataclasses.replace(segment, ids=self.literal.encode_rendered(segment.text, neutral.text))
-
-    def _local_env_text(
-        self,
-        prompt: Messages,
-        head: str,
-        last: dict[str, Any],
-        new: Messages,
-        *,
-        tools: list[dict] | None,
-        sampled_text: str | None,
-        sampled_eot: bool,
-    ) -> EnvSegment:
-        """:meth:`local_env_segment`'s text and path (ids not filled)."""
-        local = self.render([*prompt, last, *new], tools=tools, add_generation_prompt=True)
-        if sampled_eot and sampled_text and local.startswith(head) and local.startswith(sampled_text, len(head)):
-            return EnvSegment([], local[len(head) + len(sampled_text) :], used_fallback=False, path=TokenizationPath.ONE_RENDER)
-        prev = self.render([*prompt, last], tools=tools, add_generation_prompt=False)
-        if local.startswith(prev):
-            text = local[self._cut(prev, len(prev), sampled_eot) :]
-            return EnvSegment([], text, used_fallback=False, path=TokenizationPath.TWO_RENDERS)
-        return self._base_fallback(new, tools=tools, sampled_eot=sampled_eot, path=TokenizationPath.BASE_FALLBACK)
+        return dataclasses.replace(segment, ids=self.literal.encode_rendered(segment.text, text_of(neutral_new).text))
 
     def _base_fallback(
         self, new: Messages, *, tools: list[dict] | None, sampled_eot: bool | None, path: TokenizationPath
