@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_NEUTRAL = "x"  # what a template leaves alone: not whitespace (trimmed), not escaped by tojson, in no added token
+_NEUTRAL = "x"  # what a template leaves alone: not whitespace (trimmed), not escaped by tojson, not a token's start
 
 
 class ForgedStructureError(ValueError):
@@ -37,16 +37,26 @@ class LiteralText:
     def __init__(self, tokenizer: Any, encode: Any):
         self._encode = encode
         decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-        self.ids: dict[str, int] = {t.content: int(i) for i, t in decoder.items() if t.content}
+        # Control tokens: every added token but pure whitespace runs (some vocabularies add those for code).
+        tokens = {t.content: (int(i), t) for i, t in decoder.items() if t.content and not t.content.isspace()}
+        self.ids: dict[str, int] = {content: i for content, (i, _) in tokens.items()}
         contents = sorted(self.ids, key=len, reverse=True)  # leftmost, then longest, as the tokenizer matches
         self.pattern = re.compile("|".join(re.escape(c) for c in contents)) if contents else None
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._backend = backend if backend is not None and getattr(backend, "model", None) is not None else None
         self._tokenizer = tokenizer
+        # Tokens matched after normalisation (NFKC, lowercasing) also match text that only normalizes to them.
+        normalizer = self._backend.normalizer if self._backend is not None else None
+        normalized = any(getattr(t, "normalized", False) for _, t in tokens.values())
+        self._normalize = normalizer.normalize_str if normalized and normalizer is not None else None
 
     def contains(self, text: str) -> bool:
-        """Whether ``text`` holds the text of any added token."""
-        return self.pattern is not None and self.pattern.search(text) is not None
+        """Whether ``text`` holds the text of any added token (or, for normalized tokens, normalizes to one)."""
+        if self.pattern is None:
+            return False
+        if self.pattern.search(text) is not None:
+            return True
+        return self._normalize is not None and self.pattern.search(self._normalize(text)) is not None
 
     # -- messages -----------------------------------------------------------------------------------
 
@@ -69,9 +79,11 @@ class LiteralText:
     def _neutral_content(self, content: Any) -> Any:
         assert self.pattern is not None
         if isinstance(content, str):
-            if not self.pattern.search(content):
-                return content
-            return self.pattern.sub(lambda m: _NEUTRAL * len(m.group()), content)
+            if self.pattern.search(content):
+                return self.pattern.sub(lambda m: _NEUTRAL * len(m.group()), content)
+            if self.contains(content):  # only its normalized form holds a token: all of it is neutralized
+                return _NEUTRAL * len(content)
+            return content
         if isinstance(content, list):
             parts = [self._neutral_content_part(part) for part in content]
             return parts if any(a is not b for a, b in zip(parts, content)) else content
@@ -105,7 +117,7 @@ class LiteralText:
         The template's added-token strings (those at the same place in ``neutral``) become their tokens and cut
         the text, as the tokenizer cuts it; every stretch between them is tokenized literally.
         """
-        if len(text) != len(neutral):
+        if len(text) != len(neutral) or not _differ_only_at_neutral(text, neutral):
             raise ForgedStructureError(
                 "environment text holds the chat template's special-token strings and the template renders it "
                 "transformed, so its own special tokens cannot be told apart from the environment's; the request "
@@ -124,3 +136,11 @@ class LiteralText:
             pos = m.end()
         out += self.encode_literal(text[pos:])
         return out
+
+
+def _differ_only_at_neutral(text: str, neutral: str) -> bool:
+    """Whether the two renders are the same text but where the neutral one has its ``x`` (so they are aligned)."""
+    if text == neutral:
+        return True
+    diff = [i for i, (a, b) in enumerate(zip(text, neutral)) if a != b]
+    return all(neutral[i] == _NEUTRAL for i in diff)

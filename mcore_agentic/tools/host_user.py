@@ -7,8 +7,9 @@ trainer writes the namespace's uid and gid maps (:meth:`HostUser.maps`):
   the host it is the trainer's own uid, which is unprivileged (it is also the only uid an
   unprivileged process may map).
 * **trainer is root** (``host_user: auto``, the default): ``0 0 1`` and ``65534 <X> 1``, where X is
-  a *dedicated* uid taken from ``host_uid_range`` (a different one for each execution, so no two
-  concurrent executions share a uid's process count, pipe quota or signal queue). bwrap sets the
+  a *dedicated* uid taken from ``host_uid_range``, leased host-wide for the execution's lifetime
+  (:meth:`HostUser.lease_uid`), so no two executions running at once share a uid's process count,
+  pipe quota or signal queue, whichever trainer process on the host started them. bwrap sets the
   sandbox up as namespace root, which is host root for the files it binds, so an interpreter
   under a ``0700`` ``/root`` is still reached; then ``setpriv`` (util-linux) drops to 65534 (host
   uid X), clears the supplementary groups (the trainer's group 0 among them), the inheritable
@@ -26,10 +27,15 @@ sandbox as its own uid, which is unprivileged on the host.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import pwd
 import shutil
+import stat
+import struct
+import tempfile
 from dataclasses import dataclass
 
 from mcore_agentic.tools.bwrap import SANDBOX_UID
@@ -123,23 +129,59 @@ class HostUser:
         """Whether the sandbox's processes are host root (``host_user: trainer`` as root)."""
         return self.uid_range is None and self.trainer_uid == 0
 
-    def host_uid(self, n: int) -> int:
-        """The host uid (and gid) of execution ``n``: a dedicated id of the range, or the trainer's uid."""
+    def lease_uid(self, n: int) -> tuple[int, int | None]:
+        """The host uid (and gid) of execution ``n`` and the descriptor that holds it (None: nothing to hold).
+
+        Under a root trainer: a dedicated id of the range that no other sandbox on this host holds. Each
+        id is a one-byte lock (``F_OFD_SETLK``) in a root-only file (:func:`uid_lease_file`), held by the
+        returned descriptor until it is closed, by the sandbox or by the kernel when its process dies: two
+        trainer processes on one host (ranks, Ray workers) never hand out the same uid at once, and no
+        state outlives them. Otherwise: the trainer's own uid.
+        """
         if self.uid_range is None:
-            return self.trainer_uid
+            return self.trainer_uid, None
         first, count = self.uid_range
         salt = (os.getpid() * 7919) % count  # different trainer processes start at different ids
+        path = uid_lease_file()
         for step in range(count):
             uid = first + (salt + n + step) % count
-            if uid not in self.excluded:
-                return uid
-        raise HostUserError(f"every id of host_uid_range {list(self.uid_range)} belongs to an account of this system")
+            if uid in self.excluded:
+                continue
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, uid - first, 1, 0))
+                return uid, fd
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+        raise HostUserError(f"every id of host_uid_range {list(self.uid_range)} is in use by a sandbox of this host")
 
     def maps(self, host_uid: int) -> tuple[str, str]:
-        """The ``(uid_map, gid_map)`` text for a sandbox that runs as ``host_uid`` (from :meth:`host_uid`)."""
+        """The ``(uid_map, gid_map)`` text for a sandbox that runs as ``host_uid`` (from :meth:`lease_uid`)."""
         if self.uid_range is None:
             return f"{SANDBOX_UID} {self.trainer_uid} 1\n", f"{SANDBOX_UID} {self.trainer_gid} 1\n"
         return f"0 0 1\n{SANDBOX_UID} {host_uid} 1\n", f"0 0 1\n{SANDBOX_UID} {host_uid} 1\n"
+
+
+def uid_lease_file() -> str:
+    """The host-wide file whose byte locks lease dedicated uids: in ``/run`` (root's), else the temporary directory.
+
+    Created by root, mode 0600; one that exists owned by another user or that is not a plain file is refused.
+    """
+    for directory in ("/run", tempfile.gettempdir()):
+        if os.access(directory, os.W_OK):
+            path = os.path.join(directory, "mcore_agentic_sandbox.uids")
+            break
+    else:
+        raise HostUserError("no writable /run or temporary directory for the sandbox's uid leases")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        raise HostUserError(f"{path} is not a file of this user: remove it (another user made it)")
+    return path
 
 
 def _system_ids() -> frozenset[int]:

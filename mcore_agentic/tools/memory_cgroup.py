@@ -9,14 +9,19 @@ execution ends.
 
 Where the hierarchy lives, in order of preference:
 
-* cgroup v2 (a ``cgroup2`` mount with the ``memory`` controller): a directory next to the trainer's
-  own cgroup (inside its parent, so a job's limits still hold), or under the trainer's cgroup when
-  that is the root of the hierarchy;
+* cgroup v2 (a ``cgroup2`` mount with the ``memory`` controller): under the trainer's cgroup when
+  that is the root of the hierarchy (a VM, a host); else a directory next to it, inside its parent,
+  when that parent is a job's own level (Slurm's ``job_N/step_M/user``, a batch system's
+  directory), so the job's limits still hold. Never next to a systemd unit (a parent named
+  ``*.slice``, such as ``system.slice``: a sibling there would leave the service's or the
+  container's limits) nor at the root for a trainer below it. The kernel forbids controllers in a
+  cgroup that holds processes, so those are the only places; nothing is enabled on a parent;
 * cgroup v1 (a ``memory`` hierarchy): a directory under the trainer's own memory cgroup.
 
-Each trainer process owns one directory, ``mcore_agentic_sandbox.<pid>.<start time>``, with one
-child per sandbox. :meth:`MemoryCgroups.discover` removes directories whose owner process is gone
-(a trainer killed before it could clean up), killing anything left inside first.
+Each trainer process owns one directory, ``mcore_agentic_sandbox.<owner tag>`` (:mod:`.owner`), with
+one child per sandbox. :meth:`MemoryCgroups.discover` removes directories whose owner process is gone
+(a trainer of the same PID namespace killed before it could clean up), killing anything left inside
+first.
 
 Where none is writable (an unprivileged trainer without a delegated v2 subtree, a container
 with a read-only ``/sys/fs/cgroup``), :meth:`MemoryCgroups.discover` returns ``None`` and the
@@ -148,7 +153,10 @@ class MemoryCgroups:
             if fstype == "cgroup2" and "" in own:
                 parents = _v2_parents(Path(point), own[""])
                 if not parents:
-                    reasons.append(f"cgroup v2 at {point} has no memory controller to delegate")
+                    reasons.append(
+                        f"cgroup v2 at {point}: no memory-delegating parent inside the trainer's own limits "
+                        f"(the trainer's cgroup is {own['']})"
+                    )
                 for parent in parents:
                     found, reason = cls._try(parent, 2, owner)
                     if found is not None:
@@ -164,8 +172,8 @@ class MemoryCgroups:
 
     @classmethod
     def _try(cls, parent: Path, version: int, owner: OwnerTag) -> tuple[MemoryCgroups | None, str]:
-        _reclaim(parent, version)
         try:
+            _reclaim(parent, version)
             groups = cls(parent, version, owner)
             probe = groups.create("probe", 64 << 20)
             probe.remove()
@@ -220,28 +228,19 @@ def _children(path: Path) -> list[Path]:
 
 
 def _v2_parents(mount: Path, own: str) -> list[Path]:
-    """Where a v2 directory of sandbox cgroups may go: beside the trainer's cgroup, or under it at the root."""
-    here = mount / own.lstrip("/")
-    candidates = [here.parent] if own not in ("/", "") else [here]
-    out = []
-    for parent in candidates:
-        try:
-            controllers = (parent / "cgroup.controllers").read_text().split()
-        except OSError:
-            continue
-        if "memory" not in controllers:
-            continue
-        try:
-            enabled = (parent / "cgroup.subtree_control").read_text().split()
-        except OSError:
-            continue
-        if "memory" not in enabled:
-            try:
-                _write(parent / "cgroup.subtree_control", "+memory")  # allowed at the root only
-            except OSError:
-                continue
-        out.append(parent)
-    return out
+    """Where a v2 directory of sandbox cgroups may go (see the module docstring): a list of none or one."""
+    here = mount / own.strip("/")
+    if own.strip("/") == "":
+        parent = here  # the trainer is at the root: under it
+    elif here.parent == mount or here.parent.name.endswith(".slice"):
+        return []  # a sibling would leave the trainer's (service's, container's) limits
+    else:
+        parent = here.parent
+    try:
+        delegated = "memory" in (parent / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return []
+    return [parent] if delegated else []
 
 
 def _reclaim(parent: Path, version: int) -> None:

@@ -346,13 +346,15 @@ class Sandbox:
                 seccomp_fd=seccomp_fd, info_fd=info_fd, userns_block_fd=block_fd, setpriv=host_user.setpriv,
             )  # fmt: skip
 
+        uid, lease = host_user.lease_uid(n)
         plan = SpawnPlan(
             self._command(BOOTSTRAP_PATH),
             {},
             "/",
             bwrap_prefix=prefix,
             seccomp=self._seccomp,
-            maps=host_user.maps(host_user.host_uid(n)),
+            maps=host_user.maps(uid),
+            lease_fd=lease,
             deny_setgroups=not host_user.drops_root,
             cgroup_limit=(limits.memory_mb + limits.disk_mb) * _MB,
             cgroup_name=f"w{n}",
@@ -383,13 +385,14 @@ class Sandbox:
                 self._idle.append(worker)
 
     def _take(self) -> Worker:
-        with self._lock:
-            while self._idle:
-                worker = self._idle.popleft()
-                if worker.proc.poll() is None:
-                    return worker
-                worker.close(self._cgroups)
-        return self._spawn()
+        while True:
+            with self._lock:
+                worker = self._idle.popleft() if self._idle else None
+            if worker is None:
+                return self._spawn()
+            if worker.proc.poll() is None:
+                return worker
+            worker.close(self._cgroups)  # died while waiting (outside the lock: closing may take a while)
 
     # -- running ------------------------------------------------------------------------------------
 
@@ -469,16 +472,20 @@ def _process_cgroups() -> tuple[MemoryCgroups | None, str]:
 
 
 def _process_state_dir() -> Path:
-    """unsafe mode: this process's directory of working directories (stale ones of dead trainers removed)."""
+    """unsafe mode: this process's directory of working directories (stale ones of dead trainers removed).
+
+    Made by ``mkdtemp`` (a new, private directory; the owner tag is only its name's prefix), so another
+    local user cannot prepare it in advance.
+    """
     global _state_dir
     with _process_lock:
-        if _state_dir is None or not _state_dir.name.endswith(f".{_this_owner()}"):
+        if _state_dir is None or not _state_dir.name.startswith(f"{_STATE_PREFIX}.{_this_owner()}."):
             base = Path(tempfile.gettempdir())
             for entry in stale_entries(base, _STATE_PREFIX):
-                shutil.rmtree(entry, ignore_errors=True)
-                logger.info("code tool: removed the sandbox directory of a trainer that is gone (%s)", entry)
-            _state_dir = base / f"{_STATE_PREFIX}.{_this_owner()}"
-            _state_dir.mkdir(mode=0o700, exist_ok=True)
+                if entry.is_dir() and not entry.is_symlink() and entry.lstat().st_uid == os.geteuid():
+                    shutil.rmtree(entry, ignore_errors=True)
+                    logger.info("code tool: removed the sandbox directory of a trainer that is gone (%s)", entry)
+            _state_dir = Path(tempfile.mkdtemp(prefix=f"{_STATE_PREFIX}.{_this_owner()}.", dir=base))
         return _state_dir
 
 
@@ -513,7 +520,7 @@ def close_all() -> None:
     with _process_lock:
         if _cgroups_found is not None and _cgroups_found[0] is not None and _cgroups_found[0].owner == _this_owner():
             _cgroups_found[0].close()
-        if _state_dir is not None and _state_dir.name.endswith(f".{_this_owner()}"):
+        if _state_dir is not None and _state_dir.name.startswith(f"{_STATE_PREFIX}.{_this_owner()}."):
             shutil.rmtree(_state_dir, ignore_errors=True)
         _cgroups_found = _state_dir = None
 

@@ -106,19 +106,28 @@ class SpawnPlan:
     sandbox keeps it allowed so that its bootstrap can drop the supplementary groups bwrap inherited (group 0)."""
     cgroup_limit: int | None = None
     cgroup_name: str = ""
+    lease_fd: int | None = None
+    """Holds the host uid the sandbox runs as (:meth:`.host_user.HostUser.lease_uid`); the worker closes it."""
 
 
 class Worker:
-    """One started sandbox waiting for its code; used once."""
+    """One started sandbox waiting for its code; used once.
 
-    def __init__(self, proc: subprocess.Popen, exit_fd: int, init_fd: int | None, cgroup: Cgroup | None, workdir: Path | None):
+    :meth:`kill` and :meth:`close` may be called from two threads at once (the execution's, and
+    :meth:`.sandbox.Sandbox.close` at exit): one lock orders them, and neither acts on a closed worker.
+    """
+
+    def __init__(self, proc: subprocess.Popen, exit_fd: int, workdir: Path | None = None, lease_fd: int | None = None):
         self.proc = proc
         self.exit_fd = exit_fd
         """pidfd of ``proc``: readable once it has exited."""
-        self.init_fd = init_fd
+        self.init_fd: int | None = None
         """pidfd of the sandbox's PID-namespace init (bwrap mode)."""
-        self.cgroup = cgroup
+        self.cgroup: Cgroup | None = None
         self.workdir = workdir
+        self.lease_fd = lease_fd
+        self._lock = threading.Lock()
+        self._closed = False
 
     @classmethod
     def spawn(cls, plan: SpawnPlan, cgroups: MemoryCgroups | None) -> Worker:
@@ -128,9 +137,10 @@ class Worker:
                 plan.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd=plan.cwd, env=plan.env, close_fds=True, start_new_session=True,
             )  # fmt: skip
-            return cls(proc, os.pidfd_open(proc.pid), None, None, plan.workdir)
+            return cls(proc, os.pidfd_open(proc.pid), workdir=plan.workdir)
         ours: list[int] = []  # our ends, closed on the way out
         theirs: list[int] = []  # bwrap's ends, closed once it has them
+        worker: Worker | None = None
         try:
             seccomp_r, seccomp_w = os.pipe()
             theirs.append(seccomp_r)
@@ -150,7 +160,7 @@ class Worker:
                 os.close(fd)
             theirs.clear()
             assert plan.seccomp is not None
-            worker = cls(proc, os.pidfd_open(proc.pid), None, None, None)
+            worker = cls(proc, os.pidfd_open(proc.pid), lease_fd=plan.lease_fd)
             try:
                 with contextlib.suppress(BrokenPipeError):  # bwrap died at once: its stderr says why
                     os.write(seccomp_w, plan.seccomp)  # a few hundred bytes: fits the pipe, bwrap reads it later
@@ -165,12 +175,16 @@ class Worker:
             for fd in ours + theirs:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            if worker is None and plan.lease_fd is not None:  # bwrap did not even start
+                os.close(plan.lease_fd)
 
     def _attach(self, info_fd: int, plan: SpawnPlan, cgroups: MemoryCgroups | None) -> None:
         """Read the sandbox's pid, write its user namespace's maps, move it into its cgroup."""
         info = _read_all(info_fd, KILL_GRACE_S)
         if not info:
-            return  # bwrap failed before the namespaces existed: it exits, its stderr says why
+            if self.proc.poll() is None and not select.select([self.exit_fd], [], [], 1.0)[0]:
+                raise RuntimeError(f"bwrap did not report its sandbox within {KILL_GRACE_S:g} s")  # never let it go on
+            return  # bwrap failed before the namespaces existed: it has exited, its stderr says why
         child = int(json.loads(info)["child-pid"])
         self.init_fd = os.pidfd_open(child)  # bwrap's child waits for us: the pid cannot have been reused
         assert plan.maps is not None
@@ -238,19 +252,25 @@ class Worker:
                         exceeded = True
             duration = time.monotonic() - start
             self.kill()  # also ends whatever the code left running
+            with contextlib.suppress(KeyError):
+                sel.unregister(self.exit_fd)
             grace = time.monotonic() + KILL_GRACE_S
-            while len(sel.get_map()) > 1 and time.monotonic() < grace:  # every writer is dead: EOF follows
+            while sel.get_map() and time.monotonic() < grace:  # every writer is dead: EOF follows
                 for key, _ in sel.select(max(0.0, grace - time.monotonic())):
-                    if key.data is not None:
-                        _drain_once(sel, key)
-                    else:
+                    if _drain_once(sel, key) and key.data.total > cap_bytes:
+                        exceeded = True
                         sel.unregister(key.fileobj)
         finally:
             sel.close()
         return Collected(out, err, timed_out, exceeded, duration)
 
     def kill(self) -> None:
-        """Kill everything this worker started and return once it is all gone."""
+        """Kill everything this worker started and return once it is all gone; nothing once closed."""
+        with self._lock:
+            if not self._closed:
+                self._kill()
+
+    def _kill(self) -> None:
         if self.init_fd is not None:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self.init_fd, signal.SIGKILL)  # the kernel then kills the whole namespace
@@ -268,18 +288,25 @@ class Worker:
             self.proc.wait()
 
     def close(self, cgroups: MemoryCgroups | None = None) -> None:
-        """Kill (if still running) and release everything: descriptors, cgroup, host working directory."""
-        if self.proc.returncode is None:
-            self.kill()
+        """Kill (if still running) and release everything: descriptors, cgroup, uid lease, host working directory."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.proc.returncode is None:
+                self._kill()
+            self._release(cgroups)
+
+    def _release(self, cgroups: MemoryCgroups | None) -> None:
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
-        for fd in (self.exit_fd, self.init_fd):
+        for fd in (self.exit_fd, self.init_fd, self.lease_fd):
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self.init_fd = None
+        self.init_fd = self.lease_fd = None
         if self.cgroup is not None:
             if cgroups is not None:
                 cgroups.release(self.cgroup)

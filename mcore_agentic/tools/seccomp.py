@@ -11,14 +11,18 @@ It denies, with ``EPERM``:
 * the ways one execution could observe another through the files they share (the
   read-only interpreter and libraries): page-cache residency probes (``mincore``,
   ``cachestat``, ``preadv2``/``pwritev2``, whose ``RWF_NOWAIT`` reports it) and
-  eviction (``fadvise64``), file-change notification (``inotify``, ``fcntl(F_NOTIFY)``,
-  ``fanotify``), ``flock`` and POSIX lock queries (``fcntl(F_GETLK)``,
-  ``F_OFD_GETLK``). On a read-only file a process can only take read locks, which never
-  conflict, so without the queries POSIX locks carry nothing; the sandbox's own files
-  keep working locks (sqlite);
+  eviction (``fadvise64``, ``madvise(MADV_PAGEOUT | MADV_COLD)``, ``process_madvise``),
+  file-change notification (``inotify``, ``fcntl(F_NOTIFY)``, ``fanotify``), leases
+  (``fcntl(F_SETLEASE)``: an ordinary trainer's sandbox owns that trainer's files, and a
+  lease would stall the trainer's own opens), ``flock`` and POSIX lock queries
+  (``fcntl(F_GETLK)``, ``F_OFD_GETLK``). On a read-only file a process can only take read
+  locks, which never conflict, so without the queries POSIX locks carry nothing; the
+  sandbox's own files keep working locks (sqlite);
 * with ``deny_unbounded_ram`` (no memory cgroup bounds the execution): the routes to
-  RAM the address-space limit does not see, ``memfd_create``, ``memfd_secret`` and
-  System V ``shmget`` (``/dev/shm`` is not writable, tmpfs is capped by ``disk_mb``);
+  kernel memory the address-space limit does not see, ``memfd_create``, ``memfd_secret``
+  and System V IPC objects (``shmget``, ``semget``, ``msgget``: a fresh IPC namespace allows
+  32000 semaphore sets of 32000, gigabytes; ``/dev/shm`` is not writable, tmpfs is capped
+  by ``disk_mb``);
 * with ``allow_processes=False``: ``fork``, ``vfork`` and ``clone``, no new processes or
   threads.
 
@@ -50,8 +54,10 @@ _X32_SYSCALL_BIT = 0x40000000
 
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME (linux/sched.h).
 CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
-# fcntl commands that let one process see another's use of a shared file (linux/fcntl.h).
-F_GETLK, F_OFD_GETLK, F_NOTIFY = 5, 36, 1026
+# fcntl commands that let one process see or stall another's use of a shared file (linux/fcntl.h).
+F_GETLK, F_OFD_GETLK, F_NOTIFY, F_SETLEASE = 5, 36, 1026, 1024
+# madvise advice that evicts shared file pages from the page cache (linux/mman-common.h).
+MADV_COLD, MADV_PAGEOUT = 20, 21
 
 _DENIED = (
     "ptrace process_vm_readv process_vm_writev kexec_load kexec_file_load init_module finit_module "
@@ -61,9 +67,9 @@ _DENIED = (
     "syslog acct swapon swapoff reboot quotactl settimeofday clock_settime adjtimex iopl ioperm modify_ldt "
     "pidfd_getfd "
     # shared-file observation: page-cache probes and eviction, notification, whole-file locks
-    "mincore cachestat preadv2 pwritev2 fadvise64 inotify_init inotify_init1 inotify_add_watch flock"
+    "mincore cachestat preadv2 pwritev2 fadvise64 inotify_init inotify_init1 inotify_add_watch flock process_madvise"
 ).split()
-_UNBOUNDED_RAM = ("memfd_create", "memfd_secret", "shmget")
+_UNBOUNDED_RAM = ("memfd_create", "memfd_secret", "shmget", "semget", "msgget")
 _PROCESS_CREATION = ("fork", "vfork", "clone")
 
 # (AUDIT_ARCH value, syscall numbers) from the kernel's unistd headers; absent names do not exist there.
@@ -81,7 +87,7 @@ _ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             settimeofday=164, clock_settime=227, adjtimex=159, iopl=172, ioperm=173, modify_ldt=154,
             pidfd_getfd=438, mincore=27, cachestat=451, preadv2=327, pwritev2=328, fadvise64=221,
             inotify_init=253, inotify_init1=294, inotify_add_watch=254, flock=73, fcntl=72,
-            memfd_create=319, memfd_secret=447, shmget=29,
+            memfd_create=319, memfd_secret=447, shmget=29, semget=64, msgget=68, madvise=28, process_madvise=440,
             clone=56, fork=57, vfork=58, clone3=435,
         ),  # fmt: skip
     ),
@@ -97,7 +103,7 @@ _ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             swapon=224, swapoff=225, reboot=142, quotactl=60, settimeofday=170, clock_settime=112,
             adjtimex=171, pidfd_getfd=438, mincore=232, cachestat=451, preadv2=286, pwritev2=287,
             fadvise64=223, inotify_init1=26, inotify_add_watch=27, flock=32, fcntl=25,
-            memfd_create=279, memfd_secret=447, shmget=194,
+            memfd_create=279, memfd_secret=447, shmget=194, semget=190, msgget=186, madvise=233, process_madvise=440,
             clone=220, clone3=435,
         ),  # fmt: skip
     ),
@@ -152,6 +158,7 @@ def build_filter(allow_processes: bool, *, deny_unbounded_ram: bool = True, mach
     if allow_processes:
         p.op(_JEQ_K, numbers["clone"], jt="clone")
     p.op(_JEQ_K, numbers["fcntl"], jt="fcntl")
+    p.op(_JEQ_K, numbers["madvise"], jt="madvise")
     p.op(_JEQ_K, numbers["clone3"], jt="enosys")
     p.op(_RET_K, _RET_ALLOW)
     p.label("enosys")
@@ -163,10 +170,15 @@ def build_filter(allow_processes: bool, *, deny_unbounded_ram: bool = True, mach
         p.op(_LD_W_ABS, _ARG_OFFSET)
         p.op(_JSET_K, CLONE_NAMESPACE_FLAGS, jt="deny_arg")
         p.op(_RET_K, _RET_ALLOW)
-    p.label("fcntl")  # fcntl(fd, cmd, ...): no lock queries, no directory notifications
+    p.label("fcntl")  # fcntl(fd, cmd, ...): no lock queries, no directory notifications, no leases
     p.op(_LD_W_ABS, _ARG_OFFSET + 8)
-    for cmd in (F_GETLK, F_OFD_GETLK, F_NOTIFY):
+    for cmd in (F_GETLK, F_OFD_GETLK, F_NOTIFY, F_SETLEASE):
         p.op(_JEQ_K, cmd, jt="deny_arg")
+    p.op(_RET_K, _RET_ALLOW)
+    p.label("madvise")  # madvise(addr, len, advice): no eviction of (shared) file pages
+    p.op(_LD_W_ABS, _ARG_OFFSET + 16)
+    for advice in (MADV_COLD, MADV_PAGEOUT):
+        p.op(_JEQ_K, advice, jt="deny_arg")
     p.op(_RET_K, _RET_ALLOW)
     p.label("deny_arg")
     p.op(_RET_K, _RET_ERRNO | errno.EPERM)

@@ -184,3 +184,42 @@ def test_a_template_that_transforms_content_is_refused_not_trusted(tokenizer):
     # a structural token the real render does not have where the neutral one has it
     with pytest.raises(ForgedStructureError):
         literal.encode_rendered("<|im_start|>user\nab<|im_end|>", "<|im_start|>user\n<|im_end|>ab")
+
+
+def test_tokens_matched_after_normalization_are_literal_too():
+    """A vocabulary whose added token matches after normalisation (here lowercasing): the variant is text too."""
+    from tokenizers import AddedToken, normalizers
+
+    tokenizer = load_qwen_tokenizer("qwen2_5", vocab_size=4096)
+    tokenizer.backend_tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.add_tokens([AddedToken("<ctrl>", special=True, normalized=True)])
+    ctrl = tokenizer.convert_tokens_to_ids("<ctrl>")
+    assert ctrl in tokenizer.encode("a <CTRL> b", add_special_tokens=False)  # what the tokenizer does by itself
+    chat = ChatTokenizer(tokenizer)
+    ids = chat.prompt_ids([{"role": "user", "content": "a <CTRL> b"}], tools=None)
+    assert ctrl not in ids
+    assert tokenizer.decode(ids, skip_special_tokens=False).count("<ctrl>") == 1  # as text (lowercased by the tokenizer)
+
+
+def test_a_trajectory_cut_inside_environment_text_is_checked_not_failed(tokenizer, template):
+    fmt = TEMPLATES[template]
+    tool_text = hostile(tokenizer, "the tool")
+    messages = [{"role": "user", "content": "Q-cut"}]
+    req = RolloutRequest(request_id="r0", uid="u", messages=messages)
+    think = "<think>\n\n</think>\n\n" if template == "qwen3" else ""
+    engine = ScriptedEngine(tokenizer, {"Q-cut": [think + _call(fmt), think + "Done."]})
+    budget = 120  # ends inside the tool's hostile text
+    ctx = AgentContext(
+        engine=engine,
+        chat=ChatTokenizer(tokenizer),
+        cfg=RolloutConfig(prompt_length=2048, response_length=budget, multi_turn=MultiTurnConfig(format=fmt, max_tool_response_length=0)),
+        parser=get_tool_parser(fmt),
+        tools={"echo": HostileTool(tool_text)},
+        interactions={},
+    )
+    asyncio.run(run_request(req, ctx))
+    assert req.state is RequestState.COMPLETED, req.error  # cut by the length limit, not failed
+    assert req.trajectory.response_len == budget
+    added = {int(i) for i in tokenizer.added_tokens_decoder}
+    env = [i for i, s in zip(req.trajectory.ids, req.trajectory.loss_mask) if not s][req.trajectory.prompt_len :]
+    assert sum(i in added for i in env) <= 4  # the template's own (<|im_end|>, <|im_start|>, <tool_response>), none of the tool's

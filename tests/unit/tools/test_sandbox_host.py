@@ -284,7 +284,7 @@ def _used_mb() -> float:
 PIN_RAM = """
 import ctypes, fcntl, time
 MB = 1 << 20
-pinned = {"memfd": 0, "shm": 0, "tmpfs": 0, "pipes": 0}
+pinned = {"memfd": 0, "shm": 0, "sem": 0, "tmpfs": 0, "pipes": 0}
 keep = []
 def memfd():
     for i in range(64):
@@ -304,6 +304,12 @@ def shm():
         ctypes.memset(addr, 1, 64 * MB)
         libc.shmdt(ctypes.c_void_p(addr))
         pinned["shm"] += 64
+def sem():
+    libc = ctypes.CDLL(None, use_errno=True)
+    for _ in range(200):
+        if libc.semget(0, 32000, 0o1600) < 0:  # IPC_PRIVATE, 32000 semaphores, IPC_CREAT | 0600
+            raise OSError(ctypes.get_errno(), "semget")
+        pinned["sem"] += 2  # about 2 MB of kernel memory a set
 def tmpfs():
     for i in range(1024):
         with open(f"fill{i}", "wb") as f:
@@ -317,7 +323,7 @@ def pipes():
         os.set_blocking(w, False)
         os.write(w, b"\\1" * MB)
         pinned["pipes"] += 1
-for route in (memfd, shm, tmpfs, pipes):
+for route in (memfd, shm, sem, tmpfs, pipes):
     try:
         unhooked(route)
     except OSError as exc:
@@ -343,7 +349,7 @@ def test_ram_pinned_outside_the_address_space_stays_within_the_caps(memory_cgrou
     text = box["result"].text
     assert peak - idle < cap_mb + 128, (peak - idle, text)  # without the bound: > 2 GB (memfd 1 GB + shm 2 GB)
     if not cgroup:  # routes the address-space limit cannot see are refused
-        assert "memfd refused: 1" in text and "shm refused: 1" in text, text
+        assert "memfd refused: 1" in text and "shm refused: 1" in text and "sem refused: 1" in text, text
 
 
 # -- 3. nothing left behind -----------------------------------------------------------------------------
@@ -387,9 +393,13 @@ def _state_of(pid: int) -> list[Path]:
     found = []
     for root in roots:
         try:
-            found += [p for p in root.iterdir() if p.name.startswith(f"{PREFIX}.{pid}.")]
+            entries = list(root.iterdir())
         except OSError:
-            pass
+            continue
+        for entry in entries:
+            tag = OwnerTag.parse(entry.name[len(PREFIX) + 1 :]) if entry.name.startswith(PREFIX + ".") else None
+            if tag is not None and tag.pid == pid:
+                found.append(entry)
     return found
 
 
@@ -467,6 +477,8 @@ def test_shared_files_carry_no_locks_notifications_or_cache_probes(tool):
                 "notify": lambda: fcntl.fcntl(d, fcntl.F_NOTIFY, fcntl.DN_ACCESS),
                 "preadv2": lambda: os.preadv(f.fileno(), [bytearray(16)], 0, {nowait}),
                 "fadvise": lambda: os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED),
+                "lease": lambda: fcntl.fcntl(f, fcntl.F_SETLEASE, fcntl.F_RDLCK),
+                "pageout": lambda: m.madvise(21),  # MADV_PAGEOUT
                 "mincore": lambda: libc.mincore(address, 4096, vec) == 0 or (_ for _ in ()).throw(OSError(ctypes.get_errno(), "mincore")),
                 "cachestat": lambda: libc.syscall({cachestat}, f.fileno(), None, None, 0) == 0 or (_ for _ in ()).throw(OSError(ctypes.get_errno(), "cachestat")),
                 "inotify": lambda: libc.inotify_init1(0) >= 0 or (_ for _ in ()).throw(OSError(ctypes.get_errno(), "inotify")),
@@ -547,24 +559,52 @@ def test_a_root_trainer_without_a_spare_uid_is_refused_in_one_line(monkeypatch):
     message = str(err.value)
     assert "\n" not in message and "host_user: trainer" in message and "no spare uid" in message
     weak = resolve_host_user("trainer", None)
-    assert weak.is_host_root and weak.maps(weak.host_uid(0)) == ("65534 0 1\n", f"65534 {os.getegid()} 1\n")
+    assert weak.is_host_root and weak.lease_uid(0) == (0, None)
+    assert weak.maps(0) == ("65534 0 1\n", f"65534 {os.getegid()} 1\n")
     with pytest.raises(HostUserError, match="host_uid_range"):
         resolve_host_user("auto", (5, 10))
 
 
-def test_v2_sandbox_cgroups_go_beside_the_trainer_or_under_the_root(tmp_path):
-    job = tmp_path / "job"
-    (job / "task").mkdir(parents=True)
-    (job / "cgroup.controllers").write_text("cpu memory pids\n")
-    (job / "cgroup.subtree_control").write_text("memory pids\n")
-    assert _v2_parents(tmp_path, "/job/task") == [job]
-    (job / "cgroup.subtree_control").write_text("pids\n")
-    (job / "cgroup.subtree_control").chmod(0o444)
-    if not AS_ROOT:  # root writes through file modes; an unprivileged writer is refused, as the kernel refuses +memory
-        assert _v2_parents(tmp_path, "/job/task") == []
-    (tmp_path / "cgroup.controllers").write_text("memory\n")
-    (tmp_path / "cgroup.subtree_control").write_text("memory\n")
-    assert _v2_parents(tmp_path, "/") == [tmp_path]
+@pytest.mark.skipif(not AS_ROOT, reason="dedicated uids are leased by a root trainer only")
+def test_two_trainer_processes_never_lease_the_same_uid_at_once():
+    """The lease is host-wide: another process starting from the same id gets the next free one."""
+    host = resolve_host_user("auto", (DEFAULT_UID_RANGE[0] + 5000, 3))
+    held = [host.lease_uid(0) for _ in range(3)]  # every id of the range
+    assert sorted(uid for uid, _ in held) == [DEFAULT_UID_RANGE[0] + 5000 + i for i in range(3)]
+    other = subprocess.run(
+        [sys.executable, "-c", (
+            f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from mcore_agentic.tools.host_user import resolve_host_user\n"
+            f"host = resolve_host_user('auto', ({DEFAULT_UID_RANGE[0] + 5000}, 3))\n"
+            "try:\n    print(host.lease_uid(0))\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n"
+        )],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "HostUserError" in other.stdout and "in use" in other.stdout, other.stdout + other.stderr
+    os.close(held[1][1])  # one execution ends: its uid is free again, for any process
+    uid, fd = host.lease_uid(7)
+    assert uid == held[1][0]
+    for _, lease in [held[0], held[2], (uid, fd)]:
+        os.close(lease)
+
+
+def test_v2_sandbox_cgroups_stay_inside_the_trainers_limits(tmp_path):
+    """Beside the trainer inside a job's own level, or under it at the root; never beside a systemd unit or at the root."""
+
+    def level(path, subtree):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "cgroup.subtree_control").write_text(subtree)
+
+    level(tmp_path / "job_1" / "step_0" / "user", "cpu memory pids\n")
+    (tmp_path / "job_1" / "step_0" / "user" / "task_0").mkdir()
+    assert _v2_parents(tmp_path, "/job_1/step_0/user/task_0") == [tmp_path / "job_1" / "step_0" / "user"]
+    level(tmp_path / "job_2", "pids\n")  # the job does not delegate memory: nothing is enabled for it
+    assert _v2_parents(tmp_path, "/job_2/task_0") == []
+    level(tmp_path / "system.slice", "cpu memory pids\n")  # a service's sibling would leave the service's limits
+    assert _v2_parents(tmp_path, "/system.slice/trainer.service") == []
+    level(tmp_path, "cpu memory pids\n")
+    assert _v2_parents(tmp_path, "/container") == []  # a sibling at the root leaves the container
+    assert _v2_parents(tmp_path, "/") == [tmp_path]  # the trainer is at the root: under it
 
 
 def test_stale_cgroups_of_a_dead_owner_are_removed_and_live_ones_kept():
@@ -575,8 +615,12 @@ def test_stale_cgroups_of_a_dead_owner_are_removed_and_live_ones_kept():
     dead = subprocess.Popen(["true"])
     dead.wait()
     parent = found.root.parent
-    stale = parent / f"{PREFIX}.{dead.pid}.1"
+    stale = parent / f"{PREFIX}.{me.pidns}.{dead.pid}.1"
+    foreign = parent / f"{PREFIX}.{me.pidns + 1}.{dead.pid}.1"  # another PID namespace: not ours to judge
+    foreign.mkdir()
     (stale / "w0").mkdir(parents=True)
     MemoryCgroups.discover(me)
     assert not stale.exists()
     assert found.root.exists()  # its own, live owner's directory stays
+    assert foreign.exists()
+    foreign.rmdir()
