@@ -84,14 +84,14 @@ def test_sandboxed_processes_are_an_unprivileged_host_uid(forking_tool):
         """
         import time
         if unhooked(os.fork) == 0:
-            time.sleep(3)
+            time.sleep(2)
             os._exit(0)
-        time.sleep(3)
+        time.sleep(2)
         """
     )
     calls = [_in_background(model_call, forking_tool, code) for _ in range(2)]
     seen: dict[int, dict[str, str]] = {}
-    deadline = time.monotonic() + 2.5
+    deadline = time.monotonic() + 1.5
     while time.monotonic() < deadline:
         seen.update(_bootstrap_processes())
         time.sleep(0.05)
@@ -329,7 +329,7 @@ for route in (memfd, shm, sem, tmpfs, pipes):
     except OSError as exc:
         print(route.__name__, "refused:", exc.errno, flush=True)
 print("pinned", pinned, flush=True)
-time.sleep(2)
+time.sleep(1)
 """
 
 
