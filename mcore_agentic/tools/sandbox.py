@@ -262,12 +262,12 @@ class Sandbox:
 
     @property
     def has_memory_cgroup(self) -> bool:
-        """Whether each execution gets a memory cgroup (else memfd and System V shared memory are denied)."""
+        """Whether each execution gets a memory cgroup (else memfd and System V IPC are denied)."""
         return self._cgroups is not None
 
     def _use_memory_cgroup(self) -> None:
         if self.limits.memory_cgroup == "off":
-            self.memory_bound = "address-space limit; memfd, System V shared memory denied (memory_cgroup: off)"
+            self.memory_bound = "address-space limit; memfd and System V IPC denied (memory_cgroup: off)"
             return
         self._cgroups, where = _process_cgroups()
         if self._cgroups is not None:
@@ -278,15 +278,15 @@ class Sandbox:
                 "on a host with cgroups, delegate a cgroup v2 subtree to its user, or set memory_cgroup: auto"
             )
         else:
-            self.memory_bound = f"address-space limit; memfd, System V shared memory denied (no memory cgroup: {where})"
-            logger.info("code tool: no memory cgroup for the sandbox (%s); memfd and System V shared memory are denied", where)
+            self.memory_bound = f"address-space limit; memfd and System V IPC denied (no memory cgroup: {where})"
+            logger.info("code tool: no memory cgroup for the sandbox (%s); memfd and System V IPC are denied", where)
 
     def _probe(self) -> None:
         """One execution through the real path: proves bwrap, the maps, the privilege drop and the cgroup work here."""
         marker = "sandbox-probe-ok"
         try:
             result = self._execute(self._spawn(), f"import os\nprint({marker!r}, os.getuid())")
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
             raise SandboxUnavailable(f"could not set up the sandbox ({type(exc).__name__}: {exc}); {FIX_USERNS}") from None
         if result.exit_code == DROP_FAILED:
             raise SandboxUnavailable(f"the sandbox did not start unprivileged ({result.stderr.strip()})")
