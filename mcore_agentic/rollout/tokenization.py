@@ -399,9 +399,7 @@ class ChatTokenizer:
                 ids, loss_mask, messages, tools=tools, num_prompt_messages=num_prompt_messages, used_fallback=True
             )
             return self.sanity_check(ids, reference, mode=mode, truncated=truncated)
-        text = self._reference_text(ids, messages, tools)
-        neutral_messages = self.literal.neutralize(messages)
-        neutral = None if neutral_messages is None else self._reference_text(ids, neutral_messages, tools)
+        text, neutral = self._reference_texts(ids, messages, tools)
         if not truncated and neutral is None and self.encodes_to(text, ids, loss_mask, ids_text=ids_text):
             return []
         try:
@@ -507,10 +505,7 @@ class ChatTokenizer:
         render of its assistant message.
         """
         if not used_fallback:
-            text = self._reference_text(ids, messages, tools)
-            neutral_messages = self.literal.neutralize(messages)
-            neutral = None if neutral_messages is None else self._reference_text(ids, neutral_messages, tools)
-            return self._encode_reference(text, neutral)
+            return self._encode_reference(*self._reference_texts(ids, messages, tools))
         assistants = [m for m in messages[num_prompt_messages:] if m.get("role") == "assistant"]
         out: list[int] = []
         turn = 0
@@ -523,6 +518,12 @@ class ChatTokenizer:
             out.extend(self.assistant_turn_ids(assistants[turn], tools=tools))
             turn += 1
         return out
+
+    def _reference_texts(self, ids: list[int], messages: Messages, tools: list[dict] | None) -> tuple[str, str | None]:
+        """:meth:`_reference_text` and, when a literal content holds special-token text, its neutral twin."""
+        neutral_messages = self.literal.neutralize(messages)
+        neutral = None if neutral_messages is None else self._reference_text(ids, neutral_messages, tools)
+        return self._reference_text(ids, messages, tools), neutral
 
     def _reference_text(self, ids: list[int], messages: Messages, tools: list[dict] | None) -> str:
         """The full render a trajectory without fallback should tokenize to."""

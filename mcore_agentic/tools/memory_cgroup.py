@@ -98,14 +98,6 @@ class Cgroup:
         except (OSError, ValueError):
             return []
 
-    def peak_bytes(self) -> int | None:
-        """The most memory the execution has held at once (``None`` where the kernel does not say)."""
-        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
-        try:
-            return int((self.path / name).read_text())
-        except (OSError, ValueError):
-            return None
-
     def kill(self) -> None:
         """SIGKILL every process left in the cgroup (normally none: the sandbox's namespace is gone)."""
         if self.version == 2:
