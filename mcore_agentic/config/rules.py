@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from mcore_agentic.config.errors import ConfigError, require
 from mcore_agentic.config.schema import RLConfig
+from mcore_agentic.models.config import ModelConfig, uses_transformer_engine
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.workers.config import ActorConfig, CriticConfig
 
@@ -221,18 +222,76 @@ def check_rollout_groups(tensor_parallel_size: int, world_size: int, local_world
             f"engine would span nodes: use a divisor of {local_world_size}")
 
 
+def check_attention_backend(model: ModelConfig, par: ParallelConfig, *, device: str, te_importable: bool) -> None:
+    """TransformerEngine's attention has a backend for the run's dtype and row layout (``device``: ``cuda``/``cpu``).
+
+    In fp32, TE disables FlashAttention (2, 3, 4) and FusedAttention (cuDNN): both take fp16/bf16 only. What is
+    left, ``UnfusedDotProductAttention``, takes no context parallelism (any TE version) and no packed (THD) rows
+    with padding between them: TE <= 2.10 refuses THD outright, TE >= 2.16 refuses it with ``pad_between_seqs``,
+    which TE >= 2.18 sets whenever ``cu_seqlens_*_padded`` are passed, as every packed micro-batch does here
+    (rows are padded for CP, SP and the VPP pad segment). Source: ``get_attention_backend`` in TransformerEngine's
+    ``pytorch/attention/dot_product_attention/utils.py`` ("Filter: Data type", "Filter: QKV layout", "Filter:
+    Context parallelism") and the ``pad_between_seqs`` auto-detection in ``dot_product_attention.py``. The run
+    would stop at its first forward with "No dot product attention backend is available"; this says so first.
+    Only TE 2.11-2.15 would run fp32 packed rows, on the unfused path (per-row score matrices, no fused kernel):
+    refused on every version all the same, since bf16 is what a GPU run wants. Padded rows without CP keep the
+    unfused backend, as does everything in fp16/bf16.
+    """
+    if model.dtype != "float32" or not uses_transformer_engine(model.transformer_impl, device, te_importable):
+        return
+    impl = model.transformer_impl
+    te = "model.transformer_impl=transformer_engine" if impl == "transformer_engine" else (
+        "model.transformer_impl=auto, which picks TransformerEngine on this GPU")
+    cp = par.context_parallel_size
+    if model.use_remove_padding:
+        raise ConfigError(
+            "model.dtype",
+            f"=float32 with TransformerEngine's layers ({te}) and packed rows (model.use_remove_padding=true) "
+            "has no attention backend: TE's THD attention runs in fp16/bf16 only: set model.dtype=bfloat16 (the GPU "
+            "setting), or model.transformer_impl=local"
+            + (" (slower)" if cp > 1 else ", or model.use_remove_padding=false (slower: padded micro-batches)"),
+        )
+    if cp > 1:
+        raise ConfigError(
+            "model.dtype",
+            f"=float32 with TransformerEngine's layers ({te}) and context parallelism "
+            f"(actor.context_parallel_size={cp}) has no attention backend: TE's fp32 attention takes no CP: set "
+            "model.dtype=bfloat16 (the GPU setting), or model.transformer_impl=local (slower)",
+        )
+
+
+def _resolve_device(requested: str) -> str:
+    """``trainer.device`` as ``cuda`` or ``cpu`` (``auto``: CUDA when torch sees a GPU)."""
+    if requested in ("cpu", "cuda"):
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | None] | None = None,
-             local_world_size: int | None = None) -> BatchSizes:
+             local_world_size: int | None = None, device: str | None = None,
+             te_importable: bool | None = None) -> BatchSizes:
     """Check the rules that span groups for a run on ``world_size`` ranks; return the normalised batch sizes.
 
     ``model_shape``: ``num_attention_heads``, ``num_query_groups``, ``num_layers`` of the checkpoint
     (None: not known yet, the model split is not checked). ``local_world_size``: ranks per node
     (None: the whole world on one node; the launcher passes torchrun's ``LOCAL_WORLD_SIZE``).
+    ``device`` (``cuda``/``cpu``) and ``te_importable``: where the run trains and whether TransformerEngine is
+    installed (None: this machine's, ``trainer.device`` resolved).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     par = cfg.actor.parallel
     check_world_size(par, world_size)
+    if te_importable is None:
+        import importlib.util
+
+        te_importable = importlib.util.find_spec("transformer_engine") is not None
+    check_attention_backend(
+        cfg.model, par, device=_resolve_device(cfg.trainer.device) if device is None else device,
+        te_importable=te_importable,
+    )
     shape = dict(model_shape or {})
     num_experts = shape.pop("num_experts", None)
     if model_shape is not None:

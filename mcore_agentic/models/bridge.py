@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.parallel import comm
 
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -85,9 +86,13 @@ class Bridge(ABC):
 
     @abstractmethod
     def transformer_config(
-        self, hf_config: Any, parallel: ParallelSizes, *, params_dtype: torch.dtype = torch.float32, **overrides: Any
+        self, hf_config: Any, parallel: ParallelSizes, *, params_dtype: torch.dtype = torch.float32,
+        use_te: bool | None = None, **overrides: Any
     ) -> Any:
-        """The Megatron ``TransformerConfig`` for ``hf_config`` under ``parallel``; ``overrides`` win."""
+        """The Megatron ``TransformerConfig`` for ``hf_config`` under ``parallel``; ``overrides`` win.
+
+        ``use_te``: the layer spec the model will be built with (as :meth:`build_model`'s; None: ``auto``), which
+        decides the GPU fusions (``transformer_impl.fusion_settings``)."""
 
     @abstractmethod
     def build_model(self, hf_config: Any, tcfg: Any, *, vp_stage: int | None = None, **kwargs: Any) -> list[Any]:
@@ -225,8 +230,7 @@ class Bridge(ABC):
         size = dist.get_world_size() if group is None and dist.is_initialized() else _group_rank_size(group)[1]
         stages: list[Any] = [(sorted(used), error)]
         if size > 1:
-            stages = [None] * size
-            dist.all_gather_object(stages, (sorted(used), error), group=group)
+            stages = comm.all_gather_object((sorted(used), error), group=group)
         errors = [f"rank {i} of the pipeline/expert group: {err}" for i, (_, err) in enumerate(stages) if err is not None]
         if errors:
             raise BridgeError("; ".join(errors))
@@ -267,12 +271,10 @@ class Bridge(ABC):
             for name, p in local.items()
         }
         if ep_size > 1:  # each EP rank lists its own experts: merge the lists within the stage
-            per_ep: list[Any] = [None] * ep_size
-            dist.all_gather_object(per_ep, meta, group=ep_group)
+            per_ep = comm.all_gather_object(meta, group=ep_group)
             meta = {name: m for part in per_ep for name, m in part.items()}
         if pp_size > 1:
-            per_stage: list[Any] = [None] * pp_size
-            dist.all_gather_object(per_stage, meta, group=pp_group)
+            per_stage = comm.all_gather_object(meta, group=pp_group)
         else:
             per_stage = [meta]
         owner: dict[str, int] = {}
@@ -287,11 +289,11 @@ class Bridge(ABC):
             if src == pp_rank and name in local:
                 full = self._gather_tp(name, local[name], tp_group, tp_size)
             else:
-                full = torch.empty(shape, dtype=getattr(torch, dtype), device=self._device(chunks))
+                full = comm.device_empty(*shape, dtype=getattr(torch, dtype), device=self._device(chunks))
             if src == pp_rank and ep_src is not None and ep_size > 1:  # an expert: from the EP rank that holds it
-                dist.broadcast(full, group=ep_group, group_src=ep_src)
+                comm.broadcast_device(full, group=ep_group, group_src=ep_src)
             if pp_size > 1:
-                dist.broadcast(full, group=pp_group, group_src=src)
+                comm.broadcast_device(full, group=pp_group, group_src=src)
             yield from self.megatron_param_to_hf(name, full)
 
     def skip_on_export(self, global_name: str) -> bool:
@@ -310,8 +312,8 @@ class Bridge(ABC):
         data = param.detach()
         if self.tp_split_dim(name) is None or tp_size == 1:
             return data.clone()
-        shards = [torch.empty_like(data) for _ in range(tp_size)]
-        dist.all_gather(shards, data.contiguous(), group=tp_group)
+        shards = [comm.device_empty(*data.shape, dtype=data.dtype, device=data.device) for _ in range(tp_size)]
+        comm.all_gather_device(shards, data.contiguous(), group=tp_group)
         return self.merge_tp(name, shards)
 
     @staticmethod

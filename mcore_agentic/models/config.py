@@ -55,3 +55,16 @@ class ModelConfig:
             "model.transformer_impl",
             f"{self.transformer_impl!r} is not supported: use auto, local or transformer_engine",
         )
+
+
+def uses_transformer_engine(transformer_impl: str, device: str, te_importable: bool) -> bool:
+    """Whether ``model.transformer_impl`` builds the TransformerEngine layer spec on ``device`` (``cuda``/``cpu``).
+
+    ``transformer_engine``: always (``transformer_impl.use_te_for`` refuses it where TE or the GPU is missing);
+    ``local``: never; ``auto``: on CUDA when TransformerEngine imports. Pure, so config rules can ask it on CPU.
+    """
+    if transformer_impl == "local":
+        return False
+    if transformer_impl == "transformer_engine":
+        return True
+    return device == "cuda" and te_importable

@@ -3,10 +3,12 @@
 The body is a Megatron ``GPTModel`` built and loaded by the bridge from an HF
 checkpoint (normally the actor's). On the last pipeline stage its vocabulary
 ``output_layer`` is swapped for :class:`ValueHead`, a ``Linear(hidden, 1)``
-starting at zero. No tensor parallelism is needed in the head: without sequence
-parallelism the hidden state after the final norm is replicated over the TP
-group, so every TP rank holds the same head and computes the same values (the
-gradient-norm code counts a replicated parameter once, on TP rank 0).
+starting at zero. No tensor parallelism is needed in the head: the hidden state
+after the final norm is replicated over the TP group, so every TP rank holds the
+same head and computes the same values (the gradient-norm code counts a replicated
+parameter once, on TP rank 0). Under sequence parallelism each TP rank holds only
+its ``s / tp`` slice of that state: the head all-gathers it over TP first, as the
+vocabulary output layer it replaces does, so values cover the whole sequence.
 
 The value of response token j is read at the position *before* it (the state the
 token was sampled from), as for log-probs (see :mod:`sequence`).
@@ -28,15 +30,33 @@ from mcore_agentic.workers.passes import MODEL_KEYS, ppo_epochs, require_keys
 
 
 class ValueHead(torch.nn.Module):
-    """``Linear(hidden, 1, bias=False)`` called the way GPTModel calls its output layer."""
+    """``Linear(hidden, 1, bias=False)`` called the way GPTModel calls its output layer.
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    ``sequence_parallel``: the hidden states arrive scattered over ``tp_group`` along the sequence (``[s/tp, b, h]``)
+    and are all-gathered first. The same name as on megatron's output layer, which GPTModel reads.
+    """
+
+    def __init__(
+        self, hidden_size: int, dtype: torch.dtype, device: torch.device, *, sequence_parallel: bool = False,
+        tp_group: Any = None,
+    ) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype, device=device))
+        self.sequence_parallel = sequence_parallel
+        self.tp_group = tp_group
 
     def forward(
         self, hidden_states: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: Any = None
     ) -> tuple[torch.Tensor, None]:
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            # [s/tp, b, h] -> [s, b, h]. Every TP rank then computes the same values and loss, so the backward
+            # only slices the gradient back (tensor_parallel_output_grad=False), where the vocabulary-parallel
+            # output layer, whose ranks each hold part of the logits, reduce-scatters it.
+            hidden_states = gather_from_sequence_parallel_region(
+                hidden_states, tensor_parallel_output_grad=False, group=self.tp_group
+            )
         # [s, b, h] -> [s, b, 1]; GPTModel returns it as [b, s, 1]. ``weight`` (tied embeddings) is ignored.
         return torch.nn.functional.linear(hidden_states, self.weight), None
 
@@ -47,8 +67,12 @@ def _attach_value_heads(chunks: list[Any]) -> None:
         # No output weight shared with the embedding any more (no tied-embedding grad all-reduce).
         model.share_embeddings_and_output_weights = False
         if model.post_process:
-            old = model.output_layer.weight
-            model.output_layer = ValueHead(old.shape[1], old.dtype, old.device)
+            old = model.output_layer  # its weight is None with tied embeddings at PP=1 (the embedding's is used)
+            model.output_layer = ValueHead(
+                model.config.hidden_size, model.config.params_dtype, next(model.parameters()).device,
+                # megatron's output layer turns it off at TP=1 (nothing to gather)
+                sequence_parallel=bool(getattr(old, "sequence_parallel", False)), tp_group=getattr(old, "tp_group", None),
+            )
 
 
 class Critic:

@@ -143,9 +143,12 @@ class DenseDecoderBridge(Bridge):
         raise config_error("rope_scaling.rope_type", f"{rope_type!r} is not supported: use default, linear or llama3")
 
     def transformer_config(
-        self, hf_config: Any, parallel: ParallelSizes, *, params_dtype: torch.dtype = torch.float32, **overrides: Any
+        self, hf_config: Any, parallel: ParallelSizes, *, params_dtype: torch.dtype = torch.float32,
+        use_te: bool | None = None, **overrides: Any
     ) -> Any:
         from megatron.core.transformer.transformer_config import TransformerConfig
+
+        from mcore_agentic.models.transformer_impl import fusions_here
 
         self._check_same(hf_config)
         d = self.dims(hf_config)
@@ -179,13 +182,8 @@ class DenseDecoderBridge(Bridge):
             bf16=params_dtype == torch.bfloat16,
             fp16=params_dtype == torch.float16,
             use_cpu_initialization=not torch.cuda.is_available(),
-            # Fused kernels need CUDA/apex/TE; the local path must run on CPU.
-            gradient_accumulation_fusion=False,
-            bias_activation_fusion=False,
-            bias_dropout_fusion=False,
-            apply_rope_fusion=False,
-            masked_softmax_fusion=False,
-            persist_layer_norm=False,
+            # GPU fusions with the TE spec on CUDA, none on the local spec (it must run on CPU): see fusion_settings.
+            **fusions_here(use_te),
         )
         kwargs.update(overrides)
         return TransformerConfig(**kwargs)
@@ -196,7 +194,8 @@ class DenseDecoderBridge(Bridge):
 
     # ------------------------------------------------------------------ model
     def layer_spec(self, tcfg: Any, *, use_te: bool | None = None) -> Any:
-        """Local megatron-core spec with :class:`LocalDotProductAttention` (CP and packed rows), or the TE spec when asked and usable."""
+        """Local megatron-core spec with :class:`LocalDotProductAttention` (CP and packed rows) and
+        :class:`LocalRMSNorm` (sequence parallelism), or the TE spec when asked and usable."""
         if use_te is None:
             use_te = _te_usable()
         if use_te:
@@ -205,15 +204,12 @@ class DenseDecoderBridge(Bridge):
             return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=self.qk_layernorm)
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        if tcfg.sequence_parallel:
-            # The local spec's torch norms assert against it; TE's fused norms support it.
-            raise config_error("sequence_parallel", "needs the TransformerEngine layer spec (GPU): set it to false")
         spec = get_gpt_layer_local_spec(qk_layernorm=self.qk_layernorm, normalization="RMSNorm")
         # Megatron's local DotProductAttention takes neither CP nor packed (THD) rows; this one takes both.
         from mcore_agentic.parallel.local_attention import LocalDotProductAttention
 
         spec.submodules.self_attention.submodules.core_attention = LocalDotProductAttention
-        return spec
+        return with_local_norms(spec)
 
     def build_model(
         self,
@@ -237,6 +233,7 @@ class DenseDecoderBridge(Bridge):
         pp_size = tcfg.pipeline_model_parallel_size
         vp_size = tcfg.virtual_pipeline_model_parallel_size
         stages = [vp_stage] if vp_stage is not None else (list(range(vp_size)) if vp_size else [None])
+        use_te = _te_usable() if use_te is None else use_te
         spec = self.layer_spec(tcfg, use_te=use_te)
         chunks = []
         for stage in stages:
@@ -245,7 +242,7 @@ class DenseDecoderBridge(Bridge):
             chunks.append(
                 GPTModel(
                     config=tcfg,
-                    transformer_layer_spec=spec,
+                    transformer_layer_spec=spec if use_te else local_block_spec(spec, tcfg, stage, pp_rank),
                     vocab_size=self.padded_vocab_size(tp_size),
                     max_sequence_length=hf_config.max_position_embeddings,
                     pre_process=pp_rank == 0 and first_vp,
@@ -399,8 +396,53 @@ class DenseDecoderBridge(Bridge):
         return [q, k, v]
 
 
+class LocalRMSNorm(torch.nn.RMSNorm):
+    """The local spec's RMSNorm: megatron-core's ``WrappedTorchNorm`` (a ``torch.nn.RMSNorm``) that also takes
+    sequence parallelism.
+
+    Under SP each TP rank normalises its own ``s / tp`` tokens (a per-token op), so the weight's gradient on a
+    rank sums over those tokens only: the weight is marked ``sequence_parallel`` and Megatron's
+    ``finalize_model_grads`` all-reduces it over TP, as TE's and apex's norms mark theirs. megatron-core's torch
+    norm asserts against SP for want of that mark. Same constructor as ``WrappedTorchNorm``; same parameter.
+    """
+
+    def __init__(
+        self, config: Any, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
+        zero_centered_gamma: bool = False, normalization: str = "RMSNorm",
+    ) -> None:
+        if config.normalization != "RMSNorm" or config.layernorm_zero_centered_gamma or config.persist_layer_norm:
+            raise ValueError("LocalRMSNorm is a plain RMSNorm: normalization=RMSNorm, no zero-centred gamma or "
+                             "persist_layer_norm")
+        super().__init__(normalized_shape=hidden_size, eps=eps)
+        self.weight.sequence_parallel = bool(config.sequence_parallel)  # type: ignore[attr-defined]
+
+
+def with_local_norms(spec: Any) -> Any:
+    """``spec`` (a local layer spec) with every norm :class:`LocalRMSNorm` (Qwen3's q/k norms included)."""
+    sub = spec.submodules
+    sub.input_layernorm = sub.pre_mlp_layernorm = LocalRMSNorm
+    attn = sub.self_attention.submodules
+    for name in ("q_layernorm", "k_layernorm"):
+        if getattr(attn, name, None) is not None and getattr(attn, name).__name__ == "WrappedTorchNorm":
+            setattr(attn, name, LocalRMSNorm)
+    return spec
+
+
+def local_block_spec(layer_spec: Any, tcfg: Any, vp_stage: int | None, pp_rank: int) -> Any:
+    """The decoder block of a local layer spec, with a :class:`LocalRMSNorm` final norm.
+
+    Given a layer spec, megatron-core takes the final norm from its own module globals (TE's, apex's, or its
+    torch norm, which refuses sequence parallelism): the block spec names it instead, with the layer count
+    megatron-core itself would build on this (virtual) pipeline stage.
+    """
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    layers = get_num_layers_to_build(tcfg, vp_stage=vp_stage, pp_rank=pp_rank)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * layers, layer_norm=LocalRMSNorm)
+
+
 def _te_usable() -> bool:
     """TransformerEngine is used only when it imports and a GPU is present (``model.transformer_impl=auto``)."""
-    from mcore_agentic.models.transformer_impl import transformer_engine_problem
+    from mcore_agentic.models.transformer_impl import te_spec_here
 
-    return transformer_engine_problem() is None
+    return te_spec_here(None)

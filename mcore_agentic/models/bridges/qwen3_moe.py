@@ -77,10 +77,12 @@ class Qwen3MoeBridge(Qwen3Bridge):
         )
 
     def transformer_config(
-        self, hf_config: Any, parallel: ParallelSizes, *, params_dtype: torch.dtype = torch.float32, **overrides: Any
+        self, hf_config: Any, parallel: ParallelSizes, *, params_dtype: torch.dtype = torch.float32,
+        use_te: bool | None = None, **overrides: Any
     ) -> Any:
         return super().transformer_config(
-            hf_config, parallel, params_dtype=params_dtype, **{**self.moe_kwargs(hf_config, parallel), **overrides}
+            hf_config, parallel, params_dtype=params_dtype, use_te=use_te,
+            **{**self.moe_kwargs(hf_config, parallel), **overrides},
         )
 
     # ------------------------------------------------------------------ model
@@ -99,15 +101,17 @@ class Qwen3MoeBridge(Qwen3Bridge):
             )
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        if tcfg.sequence_parallel:
-            raise config_error("sequence_parallel", "needs the TransformerEngine layer spec (GPU): set it to false")
+        if tcfg.sequence_parallel:  # the dense local spec takes it; its experts under SP are not tested on CPU
+            raise config_error("sequence_parallel", "with experts needs the TransformerEngine layer spec (GPU): "
+                               "set it to false")
         spec = get_gpt_layer_local_spec(
             num_experts=experts, moe_grouped_gemm=False, qk_layernorm=self.qk_layernorm, normalization="RMSNorm"
         )
+        from mcore_agentic.models.bridges._dense import with_local_norms
         from mcore_agentic.parallel.local_attention import LocalDotProductAttention
 
         spec.submodules.self_attention.submodules.core_attention = LocalDotProductAttention
-        return spec
+        return with_local_norms(spec)
 
     # ------------------------------------------------------------------ naming
     def global_name(self, chunk: Any, local_name: str) -> str:  # type: ignore[override]

@@ -118,3 +118,41 @@ def test_dynamic_sampling_and_overlong_keys_are_checked():
     ok = _cfg("algorithm.filter_groups.enable=true", "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=8")
     assert ok.algorithm.filter_groups.enable and ok.reward.overlong_buffer.len == 8
     validate(ok, 2)
+
+
+def test_transformer_engine_decision_is_a_pure_function():
+    from mcore_agentic.models.config import uses_transformer_engine as te
+
+    assert te("auto", "cuda", True) and not te("auto", "cuda", False) and not te("auto", "cpu", True)
+    assert not any(te("local", d, i) for d in ("cpu", "cuda") for i in (False, True))
+    assert all(te("transformer_engine", d, i) for d in ("cpu", "cuda") for i in (False, True))  # asked: TE or refusal
+
+
+def test_fp32_with_transformer_engine_and_packed_rows_is_refused():
+    auto = "model.transformer_impl=auto"  # ppo_trainer.yaml's default (default_tiny pins the local spec)
+
+    def refused(*overrides: str, device: str = "cuda", te: bool = True) -> str | None:
+        try:
+            validate(_cfg(auto, *overrides), 2, device=device, te_importable=te)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    message = refused()  # the defaults on a GPU machine with TE: float32, auto, packed rows
+    assert message is not None and message.startswith("model.dtype: =float32")
+    for fix in ("model.dtype=bfloat16", "model.transformer_impl=local", "model.use_remove_padding=false"):
+        assert fix in message and refused(fix) is None, fix
+    assert "model.transformer_impl=auto, which picks TransformerEngine" in message
+    assert "model.transformer_impl=transformer_engine)" in refused("model.transformer_impl=transformer_engine")
+    assert refused("model.dtype=float16") is None
+    assert refused(device="cpu") is None and refused(te=False) is None  # auto: the local spec there
+    # trainer.device resolves the device when none is given
+    with pytest.raises(ConfigError, match="model.dtype"):
+        validate(_cfg(auto, "trainer.device=cuda"), 2, te_importable=True)
+    validate(_cfg(auto), 2, te_importable=True)  # default_tiny says trainer.device=cpu
+    # context parallelism: TE's fp32 attention takes none, padded rows or not
+    cp = ("actor.context_parallel_size=2",)
+    message = refused(*cp, "model.use_remove_padding=false")
+    assert message is not None and "actor.context_parallel_size=2" in message and "use_remove_padding" not in message
+    assert refused(*cp, "model.use_remove_padding=false", "model.dtype=bfloat16") is None
+    assert "use_remove_padding=false" not in refused(*cp)  # turning packing off would not help under CP

@@ -219,18 +219,72 @@ def test_model_config_validation() -> None:
 
 
 def test_layer_spec_choices() -> None:
+    from mcore_agentic.models.bridges._dense import LocalRMSNorm, local_block_spec
+
     hf = _cfg("Qwen3ForCausalLM")
     bridge = get_bridge(hf)
     spec = bridge.layer_spec(bridge.transformer_config(hf, _Par()), use_te=False)
     attn = spec.submodules.self_attention.submodules
     assert attn.core_attention.__name__ == "LocalDotProductAttention"  # takes packed rows, unlike Megatron's
-    assert attn.q_layernorm is not None and attn.q_layernorm.__name__ == "WrappedTorchNorm"
-    par = _Par(tp=2, sequence_parallel=True)
-    with pytest.raises(ConfigError, match="sequence_parallel.*TransformerEngine"):
-        bridge.layer_spec(bridge.transformer_config(hf, par), use_te=False)
+    assert attn.q_layernorm is LocalRMSNorm and attn.k_layernorm is LocalRMSNorm
+    assert spec.submodules.input_layernorm is LocalRMSNorm and spec.submodules.pre_mlp_layernorm is LocalRMSNorm
+    # Sequence parallelism on the local spec (megatron's torch norm asserts against it; LocalRMSNorm takes it).
+    tcfg = bridge.transformer_config(hf, _Par(tp=2, sequence_parallel=True))
+    spec = bridge.layer_spec(tcfg, use_te=False)
+    block = local_block_spec(spec, tcfg, None, 0)
+    assert block.layer_norm is LocalRMSNorm and len(block.layer_specs) == 3
+    norm = LocalRMSNorm(config=tcfg, hidden_size=64, eps=1e-6)
+    assert isinstance(norm, torch.nn.RMSNorm) and norm.weight.sequence_parallel is True
+    assert LocalRMSNorm(config=bridge.transformer_config(hf, _Par()), hidden_size=64).weight.sequence_parallel is False
+    moe = _cfg("Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    moe_bridge = get_bridge(moe)
+    with pytest.raises(ConfigError, match="sequence_parallel.*with experts needs the TransformerEngine"):
+        moe_bridge.layer_spec(moe_bridge.transformer_config(moe, _Par(tp=2, sequence_parallel=True)), use_te=False)
     pytest.importorskip("mcore_agentic.parallel.local_attention")
     spec = bridge.layer_spec(bridge.transformer_config(hf, _Par(cp=2)), use_te=False)
     assert spec.submodules.self_attention.submodules.core_attention.__name__ == "LocalDotProductAttention"
+
+
+def test_gpu_fusions_follow_the_spec_and_device() -> None:
+    from mcore_agentic.models.transformer_impl import fusion_settings
+
+    names = {"bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion", "apply_rope_fusion",
+             "gradient_accumulation_fusion", "persist_layer_norm"}
+    for use_te, device, wgrad in [(False, "cpu", False), (False, "cuda", True), (True, "cpu", True)]:
+        flags = fusion_settings(use_te, device, wgrad_kernel=wgrad)
+        assert set(flags) == names and not any(flags.values()), (use_te, device)
+    on = fusion_settings(True, "cuda", wgrad_kernel=True)
+    assert all(on[n] for n in names - {"persist_layer_norm"}) and on["persist_layer_norm"] is False
+    # megatron's own ColumnParallelLinear (the output layer) refuses the wgrad fusion without apex's kernel
+    assert fusion_settings(True, "cuda", wgrad_kernel=False)["gradient_accumulation_fusion"] is False
+    assert fusion_settings(True, "cuda", wgrad_kernel=False)["apply_rope_fusion"] is True
+
+
+@pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "Qwen3MoeForCausalLM"])
+def test_transformer_config_takes_the_fusions_of_its_spec(arch: str, monkeypatch) -> None:
+    from mcore_agentic.models import transformer_impl as ti
+
+    extra = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32} if "Moe" in arch else {}
+    hf = _cfg(arch, **extra)
+    bridge = get_bridge(hf)
+    seen: list[bool | None] = []
+
+    def fusions(use_te: bool | None) -> dict[str, bool]:
+        seen.append(use_te)
+        # the flags TransformerConfig accepts without CUDA/TE (fused RoPE needs TE to be importable)
+        return {**ti.fusion_settings(False, "cpu", wgrad_kernel=False), "bias_activation_fusion": bool(use_te),
+                "bias_dropout_fusion": bool(use_te), "masked_softmax_fusion": bool(use_te)}
+
+    monkeypatch.setattr(ti, "fusions_here", fusions)
+    t = bridge.transformer_config(hf, _Par(), use_te=True)
+    assert t.bias_activation_fusion and t.bias_dropout_fusion and t.masked_softmax_fusion
+    t = bridge.transformer_config(hf, _Par(), use_te=False, bias_dropout_fusion=True)  # overrides still win
+    assert not t.bias_activation_fusion and t.bias_dropout_fusion
+    bridge.transformer_config(hf, _Par())
+    assert seen == [True, False, None]  # None: auto, resolved like layer_spec's
+    monkeypatch.undo()
+    t = bridge.transformer_config(hf, _Par())  # this CPU machine: auto is the local spec, every fusion off
+    assert not any(getattr(t, n) for n in ti.fusion_settings(True, "cuda", wgrad_kernel=True))
 
 
 def test_transformer_impl_maps_to_the_layer_spec(monkeypatch) -> None:
