@@ -47,6 +47,7 @@ def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, 
     import megatron_patches
     from mcore_agentic.config.rules import check_world_size
     from mcore_agentic.models.hf_io import load_hf_config, save_hf_checkpoint
+    from mcore_agentic.parallel import comm
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel
     from mcore_agentic.trainer.model_checkpoint import load_worker
@@ -79,8 +80,7 @@ def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, 
         else:
             for _ in tensors:
                 pass
-        if dist.is_initialized():
-            dist.barrier()
+        comm.barrier()
     finally:
         destroy_parallel()
     return out

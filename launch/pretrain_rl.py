@@ -92,7 +92,7 @@ def launch(dict_cfg: DictConfig) -> int:
         from mcore_agentic.models.transformer_impl import use_te_for
 
         use_te_for(cfg.model.transformer_impl)  # TE asked for but missing: one line, before megatron is imported
-        init_distributed()
+        init_distributed(cfg.trainer.dist_timeout_minutes)
         rank = dist.get_rank()
         check_config(cfg, dist.get_world_size())  # before importing megatron: a bad config fails fast and quietly
         import megatron_patches

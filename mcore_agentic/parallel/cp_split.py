@@ -30,6 +30,8 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from mcore_agentic.parallel import comm
+
 __all__ = [
     "cp_gather",
     "cp_packed_indices",
@@ -144,8 +146,8 @@ class _CPGather(torch.autograd.Function):
         cp_size = len(indices)
         ctx.group, ctx.seq_dim, ctx.grad_mode, ctx.indices = group, seq_dim, grad_mode, indices
         local = local.contiguous()
-        shards = [torch.empty_like(local) for _ in range(cp_size)]
-        dist.all_gather(shards, local, group=group)
+        shards = [comm.device_empty(*local.shape, dtype=local.dtype, device=local.device) for _ in range(cp_size)]
+        comm.all_gather_device(shards, local, group=group)
         shape = list(local.shape)
         shape[seq_dim] *= cp_size
         full = local.new_empty(shape)
@@ -156,7 +158,6 @@ class _CPGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_full: torch.Tensor):
         group, seq_dim, indices = ctx.group, ctx.seq_dim, ctx.indices
-        cp_size = len(indices)
         cp_rank = dist.get_rank(group)
         none = (None, None, None, None)
         if ctx.grad_mode == "slice":
@@ -165,16 +166,8 @@ class _CPGather(torch.autograd.Function):
         # the summed loss w.r.t. my tokens is the sum of all ranks' grads at my
         # positions. Rearrange to rank-major order so this is a reduce-scatter.
         rank_major = torch.cat([grad_full.index_select(seq_dim, idx) for idx in indices], dim=seq_dim)
-        local_len = rank_major.shape[seq_dim] // cp_size
-        if dist.get_backend(group) == "nccl":
-            moved = rank_major.movedim(seq_dim, 0).contiguous()
-            out = torch.empty((local_len, *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
-            dist.reduce_scatter_tensor(out, moved, group=group)
-            return (out.movedim(0, seq_dim).contiguous(), *none)
-        # gloo has no reduce-scatter: all-reduce (cp_size x the traffic, CPU only) and keep mine.
-        rank_major = rank_major.contiguous()
-        dist.all_reduce(rank_major, group=group)
-        return (rank_major.narrow(seq_dim, cp_rank * local_len, local_len).contiguous(), *none)
+        mine = comm.reduce_scatter_device(rank_major.movedim(seq_dim, 0).contiguous(), group=group)
+        return (mine.movedim(0, seq_dim).contiguous(), *none)
 
 
 def cp_gather(

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.config import ParallelConfig
 
 logger = logging.getLogger(__name__)
@@ -150,16 +151,28 @@ def local_world_size(world_size: int) -> int:
 
 
 def default_backend() -> str:
-    """``nccl`` when CUDA is available, else ``gloo``."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    """``cpu:gloo,cuda:nccl`` when CUDA is available (see :mod:`.comm`), else ``gloo``."""
+    return comm.backend_for("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def init_distributed(timeout_minutes: int = 30) -> None:
+DEFAULT_TIMEOUT_MINUTES = 60
+_TIMEOUT_MINUTES = DEFAULT_TIMEOUT_MINUTES  # every group this process makes waits this long (init_distributed)
+
+
+def init_distributed(timeout_minutes: int | None = None) -> None:
     """Initialise ``torch.distributed`` from the torchrun environment (``env://``) if not done yet.
 
     Without ``WORLD_SIZE`` in the environment (plain ``python``), runs as a world of one
-    on a free loopback port. On CUDA, binds this process to GPU ``LOCAL_RANK``.
+    on a free loopback port. On CUDA, binds this process to GPU ``LOCAL_RANK`` and uses the mixed
+    ``cpu:gloo,cuda:nccl`` backend. ``timeout_minutes`` (``trainer.dist_timeout_minutes``; None: as set before,
+    else 60) bounds every wait of the groups made from then on: a host call that waits longer (ranks idle while
+    one rank's rollout runs on) raises.
+    With ``MCORE_AGENTIC_STRICT_COMM=1`` the communication policy's strict mode is on (:mod:`.comm`).
     """
+    comm.enable_strict_from_env()
+    global _TIMEOUT_MINUTES
+    if timeout_minutes is not None:
+        _TIMEOUT_MINUTES = timeout_minutes
     if dist.is_initialized():
         return
     if "WORLD_SIZE" not in os.environ:
@@ -170,9 +183,9 @@ def init_distributed(timeout_minutes: int = 30) -> None:
             port = s.getsockname()[1]
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     backend = default_backend()
-    if backend == "nccl":
+    if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(minutes=timeout_minutes))
+    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(minutes=_TIMEOUT_MINUTES))
 
 
 @dataclass(frozen=True)
@@ -189,14 +202,14 @@ def _make_replica_groups(layout: ParallelLayout) -> _Replicas:
     world = layout.world_size
     if world == 1:
         return _Replicas(((0,),), None)
-    dp_of = torch.zeros(world, dtype=torch.long)
+    dp_of = comm.host_zeros(world, dtype=torch.long)
     dp_of[layout.rank] = layout.dp_rank
-    dist.all_reduce(dp_of)  # every rank's DP index (each rank wrote only its own slot)
+    comm.all_reduce_host(dp_of)  # every rank's DP index (each rank wrote only its own slot)
     ranks = tuple(tuple(r for r in range(world) if int(dp_of[r]) == d) for d in range(layout.data_parallel_size))
     mine = None
     if len(ranks[0]) > 1:
         for members in ranks:
-            group = dist.new_group(list(members))
+            group = dist.new_group(list(members), timeout=timedelta(minutes=_TIMEOUT_MINUTES))
             if layout.rank in members:
                 mine = group
     return _Replicas(ranks, mine)
@@ -216,6 +229,7 @@ def initialize_parallel(cfg: ParallelConfig, seed: int) -> ParallelLayout:
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     init_distributed()
+    comm.enable_strict_from_env()
     if not torch.cuda.is_available():
         # The launcher (or a test) applies the CPU patches; this package never imports them.
         patches = sys.modules.get("megatron_patches")
@@ -230,6 +244,7 @@ def initialize_parallel(cfg: ParallelConfig, seed: int) -> ParallelLayout:
         context_parallel_size=cfg.context_parallel_size,
         expert_model_parallel_size=cfg.expert_model_parallel_size,
         expert_tensor_parallel_size=cfg.expert_tensor_parallel_size,
+        distributed_timeout_minutes=_TIMEOUT_MINUTES,  # Megatron's own default is 30, whatever the world's is
     )
     layout = current_parallel_layout()
     global _REPLICAS

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from mcore_agentic.parallel import comm
+
 __all__ = ["Stats", "sum_over"]
 
 
@@ -28,7 +30,10 @@ class Stats:
     mins: dict[str, float] = field(default_factory=dict)
 
     def add(self, name: str, values: torch.Tensor | Sequence[float]) -> Stats:
-        t = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        if isinstance(values, torch.Tensor):
+            t = values.detach().to("cpu", torch.float64).reshape(-1)  # one host copy per name
+        else:
+            t = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
         self.sums[name] = self.sums.get(name, 0.0) + float(t.sum())
         self.counts[name] = self.counts.get(name, 0.0) + t.numel()
         if t.numel():
@@ -46,10 +51,10 @@ class Stats:
         if dist.get_world_size(group) == 1:
             return self
         names = sorted(self.sums)
-        additive = torch.tensor([self.sums[n] for n in names] + [self.counts[n] for n in names], dtype=torch.float64)
-        extreme = torch.tensor([self.maxs[n] for n in names] + [-self.mins[n] for n in names], dtype=torch.float64)
-        dist.all_reduce(additive, group=group)
-        dist.all_reduce(extreme, op=dist.ReduceOp.MAX, group=group)
+        additive = comm.to_host([self.sums[n] for n in names] + [self.counts[n] for n in names], torch.float64)
+        extreme = comm.to_host([self.maxs[n] for n in names] + [-self.mins[n] for n in names], torch.float64)
+        comm.all_reduce_host(additive, group=group)
+        comm.all_reduce_host(extreme, op=dist.ReduceOp.MAX, group=group)
         k = len(names)
         for i, n in enumerate(names):
             self.sums[n], self.counts[n] = float(additive[i]), float(additive[k + i])
@@ -80,15 +85,14 @@ class Stats:
 
 
 def sum_over(group: dist.ProcessGroup | None, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM):
-    """A function summing (or, with ``op``, otherwise reducing) a tensor over ``group`` (float64 all-reduce;
-    identity without a group)."""
+    """A function summing (or, with ``op``, otherwise reducing) a tensor over ``group`` (a float64 host
+    all-reduce; the result comes back on the tensor's device and dtype; identity without a group)."""
 
     def reduce(t: torch.Tensor) -> torch.Tensor:
         if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
             return t
-        out = t.to(torch.float64).clone()
-        dist.all_reduce(out, op=op, group=group)
-        return out.to(t.dtype)
+        out = comm.all_reduce_host(comm.to_host(t, torch.float64), op=op, group=group)
+        return out.to(device=t.device, dtype=t.dtype)
 
     return reduce
 

@@ -39,6 +39,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from mcore_agentic.parallel import comm
+
 __all__ = [
     "vocab_parallel_log_probs",
     "vocab_parallel_log_probs_and_entropy",
@@ -94,7 +96,7 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
         else:
             max_logit = torch.full((num_tokens,), float("-inf"), dtype=dtype, device=logits.device)
         if distributed:
-            dist.all_reduce(max_logit, op=dist.ReduceOp.MAX, group=group)
+            comm.all_reduce_device(max_logit, op=dist.ReduceOp.MAX, group=group)
         # A row that is -inf everywhere has no distribution; keep the arithmetic finite.
         max_logit = torch.where(torch.isfinite(max_logit), max_logit, torch.zeros_like(max_logit))
 
@@ -109,7 +111,7 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
                 sums[1, start:end] = e.mul_(z).sum(dim=-1)
             del z, e
         if distributed:
-            dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+            comm.all_reduce_device(sums, op=dist.ReduceOp.SUM, group=group)
         sum_exp = sums[0]
         log_sum_exp = torch.log(sum_exp)
 
@@ -124,7 +126,7 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
                 picked = torch.zeros(num_tokens, dtype=dtype, device=logits.device)
             target_logit = torch.where(owned, picked - max_logit, torch.zeros_like(picked))
             if distributed:
-                dist.all_reduce(target_logit, op=dist.ReduceOp.SUM, group=group)
+                comm.all_reduce_device(target_logit, op=dist.ReduceOp.SUM, group=group)
             log_prob = target_logit - log_sum_exp
         else:
             owned = safe_target = None

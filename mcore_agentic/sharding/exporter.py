@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from mcore_agentic.models.bridge import Bridge, unwrap_model
+from mcore_agentic.parallel import comm
 
 HFBucket = list[tuple[str, torch.Tensor]]
 
@@ -150,13 +151,11 @@ def build_export_plan(bridge: Bridge, chunks: list[Any]) -> ExportPlan:
             shape[dim] *= tp_size
         meta[name] = (tuple(shape), str(param.dtype).removeprefix("torch."), dim, ep_rank if bridge.is_expert(name) else None)
     if ep_size > 1:  # each EP rank lists its own experts: merge the lists within the stage
-        per_ep: list[Any] = [None] * ep_size
-        dist.all_gather_object(per_ep, meta, group=ep_group)
+        per_ep = comm.all_gather_object(meta, group=ep_group)
         meta = {name: m for part in per_ep for name, m in part.items()}
     per_stage: list[Any] = [meta]
     if pp_size > 1:
-        per_stage = [None] * pp_size
-        dist.all_gather_object(per_stage, meta, group=model.pp_group)
+        per_stage = comm.all_gather_object(meta, group=model.pp_group)
     owner: dict[str, int] = {}
     for stage, stage_meta in enumerate(per_stage):
         for name in stage_meta:
@@ -244,7 +243,7 @@ class StreamingExporter:
         return fulls
 
     def _new(self, shape: tuple[int, ...] | int, dtype: torch.dtype, device) -> torch.Tensor:
-        return self._track(torch.empty(shape, dtype=dtype, device=device))
+        return self._track(comm.device_empty(*((shape,) if isinstance(shape, int) else shape), dtype=dtype, device=device))
 
     def _track(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.tracker.track(tensor) if self.tracker is not None else tensor
@@ -256,8 +255,8 @@ class StreamingExporter:
         """All-gather a flattened shard over TP into one buffer; returns each rank's part (views)."""
         tp = self.plan.tp_size
         gathered = self._new(tp * local_flat.numel(), local_flat.dtype, local_flat.device)
-        parts = list(gathered.chunk(tp))
-        dist.all_gather(parts, local_flat, group=self._tp_group)
+        parts = [comm.as_device(p) for p in gathered.chunk(tp)]  # views of one device buffer
+        comm.all_gather_device(parts, local_flat, group=self._tp_group)
         return [self._track(p) for p in parts]
 
     def _merge(self, entry: PlanEntry, parts: list[torch.Tensor], shard_shape: torch.Size) -> torch.Tensor:
@@ -266,7 +265,7 @@ class StreamingExporter:
 
     def _broadcast(self, tensor: torch.Tensor, owner: int) -> None:
         if self.plan.pp_size > 1:
-            dist.broadcast(tensor, group=self._pp_group, group_src=owner)
+            comm.broadcast_device(tensor, group=self._pp_group, group_src=owner)
 
     def _one(self, entry: PlanEntry, local: dict[str, torch.Tensor], device) -> torch.Tensor:
         """Per-tensor path: one TP all-gather (split tensors), an expert's broadcast from its EP rank, one PP broadcast."""
@@ -284,7 +283,7 @@ class StreamingExporter:
         else:
             full = self._new(entry.full_shape, entry.torch_dtype, device)
         if entry.owner == self.plan.pp_rank and entry.ep_owner is not None and self.plan.ep_size > 1:
-            dist.broadcast(full, group=self._ep_group, group_src=entry.ep_owner)
+            comm.broadcast_device(full, group=self._ep_group, group_src=entry.ep_owner)
         self._broadcast(full, entry.owner)
         return full
 

@@ -66,7 +66,7 @@ def current_layout(cfg: Any) -> Any:
     select_device(cfg.trainer.device)
     if parallel_state.model_parallel_is_initialized():
         return current_parallel_layout()
-    init_distributed()
+    init_distributed(cfg.trainer.dist_timeout_minutes)
     check_world_size(cfg.actor.parallel, dist.get_world_size())
     return initialize_parallel(cfg.actor.parallel, cfg.seed)  # on CPU: after megatron_patches.apply() (launch/, tests)
 
@@ -95,12 +95,11 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
 
     ``layout``: the launcher's :class:`ParallelLayout`; None makes (or reads) Megatron's groups here.
     """
-    import torch.distributed as dist
-
     from mcore_agentic.config.load import load_config
     from mcore_agentic.config.rules import validate
     from mcore_agentic.config.schema import RLConfig
     from mcore_agentic.config.walk import to_dict
+    from mcore_agentic.parallel import comm
     from mcore_agentic.parallel.layout import local_world_size
     from mcore_agentic.trainer.build import build_checkpoint_manager, build_components
     from mcore_agentic.trainer.logger import Tracker
@@ -157,8 +156,7 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
         artefacts=artefacts,
         val_accuracy=_val_accuracy(metrics_path) if rank0 else [],
     )
-    if dist.is_initialized():
-        dist.barrier()
+    comm.barrier()
     if rank0:
         print("\n" + "=" * 72 + "\n" + summary.text() + "\n" + "=" * 72, flush=True)
     return summary

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from mcore_agentic.config.errors import ConfigError, first_line
+from mcore_agentic.parallel import comm
 from mcore_agentic.trainer import manifest as mf
 
 STEP_PREFIX = "global_step_"
@@ -198,7 +199,7 @@ class _Group:
         if barrier is not None:
             self.barrier = barrier
         elif distributed:
-            self.barrier = lambda: dist.barrier(group=process_group)
+            self.barrier = lambda: comm.barrier(process_group)
         else:
             self.barrier = lambda: None
 
@@ -206,16 +207,12 @@ class _Group:
         """Rank 0's ``obj`` on every rank."""
         if not self.distributed:
             return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
-        return box[0]
+        return comm.broadcast_object(obj, group=self.group, group_src=0)
 
     def all_gather(self, obj: Any) -> list[Any]:
         if not self.distributed:
             return [obj]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+        return comm.all_gather_object(obj, group=self.group)
 
 
 class CheckpointManager:

@@ -85,12 +85,17 @@ class TrainerConfig:
     that dump (a warning and dump/dropped_rows)."""
     rollout_data_wait_s: float = 10.0
     """Longest a step waits for a free slot in the dump queue before dropping its dump."""
+    dist_timeout_minutes: int = 60
+    """The longest any rank waits in a collective before it raises: ranks that finish their rollout early wait
+    for the slowest in a host (gloo) call, so set it above your longest rollout plus a checkpoint save. It is
+    also the NCCL watchdog's timeout for device calls."""
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     """Signals that stop training gracefully: the current step finishes, every rank agrees, a checkpoint is
     written and every rank exits with code 75; the same signal again (3 s or more later) exits at once.
     Empty: signals keep their default action (a SIGTERM kills the run without a checkpoint)."""
 
     def __post_init__(self) -> None:
+        require(self.dist_timeout_minutes >= 1, "trainer.dist_timeout_minutes", f"must be >= 1, got {self.dist_timeout_minutes}")
         for name in self.logger:
             require(
                 name in LOGGER_BACKENDS,

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from mcore_agentic.algorithms.advantages import group_ids
 from mcore_agentic.data.balance import partition
 from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
+from mcore_agentic.parallel import comm
 
 __all__ = ["RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
 
@@ -120,16 +121,12 @@ def gather_shapes(local: Batch | None, placement: Any, group_rows: int | Sequenc
     if local is not None and len(local) != expected:
         raise ValueError(f"rollout group {placement.group_index} returned {len(local)} rows, expected {expected}")
     width = max(counts)  # the all-gather needs one size: shorter groups pad with zero rows
-    mine = torch.zeros(width, 2, dtype=torch.long)
+    mine = comm.host_zeros(width, 2, dtype=torch.long)
     if local is not None:
         mine[: len(local)] = _real_lengths(local)
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        if local is None:
-            raise ValueError("a world of one rank must have rolled out (it is its own rollout leader)")
-        table = [mine]
-    else:
-        table = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(table, mine)
+    if (not dist.is_initialized() or dist.get_world_size() == 1) and local is None:
+        raise ValueError("a world of one rank must have rolled out (it is its own rollout leader)")
+    table = comm.all_gather_host(mine)
     rows = torch.cat([table[r][:n] for r, n in zip(leaders, counts)])
     return RowShapes(rows[:, 0].tolist(), rows[:, 1].tolist(), counts, leaders)
 
@@ -267,7 +264,8 @@ def exchange_rows(
     dp = len(plan.replicas)
     firsts = [layout.replica_ranks(d)[0] for d in range(dp)]
     mine = plan.replicas[layout.dp_rank]
-    ops: list[Any] = []
+    sends: list[tuple[torch.Tensor, int, int]] = []
+    recvs: list[tuple[torch.Tensor, int, int]] = []
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     # Sends: a leader's rows, per destination replica, to that replica's first rank.
     if local is not None:
@@ -281,7 +279,7 @@ def exchange_rows(
                 continue
             for tag, t in enumerate((ints, floats)):  # tags: gloo pairs sends and receives by (peer, tag)
                 if t.numel():
-                    ops.append(dist.P2POp(dist.isend, t, firsts[d], tag=tag))
+                    sends.append((comm.as_host(t), firsts[d], tag))
     # Receives: at this replica's first rank, one pair of buffers per leader that has rows here.
     sizes: dict[int, list[int]] = {}
     for row in mine:
@@ -293,26 +291,24 @@ def exchange_rows(
         for src, (n_int, n_float) in sorted(sizes.items()):
             if src == me:
                 continue
-            pair = (torch.empty(n_int, dtype=torch.long), torch.empty(n_float, dtype=torch.float32))
+            pair = (comm.host_empty(n_int, dtype=torch.long), comm.host_empty(n_float, dtype=torch.float32))
             buffers[src] = pair
             for tag, t in enumerate(pair):
                 if t.numel():
-                    ops.append(dist.P2POp(dist.irecv, t, src, tag=tag))
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+                    recvs.append((t, src, tag))
+    comm.exchange_host(sends, recvs)
     # The replica's other ranks get the same rows from its first rank.
     group = layout.replica_group()
     if group is not None:
         order = sorted(sizes)
-        flat_int = torch.empty(sum(sizes[s][0] for s in order), dtype=torch.long)
-        flat_float = torch.empty(sum(sizes[s][1] for s in order), dtype=torch.float32)
-        if me == firsts[layout.dp_rank]:
-            flat_int = torch.cat([buffers[s][0] for s in order]) if order else flat_int
-            flat_float = torch.cat([buffers[s][1] for s in order]) if order else flat_float
+        flat_int = comm.host_empty(sum(sizes[s][0] for s in order), dtype=torch.long)
+        flat_float = comm.host_empty(sum(sizes[s][1] for s in order), dtype=torch.float32)
+        if me == firsts[layout.dp_rank] and order:
+            flat_int = comm.as_host(torch.cat([buffers[s][0] for s in order]))
+            flat_float = comm.as_host(torch.cat([buffers[s][1] for s in order]))
         for t in (flat_int, flat_float):
             if t.numel():
-                dist.broadcast(t, src=firsts[layout.dp_rank], group=group)
+                comm.broadcast_host(t, src=firsts[layout.dp_rank], group=group)
         buffers, at = {}, [0, 0]
         for s in order:
             buffers[s] = (flat_int[at[0] : at[0] + sizes[s][0]], flat_float[at[1] : at[1] + sizes[s][1]])
@@ -334,7 +330,8 @@ def return_rows(
     shapes = plan.shapes
     me = dist.get_rank() if dist.is_initialized() else 0
     firsts = [layout.replica_ranks(d)[0] for d in range(len(plan.replicas))]
-    ops: list[Any] = []
+    sends: list[tuple[torch.Tensor, int, int]] = []
+    recvs: list[tuple[torch.Tensor, int, int]] = []
     local: dict[int, torch.Tensor] = {}
     # Sends: this replica's rows, grouped by the leader they came from, row after row, field after field.
     if me == firsts[layout.dp_rank]:
@@ -343,11 +340,11 @@ def return_rows(
             r = shapes.response[row]
             by_source.setdefault(shapes.source(row), []).extend(batch[f][j, :r].float().cpu() for f in fields)
         for src, parts in sorted(by_source.items()):
-            buf = torch.cat(parts) if parts else torch.zeros(0)
+            buf = comm.as_host(torch.cat(parts) if parts else torch.zeros(0))
             if src == me:
                 local[firsts[layout.dp_rank]] = buf
             elif buf.numel():
-                ops.append(dist.P2POp(dist.isend, buf, src, tag=2))
+                sends.append((buf, src, 2))
     # Receives: at a leader, one buffer per replica that trained some of its rows.
     mine_by_replica: dict[int, list[int]] = {}
     if local_rows is not None:
@@ -358,13 +355,11 @@ def return_rows(
         for d, own in mine_by_replica.items():
             if firsts[d] == me:
                 continue
-            buf = torch.empty(sum(shapes.response[r] for r in own) * len(fields), dtype=torch.float32)
+            buf = comm.host_empty(sum(shapes.response[r] for r in own) * len(fields), dtype=torch.float32)
             local[firsts[d]] = buf
             if buf.numel():
-                ops.append(dist.P2POp(dist.irecv, buf, firsts[d], tag=2))
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+                recvs.append((buf, firsts[d], 2))
+    comm.exchange_host(sends, recvs)
     if local_rows is None:
         return None
     out: dict[str, list[torch.Tensor | None]] = {f: [None] * local_rows for f in fields}

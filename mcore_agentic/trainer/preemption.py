@@ -226,10 +226,10 @@ class StopSignals:
         due = bool(self.save_every_s is not None and rank == 0 and time.monotonic() - self._last_save >= self.save_every_s)
         flags = [float(self.requested), float(due)]
         if dist.is_initialized():
-            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-            t = torch.tensor(flags, device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            flags = t.tolist()
+            from mcore_agentic.parallel import comm
+
+            # A host call: every rank may wait here for the slowest one's step (gloo: no spinning SMs).
+            flags = comm.all_reduce_host(comm.to_host(flags, torch.float32), op=dist.ReduceOp.MAX).tolist()
         return bool(flags[0]), bool(flags[1])
 
     def saved(self) -> None:

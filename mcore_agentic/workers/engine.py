@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -40,65 +39,29 @@ import torch
 import torch.distributed as dist
 
 from mcore_agentic.data.batch import Batch
-from mcore_agentic.parallel.cp_split import cp_gather, cp_packed_indices, cp_positions, cp_split
+from mcore_agentic.parallel import comm
 from mcore_agentic.workers.config import OptimConfig
+from mcore_agentic.workers.micro_batch import (
+    HeadFn,
+    LossFn,
+    MicroBatch,
+    MicroBatching,
+    build_micro_batch,
+    merge_outputs,
+    post_process,
+    sum_metrics,
+    to_device,
+)
 from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors, optimizer_tensors
-from mcore_agentic.workers.routing_replay import model_layout_routing
 from mcore_agentic.workers.sequence import (
-    PackedSequences,
     fixed_micro_batches,
-    pack_rows,
     packed_budget_count,
     packed_budget_micro_batches,
-    pad_rows,
     padded_budget_micro_batches,
-    scatter_rows,
     segment_lengths,
 )
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-# head_fn(model_output [b, S/cp, ...], micro_batch) -> per-token tensors [b, S/cp] of the local CP shard.
-HeadFn = Callable[[torch.Tensor, "MicroBatch"], dict[str, torch.Tensor]]
-# loss_fn(per-response-token tensors [b, R], micro_batch) -> (loss share, metric shares summed over micro-batches).
-LossFn = Callable[[dict[str, torch.Tensor], "MicroBatch"], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-
-@dataclass(frozen=True)
-class MicroBatching:
-    """How a rank's rows are cut into micro-batches."""
-
-    micro_batch_size: int
-    """Rows per micro-batch when ``use_dynamic_bsz`` is false."""
-    use_dynamic_bsz: bool = False
-    """Cut by a token budget instead."""
-    max_token_len: int = 16384
-    """The budget with ``use_dynamic_bsz``: packed tokens per micro-batch (padded: rows x padded length)."""
-    field: str = "actor.ppo_max_token_len_per_gpu"
-    """Config key named when a single sequence exceeds the budget."""
-    pack: bool = True
-    """Packed (THD) micro-batches (``model.use_remove_padding``); False: padded ``[b, S]`` ones."""
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """One micro-batch as the model and the callbacks see it."""
-
-    data: Batch
-    """This micro-batch's rows of the batch (all keys: advantages, old_log_probs, ...)."""
-    packed: PackedSequences
-    """Rows with left padding removed, full (un-split) length: ``[b, S]`` padded or ``[1, T]`` packed."""
-    tokens: torch.Tensor
-    """This CP rank's tokens (load-balanced layout): ``[b, S/cp]`` or ``[1, T/cp]``."""
-    labels: torch.Tensor
-    """Next-token targets of ``tokens``."""
-    position_ids: torch.Tensor
-    """Positions of ``tokens`` within their rows."""
-    packed_seq_params: Any = None
-    """Megatron's ``PackedSeqParams`` (THD) of a packed micro-batch; None when padded."""
-    routing: torch.Tensor | None = None
-    """The engine's routed experts of ``tokens`` in the routers' order ``[s, b, moe_layers, top_k]`` (routing
-    replay, when the rows carry ``routed_experts``); None otherwise."""
 
 
 def decay_horizon(optim: OptimConfig, run_optimizer_steps: int | None) -> int | None:
@@ -141,6 +104,7 @@ class MegatronEngine:
         self.layout = layout
         self.parallel = parallel
         self.dtype = _DTYPES[dtype]
+        self.device = comm.compute_device()  # where the model, the micro-batches and the loss live
         self.hf_config = load_hf_config(model_path)
         self.bridge = get_bridge(
             self.hf_config, make_vocab_size_divisible_by=make_vocab_size_divisible_by, lm_head=lm_head
@@ -148,10 +112,16 @@ class MegatronEngine:
         rows = int(self.hf_config.vocab_size)
         self.vocab_size = rows if vocab_size is None else min(rows, vocab_size)
         interleaved = (parallel.virtual_pipeline_model_parallel_size or 1) > 1
+        from mcore_agentic.models.transformer_impl import te_spec_here, thd_offsets_on_host, use_te_for
+
+        use_te = use_te_for(transformer_impl)
+        # The local spec reads packed offsets as host integers in every layer; TE's kernels read them on the device.
+        self.offsets_on_device = not thd_offsets_on_host(te_spec_here(use_te))
         self.tcfg = self.bridge.transformer_config(
             self.hf_config,
             parallel,
             params_dtype=self.dtype,
+            use_te=use_te,  # the GPU fusions follow the spec the model is built with
             # Gradients are summed (no 1/num_microbatches, no DP averaging): loss_fn normalises globally.
             calculate_per_token_loss=True,
             # Micro-batches have different padded lengths / row counts: PP exchanges shapes first. Not with
@@ -168,9 +138,7 @@ class MegatronEngine:
             batch_p2p_comm=not (interleaved and not torch.cuda.is_available()),
             **self._moe_overrides(moe),
         )
-        from mcore_agentic.models.transformer_impl import use_te_for
-
-        chunks = self.bridge.build_model(self.hf_config, self.tcfg, use_te=use_te_for(transformer_impl))
+        chunks = self.bridge.build_model(self.hf_config, self.tcfg, use_te=use_te)
         self.bridge.load_hf_weights(chunks, model_path)
         if customize is not None:
             customize(chunks)
@@ -308,7 +276,13 @@ class MegatronEngine:
                 )
             common = (max(sum(segments[i] for i in g) for g in groups) if batching.pack
                       else int(batch["attention_mask"].sum(1).max()))
-        return groups, [self._micro_batch(batch.index(rows), prompt_len, batching.pack, common) for rows in groups]
+        return groups, [
+            build_micro_batch(
+                batch.index(rows), prompt_len, pack=batching.pack, common=common, cp_size=cp,
+                cp_rank=self.layout.cp_rank, multiple_of=multiple, replay=self.routing is not None,
+            )
+            for rows in groups
+        ]
 
     @property
     def _length_multiple(self) -> int:
@@ -319,9 +293,8 @@ class MegatronEngine:
         """Micro-batches this step: the most any DP replica needs (a multiple of PP with VPP)."""
         count = packed_budget_count(segments, batching.max_token_len, field=batching.field)
         if self.layout.data_parallel_size > 1:
-            box = torch.tensor([count], dtype=torch.long)
-            dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.layout.dp_group())
-            count = int(box)
+            box = comm.to_host([count], torch.long)
+            count = int(comm.all_reduce_host(box, op=dist.ReduceOp.MAX, group=self.layout.dp_group())[0])
         pp = self.layout.pipeline_model_parallel_size
         if len(self.chunks) > 1 and count % pp:
             count += pp - count % pp  # Megatron's interleaved schedule runs micro-batches in groups of PP
@@ -332,37 +305,6 @@ class MegatronEngine:
             )
         return count
 
-    def _micro_batch(self, data: Batch, prompt_len: int, pack: bool, common: int) -> MicroBatch:
-        cp, cp_rank = self.layout.context_parallel_size, self.layout.cp_rank
-        layout = dict(cp_size=cp, multiple_of=self._length_multiple)
-        replay = self.routing is not None and "routed_experts" in data
-        if not pack:
-            packed = pad_rows(data["input_ids"], data["attention_mask"], prompt_len, min_len=common, **layout)
-            pos = cp_positions(packed.padded_len, cp, cp_rank, device=packed.tokens.device)
-            return MicroBatch(
-                data=data, packed=packed, tokens=cp_split(packed.tokens, cp, cp_rank),
-                labels=cp_split(packed.labels, cp, cp_rank), position_ids=pos.unsqueeze(0).expand(len(data), -1),
-                routing=model_layout_routing(packed, data["routed_experts"], cp, cp_rank) if replay else None,
-            )
-        from megatron.core.packed_seq_params import PackedSeqParams
-
-        packed = pack_rows(data["input_ids"], data["attention_mask"], prompt_len, min_total=common, **layout)
-        local = cp_packed_indices(packed.cu_seqlens, cp, cp_rank, device=packed.tokens.device)
-        params = PackedSeqParams(
-            qkv_format="thd",
-            cu_seqlens_q=packed.cu_seqlens_real,
-            cu_seqlens_kv=packed.cu_seqlens_real,
-            cu_seqlens_q_padded=packed.cu_seqlens,
-            cu_seqlens_kv_padded=packed.cu_seqlens,
-            max_seqlen_q=packed.max_seqlen,
-            max_seqlen_kv=packed.max_seqlen,
-        )
-        return MicroBatch(
-            data=data, packed=packed, tokens=packed.tokens[:, local], labels=packed.labels[:, local],
-            position_ids=packed.position_ids[:, local], packed_seq_params=params,
-            routing=model_layout_routing(packed, data["routed_experts"], cp, cp_rank) if replay else None,
-        )
-
     # ------------------------------------------------------------------ schedule
     def _run(
         self, mbs: list[MicroBatch], head_fn: HeadFn, loss_fn: LossFn | None, forward_only: bool
@@ -370,7 +312,8 @@ class MegatronEngine:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
-            mb: MicroBatch = next(data_iterator)
+            # The one host-to-device copy of this micro-batch.
+            mb = to_device(next(data_iterator), self.device, offsets_on_device=self.offsets_on_device)
             if self.routing is not None:
                 self.routing.set_micro_batch(model, mb.routing)
             # attention_mask=None: attention is causal (within each packed row), right for rows that start at 0.
@@ -402,30 +345,18 @@ class MegatronEngine:
     def _post(
         self, mb: MicroBatch, head_fn: HeadFn, loss_fn: LossFn | None, forward_only: bool, output: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """Last-stage loss function given to Megatron: head -> CP gather -> response layout -> loss."""
+        """Last-stage loss function given to Megatron (see :func:`.micro_batch.post_process`)."""
         cp = self.layout.context_parallel_size
-        cp_group = self.layout.cp_group() if cp > 1 else None
-        per_token = head_fn(output, mb)
-        cu = mb.packed.cu_seqlens.tolist() if mb.packed.is_packed else None
-        response = {
-            k: mb.packed.to_response(cp_gather(v, cp, cp_group, seq_dim=1, grad_mode="slice", cu_seqlens=cu))
-            for k, v in per_token.items()
-        }
-        one = torch.ones((), dtype=torch.int, device=output.device)
-        if forward_only or loss_fn is None:
-            zero = torch.zeros((), dtype=torch.float32, device=output.device)
-            return zero, one, {k: v.detach() for k, v in response.items()}
-        loss, metrics = loss_fn(response, mb)
-        return loss, one, {k: v.detach().reshape(()) for k, v in metrics.items()}
+        return post_process(
+            mb, head_fn, loss_fn, forward_only, output, cp_size=cp, cp_group=self.layout.cp_group() if cp > 1 else None
+        )
 
     def _pp_last_broadcast_obj(self, obj: Any) -> Any:
         if self.layout.pipeline_model_parallel_size == 1:
             return obj
-        box = [obj]
-        dist.broadcast_object_list(
-            box, group=self.layout.pp_group(), group_src=self.layout.pipeline_model_parallel_size - 1
+        return comm.broadcast_object(
+            obj, group=self.layout.pp_group(), group_src=self.layout.pipeline_model_parallel_size - 1
         )
-        return box[0]
 
     def forward_only(self, batch: Batch, head_fn: HeadFn, batching: MicroBatching) -> dict[str, torch.Tensor]:
         """Per-response-token outputs ``{name: [b, R]}`` of ``head_fn`` for this replica's rows ``batch``, on every rank of it."""
@@ -434,21 +365,17 @@ class MegatronEngine:
             chunk.eval()
         with torch.no_grad():
             outputs = self._run(mbs, head_fn, None, forward_only=True)
-        if self.layout.is_pipeline_last_stage:
-            keys = sorted(outputs[0])
-            merged = {k: scatter_rows([o[k] for o in outputs], groups, len(batch)).float() for k in keys}
-        else:
-            merged = None
+        merged = merge_outputs(outputs, groups, len(batch)) if self.layout.is_pipeline_last_stage else None
         keys = self._pp_last_broadcast_obj(sorted(merged) if merged is not None else None)
         resp_len = batch["responses"].shape[1]
         result: dict[str, torch.Tensor] = {}
         for k in keys:
-            t = merged[k] if merged is not None else torch.zeros(len(batch), resp_len, dtype=torch.float32)
-            if self.layout.pipeline_model_parallel_size > 1:
-                dist.broadcast(
+            t = merged[k] if merged is not None else comm.device_zeros(len(batch), resp_len, dtype=torch.float32)
+            if self.layout.pipeline_model_parallel_size > 1:  # a payload: the last stage's device tensor
+                comm.broadcast_device(
                     t, group=self.layout.pp_group(), group_src=self.layout.pipeline_model_parallel_size - 1
                 )
-            result[k] = t
+            result[k] = t.cpu()  # once per pass: the experience path works on the host
         return result
 
     def forward_backward(
@@ -470,17 +397,11 @@ class MegatronEngine:
             outputs = self._run(mbs, head_fn, loss_fn, forward_only=False)
         # DP x CP gradient sum (no scaling: calculate_per_token_loss), tied-embedding and TP-norm fix-ups.
         finalize_model_grads(self.chunks, num_tokens=None)
-        sums: dict[str, float] | None = None
-        if self.layout.is_pipeline_last_stage:
-            sums = {}
-            for out in outputs:
-                for k, v in out.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
+        sums = sum_metrics(outputs) if self.layout.is_pipeline_last_stage else None
         sums = self._pp_last_broadcast_obj(sums)
         keys = sorted(sums)
         if self.layout.data_parallel_size > 1 and keys:
-            vec = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
-            dist.all_reduce(vec, group=self.layout.dp_group())
+            vec = comm.all_reduce_host(comm.to_host([sums[k] for k in keys], torch.float64), group=self.layout.dp_group())
             sums = dict(zip(keys, vec.tolist()))
         return sums
 
@@ -511,10 +432,8 @@ class MegatronEngine:
             return
         from megatron.core import parallel_state as ps
 
-        total = torch.tensor([float(sum(mb.tokens.numel() for mb in mbs))], dtype=torch.float64)
-        group = ps.get_data_parallel_group(with_context_parallel=True)
-        if dist.is_initialized() and dist.get_world_size(group) > 1:
-            dist.all_reduce(total, group=group)
+        total = comm.to_host([float(sum(mb.tokens.numel() for mb in mbs))], torch.float64)
+        comm.all_reduce_host(total, group=ps.get_data_parallel_group(with_context_parallel=True))
         n = max(float(total[0]), 1.0)
         before = (self.tcfg.moe_aux_loss_coeff, self.tcfg.moe_z_loss_coeff)
         self.tcfg.moe_aux_loss_coeff = aux / n

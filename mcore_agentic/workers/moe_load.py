@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mcore_agentic.parallel import comm
+
 
 class RouterLoad:
     """Token counts per expert of each MoE layer of ``chunks`` (see the module docstring)."""
@@ -50,19 +52,18 @@ class RouterLoad:
         if not self.enabled:
             return {}
         layers = sorted(self.counts)
-        table = torch.stack([self.counts[k] for k in layers]) if layers else torch.zeros(0, 0, dtype=torch.float64)
-        device = table.device  # the collectives run where the counts are (NCCL on GPU); the metrics are floats
+        # Host calls: one copy of the step's count table to the host, then gloo (the metrics are floats).
+        table = comm.to_host(torch.stack([self.counts[k] for k in layers]) if layers else torch.zeros(0, 0), torch.float64)
         self.counts = {}
-        if token_group is not None and dist.is_initialized() and dist.get_world_size(token_group) > 1 and table.numel():
-            dist.all_reduce(table, group=token_group)
+        if token_group is not None and table.numel():
+            comm.all_reduce_host(table, group=token_group)
         mean = table.mean(dim=1).clamp(min=1e-12) if table.numel() else table.new_zeros(0)
         ratio = table.max(dim=1).values / mean if table.numel() else table.new_zeros(0)
-        sums = torch.tensor([float(ratio.sum()), float(len(layers)), float((table == 0).sum())], dtype=torch.float64,
-                            device=device)
-        worst = torch.tensor([float(ratio.max()) if len(layers) else 0.0], dtype=torch.float64, device=device)
-        if pp_group is not None and dist.is_initialized() and dist.get_world_size(pp_group) > 1:
-            dist.all_reduce(sums, group=pp_group)
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=pp_group)
+        sums = comm.to_host([float(ratio.sum()), float(len(layers)), float((table == 0).sum())], torch.float64)
+        worst = comm.to_host([float(ratio.max()) if len(layers) else 0.0], torch.float64)
+        if pp_group is not None:
+            comm.all_reduce_host(sums, group=pp_group)
+            comm.all_reduce_host(worst, op=dist.ReduceOp.MAX, group=pp_group)
         if sums[1] == 0:
             return {}
         return {

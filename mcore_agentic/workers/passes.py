@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from mcore_agentic.algorithms.losses import LossNormalisers, loss_normalisers
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.vocab_parallel import vocab_parallel_log_probs, vocab_parallel_log_probs_and_entropy
 from mcore_agentic.workers.engine import HeadFn, LossFn, MegatronEngine, MicroBatching
 
@@ -43,8 +43,7 @@ def global_normalisers(response_mask: torch.Tensor, layout: Any) -> LossNormalis
     local = loss_normalisers(response_mask)
     if layout.data_parallel_size == 1:
         return local
-    counts = torch.tensor([local.tokens, local.seqs], dtype=torch.long)
-    dist.all_reduce(counts, group=layout.dp_group())
+    counts = comm.all_reduce_host(comm.to_host([local.tokens, local.seqs], torch.long), group=layout.dp_group())
     return LossNormalisers(tokens=int(counts[0]), seqs=int(counts[1]))
 
 

@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from mcore_agentic.parallel import comm
 
 ROUTING_REPLAY_MODES = ("disable", "measure", "rollout")
 
@@ -121,14 +122,13 @@ class RoutingReplay:
         rank's duplicates, e.g. tensor-parallel peers without sequence parallelism, count on both sides of
         the ratio); {} when nothing was measured. Collective over the world."""
         routers = [r for rs in self.routers.values() for _, r in rs]
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        sums = torch.zeros(2, dtype=torch.float64, device=device)
+        local = torch.zeros(2, dtype=torch.float64)
+        for r in routers:  # once per step: a host copy of each router's two counters
+            local += torch.stack([r.agree.detach().double().cpu(), r.known.detach().double().cpu()])
         for r in routers:
-            sums += torch.stack([r.agree.to(device), r.known.to(device)])
             r.agree = torch.zeros((), dtype=torch.float64)
             r.known = torch.zeros((), dtype=torch.float64)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(sums)
+        sums = comm.all_reduce_host(comm.to_host(local, torch.float64))
         if float(sums[1]) == 0:
             return {}
         return {"rollout/routing_agreement": float(sums[0] / sums[1])}

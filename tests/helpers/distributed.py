@@ -41,6 +41,9 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
     )
     torch.set_num_threads(1)
     try:
+        from mcore_agentic.parallel import comm
+
+        comm.enable_strict_from_env()  # the suite sets MCORE_AGENTIC_STRICT_COMM=1 (tests/conftest.py)
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
         queue.put((rank, "ok", result))

@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "interactions": {"tools"},
     "rewards": set(),
     "rollout": {"tools", "interactions", "data"},
-    "sharding": {"models"},
+    "sharding": {"models", "parallel"},  # collectives go through parallel.comm
     "trainer": {"config", "data", "models", "parallel", "workers", "algorithms", "rollout", "tools", "interactions",
                 "rewards", "sharding"},
     "inspect": {"trainer"},  # reads the trainer's dump format (trainer.rollout_dump)

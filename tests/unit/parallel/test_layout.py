@@ -89,10 +89,13 @@ def _init_tp2(rank: int, world_size: int) -> bytes:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
     import megatron_patches
-    from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
+    from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel
 
     megatron_patches.apply()
+    init_distributed(timeout_minutes=7)  # already initialised here: sets the timeout of the groups made next
     layout = initialize_parallel(ParallelConfig(tensor_model_parallel_size=2), seed=5)
+    timeouts = [g._get_backend(torch.device("cpu")).options._timeout.total_seconds() / 60
+                for g in (layout.tp_group(), layout.dp_group(), layout.replica_group())]
     t = torch.tensor([float(rank + 1)])
     torch.distributed.all_reduce(t, group=layout.tp_group())
     with get_cuda_rng_tracker().fork():
@@ -104,6 +107,7 @@ def _init_tp2(rank: int, world_size: int) -> bytes:
         "dp_group_size": layout.dp_group().size(),
         "describe": layout.describe(),
         "tp_draw": tp_draw,
+        "timeouts": timeouts,
     }
     destroy_parallel()
     return pack(out)
@@ -118,5 +122,6 @@ def test_initialize_tp2_on_two_ranks():
         assert lay.backend == "gloo" and lay.pp_rank == 0 and lay.is_pipeline_last_stage
         assert res["tp_sum"] == 3.0 and res["tp_group_size"] == 2 and res["dp_group_size"] == 1
         assert res["describe"].startswith(f"rank {rank}/2: TP 2 (rank {rank})")
+        assert res["timeouts"] == [7.0, 7.0, 7.0], "trainer.dist_timeout_minutes reaches Megatron's and our groups"
     # The tracker was seeded per TP rank: the model-parallel streams differ.
     assert not results[0]["tp_draw"].equal(results[1]["tp_draw"])

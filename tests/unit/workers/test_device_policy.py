@@ -1,0 +1,157 @@
+"""The engine's device policy without a GPU: micro-batches built on the host, copied to the compute device once,
+and the head, the CP gather, the response layout and the PPO / value losses run there on device tensors only.
+
+Two stand-ins for a GPU, each for what it can check on a CPU-only torch:
+
+* torch's ``FakeTensorMode`` gives tensors a real ``cuda:0`` device: :func:`to_device` must put every tensor the
+  forward and the loss read there. (Its CUDA tensors cannot be sliced or recorded by autograd without CUDA.)
+* the ``meta`` device runs the whole last-stage computation: a host tensor meeting a device one raises, and so does
+  a host read of a device value (``.tolist()``, ``.item()``, ``float()``) — the two ways the first GPU step would
+  have crashed or stalled on a per-row sync.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from mcore_agentic.algorithms.advantages import compute_grpo_outcome_advantage
+from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
+from mcore_agentic.algorithms.losses import loss_normalisers
+from mcore_agentic.algorithms.objective import actor_objective, critic_objective
+from mcore_agentic.parallel.vocab_parallel import vocab_parallel_log_probs_and_entropy
+from mcore_agentic.workers.micro_batch import build_micro_batch, merge_outputs, post_process, sum_metrics, to_device
+from tests.unit.workers._fixtures import PROMPT, VOCAB, make_batch
+
+CUDA = torch.device("cuda", 0)
+META = torch.device("meta")
+
+
+def _host_rows(n: int = 4):
+    batch = make_batch(n, seed=3)
+    r = batch["responses"].shape[1]
+    g = torch.Generator().manual_seed(0)
+    return batch.update({
+        "old_log_probs": -torch.rand(n, r, generator=g), "advantages": torch.randn(n, r, generator=g),
+        "values": torch.randn(n, r, generator=g), "returns": torch.randn(n, r, generator=g),
+    })
+
+
+def _head(logits: torch.Tensor, mb) -> dict[str, torch.Tensor]:
+    lp, ent = vocab_parallel_log_probs_and_entropy(logits, mb.labels, group=None, vocab_start_index=0, vocab_size=VOCAB)
+    return {"log_probs": lp, "entropys": ent}
+
+
+def _actor_loss(norms):
+    def loss_fn(resp, mb):
+        d = mb.data
+        out = actor_objective(
+            PolicyLossConfig(), norms, old_log_probs=d["old_log_probs"], log_probs=resp["log_probs"],
+            entropys=resp["entropys"], advantages=d["advantages"], response_mask=d["response_mask"],
+        )
+        return out.loss, out.metrics
+
+    return loss_fn
+
+
+def _critic_loss(norms):
+    def loss_fn(resp, mb):
+        d = mb.data
+        out = critic_objective(
+            ValueLossConfig(), norms, vpreds=resp["values"], returns=d["returns"], values=d["values"],
+            response_mask=d["response_mask"],
+        )
+        return out.loss, out.metrics
+
+    return loss_fn
+
+
+def _on(mb, device: torch.device) -> list[str]:
+    """Names of the tensors of a moved micro-batch that are not on the device."""
+    fields = {"tokens": mb.tokens, "labels": mb.labels, "position_ids": mb.position_ids}
+    for name in ("tokens", "labels", "position_ids", "left_pad", "lengths", "starts", "cu_seqlens", "cu_seqlens_real"):
+        fields[f"packed.{name}"] = getattr(mb.packed, name)
+    if mb.packed_seq_params is not None:
+        for name in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
+            fields[f"params.{name}"] = getattr(mb.packed_seq_params, name)
+    fields.update({f"data.{k}": v for k, v in mb.data.tensors.items()})
+    return [k for k, v in fields.items() if v is not None and v.device != device]
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
+def test_a_micro_batch_goes_to_cuda_in_one_copy(pack: bool):
+    rows = _host_rows()
+    mb = build_micro_batch(rows, PROMPT, pack=pack, common=0, cp_size=1, cp_rank=0, multiple_of=1, replay=False)
+    assert mb.tokens.device.type == "cpu" and (mb.cu_seqlens_host is not None) == pack
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        dev = to_device(mb, CUDA)
+        assert _on(dev, CUDA) == []
+    assert dev.cu_seqlens_host == mb.cu_seqlens_host  # the host copy the CP gather reads stays
+    if pack:  # no padding between rows (CP 1): one offsets object, so TE < 2.18 need not compare them per layer
+        assert mb.packed_seq_params.cu_seqlens_q_padded is mb.packed_seq_params.cu_seqlens_q
+        assert dev.packed_seq_params.cu_seqlens_q_padded is dev.packed_seq_params.cu_seqlens_q
+    if pack:  # the local spec: PackedSeqParams' offsets stay host tensors (read as integers in every layer)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            local = to_device(mb, CUDA, offsets_on_device=False)
+        assert [k for k in _on(local, CUDA) if not k.startswith("params.")] == []
+        assert local.packed_seq_params.cu_seqlens_q.device.type == "cpu"
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
+def test_a_micro_batch_trains_on_the_device_without_host_syncs(pack: bool):
+    rows = _host_rows()
+    mb = build_micro_batch(rows, PROMPT, pack=pack, common=0, cp_size=1, cp_rank=0, multiple_of=1, replay=False)
+    norms = loss_normalisers(rows["response_mask"])
+    dev = to_device(mb, META)
+    assert _on(dev, META) == []
+    logits = torch.randn(*dev.tokens.shape, VOCAB, device=META, requires_grad=True)
+    loss, _, metrics = post_process(dev, _head, _actor_loss(norms), False, logits, cp_size=1, cp_group=None)
+    assert loss.device == META and all(v.device == META for v in metrics.values())
+    loss.backward()
+    assert logits.grad.device == META
+    values = torch.randn(*dev.tokens.shape, 1, device=META)
+    vloss, _, _ = post_process(
+        dev, lambda out, m: {"values": out.squeeze(-1)}, _critic_loss(norms), False, values, cp_size=1, cp_group=None
+    )
+    assert vloss.device == META
+
+
+def test_a_forward_only_pass_returns_host_outputs_for_the_experience_path():
+    rows = _host_rows(6)
+    groups = [[0, 2, 4], [1, 3, 5]]
+    mbs = [build_micro_batch(rows.index(g), PROMPT, pack=True, common=0, cp_size=1, cp_rank=0, multiple_of=1,
+                             replay=False) for g in groups]
+    outs = []
+    for mb in mbs:
+        dev = to_device(mb, META)
+        logits = torch.randn(*dev.tokens.shape, VOCAB, device=META)
+        outs.append(post_process(dev, _head, None, True, logits, cp_size=1, cp_group=None)[2])
+    merged = merge_outputs(outs, groups, len(rows))
+    assert all(v.device == META and v.shape == rows["responses"].shape for v in merged.values())
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        on_cuda = {k: torch.zeros(*v.shape, device=CUDA) for k, v in merged.items()}
+        host = {k: v.cpu() for k, v in on_cuda.items()}  # what MegatronEngine.forward_only returns
+    assert all(v.device.type == "cpu" and v.shape == rows["responses"].shape for v in host.values())
+    # The experience path (advantages) then meets host rows only.
+    scores = torch.randn(len(rows))
+    token_rewards = rows["response_mask"].float() * scores[:, None]
+    adv, _ = compute_grpo_outcome_advantage(token_rewards, rows["response_mask"], torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert adv.device.type == "cpu"
+
+
+def test_metrics_are_read_to_the_host_once():
+    with pytest.raises(RuntimeError, match="meta"):
+        float(torch.ones((), device=META))  # the checks above can fail: a host read of a device value raises
+    outs = [{"a": torch.tensor(1.0), "b": torch.tensor(2.0)}, {"a": torch.tensor(0.5)}]
+    assert sum_metrics(outs) == {"a": 1.5, "b": 2.0}
+
+
+def test_the_host_micro_batch_on_the_device_fails_without_the_copy():
+    """The test above can fail: the pre-policy engine handed host micro-batches to a CUDA model."""
+    rows = _host_rows()
+    mb = build_micro_batch(rows, PROMPT, pack=True, common=0, cp_size=1, cp_rank=0, multiple_of=1, replay=False)
+    norms = loss_normalisers(rows["response_mask"])
+    logits = torch.randn(*mb.tokens.shape, VOCAB, device=META)
+    with pytest.raises(RuntimeError, match="meta|device"):
+        post_process(mb, _head, _actor_loss(norms), False, logits, cp_size=1, cp_group=None)
