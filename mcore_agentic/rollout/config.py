@@ -163,7 +163,11 @@ class RolloutConfig:
     first rank, which also runs the tools), so world_size / this = engines, independent of training TP/PP/CP.
     SGLang shards the model over the group's GPUs; the transformers engine is not sharded."""
     gpu_memory_utilization: float = 0.5
-    """Fraction of GPU memory SGLang or vLLM may hold for weights and KV cache (SGLang's ``mem_fraction_static``)."""
+    """GPU memory the engine may hold while it rolls out, per engine. ``vllm``: the fraction of the GPU's *total*
+    memory for its weights, activations and KV cache (vLLM's ``gpu_memory_utilization``); vLLM refuses to start
+    unless that much is free. ``sglang``: ``mem_fraction_static``, the fraction of the memory *free* when it
+    starts (on each GPU of its group) that weights and KV cache take. ``hf``: ignored (the model's size; KV
+    caches live per request). The engine is built before the trainer's models and released while they train."""
     enable_prefix_caching: bool = True
     """vLLM: reuse the KV cache of a conversation's earlier turns (SGLang's radix cache is always on; the
     transformers engine keeps no cache between requests)."""

@@ -2,24 +2,31 @@
 
 ``with manager:`` (every rank of the actor's model, SPMD)
 
-on enter
+on enter (the order keeps the peak low: the KV cache, the engine's largest part, comes last)
   1. ``actor.offload_before_export()``: the actor's gradient buffers and optimizer state off the
      device as verl's ``actor.grad_offload`` / ``actor.optimizer_offload`` ask (the export does
-     not read them);
-  2. ``engine.resume_memory()``;
+     not read them), then the freed blocks back to the driver (:func:`return_cached_memory`);
+  2. ``engine.resume_memory(["weights"])``;
   3. stream the actor's weights into the engine in buckets (:class:`StreamingExporter` ->
      transport) under the trainer's :class:`WeightVersion`; every engine gets the *full* model
      whatever the training TP/PP/CP. The export is a collective over all ranks; a rank without
      an engine (``engine=None``: a rollout group's non-leader, see
      :mod:`mcore_agentic.parallel.rollout_placement`) joins it through :class:`NoEngine`;
-  4. ``actor.offload_after_export()``: its parameters too with ``actor.param_offload``;
-  5. check the engine's version (``check_weight_version``); the engine's own
+  4. ``actor.offload_after_export()``: its parameters too with ``actor.param_offload``, and the
+     freed blocks back to the driver;
+  5. ``engine.resume_memory(["kv_cache"])``;
+  6. check the engine's version (``check_weight_version``); the engine's own
      ``finish_weight_update`` dropped whatever it cached under the old weights;
-  6. swap the torch / Python / NumPy global RNG states to the rollout's own, so rollout
+  7. swap the torch / Python / NumPy global RNG states to the rollout's own, so rollout
      sampling neither perturbs nor is perturbed by training randomness;
 
 on exit (also after an error in the rollout)
-  restore the training RNG states, ``engine.release_memory()``, ``actor.reload()``.
+  restore the training RNG states, ``engine.release_memory()`` and the freed blocks back to the
+  driver, ``actor.reload()``.
+
+Why the driver: what the trainer frees stays in torch's caching allocator, where neither SGLang's
+processes nor vLLM's sleep-mode allocator (which maps memory outside it) can take it, and where
+NVML still counts it as used (``gpu/freed_gb/*``).
 
 The actor is any :class:`RolloutPolicy`: the trainer's
 :class:`~mcore_agentic.workers.actor.Actor`, which decides what its config offloads.
@@ -28,8 +35,11 @@ The actor is any :class:`RolloutPolicy`: the trainer's
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import torch
 
 from mcore_agentic.models.bridge import Bridge
 from mcore_agentic.sharding.config import ShardingConfig
@@ -77,9 +87,16 @@ class NoEngine:
 
     def release_memory(self) -> None: ...
 
-    def resume_memory(self) -> None: ...
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None: ...
 
     def flush_cache(self) -> None: ...
+
+
+def return_cached_memory() -> None:
+    """Hand the blocks torch's CUDA caching allocator holds unused back to the driver (nothing before CUDA is
+    initialised, e.g. on CPU)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 @dataclass
@@ -151,27 +168,33 @@ class ShardingManager:
             t = time.perf_counter()
             before = self._read_gpu()
             self.offloaded_bytes += self.actor.offload_before_export()
+            return_cached_memory()
             if self.gpu is not None:
                 self.gpu.freed("actor_offload", before, self._read_gpu())
             self.times.offload += time.perf_counter() - t
             t = time.perf_counter()
-            self.engine.resume_memory()
-            self.times.resume = time.perf_counter() - t
+            self.engine.resume_memory(tags=["weights"])
+            self.times.resume += time.perf_counter() - t
             t = time.perf_counter()
             self.sync_weights()
             self.times.sync = time.perf_counter() - t
             t = time.perf_counter()
             before = self._read_gpu()
             self.offloaded_bytes += self.actor.offload_after_export()
+            return_cached_memory()
             if self.gpu is not None:  # adds to the first part's
                 self.gpu.freed("actor_offload", before, self._read_gpu())
             self.times.offload += time.perf_counter() - t
+            t = time.perf_counter()
+            self.engine.resume_memory(tags=["kv_cache"])
+            self.times.resume += time.perf_counter() - t
             if self.cfg.check_weight_version:
                 self.check()
         except BaseException:
             # Leave things as before the rollout: engine released, actor trainable.
             try:
                 self.engine.release_memory()
+                return_cached_memory()
             finally:
                 self.actor.reload()
             raise
@@ -187,6 +210,7 @@ class ShardingManager:
         t = time.perf_counter()
         before = self._read_gpu()
         self.engine.release_memory()
+        return_cached_memory()
         if self.gpu is not None:
             self.gpu.freed("engine_release", before, self._read_gpu())
         self.times.release = time.perf_counter() - t
@@ -195,4 +219,4 @@ class ShardingManager:
         self.times.reload = time.perf_counter() - t
 
 
-__all__ = ["NoEngine", "PhaseTimes", "RolloutPolicy", "ShardingManager"]
+__all__ = ["NoEngine", "PhaseTimes", "RolloutPolicy", "ShardingManager", "return_cached_memory"]

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.config.rules import BatchSizes
 from mcore_agentic.config.schema import RLConfig
+from mcore_agentic.parallel import comm
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -66,8 +67,7 @@ def ensure_model(cfg: RLConfig) -> Path:
         tmp = path.with_name(f".{path.name}.tmp")
         make_tiny_hf_model_from_preset(tmp, preset, seed=cfg.seed)
         tmp.replace(path)
-    if dist.is_initialized():
-        dist.barrier()
+    comm.barrier()
     return path
 
 
@@ -201,6 +201,37 @@ def build_rollout_placement(cfg: RLConfig, layout: Any) -> Any:
     return RolloutPlacement(layout.world_size, layout.rank, cfg.rollout.tensor_model_parallel_size)
 
 
+def build_rollout_engine(cfg: RLConfig, placement: Any, routing: tuple[int, int] | None) -> Any:
+    """This rank's rollout engine (None off a rollout group's leader), built and then released.
+
+    Built before any worker holds device memory: vLLM refuses to start unless ``rollout.gpu_memory_utilization``
+    x the GPU's memory is free, and SGLang sizes its weights + KV cache from the memory free when it starts.
+    Released at once (the first rollout resumes it and syncs the actor's weights into it), so the workers are
+    built on the memory it gave back. Its construction leaves the global RNG states as they were.
+    """
+    from mcore_agentic.rollout.engines import build_engine
+    from mcore_agentic.utils.seeding import RngState
+
+    if not placement.is_leader:
+        return None  # a rollout group's other ranks hold none (see parallel.rollout_placement)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    rng = RngState.capture()
+    try:
+        engine = build_engine(cfg.rollout, cfg.model.model_path, device=str(device), dtype=cfg.model.dtype,
+                              seed=cfg.seed, routing_shape=routing)
+    finally:
+        rng.restore()
+    engine.release_memory()
+    return engine
+
+
+def configure_offload(cfg: RLConfig) -> None:
+    """Bound this process's pinned host memory for offloads (``actor.offload_pinned_mb``) before any worker exists."""
+    from mcore_agentic.workers.offload import pinned_pool
+
+    pinned_pool().set_limit(cfg.actor.offload_pinned_mb * 2**20)
+
+
 def build_weight_sync(cfg: RLConfig, actor: Any, engine: Any) -> Any:
     """The sharding manager: ``with`` it around a rollout, the engine holds the actor's current weights.
 
@@ -265,11 +296,14 @@ class Components:
 
 
 def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Components:
-    """Build the run in dependency order (model files -> tokenizer/tools/data -> workers -> rollout)."""
+    """Build the run in dependency order (model files -> tokenizer/tools/data -> rollout engine -> workers).
+
+    The rollout engine comes before the workers (:func:`build_rollout_engine`: engines size themselves from
+    the free device memory), and is released before they are built.
+    """
     from mcore_agentic.algorithms.kl import build_kl_controller
     from mcore_agentic.data.dataloader import make_train_loader
     from mcore_agentic.rewards import build_reward_fn
-    from mcore_agentic.rollout.engines import build_engine
 
     ensure_model(cfg)
     routing = replay_routing_shape(cfg)
@@ -278,15 +312,15 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     train_set, val_set = build_datasets(cfg, tokenizer, tools)
     loader = make_train_loader(train_set, cfg.data, cfg.seed)
     steps = total_steps(cfg, len(loader))
+    placement = build_rollout_placement(cfg, layout)
+    engine = build_rollout_engine(cfg, placement, routing)
+    # A rollout group's other ranks wait for its leader's engine (SGLang's schedulers on their GPUs measure the
+    # free memory as they start) before they build models there.
+    comm.barrier()
+    configure_offload(cfg)
     actor = build_actor(cfg, layout, sizes, steps, vocab_size=len(tokenizer))
     ref = build_reference(cfg, layout, vocab_size=len(tokenizer))
     critic = build_critic(cfg, layout, sizes, steps)
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    placement = build_rollout_placement(cfg, layout)
-    engine = None  # a rollout group's other ranks hold none (see parallel.rollout_placement)
-    if placement.is_leader:
-        engine = build_engine(cfg.rollout, cfg.model.model_path, device=str(device), dtype=cfg.model.dtype, seed=cfg.seed,
-                              routing_shape=routing)
     return Components(
         cfg=cfg,
         layout=layout,

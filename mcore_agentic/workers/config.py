@@ -173,6 +173,10 @@ class ActorConfig:
     """Move DDP gradient buffers off the device while the rollout runs (the weight export does not read them)."""
     optimizer_offload: bool = False
     """Move optimizer state (Adam moments, fp32 main params) off the device while the rollout runs."""
+    offload_pinned_mb: int = 8192
+    """Most page-locked (pinned) host memory, in MiB per rank, that offloads from a GPU may hold (one pool,
+    reused by every offload, shared by the actor's, critic's and reference's ``*_offload``): pinned copies run at
+    full PCIe speed. Bytes past it go to ordinary pageable memory (slower copies, freed at reload). 0: never pin."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and LR schedule."""
     moe: MoEConfig = field(default_factory=MoEConfig)
@@ -180,6 +184,12 @@ class ActorConfig:
 
     def __post_init__(self) -> None:
         _validate_batching(self, "actor")
+        require(
+            isinstance(self.offload_pinned_mb, int) and not isinstance(self.offload_pinned_mb, bool)
+            and self.offload_pinned_mb >= 0,
+            "actor.offload_pinned_mb",
+            f"must be an integer >= 0 (MiB of pinned host memory per rank; 0 never pins), got {self.offload_pinned_mb!r}",
+        )
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ its trajectory, and the trainer can replay them (``actor.moe.routing_replay``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -25,6 +25,10 @@ import numpy as np
 import torch
 
 EngineFinishReason = Literal["stop", "length", "abort"]
+
+MEMORY_TAGS: tuple[str, ...] = ("weights", "kv_cache")
+"""What :meth:`RolloutEngine.resume_memory` can wake, in the order a rollout wakes them: the weights (the sync
+then fills them), then the KV cache (once the actor's parameters have left the device)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,12 @@ class RolloutEngine(Protocol):
     Hugging Face-named tensors each), then ``finish_weight_update(version)`` once; only then, and only
     when the whole sync succeeded, does ``weight_version`` change, and no cache computed under the old
     weights (a prefix cache) survives it. Memory: ``release_memory`` frees weights and KV cache for
-    the training phase, ``resume_memory`` re-allocates them (weights must be synced again).
+    the training phase; ``resume_memory(tags)`` re-allocates what ``tags`` names (:data:`MEMORY_TAGS`; None: all):
+    ``"weights"`` before a sync (the weights must be synced again), ``"kv_cache"`` before generating. Each is
+    idempotent. An engine with nothing to wake for a tag (transformers: no KV cache between requests) does nothing.
+
+    Threads: an engine that runs its model on a thread of its own makes the engine's GPU that thread's current
+    CUDA device first (:func:`bind_thread_to_device`): the current device is per thread and starts at GPU 0.
 
     An engine whose async machinery is bound to one event loop exposes it as ``event_loop``
     (optional attribute); :func:`~mcore_agentic.rollout.driver.generate_sequences_sync` then
@@ -99,9 +108,42 @@ class RolloutEngine(Protocol):
 
     def release_memory(self) -> None: ...
 
-    def resume_memory(self) -> None: ...
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None: ...
 
     def flush_cache(self) -> None: ...
+
+
+def memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
+    """``tags`` of a ``resume_memory`` call, checked, in :data:`MEMORY_TAGS` order; None means all of them."""
+    if tags is None:
+        return MEMORY_TAGS
+    if isinstance(tags, str):
+        raise TypeError(f"resume_memory(tags=...) takes a list of tags, got the string {tags!r}: write [{tags!r}]")
+    unknown = sorted(set(tags) - set(MEMORY_TAGS))
+    if unknown:
+        raise ValueError(f"unknown memory tag(s) {unknown}: resume_memory takes tags from {list(MEMORY_TAGS)}")
+    return tuple(t for t in MEMORY_TAGS if t in tags)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` with its index: a bare ``cuda`` is the calling thread's current CUDA device."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def bind_thread_to_device(device: torch.device) -> None:
+    """Make ``device`` (a CUDA device with its index) the calling thread's current CUDA device; nothing off CUDA.
+
+    The current CUDA device is per thread and a new thread starts on GPU 0: an engine's worker thread calls this
+    before its first kernel, or every rank but local rank 0 would launch the kernels that take no explicit device
+    (vLLM's Triton kernels, new tensors on ``cuda``) on GPU 0.
+    """
+    if device.type == "cuda":
+        if device.index is None:
+            raise ValueError(f"bind_thread_to_device needs a CUDA device with its index, got {device}: resolve_device()")
+        torch.cuda.set_device(device.index)
 
 
 def deliver(future: asyncio.Future, loop: asyncio.AbstractEventLoop, result: GenerationOutput | BaseException) -> None:

@@ -21,12 +21,15 @@ router (``model.layers.L.mlp.gate``, whose third output is the chosen expert ids
 top-k; a prefill hands each row its prompt tokens' rows (left padding dropped), a decoding step the row of
 the token it fed. A finished request returns them as ``GenerationOutput.routed_experts``.
 
-Memory on CPU: :meth:`release_memory` moves the parameters to the ``meta`` device
+Memory: :meth:`release_memory` moves the parameters to the ``meta`` device
 (frees them; the small non-persistent buffers such as rotary frequencies are kept
-aside); :meth:`resume_memory` allocates uninitialised storage, and ``generate``
+aside); :meth:`resume_memory` (tag ``weights``) allocates uninitialised storage, and ``generate``
 refuses until the next completed weight sync fills it. Weights and memory may only
 change while no request is running. KV caches live only as long as their requests,
-so :meth:`flush_cache` has nothing to drop.
+so :meth:`flush_cache` and the ``kv_cache`` tag have nothing to act on.
+
+Device: the worker thread makes the model's GPU its current CUDA device before its first
+forward (a new thread's current device is GPU 0).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -46,7 +49,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams, deliver
+from mcore_agentic.rollout.engines.base import (
+    GenerationOutput,
+    SamplingParams,
+    bind_thread_to_device,
+    deliver,
+    memory_tags,
+)
 
 Legacy = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values): [B, heads, T, head_dim]
 
@@ -185,6 +194,7 @@ class HFEngine:
 
     def _worker(self) -> None:
         """The scheduler: admit waiting requests, else step the running ones; exit when idle."""
+        bind_thread_to_device(self.device)  # a new thread's current CUDA device is GPU 0
         rows: list[_Row] = []
         cache: Legacy | None = None
         mask: torch.Tensor | None = None
@@ -397,7 +407,10 @@ class HFEngine:
                 self.model.to(device="meta")
                 self._released = True
 
-    def resume_memory(self) -> None:
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """``weights``: allocate the parameters again (a sync must fill them); ``kv_cache``: nothing to allocate."""
+        if "weights" not in memory_tags(tags):
+            return
         with self._lock:
             if self._released:
                 self.model.to_empty(device=self.device)

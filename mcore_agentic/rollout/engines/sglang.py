@@ -32,6 +32,21 @@ Routed experts (``routing_shape=(moe_layers, top_k)``, routing replay): the engi
 ``meta_info["routed_experts"]``, base64 of int32 ids ordered by token, layer and top-k slot, one row per token
 it fed (prompt and samples but the last). SGLang's radix cache keeps a cached prefix's rows from the
 request that computed them, which is what the trajectory keeps too.
+
+Memory: ``release_memory`` releases every memory type SGLang 0.5.23 has (``kv_cache``, ``weights``,
+``cuda_graph``); ``resume_memory(["weights"])`` resumes the weights (the sync refills them: no CPU backup),
+``resume_memory(["kv_cache"])`` the KV cache and the CUDA graphs' memory, which only generation needs.
+
+Process state: SGLang's start-up (``_set_envs_and_config``) installs a SIGQUIT handler that kills this
+process's whole tree (torchrun forwards SIGQUIT to the trainer), writes ``NCCL_CUMEM_ENABLE``,
+``NCCL_NVLS_ENABLE`` (and ``NCCL_GRAPH_MIXING_SUPPORT``) and ``CUDA_DEVICE_MAX_CONNECTIONS=8`` into this
+process's environment, which the trainer's own NCCL communicators and Megatron would read; and its
+tokenizer manager, at the first call, adds SIGTERM and SIGQUIT handlers to its event loop (replacing the
+trainer's preemption handler). The adapter starts that first call itself inside the constructor and, once
+the engine is up, removes the loop's handlers and puts back the trainer's SIGQUIT/SIGTERM handlers and
+those environment variables (:class:`ProcessState`). SGLang's children were started with its values. Left
+as SGLang sets them: its own variables (``SGLANG_*``, ``CUTE_DSL_*``, ``TRTLLM_ENABLE_PDL``), the open-files
+limit and multiprocessing's ``spawn`` start method.
 """
 
 from __future__ import annotations
@@ -41,19 +56,81 @@ import base64
 import logging
 import os
 import random
-from collections.abc import Iterable
-from dataclasses import replace
+import signal
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams
+from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams, memory_tags
 
 logger = logging.getLogger(__name__)
 
 _INSTALL_HINT = "SGLangEngine needs SGLang, installed on GPU machines only: pip install 'mcore-agentic[gpu]'"
 _SEED_BITS = 62  # SGLang accepts any int64 sampling_seed
+
+SGLANG_MEMORY_TAGS: tuple[str, ...] = ("kv_cache", "weights", "cuda_graph")
+"""SGLang 0.5.23's memory types (``srt/constants.py::GPU_MEMORY_ALL_TYPES``)."""
+_WAKES = {"weights": ("weights",), "kv_cache": ("kv_cache", "cuda_graph")}
+"""SGLang's memory types each of our ``resume_memory`` tags wakes."""
+
+CONTAINED_SIGNALS: tuple[str, ...] = ("SIGQUIT", "SIGTERM")
+"""Signals whose handlers SGLang replaces in this process (its start-up, its tokenizer manager's event loop)."""
+CONTAINED_ENV_PREFIXES: tuple[str, ...] = ("NCCL_", "TORCH_NCCL_")
+CONTAINED_ENV_KEYS: tuple[str, ...] = ("CUDA_DEVICE_MAX_CONNECTIONS",)
+"""Environment variables of the trainer's NCCL and Megatron that SGLang's start-up may write."""
+
+
+def _contained_env_key(key: str) -> bool:
+    return key in CONTAINED_ENV_KEYS or key.startswith(CONTAINED_ENV_PREFIXES)
+
+
+@dataclass
+class ProcessState:
+    """The trainer's SIGQUIT/SIGTERM handlers and NCCL environment, captured before SGLang starts and put back after."""
+
+    handlers: dict[int, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def capture(cls) -> ProcessState:
+        handlers: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():  # SGLang installs handlers from there only
+            for name in CONTAINED_SIGNALS:
+                sig = getattr(signal, name, None)
+                if sig is not None:
+                    handlers[int(sig)] = signal.getsignal(sig)
+        return cls(handlers, {k: v for k, v in os.environ.items() if _contained_env_key(k)})
+
+    def restore(self, loop: asyncio.AbstractEventLoop | None = None) -> list[str]:
+        """Remove ``loop``'s handlers of the captured signals, put the captured handlers and environment back;
+        returns the names of what was changed."""
+        changed: list[str] = []
+        for sig, handler in self.handlers.items():
+            name = signal.Signals(sig).name
+            if loop is not None:
+                try:
+                    if loop.remove_signal_handler(sig):
+                        changed.append(f"{name} (event loop)")
+                except (NotImplementedError, RuntimeError, ValueError):  # a loop without signal support
+                    pass
+            if signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+                changed.append(name)
+        now = {k for k in os.environ if _contained_env_key(k)}
+        for key in sorted(now | set(self.env)):
+            before = self.env.get(key)
+            if os.environ.get(key) == before:
+                continue
+            if before is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = before
+            changed.append(key)
+        return changed
 
 
 def sglang_env_flag(name: str) -> bool:
@@ -195,6 +272,22 @@ def sglang_engine_kwargs(
     return kwargs
 
 
+def _start_handle_loop(engine: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Make SGLang's tokenizer manager bind its request handling to ``loop`` now (0.5.23 does it at the first
+    request, ``auto_create_handle_loop``, and adds its SIGTERM/SIGQUIT handlers to the loop then), so that the
+    constructor can take those handlers back; a version without that method binds at its first request."""
+    start = getattr(getattr(engine, "tokenizer_manager", None), "auto_create_handle_loop", None)
+    if start is None:
+        logger.warning("sglang.Engine has no tokenizer_manager.auto_create_handle_loop: its first request may "
+                       "install SIGTERM/SIGQUIT handlers that replace the trainer's (SGLangEngine targets 0.5.23)")
+        return
+
+    async def bind() -> None:
+        start()
+
+    loop.run_until_complete(bind())
+
+
 def _check(call: str, result: Any, *, during: str, then: str, none_ok: bool = False) -> None:
     """Raise ``RuntimeError`` if ``result`` of ``sglang.Engine.<call>`` reports a failure.
 
@@ -261,9 +354,19 @@ class SGLangEngine:
         """``(moe_layers, top_k)``: every request returns its routed experts (routing replay); None: none."""
         self.deterministic = bool(kwargs.get("enable_deterministic_inference"))
         """Whether ``SamplingParams.seed`` takes effect (SGLang's ``enable_deterministic_inference``)."""
-        self._engine = sglang.Engine(**kwargs)
+        trainer_state = ProcessState.capture()
+        loop: asyncio.AbstractEventLoop | None = None
+        try:
+            self._engine = sglang.Engine(**kwargs)
+            loop = getattr(self._engine, "loop", None)
+            if loop is not None:
+                _start_handle_loop(self._engine, loop)
+        finally:
+            changed = trainer_state.restore(loop)
+            if changed:
+                logger.info("SGLang's start-up changed %s in the trainer's process: put back", ", ".join(changed))
         self.weight_version = 0
-        self._released = False
+        self._released: set[str] = set()  # SGLang's memory types released and not resumed yet
         self._session_open = False  # an SGLang weight-update session is open: a sync is under way
         self._weights_valid = True  # False from resume_memory() or a sync's first bucket until a sync finishes
         self._seed_rng = random.Random(seed)
@@ -273,6 +376,11 @@ class SGLangEngine:
         self.event_loop: asyncio.AbstractEventLoop = getattr(self._engine, "loop", None) or asyncio.new_event_loop()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+        if self._released:
+            raise RuntimeError(
+                f"SGLangEngine.generate while memory is released ({', '.join(sorted(self._released))}); call "
+                "resume_memory() and sync the weights first"
+            )
         if not self._weights_valid:
             raise RuntimeError(
                 "SGLangEngine.generate before a weight sync finished (after resume_memory() or a failed sync); "
@@ -294,6 +402,10 @@ class SGLangEngine:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         """Load one bucket; a sync's first bucket opens SGLang's weight-update session."""
+        if "weights" in self._released:
+            raise RuntimeError(
+                "SGLangEngine.update_weights while its weights are released; call resume_memory(['weights']) first"
+            )
         tensors = list(named_tensors)
         during = f"the weight sync to version {version}"
         if not self._session_open:
@@ -333,20 +445,26 @@ class SGLangEngine:
         except Exception as exc:  # the sync's own error is the one raised
             logger.warning("%s", exc)
 
-    # Idempotent, like HFEngine's: the sharding manager resumes before the first sync, when
-    # the freshly built engine still holds its memory (the memory saver refuses a double resume).
+    # Idempotent per memory type, like HFEngine's: the memory saver refuses to pause or resume a type twice.
     def release_memory(self) -> None:
+        """Release every memory type still held (SGLang's ``release_memory_occupation``)."""
         self._close_session()  # a sync whose export failed midway leaves its session open
-        if not self._released:
-            result = self._engine.release_memory_occupation()
+        held = [t for t in SGLANG_MEMORY_TAGS if t not in self._released]
+        if held:
+            result = self._engine.release_memory_occupation(tags=held)
             _check("release_memory_occupation", result, during="release_memory", then="stop the rollout", none_ok=True)
-            self._released = True
+            self._released.update(held)
 
-    def resume_memory(self) -> None:
-        if self._released:
-            result = self._engine.resume_memory_occupation()
-            _check("resume_memory_occupation", result, during="resume_memory", then="restart the engine", none_ok=True)
-            self._released = False
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Resume what ``tags`` names (None: all): ``weights``, or ``kv_cache`` (with the CUDA graphs' memory)."""
+        wanted = {t for tag in memory_tags(tags) for t in _WAKES[tag]}
+        wake = [t for t in SGLANG_MEMORY_TAGS if t in wanted and t in self._released]
+        if not wake:
+            return
+        result = self._engine.resume_memory_occupation(tags=wake)
+        _check("resume_memory_occupation", result, during="resume_memory", then="restart the engine", none_ok=True)
+        self._released.difference_update(wake)
+        if "weights" in wake:
             # without enable_weights_cpu_backup the memory saver keeps no copy: the weights must be synced
             self._weights_valid = False
 

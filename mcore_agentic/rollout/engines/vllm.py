@@ -29,9 +29,15 @@ layer's old weights when a sync leaves them out, so the adapter checks that ever
 tensor arrived before it bumps ``weight_version``.
 
 Memory: on GPUs ``release_memory`` is vLLM's ``sleep(level=2)`` (weights and KV cache freed;
-the next sync refills the weights) and ``resume_memory`` is ``wake_up()``. On CPU vLLM has no
-sleep mode: nothing is freed, the KV cache (``kv_cache_memory_bytes``) stays allocated through
-training (docs/benchmarks.md measures it).
+the next sync refills the weights) and ``resume_memory(tags)`` is ``wake_up(tags)``: the sharding
+manager wakes ``["weights"]`` before the sync and ``["kv_cache"]`` after the actor's parameters
+left the device (vLLM resumes scheduling once both are awake). On CPU vLLM has no sleep mode:
+nothing is freed, the KV cache (``kv_cache_memory_bytes``) stays allocated through training
+(docs/benchmarks.md measures it).
+
+Device: the worker thread that steps the engine makes the engine's GPU its current CUDA device
+before its first step (a new thread's current device is GPU 0, and vLLM launches its Triton
+kernels on the current device).
 
 Distributed: vLLM joins the torch.distributed world the trainer already initialised and
 creates its groups with ``new_group`` over all ranks, so every rank must build its engine at
@@ -54,14 +60,23 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mcore_agentic.rollout.engines.base import EngineFinishReason, GenerationOutput, SamplingParams, deliver
+from mcore_agentic.rollout.engines.base import (
+    MEMORY_TAGS,
+    EngineFinishReason,
+    GenerationOutput,
+    SamplingParams,
+    bind_thread_to_device,
+    deliver,
+    memory_tags,
+    resolve_device,
+)
 from mcore_agentic.rollout.engines.vllm_weights import (
     INPROC_BACKEND,
     QuietReload,
@@ -245,6 +260,11 @@ class VLLMEngine:
         self._engine.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
         self.allowed_token_ids = _allowed_token_ids(self.model_path, int(model_config["vocab_size"]))
         self.expected_weights = checkpoint_shapes(self.model_path)
+        self._init_state()
+
+    def _init_state(self) -> None:
+        """The adapter's own state around ``self._engine`` (``self.device`` set): queues, locks, memory flags."""
+        self._thread_device = resolve_device(self.device)  # the worker thread's current CUDA device
         self.weight_version = 0
         self.cache = CacheStats()
         self._ids = itertools.count()
@@ -256,7 +276,7 @@ class VLLMEngine:
         self._thread_lock = threading.Lock()
         self._in_update = False
         self._sent: set[str] = set()
-        self._released = False
+        self._asleep: set[str] = set()  # MEMORY_TAGS released and not woken yet
         self._weights_invalid = False
 
     # -- generation ---------------------------------------------------------------------------------
@@ -330,6 +350,8 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        # A new thread's current CUDA device is GPU 0: vLLM's kernels must run on the engine's GPU.
+        bind_thread_to_device(self._thread_device)
         # A new thread starts with OpenMP's initial thread count, which can differ from torch's
         # (OMP_NUM_THREADS set after start-up); vLLM's CPU attention requires the two to agree.
         torch.set_num_threads(torch.get_num_threads())
@@ -401,8 +423,10 @@ class VLLMEngine:
     # -- weights and memory -------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         """Load one bucket of HF-named tensors into the live model (opens vLLM's weight-update session)."""
-        if self._released:
-            raise RuntimeError("VLLMEngine.update_weights while memory is released; call resume_memory() first")
+        if "weights" in self._asleep:
+            raise RuntimeError(
+                "VLLMEngine.update_weights while its weights are released; call resume_memory(['weights']) first"
+            )
         bucket = list(named_tensors)
         for name, tensor in bucket:  # checked here: a tensor vLLM fails to load leaves its layer half-reloaded
             shape = self.expected_weights.get(name)
@@ -469,18 +493,24 @@ class VLLMEngine:
         """GPU: ``sleep(level=2)`` frees weights and KV cache. CPU: vLLM has no sleep mode; nothing is freed."""
         with self._lock:
             self._check_idle("release_memory")
-            if not self._released:
+            if self._asleep != set(MEMORY_TAGS):
                 if self.device != "cpu":
                     self._engine.sleep(level=2)
-                self._released = True
+                self._asleep = set(MEMORY_TAGS)
 
-    def resume_memory(self) -> None:
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """GPU: ``wake_up(tags)`` for the ``tags`` still asleep (``weights``: the next sync must refill them).
+        CPU: the engine only takes work again."""
+        wanted = memory_tags(tags)
         with self._lock:
-            if self._released:
-                if self.device != "cpu":
-                    self._engine.wake_up()
+            wake = [t for t in wanted if t in self._asleep]
+            if not wake:
+                return
+            if self.device != "cpu":
+                self._engine.wake_up(tags=None if set(wake) == set(MEMORY_TAGS) else wake)
+                if "weights" in wake:
                     self._weights_invalid = True  # level-2 sleep dropped the weights
-                self._released = False
+            self._asleep.difference_update(wake)
 
     def flush_cache(self) -> None:
         """Drop the prefix cache (vLLM's KV blocks of finished requests)."""
@@ -515,8 +545,11 @@ class VLLMEngine:
             raise RuntimeError(f"VLLMEngine.{what} while requests are generating; wait for the rollout to end")
 
     def _check_usable(self) -> None:
-        if self._released:
-            raise RuntimeError("VLLMEngine.generate while memory is released; call resume_memory() and sync weights")
+        if self._asleep:
+            raise RuntimeError(
+                f"VLLMEngine.generate while memory is released ({', '.join(sorted(self._asleep))}); call "
+                "resume_memory() and sync weights"
+            )
         if self._weights_invalid:
             raise RuntimeError("VLLMEngine.generate before a weight sync finished (the engine's weights are not valid)")
 

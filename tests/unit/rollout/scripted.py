@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,7 +77,7 @@ class ScriptedEngine:
 
     def release_memory(self) -> None: ...
 
-    def resume_memory(self) -> None: ...
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None: ...
 
     def flush_cache(self) -> None: ...
 

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from types import ModuleType
 
 import pytest
 
 from mcore_agentic.rollout.engines.base import SamplingParams
-from mcore_agentic.rollout.engines.sglang import sglang_engine_kwargs, sglang_env_flag, to_sglang_request
+from mcore_agentic.rollout.engines.sglang import (
+    SGLANG_MEMORY_TAGS,
+    _contained_env_key,
+    sglang_engine_kwargs,
+    sglang_env_flag,
+    to_sglang_request,
+)
 
 pytest.importorskip("sglang")
 
@@ -77,6 +84,21 @@ def test_engine_methods_the_adapter_calls():
     )}
     assert {"input_ids", "sampling_params", "return_logprob"} <= params["async_generate"]
     assert {"named_tensors", "flush_cache"} <= params["update_weights_from_tensor"]
+    assert "tags" in params["release_memory_occupation"] and "tags" in params["resume_memory_occupation"]
+    assert list(_module("sglang.srt.constants").GPU_MEMORY_ALL_TYPES) == list(SGLANG_MEMORY_TAGS)
+    # the constructor binds the tokenizer manager's loop itself, to take back the signal handlers it adds
+    manager = _module("sglang.srt.managers.tokenizer_manager").TokenizerManager
+    assert "add_signal_handler" in inspect.getsource(manager.auto_create_handle_loop)
+
+
+def test_start_up_environment_writes_are_known():
+    """Every variable SGLang's start-up writes is either put back by the adapter (NCCL's, Megatron's) or SGLang's own."""
+    source = inspect.getsource(_module("sglang.srt.entrypoints.engine")._set_envs_and_config)
+    written = set(re.findall(r"os\.environ\[\s*[\"'](\w+)[\"']\s*\]\s*=", source))
+    written |= set(re.findall(r"os\.environ\.setdefault\(\s*[\"'](\w+)[\"']", source))
+    own = {"SGLANG_RUN_ID", "TRTLLM_ENABLE_PDL", "CUTE_DSL_LOG_LEVEL", "CUTE_DSL_LOG_TO_CONSOLE"}
+    assert "NCCL_CUMEM_ENABLE" in written and "CUDA_DEVICE_MAX_CONNECTIONS" in written
+    assert {k for k in written if not _contained_env_key(k)} <= own
 
 
 @pytest.mark.parametrize("value", ["1", "true", "TRUE", "yes", "Y", "y", "0", "false", "no", "", " 1", "on", "2"])

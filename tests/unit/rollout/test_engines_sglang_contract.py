@@ -5,9 +5,11 @@ The stand-in below behaves like SGLang 0.5.23's ``sglang.Engine`` (read from its
 ``srt/managers/tokenizer_control_mixin.py``, ``srt/managers/tokenizer_manager.py``):
 weight updates only inside a ``begin_weight_update``/``end_weight_update`` session,
 ``(success, message)`` results, a ``FlushCacheReqOutput``-like ``flush_cache`` result, None from the
-memory calls, result dicts without ``text`` under ``skip_tokenizer_init``, and a constructor that
-rejects keys that are no ``ServerArgs`` field. ``test_engines_sglang_api.py`` checks the adapter
-against the real classes where SGLang is installed.
+memory calls (per memory type: ``kv_cache``, ``weights``, ``cuda_graph``), result dicts without ``text`` under
+``skip_tokenizer_init``, a constructor that rejects keys that are no ``ServerArgs`` field and, like
+``_set_envs_and_config``, installs a SIGQUIT handler that kills the process tree and writes NCCL variables
+into the environment, and a tokenizer manager that adds SIGTERM/SIGQUIT handlers to its event loop at its
+first call. ``test_engines_sglang_api.py`` checks the adapter against the real classes where SGLang is installed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import asyncio
 import base64
 import importlib.util
 import logging
+import os
+import signal
 import sys
+import threading
 import types
 
 import numpy as np
@@ -56,6 +61,31 @@ ASYNC_GENERATE_KWARGS = frozenset(
     lora_path stream rid return_routed_experts""".split()
 )
 NO_SESSION = "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
+MEMORY_TYPES = ["kv_cache", "weights", "cuda_graph"]  # srt/constants.py::GPU_MEMORY_ALL_TYPES
+KILLED: list[str] = []  # what SGLang's handlers would have done: kill_process_tree(os.getpid())
+CONTAINED_SIGNALS = (signal.SIGQUIT, signal.SIGTERM)
+
+
+def _kill_process_tree(phase: str):
+    def handler(signum=None, frame=None):
+        KILLED.append(f"{phase}: {signal.Signals(signum).name if signum else '?'}")
+
+    return handler
+
+
+class _TokenizerManager:
+    """Like 0.5.23's: its first call binds it to the running loop and adds SIGTERM/SIGQUIT handlers to that loop."""
+
+    def __init__(self):
+        self.event_loop = None
+
+    def auto_create_handle_loop(self):
+        if self.event_loop is not None:
+            return
+        self.event_loop = loop = asyncio.get_running_loop()  # get_or_create_event_loop(), inside a coroutine
+        if threading.current_thread() is threading.main_thread():
+            loop.add_signal_handler(signal.SIGTERM, _kill_process_tree("sigterm_handler"), signal.SIGTERM)
+            loop.add_signal_handler(signal.SIGQUIT, _kill_process_tree("running_phase_sigquit_handler"), signal.SIGQUIT)
 
 
 class _FlushCacheReqOutput:
@@ -81,6 +111,17 @@ class _SGLangEngine:
             raise TypeError(f"Unexpected keyword argument {unknown[0]!r}")
         self.kwargs = kwargs
         self.calls: list[tuple] = []
+        # _set_envs_and_config: NCCL variables and CUDA_DEVICE_MAX_CONNECTIONS into this process's environment ...
+        if "NCCL_CUMEM_ENABLE" not in os.environ:
+            os.environ["NCCL_CUMEM_ENABLE"] = "0"
+        if "NCCL_NVLS_ENABLE" not in os.environ:
+            os.environ["NCCL_NVLS_ENABLE"] = "0"
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+        os.environ["SGLANG_RUN_ID"] = "sglang-run-0"
+        # ... and, from the main thread, a SIGQUIT handler that kills the whole process tree
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGQUIT, _kill_process_tree("launch_phase_sigquit_handler"))
+        self.tokenizer_manager = _TokenizerManager()
         self.loop = asyncio.new_event_loop()  # Engine.loop: where its sync methods run their coroutines
         self.handler_loop = None
         self.session: str | None = None  # the scheduler's _WeightUpdateSession
@@ -88,7 +129,15 @@ class _SGLangEngine:
         self.fail_update: str | None = None  # SGLang's message for a failing bucket
         self.fail_end: str | None = None
         self.busy = False  # requests running: flush_cache refuses
-        self.released = False
+        self.released: set[str] = set()  # the scheduler's offload_tags
+
+    def _through_tokenizer_manager(self):
+        """What each sync method does first: ``loop.run_until_complete(tokenizer_manager.<call>(...))``."""
+
+        async def call():
+            self.tokenizer_manager.auto_create_handle_loop()
+
+        self.loop.run_until_complete(call())
 
     async def async_generate(self, **request):
         unknown = sorted(set(request) - ASYNC_GENERATE_KWARGS)
@@ -98,6 +147,7 @@ class _SGLangEngine:
         if unknown:
             raise TypeError(f"Unexpected keyword argument {unknown[0]!r}")  # SamplingParams(**sampling_params)
         self.calls.append(("async_generate", request))
+        self.tokenizer_manager.auto_create_handle_loop()
         loop = asyncio.get_running_loop()
         self.handler_loop = self.handler_loop or loop
         if loop is not self.handler_loop:
@@ -144,16 +194,18 @@ class _SGLangEngine:
         return _FlushCacheReqOutput(success=not self.busy)
 
     def release_memory_occupation(self, tags=None):
-        self.calls.append(("release_memory_occupation",))
-        if self.released:  # the memory saver pauses a region only once
-            raise RuntimeError("memory already released")
-        self.released = True
+        self._through_tokenizer_manager()
+        self.calls.append(("release_memory_occupation", tags))
+        for tag in tags or MEMORY_TYPES:
+            if tag in self.released:  # the memory saver pauses a region only once
+                raise RuntimeError(f"memory {tag} already released")
+            self.released.add(tag)
 
     def resume_memory_occupation(self, tags=None):
-        self.calls.append(("resume_memory_occupation",))
-        if not self.released:  # the scheduler's offload_tags.remove(tag) fails
-            raise KeyError("weights")
-        self.released = False
+        self._through_tokenizer_manager()
+        self.calls.append(("resume_memory_occupation", tags))
+        for tag in tags or MEMORY_TYPES:
+            self.released.remove(tag)  # the scheduler's offload_tags.remove(tag): KeyError if not released
 
     def shutdown(self):
         self.calls.append(("shutdown",))
@@ -166,12 +218,19 @@ def fake_sglang(monkeypatch):
     module.Engine = _SGLangEngine
     monkeypatch.setitem(sys.modules, "sglang", module)
     monkeypatch.delenv("SGLANG_RETURN_ORIGINAL_LOGPROB", raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in CONTAINED_SIGNALS}
+    environ = dict(os.environ)
+    KILLED.clear()
     loops: list[asyncio.AbstractEventLoop] = []
     new_loop = asyncio.new_event_loop
     monkeypatch.setattr(asyncio, "new_event_loop", lambda: loops.append(new_loop()) or loops[-1])
     yield module
     for loop in loops:
         loop.close()
+    for sig, handler in handlers.items():  # whatever the stand-in did to this test process
+        signal.signal(sig, handler)
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 def _sync(engine: SGLangEngine, version: int, buckets: list[list[str]]) -> None:
@@ -291,8 +350,8 @@ def test_adapter_calls_sglang_engine_as_the_sharding_manager_needs(fake_sglang):
         ("update_weights_from_tensor", ["c"], False),
         ("end_weight_update",),  # ... finish closes it
         ("flush_cache",),  # ... the finished sync flushes, once
-        ("release_memory_occupation",),
-        ("resume_memory_occupation",),
+        ("release_memory_occupation", MEMORY_TYPES),
+        ("resume_memory_occupation", MEMORY_TYPES),
         ("begin_weight_update",),
         ("update_weights_from_tensor", ["a", "b", "c"], False),
         ("end_weight_update",),
@@ -392,6 +451,63 @@ def test_seeds_need_deterministic_inference(fake_sglang, caplog):
     # unseeded requests get distinct seeds: SGLang would give them all 42, and a group's samples would be equal
     assert seeds[0] == 5 and len(set(seeds)) == 3 and all(0 <= s < 2**63 for s in seeds)
     assert SGLangEngine("/ckpt", engine_kwargs={"enable_deterministic_inference": True}).deterministic
+
+
+def test_memory_resumes_in_the_sharding_managers_order(fake_sglang):
+    """Weights first (the sync fills them), then the KV cache with the CUDA graphs' memory; each type once."""
+    engine = SGLangEngine("/ckpt")
+    inner = engine._engine
+    engine.resume_memory(["weights"])  # a fresh engine holds everything: nothing to resume
+    engine.release_memory()
+    with pytest.raises(RuntimeError, match=r"resume_memory\(\['weights'\]\) first"):
+        engine.update_weights([("a", torch.zeros(1))], version=1)
+    engine.resume_memory(["weights"])
+    engine.resume_memory(["weights"])  # idempotent
+    _sync(engine, 1, [["a"]])
+    with pytest.raises(RuntimeError, match=r"memory is released \(cuda_graph, kv_cache\)"):
+        _generate(engine, [1], SamplingParams(max_new_tokens=1))
+    engine.resume_memory(["kv_cache"])
+    assert _generate(engine, [1], SamplingParams(max_new_tokens=1)).token_ids == [11, 12]
+    memory = [c for c in inner.calls if c[0].endswith("memory_occupation")]
+    assert memory == [
+        ("release_memory_occupation", MEMORY_TYPES),
+        ("resume_memory_occupation", ["weights"]),
+        ("resume_memory_occupation", ["kv_cache", "cuda_graph"]),
+    ]
+    assert not inner.released
+    with pytest.raises(ValueError, match="unknown memory tag"):
+        engine.resume_memory(["cuda_graph"])
+
+
+def test_start_up_leaves_the_trainers_signal_handlers_and_nccl_environment(fake_sglang, monkeypatch):
+    """SGLang 0.5.23's SIGQUIT handler kills the process tree (torchrun forwards SIGQUIT), its tokenizer manager's
+    loop handlers replace the trainer's SIGTERM (preemption) handler, and its NCCL variables would reach the
+    trainer's own communicators: after the constructor, and after requests and memory calls, all are the trainer's."""
+    received: list[str] = []
+
+    def trainer_handler(signum, frame):
+        received.append(signal.Signals(signum).name)
+
+    for sig in CONTAINED_SIGNALS:
+        signal.signal(sig, trainer_handler)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")  # the trainer's own value
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # Megatron's
+    engine = SGLangEngine("/ckpt")
+    assert all(signal.getsignal(sig) is trainer_handler for sig in CONTAINED_SIGNALS)
+    assert os.environ["NCCL_NVLS_ENABLE"] == "1" and "NCCL_CUMEM_ENABLE" not in os.environ
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert os.environ["SGLANG_RUN_ID"] == "sglang-run-0"  # SGLang's own variables stay
+    assert engine._engine.tokenizer_manager.event_loop is engine.event_loop  # bound to the rollout's loop
+
+    _generate(engine, [1], SamplingParams(max_new_tokens=1))
+    engine.release_memory()
+    engine.resume_memory()
+    assert all(signal.getsignal(sig) is trainer_handler for sig in CONTAINED_SIGNALS)
+    os.kill(os.getpid(), signal.SIGQUIT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    engine.event_loop.run_until_complete(asyncio.sleep(0.05))  # a loop still holding SGLang's handlers runs them now
+    assert received == ["SIGQUIT", "SIGTERM"] and KILLED == []
 
 
 @pytest.mark.parametrize(

@@ -250,18 +250,29 @@ def test_gpu_arguments_and_sleep_contract(model_dirs):
             self.calls.append(("wake_up", tags))
             return True
 
-    engine = VLLMEngine.__new__(VLLMEngine)
-    engine.__dict__.update(device="cuda", _engine=SleepRecorder(), _released=False, _weights_invalid=False,
-                           _running={}, _lock=__import__("threading").Lock())
-    import queue
-
-    engine._inbox = queue.Queue()
+    engine = VLLMEngine.__new__(VLLMEngine)  # the adapter around the recorder: no vLLM engine is built
+    engine.device, engine._engine = "cuda:1", SleepRecorder()
+    engine._init_state()
     engine.release_memory()
     engine.release_memory()  # idempotent
     engine.resume_memory()
     assert engine._engine.calls == [("sleep", 2), ("wake_up", None)]
     with pytest.raises(RuntimeError, match="before a weight sync finished"):
         engine._check_usable()  # level-2 sleep dropped the weights: a sync must come first
+
+    # The sharding manager's order: the weights (then the sync), the KV cache once the actor's parameters left.
+    engine._weights_invalid = False
+    engine.release_memory()
+    with pytest.raises(RuntimeError, match=r"resume_memory\(\['weights'\]\) first"):
+        engine.update_weights([], version=1)
+    engine.resume_memory(tags=["weights"])
+    engine.resume_memory(tags=["weights"])  # idempotent
+    with pytest.raises(RuntimeError, match=r"released \(kv_cache\)"):
+        engine._check_usable()
+    engine.resume_memory(tags=["kv_cache"])
+    assert engine._engine.calls[2:] == [("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
+    with pytest.raises(ValueError, match="unknown memory tag"):
+        engine.resume_memory(tags=["cuda_graph"])
 
 
 def test_unsupported_head_dim_is_one_clear_error(tmp_path):
