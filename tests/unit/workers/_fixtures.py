@@ -98,3 +98,12 @@ def setup_rank(tp: int = 1, pp: int = 1, cp: int = 1, seed: int = 1, vpp: int | 
         virtual_pipeline_model_parallel_size=vpp,
     )
     return cfg, initialize_parallel(cfg, seed)
+
+
+def global_rows(per_rank: list[dict], key: str, num_rows: int) -> torch.Tensor:
+    """A per-replica output (``per_rank[r][key]`` for rows ``per_rank[r]["rows"]``) put back in global row order."""
+    first = per_rank[0][key]
+    out = first.new_zeros((num_rows, *first.shape[1:]))
+    for r in per_rank:
+        out[torch.tensor(r["rows"])] = r[key]
+    return out

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers.distributed import run_distributed
-from tests.unit.workers._fixtures import make_batch, make_tiny_hf, setup_rank
+from tests.unit.workers._fixtures import global_rows, make_batch, make_tiny_hf, setup_rank
 
 TOL = 1e-5
 RESPONSE_LENGTHS = [37, 3, 12, 7, 20, 2, 9, 15]  # odd lengths: rows are padded to a multiple of TP under SP
@@ -93,11 +93,7 @@ def runs(tmp_path_factory) -> dict:
 
 
 def _global(per_rank: list[dict], key: str) -> torch.Tensor:
-    first = per_rank[0][key]
-    out = first.new_zeros((len(RESPONSE_LENGTHS), *first.shape[1:]))
-    for r in per_rank:
-        out[torch.tensor(r["rows"])] = r[key]
-    return out
+    return global_rows(per_rank, key, len(RESPONSE_LENGTHS))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from tests.helpers.distributed import run_distributed
-from tests.unit.workers._fixtures import hf_response_log_probs, make_batch, make_tiny_hf, setup_rank
+from tests.unit.workers._fixtures import global_rows, hf_response_log_probs, make_batch, make_tiny_hf, setup_rank
 
 TEMPERATURE = 0.7
 TOL = 1e-5
@@ -80,12 +80,7 @@ def _all_layouts(rank: int, world_size: int, path: str) -> bytes:
 
 
 def _global(per_rank: list[dict], key: str) -> torch.Tensor:
-    """A per-replica output put back in global row order (replica rows come from deal_rows)."""
-    first = per_rank[0][key]
-    out = first.new_zeros((len(RESPONSE_LENGTHS), *first.shape[1:]))
-    for r in per_rank:
-        out[torch.tensor(r["rows"])] = r[key]
-    return out
+    return global_rows(per_rank, key, len(RESPONSE_LENGTHS))
 
 
 def _body(path: str, lay: Layout) -> dict:
