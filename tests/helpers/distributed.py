@@ -1,4 +1,5 @@
-"""Spawn N gloo ranks on CPU for a test and collect each rank's return value.
+"""Spawn N gloo ranks on CPU (``cpu:gloo,cuda:nccl`` when each rank has a GPU) for a test and collect each rank's
+return value.
 
 Usage::
 
@@ -44,7 +45,11 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
         from mcore_agentic.parallel import comm
 
         comm.enable_strict_from_env()  # the suite sets MCORE_AGENTIC_STRICT_COMM=1 (tests/conftest.py)
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        # The launcher's mixed cpu:gloo,cuda:nccl where every rank has a GPU of its own (GPU tests), else gloo.
+        on_gpus = torch.cuda.is_available() and world_size <= torch.cuda.device_count()
+        if on_gpus:
+            torch.cuda.set_device(rank)
+        dist.init_process_group(comm.backend_for("cuda" if on_gpus else "cpu"), rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
         queue.put((rank, "ok", result))
     except BaseException:  # noqa: BLE001 - report every failure to the parent
