@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.distributed as dist
 
 from mcore_agentic.config.errors import ConfigError
@@ -214,7 +213,7 @@ def build_rollout_engine(cfg: RLConfig, placement: Any, routing: tuple[int, int]
 
     if not placement.is_leader:
         return None  # a rollout group's other ranks hold none (see parallel.rollout_placement)
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = comm.compute_device()
     rng = RngState.capture()
     try:
         engine = build_engine(cfg.rollout, cfg.model.model_path, device=str(device), dtype=cfg.model.dtype,

@@ -52,20 +52,19 @@ def test_host_and_device_calls_under_the_mixed_backend():
 
 def test_a_micro_batch_trains_on_cuda_without_host_syncs():
     from mcore_agentic.algorithms.losses import loss_normalisers
-    from mcore_agentic.workers.micro_batch import build_micro_batch, post_process, to_device
-    from tests.unit.workers.test_device_policy import PROMPT, VOCAB, _actor_loss, _head, _host_rows, _on
+    from mcore_agentic.workers.micro_batch import to_device
+    from tests.unit.workers.test_device_policy import _actor_pass, _host_rows, _micro_batch, _on
 
     cuda = torch.device("cuda", torch.cuda.current_device())
     rows = _host_rows()
-    mb = build_micro_batch(rows, PROMPT, pack=True, common=0, cp_size=1, cp_rank=0, multiple_of=1, replay=False)
+    mb = _micro_batch(rows)
     norms = loss_normalisers(rows["response_mask"])
     dev = to_device(mb, cuda)
     assert _on(dev, cuda) == []
-    logits = torch.randn(*dev.tokens.shape, VOCAB, device=cuda, requires_grad=True)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        loss, _, metrics = post_process(dev, _head, _actor_loss(norms), False, logits, cp_size=1, cp_group=None)
+        loss, _, logits = _actor_pass(dev, norms, cuda)
         loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -38,6 +38,19 @@ def _host_rows(n: int = 4):
     })
 
 
+def _micro_batch(rows, pack: bool = True):
+    """The host micro-batch of ``rows`` on one CP rank."""
+    return build_micro_batch(rows, PROMPT, pack=pack, common=0, cp_size=1, cp_rank=0, multiple_of=1, replay=False)
+
+
+def _actor_pass(dev, norms, device: torch.device):
+    """Random logits on ``device`` through the head and the PPO loss of the moved micro-batch ``dev``:
+    ``(loss, metrics, logits)``."""
+    logits = torch.randn(*dev.tokens.shape, VOCAB, device=device, requires_grad=True)
+    loss, _, metrics = post_process(dev, _head, _actor_loss(norms), False, logits, cp_size=1, cp_group=None)
+    return loss, metrics, logits
+
+
 def _head(logits: torch.Tensor, mb) -> dict[str, torch.Tensor]:
     lp, ent = vocab_parallel_log_probs_and_entropy(logits, mb.labels, group=None, vocab_start_index=0, vocab_size=VOCAB)
     return {"log_probs": lp, "entropys": ent}
@@ -82,7 +95,7 @@ def _on(mb, device: torch.device) -> list[str]:
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
 def test_a_micro_batch_goes_to_cuda_in_one_copy(pack: bool):
     rows = _host_rows()
-    mb = build_micro_batch(rows, PROMPT, pack=pack, common=0, cp_size=1, cp_rank=0, multiple_of=1, replay=False)
+    mb = _micro_batch(rows, pack)
     assert mb.tokens.device.type == "cpu" and (mb.cu_seqlens_host is not None) == pack
     with FakeTensorMode(allow_non_fake_inputs=True):
         dev = to_device(mb, CUDA)
@@ -101,12 +114,11 @@ def test_a_micro_batch_goes_to_cuda_in_one_copy(pack: bool):
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
 def test_a_micro_batch_trains_on_the_device_without_host_syncs(pack: bool):
     rows = _host_rows()
-    mb = build_micro_batch(rows, PROMPT, pack=pack, common=0, cp_size=1, cp_rank=0, multiple_of=1, replay=False)
+    mb = _micro_batch(rows, pack)
     norms = loss_normalisers(rows["response_mask"])
     dev = to_device(mb, META)
     assert _on(dev, META) == []
-    logits = torch.randn(*dev.tokens.shape, VOCAB, device=META, requires_grad=True)
-    loss, _, metrics = post_process(dev, _head, _actor_loss(norms), False, logits, cp_size=1, cp_group=None)
+    loss, metrics, logits = _actor_pass(dev, norms, META)
     assert loss.device == META and all(v.device == META for v in metrics.values())
     loss.backward()
     assert logits.grad.device == META
@@ -120,8 +132,7 @@ def test_a_micro_batch_trains_on_the_device_without_host_syncs(pack: bool):
 def test_a_forward_only_pass_returns_host_outputs_for_the_experience_path():
     rows = _host_rows(6)
     groups = [[0, 2, 4], [1, 3, 5]]
-    mbs = [build_micro_batch(rows.index(g), PROMPT, pack=True, common=0, cp_size=1, cp_rank=0, multiple_of=1,
-                             replay=False) for g in groups]
+    mbs = [_micro_batch(rows.index(g)) for g in groups]
     outs = []
     for mb in mbs:
         dev = to_device(mb, META)
@@ -150,7 +161,7 @@ def test_metrics_are_read_to_the_host_once():
 def test_the_host_micro_batch_on_the_device_fails_without_the_copy():
     """The test above can fail: the pre-policy engine handed host micro-batches to a CUDA model."""
     rows = _host_rows()
-    mb = build_micro_batch(rows, PROMPT, pack=True, common=0, cp_size=1, cp_rank=0, multiple_of=1, replay=False)
+    mb = _micro_batch(rows)
     norms = loss_normalisers(rows["response_mask"])
     logits = torch.randn(*mb.tokens.shape, VOCAB, device=META)
     with pytest.raises(RuntimeError, match="meta|device"):
