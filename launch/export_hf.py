@@ -29,14 +29,29 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def _base_path(checkpoint: Path, base: str | None) -> Path:
+    """The run's base HF checkpoint: ``--base``, else the ``model.model_path`` the checkpoint's config records
+    (relative paths looked up like the trainer's: working directory, then the repository root)."""
+    from mcore_agentic.config.paths import search_dirs
+
     if base:
+        if not (Path(base) / "config.json").is_file():
+            raise SystemExit(f"error: --base {base} has no config.json (working directory {Path.cwd()}): "
+                             "pass the run's Hugging Face checkpoint directory")
         return Path(base)
     cfg_file = checkpoint / "config.json"
-    if cfg_file.is_file():
-        recorded = json.loads(cfg_file.read_text()).get("model", {}).get("model_path")
-        if recorded:
-            return Path(recorded)
-    raise SystemExit(f"--base is required: {checkpoint} records no model.model_path (pass the run's HF checkpoint)")
+    if not cfg_file.is_file():
+        raise SystemExit(f"error: --base is required: {checkpoint} records no model.model_path (pass the run's HF checkpoint)")
+    recorded = json.loads(cfg_file.read_text()).get("model", {}).get("model_path")
+    if not recorded:
+        raise SystemExit(f"error: --base is required: {cfg_file} records no model.model_path (pass the run's HF checkpoint)")
+    dirs = [Path(recorded)] if Path(recorded).is_absolute() else [d / recorded for d in search_dirs()]
+    for candidate in dirs:
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise SystemExit(
+        f"error: model.model_path recorded in {cfg_file} is {recorded}, which has no config.json "
+        f"(looked in {', '.join(str(d) for d in dirs)}): pass --base <the run's Hugging Face checkpoint>"
+    )
 
 
 def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, tp: int = 1, pp: int = 1,
@@ -56,7 +71,8 @@ def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, 
     checkpoint, out = Path(checkpoint), Path(out)
     actor_dir = checkpoint / "actor"
     if not actor_dir.is_dir():
-        raise SystemExit(f"{checkpoint} has no actor/ part; pass a global_step_<k> directory of a training run")
+        raise SystemExit(f"error: --checkpoint {checkpoint} has no actor/ part (working directory {Path.cwd()}): "
+                         "pass a global_step_<k> directory of a training run")
     base_path = _base_path(checkpoint, base)
     megatron_patches.apply()
     parallel = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)

@@ -155,11 +155,26 @@ def prompt_token_length(tokenizer: Any, messages: list[dict[str, Any]], tool_sch
 
 @dataclass
 class RLDataset(Sequence):
-    """Validated rows; ``num_dropped_overlong`` counts prompts removed for length."""
+    """Validated rows; ``num_dropped_overlong`` counts prompts removed for length, ``longest_dropped`` is the
+    longest of them in tokens (None when only prompts whose text alone cannot fit were dropped)."""
 
     rows: list[dict[str, Any]]
     source: str
     num_dropped_overlong: int = 0
+    longest_dropped: int | None = None
+    max_prompt_length: int | None = None
+
+    def dropped_line(self) -> str | None:
+        """One line about the dropped prompts (None when none was dropped)."""
+        if not self.num_dropped_overlong:
+            return None
+        total = len(self.rows) + self.num_dropped_overlong
+        longest = f"longest {self.longest_dropped} tokens" if self.longest_dropped is not None else "text too long to tokenise"
+        return (
+            f"{self.source}: dropped {self.num_dropped_overlong} of {total} prompts longer than "
+            f"data.max_prompt_length={self.max_prompt_length} ({longest}; chat template and tool schemas included): "
+            "raise data.max_prompt_length to keep them"
+        )
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -192,6 +207,7 @@ class RLDataset(Sequence):
         if not checked:
             raise ConfigError("data", f"{source} has no rows")
         dropped = 0
+        longest: int | None = None
         if tokenizer is not None and max_prompt_length is not None:
             kept = []
             for row, (src, i) in zip(checked, where):
@@ -201,6 +217,8 @@ class RLDataset(Sequence):
                     kept.append(row)
                 elif filter_overlong_prompts:
                     dropped += 1
+                    if length is not None:
+                        longest = max(longest or 0, length)
                 else:
                     size = f"{length} tokens exceed" if length is not None else "its text alone cannot fit in"
                     raise _fail(
@@ -215,7 +233,11 @@ class RLDataset(Sequence):
                     f"={max_prompt_length} drops all {len(checked)} prompts of {source}: raise it",
                 )
             checked = kept
-        return cls(rows=checked, source=source, num_dropped_overlong=dropped)
+        dataset = cls(
+            rows=checked, source=source, num_dropped_overlong=dropped, longest_dropped=longest,
+            max_prompt_length=max_prompt_length,
+        )
+        return dataset
 
     @classmethod
     def from_files(

@@ -20,7 +20,7 @@ from typing import Any
 
 from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.interactions.base import BaseInteraction, InteractionProtocol
-from mcore_agentic.tools.registry import plain, read_yaml_list, resolve_class
+from mcore_agentic.tools.registry import import_path_of, plain, read_yaml_list, resolve_class
 
 _METHODS = ("start_interaction", "generate_response", "calculate_score", "finalize_interaction")
 
@@ -47,6 +47,7 @@ def load_interactions(config: str | Path | Sequence[Mapping[str, Any]] | None) -
         return {}
     if isinstance(config, str | Path):
         entries, where = read_yaml_list(config, "interaction"), f"{config}: interaction"
+        import_path_of(config)
     else:
         entries, where = plain(config), "interaction"
         if not isinstance(entries, list):

@@ -97,6 +97,13 @@ def _import_object(spec: str) -> Any:
         if not path.is_file():
             raise ConfigError(_FIELD, f"file {str(path)!r} not found (from {spec!r})")
         module_name = f"_mcore_agentic_custom_reward_{abs(hash(str(path.resolve())))}"
+        if module_name in sys.modules:  # loaded once per process (the launcher's pre-flight, then the run)
+            module = sys.modules[module_name]
+            if hasattr(module, name):
+                return getattr(module, name)
+        directory = str(path.resolve().parent)  # the file's own imports of its neighbours work as in a script
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         assert loader_spec is not None and loader_spec.loader is not None
         module = importlib.util.module_from_spec(loader_spec)

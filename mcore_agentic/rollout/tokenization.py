@@ -64,6 +64,7 @@ import logging
 import re
 import threading
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -578,7 +579,10 @@ class ChatTokenizer:
                 continue
             before = self.decode(ids[max(0, b0 - 8) : b0])[-context_chars:]
             after = self.decode(ids[b1 : b1 + 8])[:context_chars]
-            diffs.append({"expected": expected, "actual": actual, "context": f"{before}[...]{after}"})
+            diffs.append({
+                "expected": expected, "actual": actual, "context": f"{before}[...]{after}",
+                "expected_ids": list(reference[a0:a1]), "actual_ids": list(ids[b0:b1]),
+            })
             if len(diffs) >= max_diffs:
                 break
         return diffs
@@ -725,12 +729,30 @@ def _runs(mask: list[int]) -> list[tuple[bool, int, int]]:
     return runs
 
 
-def log_mismatch(request_id: str, diffs: list[dict[str, str]]) -> None:
-    """The warning users of verl recognise, with the mismatching text."""
+def describe_diff(d: Mapping[str, Any]) -> str:
+    """One sanity-check difference as ``'expected' -> 'actual' at 'context'``; when the two texts are equal (the
+    same text as other tokens: a sampled non-canonical split) the token ids say what differs."""
+    text = f"{d['expected']!r} -> {d['actual']!r}"
+    if d["expected"] == d["actual"] and "expected_ids" in d:
+        text += f" (same text, token ids {list(d['expected_ids'])} -> {list(d['actual_ids'])})"
+    return f"{text} at {d['context']!r}"
+
+
+def mismatch_summary(request_id: str, diffs: Sequence[Mapping[str, Any]], mismatched: int, total: int) -> str:
+    """The one line of a step's sanity-check mismatches: how many trajectories, and the first one's first diffs."""
+    return (
+        f"tokenization sanity check: {mismatched} of {total} trajectories differ from a full render of their messages "
+        f"(rollout.multi_turn.tokenization_sanity_check_mode); first, request {request_id} (expected -> actual): "
+        + "; ".join(describe_diff(d) for d in diffs[:3])
+    )
+
+
+def log_mismatch(request_id: str, diffs: list[dict[str, Any]]) -> None:
+    """The warning users of verl recognise, with the mismatching text (and token ids where the texts are equal)."""
     logger.warning(
         "Inconsistent training and inference tokenization detected in request %s. This may lead to unexpected "
         "behavior during training; review your chat template (see rollout.multi_turn.tokenization_sanity_check_mode). "
         "First diffs (expected -> actual): %s",
         request_id,
-        "; ".join(f"{d['expected']!r} -> {d['actual']!r} at {d['context']!r}" for d in diffs[:3]),
+        "; ".join(describe_diff(d) for d in diffs[:3]),
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,20 +131,33 @@ def check_tool_schema(schema: Any, field: str) -> dict[str, Any]:
     return {"type": "function", **schema}
 
 
+def import_path_of(config_file: str | Path) -> None:
+    """Put the directory of a tools or interactions YAML on ``sys.path``, so a ``class_name`` such as
+    ``my_tools.CounterTool`` imports from a ``my_tools.py`` beside the YAML without setting ``PYTHONPATH``."""
+    directory = str(Path(config_file).resolve().parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+
+
 def load_tools(
     config_file: str | Path | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     executor: ToolExecutor | None = None,
-) -> dict[str, BaseTool]:
+    *,
+    instantiate: bool = True,
+) -> dict[str, Any]:
     """Tools by name, in config order, from a YAML file (``tools:`` list) or an already-loaded list.
 
     ``executor`` (optional) is bound to every tool that has ``bind_executor``,
-    so blocking tool work runs where the rollout says (local pool or Ray).
+    so blocking tool work runs where the rollout says (local pool or Ray). ``instantiate=False`` checks
+    everything but the constructors and returns the classes by name (the launcher's pre-flight).
+    A class path is imported with the YAML's own directory on the import path (:func:`import_path_of`).
     """
     if config_file is not None and tools is not None:
         raise ConfigError("rollout.multi_turn.tool_config_path", "give either a tools YAML file or an inline tools list, not both")
     if config_file is not None:
         entries, where = read_yaml_list(config_file, "tools"), f"{config_file}: tools"
+        import_path_of(config_file)
     else:
         entries, where = plain(tools or []), "tools"
         if not isinstance(entries, list):
@@ -166,6 +180,10 @@ def load_tools(
         config = entry.get("config") or {}
         if not isinstance(config, dict):
             raise ConfigError(f"{field}.config", f"must be a mapping, got {type(config).__name__}")
+        if not instantiate:
+            first_index[name] = i
+            built[name] = cls
+            continue
         try:
             tool = cls(config=config, tool_schema=schema)
         except ConfigError as exc:

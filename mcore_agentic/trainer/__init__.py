@@ -27,6 +27,8 @@ class RunSummary:
     artefacts: dict[str, str] = field(default_factory=dict)
     val_accuracy: list[tuple[int, float]] = field(default_factory=list)
     """(step, greedy validation accuracy) of every validation; step 0 is the warm-started policy."""
+    nothing_to_do: bool = False
+    """The run was already complete at its checkpoint: nothing was trained."""
 
     @property
     def first_mean(self) -> float:
@@ -106,6 +108,7 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
     from mcore_agentic.trainer.loop import RLTrainer
     from mcore_agentic.trainer.plot import plot_curves
     from mcore_agentic.trainer.progress import StepProgress
+    from mcore_agentic.trainer.resume_report import RunComplete
 
     cfg = cfg if isinstance(cfg, RLConfig) else load_config(cfg)
     start = time.perf_counter()
@@ -119,8 +122,11 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
         return StepProgress(total, initial_step=initial, enabled=cfg.trainer.progress_bar and rank0)
 
     trainer = RLTrainer(components, tracker, build_checkpoint_manager(cfg), progress)
+    complete: RunComplete | None = None
     try:
         state = trainer.fit()
+    except RunComplete as exc:  # a finished run launched again: say so instead of reprinting its summary
+        complete, state = exc, trainer.state
     finally:
         trainer.close()  # queued trajectory dumps reach the disk, also when a signal stopped the run
         tracker.close()
@@ -130,6 +136,12 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
         shutdown = getattr(components.engine, "shutdown", None)
         if shutdown is not None:
             shutdown()
+    if complete is not None:
+        comm.barrier()
+        if rank0:
+            print(str(complete), flush=True)
+        return RunSummary(steps=complete.step, seconds=time.perf_counter() - start, first_rewards=[], last_rewards=[],
+                          nothing_to_do=True)
     log_dir = Path(cfg.trainer.resolved_log_dir)
     metrics_path = log_dir / "metrics.jsonl"
     artefacts: dict[str, str] = {}

@@ -9,7 +9,7 @@ Nothing here trains; nothing in the loop builds.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +119,18 @@ def build_datasets(cfg: RLConfig, tokenizer: Any, tools: dict[str, Any]) -> tupl
     from mcore_agentic.data.dataset import load_datasets
 
     schemas = tool_schemas(tools) if cfg.rollout.multi_turn.tool_schemas_in_prompt else None
-    return load_datasets(cfg.data, tokenizer=tokenizer, tool_schemas=schemas)
+    train, val = load_datasets(cfg.data, tokenizer=tokenizer, tool_schemas=schemas)
+    for dataset in (train, val):
+        line = _dropped_line(dataset)
+        if line is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+            logger.warning(line)
+    return train, val
+
+
+def _dropped_line(dataset: Any) -> str | None:
+    """The dataset's line about prompts dropped for length (None for none, or for a plain list of rows)."""
+    dropped_line = getattr(dataset, "dropped_line", None)
+    return dropped_line() if dropped_line is not None else None
 
 
 def total_steps(cfg: RLConfig, batches_per_epoch: int) -> int:
@@ -251,7 +262,9 @@ def build_checkpoint_manager(cfg: RLConfig) -> Any:
     return CheckpointManager(t.checkpoint_dir, max_to_keep=t.max_ckpt_to_keep, verify=t.checkpoint_verify)
 
 
-def model_state_io(actor: Any, critic: Any, ref: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def model_state_io(
+    actor: Any, critic: Any, ref: Any = None, optim_from: str = "checkpoint"
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Checkpoint writer/reader callbacks for actor/critic model + optimizer state (Megatron dist checkpoints).
 
     ``ref``: pass the reference model when its weights are not the base checkpoint's (the SFT
@@ -260,7 +273,7 @@ def model_state_io(actor: Any, critic: Any, ref: Any = None) -> tuple[dict[str, 
     from mcore_agentic.trainer import model_checkpoint as mc
 
     return (mc.model_state_writers(actor=actor, critic=critic, ref=ref),
-            mc.model_state_readers(actor=actor, critic=critic, ref=ref))
+            mc.model_state_readers(actor=actor, critic=critic, ref=ref, optim_from=optim_from))
 
 
 @dataclass
@@ -292,6 +305,8 @@ class Components:
     routing_shape: tuple[int, int] | None = None
     """``(moe_layers, top_k)`` of the rows' ``routed_experts`` when the engine records them
     (``actor.moe.routing_replay`` on a mixture-of-experts model); None otherwise."""
+    data_notes: list[str] = field(default_factory=list)
+    """What loading the data left out (over-long prompts dropped), for the end-of-run summary."""
 
 
 def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Components:
@@ -340,4 +355,5 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
         kl_ctrl=build_kl_controller(cfg.algorithm.kl_ctrl),
         total_steps=steps,
         routing_shape=routing,
+        data_notes=[line for d in (train_set, val_set) if (line := _dropped_line(d)) is not None],
     )

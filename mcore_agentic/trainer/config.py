@@ -60,6 +60,10 @@ class TrainerConfig:
     resume_path: resume from resume_from_path; any other value is taken as a checkpoint directory path."""
     resume_from_path: str | None = None
     """Checkpoint directory (global_step_<k>) to resume from when resume_mode=resume_path."""
+    resume_optim_from: Literal["checkpoint", "config"] = "checkpoint"
+    """On resume, whose optimizer settings and learning-rate schedule win when the config changed since the
+    checkpoint (lr, min_lr, warmup, decay, weight decay, betas, eps): checkpoint keeps the saved run's (Megatron's
+    default), config takes this run's, continuing from the saved step. Every changed key is listed at resume."""
     max_ckpt_to_keep: int | None = None
     """Keep only the newest this many checkpoints that pass a size check against their manifest (a damaged
     newer one never pushes out the last good one); null keeps all."""
@@ -89,6 +93,12 @@ class TrainerConfig:
     """The longest any rank waits in a collective before it raises: ranks that finish their rollout early wait
     for the slowest in a host (gloo) call, so set it above your longest rollout plus a checkpoint save. It is
     also the NCCL watchdog's timeout for device calls."""
+    failure_stop_fraction: float = 0.9
+    """A step fails when at least this fraction of its rollout requests failed, or of its tool calls raised or
+    timed out inside the tool (a model's malformed calls do not count: they are its to learn from)."""
+    failure_stop_steps: int = 3
+    """Stop the run (exit code 3, one line saying why) after this many consecutive failing steps: a run whose
+    requests almost all fail trains on nothing. 0 allows it (the failure rates are still logged every step)."""
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     """Signals that stop training gracefully: the current step finishes, every rank agrees, a checkpoint is
     written and every rank exits with code 75; the same signal again (3 s or more later) exits at once.
@@ -151,6 +161,12 @@ class TrainerConfig:
             parse_signals(self.stop_signals)
         except ValueError as exc:
             require(False, "trainer.stop_signals", f"{exc}; list signal names such as [SIGTERM, SIGUSR1] or []")
+        require(
+            0.0 < self.failure_stop_fraction <= 1.0,
+            "trainer.failure_stop_fraction",
+            f"must be in (0, 1], got {self.failure_stop_fraction}",
+        )
+        require(self.failure_stop_steps >= 0, "trainer.failure_stop_steps", f"must be >= 0 (0 never stops), got {self.failure_stop_steps}")
         require(bool(self.resume_mode), "trainer.resume_mode", "must be auto, disable, resume_path or a checkpoint path")
         if self.resume_mode == "resume_path":
             require(

@@ -28,6 +28,7 @@ from mcore_agentic.parallel.stats import Stats
 from mcore_agentic.rewards import score_of
 from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rewards.overlong import overlong_penalty
+from mcore_agentic.trainer.run_health import is_tool_fault
 
 
 # ----------------------------------------------------------------------------------- rewards
@@ -160,6 +161,8 @@ def rollout_stats(batches: Sequence[Batch]) -> Stats:
     st.add("assistant_turns", [m.get("assistant_turns", 0) for m in rm])
     st.add("tool_calls", [m.get("tool_calls", 0) for m in rm])
     st.add("tool_errors", [m.get("tool_errors", 0) for m in rm])
+    logs = [(b.meta.get("tool_log") or [[]] * len(b))[i] or [] for b, i in rows]
+    st.add("tool_faults", [sum(is_tool_fault(entry) for entry in log) for log in logs])
     st.add("mismatch", [m.get("sanity_check_mismatch", 0) for m in rm])
     st.add("drift", [m.get("template_drift", 0) for m in rm])
     st.add("full_context", [m.get("tokenization_full_context", 0) for m in rm])
@@ -188,6 +191,9 @@ def rollout_metrics(st: Stats) -> dict[str, float]:
         "rollout/template_drift_turns": st.total("drift"),
         "rollout/tokenization_full_context_turns": st.total("full_context"),
         "rollout/failed_requests": st.total("failed"),
+        "rollout/failed_fraction": st.mean("failed"),
+        "rollout/tool_faults": st.total("tool_faults"),
+        "rollout/tool_fault_fraction": st.total("tool_faults") / st.total("tool_calls") if st.total("tool_calls") else 0.0,
         "rollout/truncated": st.mean("truncated"),
         "reward/overlong_penalty_mean": st.mean("overlong"),
     }

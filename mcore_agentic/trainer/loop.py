@@ -26,6 +26,7 @@ from mcore_agentic.trainer.distribute import StepPlan, exchange_rows, gather_sha
 from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
 from mcore_agentic.trainer.preemption import StopSignals, TrainingStopped
 from mcore_agentic.trainer.rollout_dump import TRAINER_FIELDS, DumpWriter, dump_rows
+from mcore_agentic.trainer.run_health import RunHealth, StepFailures
 from mcore_agentic.utils.gpu_metrics import gpu_metrics_for
 from mcore_agentic.utils.timing import PhaseTimer
 
@@ -59,7 +60,7 @@ class RLTrainer:
         self.state = LoopState()
         # The SFT warm start re-anchors the reference model: then it is checkpointed too.
         anchored_ref = c.ref if self.cfg.trainer.sft_warmup_steps > 0 else None
-        self.writers, self.readers = model_state_io(c.actor, c.critic, anchored_ref)
+        self.writers, self.readers = model_state_io(c.actor, c.critic, anchored_ref, self.cfg.trainer.resume_optim_from)
         # Device memory / utilisation at the end of each phase, and what offload and release free (NVML; off on CPU).
         self.gpu = gpu_metrics_for(self.cfg.trainer.device)
         self.timer = PhaseTimer(on_end=self.gpu.phase_end if self.gpu.enabled else None)
@@ -71,6 +72,8 @@ class RLTrainer:
             self.writers["rollout_buffer"] = self.collector.save_buffer
             self.readers["rollout_buffer"] = self.collector.load_buffer
         self.sft_summary: dict[str, float] = {}
+        # Failure rates of every step (all-reduced): a run whose rollouts almost all fail stops with one line.
+        self.health = RunHealth(self.cfg.trainer.failure_stop_fraction, self.cfg.trainer.failure_stop_steps)
         self.stop = StopSignals([])  # replaced by the installed one in fit()
         t = self.cfg.trainer
         # Every rank takes part in a dump step's return exchange; only rollout leaders write.
@@ -113,12 +116,17 @@ class RLTrainer:
                         metrics.update(self.validate())
                     self.tracker.log(metrics, step)
                     progress.update(metrics)
+                    self.health.observe(step, StepFailures.from_metrics(metrics), why=self.failure_causes())
                     last = step == self.c.total_steps
                     periodic = cfg.save_freq > 0 and step % cfg.save_freq == 0
                     self.boundary(step, save=periodic or (last and cfg.resume_mode != "disable"), last=last)
             finally:
                 progress.close()
         return self.state
+
+    def failure_causes(self) -> str:
+        """What this rank's rollouts of the run say failed (its leader's tools and errors), for the stop line."""
+        return ""
 
     def boundary(self, step: int, *, save: bool, last: bool = False) -> None:
         """End of step ``step`` (0: the warm start): agree on stop / timed save across ranks, save, maybe stop."""
@@ -362,6 +370,21 @@ class RLTrainer:
         if path is None:
             self.tracker.continue_after(0)  # a fresh start: an earlier run's metrics.jsonl is moved aside
             return
+        from mcore_agentic.config.walk import to_dict
+        from mcore_agentic.trainer.checkpoint import STEP_PREFIX
+        from mcore_agentic.trainer.resume_report import RunComplete, config_changes, describe_changes, saved_config
+
+        saved_step = int(path.name[len(STEP_PREFIX):]) if path.name.startswith(STEP_PREFIX) else -1
+        if saved_step >= self.c.total_steps:
+            raise RunComplete(saved_step, str(path))
+        rank0 = self.c.layout.rank == 0
+        saved = saved_config(path) if rank0 else None
+        if saved is not None:
+            changes = config_changes(saved, to_dict(self.cfg))
+            if changes:
+                lines = describe_changes(changes, t.resume_optim_from)
+                print(f"resuming from {path}: {len(changes)} setting(s) changed since it was saved:\n" + "\n".join(lines),
+                      flush=True)
         loaded = self.ckpt.load(path, readers=self.readers)
         s = loaded.trainer_state
         self.state = LoopState(**s["loop"])

@@ -199,12 +199,17 @@ def save_worker(directory: str | os.PathLike, worker: Any, *, with_optimizer: bo
         )
 
 
-def load_worker(directory: str | os.PathLike, worker: Any, *, load_optimizer: bool = True) -> dict[str, Any]:
+def load_worker(
+    directory: str | os.PathLike, worker: Any, *, load_optimizer: bool = True, optim_from: str = "checkpoint"
+) -> dict[str, Any]:
     """Load ``directory`` (written by :func:`save_worker`, at any TP/PP/DP) into ``worker`` (collective).
 
     Restores the model; with ``load_optimizer`` (and a trainable engine) also the
     optimizer state, the LR schedule and the worker's update counter. Returns the
     checkpoint's plain state (``contents``, ``updates``, ``scheduler``).
+    ``optim_from`` (``trainer.resume_optim_from``): ``checkpoint`` keeps the saved schedule's settings
+    (lr, min_lr, warmup, decay, weight decay) and the optimizer's betas and eps; ``config`` keeps the
+    engine's own (this run's config), continuing from the saved step.
     """
     from megatron.core import dist_checkpointing
 
@@ -232,8 +237,14 @@ def load_worker(directory: str | os.PathLike, worker: Any, *, load_optimizer: bo
         for key, chunk in zip(_model_keys(engine.chunks), engine.chunks):
             unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
         if want_optimizer:
+            mine = [{k: g[k] for k in ("betas", "eps") if k in g} for g in engine.optimizer.param_groups]
             engine.optimizer.load_state_dict(loaded["optimizer"])
-            # Sets num_steps and the optimizer's lr/wd from the schedule; refuses a changed lr/warmup/decay config.
+            # Sets num_steps and the optimizer's lr/wd from the schedule, with the saved settings or this run's.
+            engine.scheduler.override_opt_param_scheduler = optim_from == "config"
+            engine.scheduler.use_checkpoint_opt_param_scheduler = optim_from != "config"
+            if optim_from == "config":
+                for group, values in zip(engine.optimizer.param_groups, mine):
+                    group.update(values)
             engine.scheduler.load_state_dict(common["scheduler"])
             if hasattr(worker, "_updates"):
                 worker._updates = int(common["updates"])
@@ -251,12 +262,13 @@ def model_state_writers(*, actor: Any = None, critic: Any = None, ref: Any = Non
 
 
 def model_state_readers(
-    *, actor: Any = None, critic: Any = None, ref: Any = None, load_optimizer: bool = True
+    *, actor: Any = None, critic: Any = None, ref: Any = None, load_optimizer: bool = True,
+    optim_from: str = "checkpoint",
 ) -> dict[str, Callable[[Path], None]]:
     """``CheckpointManager.load(readers=...)`` callbacks matching :func:`model_state_writers`."""
     workers = {"actor": actor, "critic": critic, "ref": ref}
     return {
-        name: (lambda d, w=w, n=name: load_worker(d, w, load_optimizer=load_optimizer and n != "ref"))
+        name: (lambda d, w=w, n=name: load_worker(d, w, load_optimizer=load_optimizer and n != "ref", optim_from=optim_from))
         for name, w in workers.items()
         if w is not None
     }

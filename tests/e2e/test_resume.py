@@ -118,6 +118,13 @@ def test_kill_between_log_and_save_then_resume_reproduces_the_run(tmp_path: Path
     _assert_same_run(uninterrupted, _rows_once(b / "logs" / "metrics.jsonl"))
     assert (b / "ckpt" / "global_step_3" / "COMPLETE").exists()
 
+    # The same command once more: the run is complete; it says so instead of reprinting a summary as if it trained.
+    again = subprocess.run(_cmd(b, save_freq=1), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-5000:]
+    assert f"already complete at step 3 ({b / 'ckpt' / 'global_step_3'}): nothing to do" in again.stdout
+    assert "finished" not in again.stdout and "mean reward" not in again.stdout
+    assert len(_rows_once(b / "logs" / "metrics.jsonl")) == 3  # nothing logged, nothing moved aside
+
     # The trained actor exports to a Hugging Face checkpoint that transformers loads.
     _check_export(b / "ckpt" / "global_step_3", tmp_path / "hf")
 

@@ -235,17 +235,20 @@ def _scored(rows: list[dict[str, Any]]) -> Batch:
             "num_turns": [r["turns"] for r in rows],
             "finish_reason": [r["finish"] for r in rows],
             "overlong_penalty": [r.get("overlong", 0.0) for r in rows],
+            "tool_log": [r.get("tool_log", []) for r in rows],
         },
     )
 
 
 ROWS = [
     dict(score=1.5, acc=1.0, rule=1.0, turns=3, finish="stop",
-         rm={"assistant_turns": 2, "tool_calls": 2, "tool_errors": 1, "template_drift": 1}),
+         rm={"assistant_turns": 2, "tool_calls": 2, "tool_errors": 1, "template_drift": 1},
+         tool_log=[{"error": True, "error_type": "ValueError", "traceback": "Traceback ..."}, {"error": False}]),
     dict(score=0.5, acc=0.0, rule=0.0, turns=1, finish="length", rm=None, overlong=-0.3),
     dict(score=-1.0, acc=0.0, rule=0.5, turns=5, finish="stop",
          rm={"state": "failed", "assistant_turns": 3, "tool_calls": 3, "sanity_check_mismatch": 2,
-             "tokenization_full_context": 4}),
+             "tokenization_full_context": 4},
+         tool_log=[{"error": True, "error_type": "TimeoutError"}, {"error": True, "error_type": "invalid_arguments"}]),
 ]
 
 
@@ -269,6 +272,9 @@ def test_rollout_metrics_by_hand():
         "rollout/template_drift_turns": 1,
         "rollout/tokenization_full_context_turns": 4,
         "rollout/failed_requests": 1,
+        "rollout/failed_fraction": 1.0 / 3,
+        "rollout/tool_faults": 2,  # the raised ValueError and the timeout; a model's bad arguments are not the tool's
+        "rollout/tool_fault_fraction": 2.0 / 5,
         "rollout/truncated": 1.0 / 3,
         "reward/overlong_penalty_mean": -0.1,
     }

@@ -34,14 +34,15 @@ def _to_bytes(obj) -> bytes:
     return buf.getvalue()
 
 
-def _workers(path: str, par, layout, with_critic: bool):
+def _workers(path: str, par, layout, with_critic: bool, **optim_overrides):
     from mcore_agentic.algorithms.config import PolicyLossConfig
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig
     from mcore_agentic.workers.critic import Critic
 
     # Warmup 3 of 10 optimizer steps (2 per update): the LR still changes at the resumed update.
-    optim = OptimConfig(lr=5e-3, lr_warmup_steps=3, total_training_steps=10, lr_decay_style="cosine", clip_grad=1.0)
+    optim = OptimConfig(**{"lr": 5e-3, "lr_warmup_steps": 3, "total_training_steps": 10, "lr_decay_style": "cosine",
+                           "clip_grad": 1.0, **optim_overrides})
     actor_cfg = ActorConfig(
         parallel=par, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=optim,
         policy_loss=PolicyLossConfig(entropy_coeff=0.01),
@@ -146,6 +147,16 @@ def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> byte
         out["weights_only_error"] = str(e)
     load_worker(weights_only, actor, load_optimizer=False)
     out["weights_only_into_actor"] = _equal(actor.export_hf_weights(), out["frozen_tp2"])
+    # trainer.resume_optim_from: a changed lr / eps keeps the checkpoint's values, or this run's.
+    for optim_from in ("checkpoint", "config"):
+        actor, _ = _workers(other_path, par, layout, False, lr=2e-2, eps=1e-5)
+        load_worker(Path(roots["tp1"]) / "global_step_1" / "actor", actor, optim_from=optim_from)
+        sched = actor.engine.scheduler
+        out[f"optim_from_{optim_from}"] = {
+            "max_lr": sched.max_lr, "num_steps": sched.num_steps,
+            "eps": sorted({g["eps"] for g in actor.engine.optimizer.param_groups}),
+        }
+        del actor
     return _to_bytes(out)
 
 
@@ -225,6 +236,15 @@ def test_resume_with_different_tp_matches_uninterrupted_run(runs):
     assert _max_rel(saved["next"]["actor"], saved["saved"]["actor"]) > 1e-3
 
 
+def test_resume_optim_from_picks_whose_settings_win(runs):
+    """trainer.resume_optim_from: the saved schedule and Adam settings (default), or this run's from the saved step."""
+    for rank in runs["loads"]:
+        kept, mine = rank["optim_from_checkpoint"], rank["optim_from_config"]
+        assert kept["max_lr"] == 5e-3 and kept["eps"] == [1e-8]
+        assert mine["max_lr"] == 2e-2 and mine["eps"] == [1e-5]
+        assert kept["num_steps"] == mine["num_steps"] == 2  # the schedule continues from the saved step either way
+
+
 def test_load_errors_are_clear(tmp_path):
     from mcore_agentic.trainer.model_checkpoint import load_worker
 
@@ -242,7 +262,7 @@ def test_reference_is_checkpointed_weights_only(monkeypatch):
     from mcore_agentic.trainer import model_checkpoint as mc
 
     calls = []
-    monkeypatch.setattr(mc, "load_worker", lambda d, w, load_optimizer=True: calls.append((d, w, load_optimizer)))
+    monkeypatch.setattr(mc, "load_worker", lambda d, w, load_optimizer=True, optim_from="checkpoint": calls.append((d, w, load_optimizer)))
     actor, ref = object(), object()
     assert sorted(mc.model_state_writers(actor=actor, ref=ref)) == ["actor", "ref"]
     readers = mc.model_state_readers(actor=actor, ref=ref)

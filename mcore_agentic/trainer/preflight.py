@@ -1,0 +1,185 @@
+"""The pre-flight: every check that needs no process group, run once before any worker starts.
+
+``python launch/pretrain_rl.py`` runs it before it starts torchrun's workers (``--check`` runs only it), so a bad
+config costs seconds and prints one line per problem, with no torchrun trailer after them. Workers started by
+torchrun directly run it too (rank 0 prints). It collects every problem it can find in one pass:
+
+* the config tree itself (unknown keys, types, choices: :func:`mcore_agentic.config.load_config`), then
+* the cross-group rules for the world size (parallel split, batch sizes, rollout groups, the attention backend),
+* the device (``trainer.device=cuda`` without a GPU) and the rollout engine's package,
+* input paths (:mod:`mcore_agentic.config.paths`: key, path and the directories searched),
+* the tools' and interactions' YAML (classes import, schemas valid), the reward function (imports, signature),
+* the training data (every row valid; rows that ask for a tool or interaction the config does not have),
+* the tracking backends' packages (wandb, TensorBoard).
+
+Nothing here builds a model, an engine or a tool instance.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.config.paths import missing_inputs
+
+ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
+LOGGER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard"}
+
+
+def model_shape(model_path: str | os.PathLike) -> dict[str, Any] | None:
+    """Heads, KV heads, layers and experts from the HF ``config.json`` at ``model_path`` (None if there is none yet).
+
+    Read with ``transformers.AutoConfig`` from local files only (never the network).
+    """
+    path = Path(model_path)
+    if not (path / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+
+    try:
+        hf = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("model.model_path", f"{path}/config.json cannot be read by transformers ({exc})") from None
+    heads = hf.num_attention_heads
+    return {
+        "num_attention_heads": heads,
+        "num_query_groups": getattr(hf, "num_key_value_heads", None) or heads,
+        "num_layers": hf.num_hidden_layers,
+        "num_experts": int(getattr(hf, "num_experts", 0) or 0),
+    }
+
+
+def _collect(problems: list[ConfigError], check: Callable[[], Any]) -> Any:
+    """Run ``check``; its config problems join ``problems`` (several at once from a ``ConfigErrors``)."""
+    try:
+        return check()
+    except ConfigError as exc:
+        problems.extend(getattr(exc, "errors", None) or [exc])
+    return None
+
+
+def check_device(cfg: Any) -> str:
+    """``cuda`` or ``cpu``: where the run trains (``trainer.device``), without touching the environment."""
+    import torch
+
+    requested = cfg.trainer.device
+    available = torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+    if requested == "cuda" and not available:
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
+        raise ConfigError(
+            "trainer.device",
+            f"cuda was asked for but torch sees no GPU ({build}); use trainer.device=cpu or auto, or run on a GPU node",
+        )
+    return "cuda" if requested == "cuda" or (requested == "auto" and available) else "cpu"
+
+
+def check_packages(cfg: Any) -> list[ConfigError]:
+    """The rollout engine's and the tracking backends' packages are installed."""
+    problems = []
+    package = ENGINE_PACKAGES.get(cfg.rollout.name)
+    if package is not None and importlib.util.find_spec(package) is None:
+        problems.append(ConfigError(
+            "rollout.name", f"{cfg.rollout.name} is not installed here (pip install -e '.[{cfg.rollout.name}]'); "
+            "on CPU use rollout.name=hf or vllm's CPU build"))
+    for backend in cfg.trainer.logger:
+        package = LOGGER_PACKAGES.get(backend)
+        if package is not None and importlib.util.find_spec(package) is None:
+            problems.append(ConfigError("trainer.logger", f"{backend} is listed but not installed: pip install {package}, "
+                                        f"or drop it from trainer.logger"))
+    return problems
+
+
+def check_plugins(cfg: Any) -> tuple[set[str] | None, set[str] | None]:
+    """Tool and interaction names the config provides (None: multi-turn off); their YAML and classes are checked."""
+    from mcore_agentic.interactions.registry import load_interactions
+    from mcore_agentic.tools.registry import load_tools
+
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        return None, None
+    tools = set(load_tools(mt.tool_config_path, instantiate=False)) if mt.tool_config_path else set()
+    interactions = set(load_interactions(mt.interaction_config_path)) if mt.interaction_config_path else set()
+    return tools, interactions
+
+
+def check_rows(cfg: Any, tools: set[str] | None, interactions: set[str] | None) -> list[ConfigError]:
+    """Every training and validation row is valid, and names only tools and interactions the config has."""
+    from mcore_agentic.data.dataset import RLDataset
+
+    data = cfg.data
+    if data.synthetic.enable:
+        return []
+    problems: list[ConfigError] = []
+    for field, files in (("data.train_files", data.train_file_list), ("data.val_files", data.val_file_list)):
+        if not files:
+            continue
+        rows = _collect(problems, lambda f=files, k=field: RLDataset.from_files(f, field=k, prompt_key=data.prompt_key))
+        if rows is None or tools is None:
+            continue
+        where = ", ".join(str(f) for f in files)
+        asked = [r.get("extra_info", {}).get("interaction_kwargs") or {} for r in rows]
+        named = sorted({str(a.get("name", "")) for a in asked if a})
+        if named and not interactions:
+            n = sum(bool(a) for a in asked)
+            problems.append(ConfigError(
+                "rollout.multi_turn.interaction_config_path",
+                f"is not set, but {n} of {len(rows)} rows of {where} ask for interaction {', '.join(map(repr, named))} "
+                "(extra_info.interaction_kwargs): set it (e.g. configs/interactions/gsm8k_interaction_config.yaml), "
+                "or write the data without interaction_kwargs"))
+        elif named and interactions:
+            unknown = [n for n in named if n and n not in interactions]
+            if unknown:
+                problems.append(ConfigError(
+                    "rollout.multi_turn.interaction_config_path",
+                    f"configures {sorted(interactions)}, but rows of {where} ask for {unknown} "
+                    "(extra_info.interaction_kwargs.name): add them or fix the data"))
+        wanted = sorted({name for r in rows for name in (r.get("extra_info", {}).get("tools_kwargs") or {})})
+        unknown_tools = [n for n in wanted if n not in tools]
+        if unknown_tools:
+            problems.append(ConfigError(
+                "rollout.multi_turn.tool_config_path",
+                f"configures {sorted(tools) or 'no tools'}, but rows of {where} name {unknown_tools} "
+                "(extra_info.tools_kwargs): add them to the tools YAML or fix the data"))
+    return problems
+
+
+def preflight(
+    cfg: Any, world_size: int, *, local_world_size: int | None = None, dirs: Sequence[Path] = (), light: bool = False,
+) -> list[ConfigError]:
+    """Every problem found in ``cfg`` (a built :class:`RLConfig`) for a run on ``world_size`` ranks; empty: go.
+
+    ``dirs``: where relative input paths were looked up (:func:`mcore_agentic.config.paths.search_dirs`).
+    ``light``: skip what reads files or imports plug-ins (the workers the launcher started after its pre-flight).
+    """
+    from mcore_agentic.config.rules import validate
+    from mcore_agentic.models.transformer_impl import use_te_for
+    from mcore_agentic.parallel.layout import check_cpu_support
+    from mcore_agentic.rewards import build_reward_fn
+
+    problems: list[ConfigError] = []
+    device = _collect(problems, lambda: check_device(cfg))
+    _collect(problems, lambda: use_te_for(cfg.model.transformer_impl))
+    shape = _collect(problems, lambda: model_shape(cfg.model.model_path))
+    _collect(problems, lambda: validate(cfg, world_size, model_shape=shape, local_world_size=local_world_size,
+                                        device=device))
+    if device == "cpu":
+        _collect(problems, lambda: check_cpu_support(cfg.actor.parallel, field_prefix="actor"))
+    problems += check_packages(cfg)
+    if light:
+        return problems
+    missing = missing_inputs(cfg, list(dirs))
+    problems += missing
+    absent = {e.field for e in missing}
+    plugins = None
+    if not absent & {"rollout.multi_turn.tool_config_path", "rollout.multi_turn.interaction_config_path"}:
+        plugins = _collect(problems, lambda: check_plugins(cfg))
+    if "reward.custom_reward_function" not in absent:
+        _collect(problems, lambda: build_reward_fn(cfg.reward))
+    if not absent & {"data.train_files", "data.val_files"}:
+        tools, interactions = plugins if plugins is not None else (None, None)
+        problems += check_rows(cfg, tools, interactions)
+    return problems
