@@ -7,8 +7,10 @@ Each answer must end with ``#### <number>``; that number (commas removed) is the
 Rows follow ``mcore_agentic.data.dataset``: a system prompt telling the model to check its answer
 with the ``calc_gsm8k_reward`` tool (and/or to use the ``calculator``) and to finish with
 ``#### <answer>``, ``data_source=openai/gsm8k``, the ground truth in ``reward_model`` and in the
-tool's ``create_kwargs``, and ``interaction_kwargs`` for the optional GSM8K interaction.
-Reads local files only.
+tool's ``create_kwargs``. ``--interaction`` adds ``interaction_kwargs`` for the GSM8K interaction (a simulated
+user that checks the answer): train such data with
+``rollout.multi_turn.interaction_config_path=configs/interactions/gsm8k_interaction_config.yaml``.
+Reads local files only; prints the command that trains on what it wrote.
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     raise ConfigError("input", f"{path}: use a .jsonl or .parquet file")
 
 
-def to_row(record: dict[str, Any], index: int, split: str, tools: str, source: str) -> dict[str, Any]:
+def to_row(
+    record: dict[str, Any], index: int, split: str, tools: str, source: str, interaction: bool = False
+) -> dict[str, Any]:
     where = f"record {index} of {source}"
     for key in ("question", "answer"):
         if not isinstance(record.get(key), str):
@@ -103,15 +107,16 @@ def to_row(record: dict[str, Any], index: int, split: str, tools: str, source: s
             "answer": record["answer"],
             "need_tools_kwargs": True,
             "tools_kwargs": tools_kwargs,
-            "interaction_kwargs": {"name": "gsm8k", "query": question, "ground_truth": truth},
         },
     }
+    if interaction:
+        row["extra_info"]["interaction_kwargs"] = {"name": "gsm8k", "query": question, "ground_truth": truth}
     normalize_row(row, index, source)  # the reader's own check, so a bad file is never written
     return row
 
 
-def convert(path: Path, split: str, tools: str) -> list[dict[str, Any]]:
-    return [to_row(r, i, split, tools, str(path)) for i, r in enumerate(read_records(path))]
+def convert(path: Path, split: str, tools: str, interaction: bool = False) -> list[dict[str, Any]]:
+    return [to_row(r, i, split, tools, str(path), interaction) for i, r in enumerate(read_records(path))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,12 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", type=Path, help="local GSM8K test split; or use --test-size")
     parser.add_argument("--test-size", type=int, default=0, help="hold out the last N train records as test")
     parser.add_argument("--tools", choices=sorted(INSTRUCTIONS), default="gsm8k", help="tools the prompt mentions")
+    parser.add_argument("--interaction", action="store_true",
+                        help="add interaction_kwargs for the GSM8K interaction (a simulated user checks the answer)")
     parser.add_argument("--out", type=Path, required=True, help="output directory for train/test parquet")
     args = parser.parse_args(argv)
     try:
-        train = convert(args.train, "train", args.tools)
+        train = convert(args.train, "train", args.tools, args.interaction)
         if args.test is not None:
-            test = convert(args.test, "test", args.tools)
+            test = convert(args.test, "test", args.tools, args.interaction)
         elif args.test_size > 0:
             if args.test_size >= len(train):
                 raise ConfigError("--test-size", f"{args.test_size} leaves no training records of {len(train)}")
@@ -141,7 +148,23 @@ def main(argv: list[str] | None = None) -> int:
     if test:
         write_parquet(test, args.out / "test.parquet")
     print(f"wrote {len(train)} train and {len(test)} test rows to {args.out}")
+    print("train on them with:\n  " + " ".join(train_command(args)))
     return 0
+
+
+def train_command(args: argparse.Namespace) -> list[str]:
+    """The launcher command line that trains on what ``args`` wrote (its tools, its interaction)."""
+    tools = {"gsm8k": "gsm8k_tool_config.yaml", "calculator": "calculator_tool_config.yaml",
+             "both": "gsm8k_calculator_tool_config.yaml"}
+    cmd = ["python", "launch/pretrain_rl.py", "--nproc_per_node", "8", "--config-name", "gsm8k_multiturn_grpo",
+           f"data.train_files={args.out / 'train.parquet'}"]
+    cmd.append(f"data.val_files={args.out / 'test.parquet'}" if (args.test is not None or args.test_size > 0)
+               else "data.val_files=[]")
+    cmd.append(f"rollout.multi_turn.tool_config_path=configs/tools/{tools[args.tools]}")
+    if args.interaction:
+        cmd += ["rollout.multi_turn.interaction_config_path=configs/interactions/gsm8k_interaction_config.yaml",
+                "rollout.multi_turn.max_user_turns=2"]
+    return cmd
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ def load_tools(
 
     ``executor`` (optional) is bound to every tool that has ``bind_executor``,
     so blocking tool work runs where the rollout says (local pool or Ray). ``instantiate=False`` checks
-    everything but the constructors and returns the classes by name (the launcher's pre-flight).
+    everything but the constructors and returns each tool's checked schema by name (the launcher's pre-flight).
     A class path is imported with the YAML's own directory on the import path (:func:`import_path_of`).
     """
     if config_file is not None and tools is not None:
@@ -182,7 +182,7 @@ def load_tools(
             raise ConfigError(f"{field}.config", f"must be a mapping, got {type(config).__name__}")
         if not instantiate:
             first_index[name] = i
-            built[name] = cls
+            built[name] = schema
             continue
         try:
             tool = cls(config=config, tool_schema=schema)

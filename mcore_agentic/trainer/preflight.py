@@ -93,57 +93,81 @@ def check_packages(cfg: Any) -> list[ConfigError]:
     return problems
 
 
-def check_plugins(cfg: Any) -> tuple[set[str] | None, set[str] | None]:
-    """Tool and interaction names the config provides (None: multi-turn off); their YAML and classes are checked."""
+def check_plugins(cfg: Any) -> tuple[dict[str, dict] | None, set[str] | None]:
+    """Tool schemas and interaction names the config provides (None: multi-turn off); their YAML and classes are
+    checked (the classes imported, not constructed)."""
     from mcore_agentic.interactions.registry import load_interactions
     from mcore_agentic.tools.registry import load_tools
 
     mt = cfg.rollout.multi_turn
     if not mt.enable:
         return None, None
-    tools = set(load_tools(mt.tool_config_path, instantiate=False)) if mt.tool_config_path else set()
+    tools = load_tools(mt.tool_config_path, instantiate=False) if mt.tool_config_path else {}
     interactions = set(load_interactions(mt.interaction_config_path)) if mt.interaction_config_path else set()
     return tools, interactions
 
 
-def check_rows(cfg: Any, tools: set[str] | None, interactions: set[str] | None) -> list[ConfigError]:
-    """Every training and validation row is valid, and names only tools and interactions the config has."""
+def _tokenizer(cfg: Any) -> Any:
+    """The model's tokenizer when its checkpoint exists already (prompt lengths are checked with it), else None."""
+    if not (Path(cfg.model.model_path) / "config.json").is_file():
+        return None
+    from mcore_agentic.trainer.build import build_tokenizer
+
+    return build_tokenizer(cfg.model.model_path)
+
+
+def check_rows(cfg: Any, tools: dict[str, dict] | None, interactions: set[str] | None) -> list[ConfigError]:
+    """Every training and validation row is valid and fits ``data.max_prompt_length`` (when the model's tokenizer is
+    there to measure it), and names only tools and interactions the config has."""
     from mcore_agentic.data.dataset import RLDataset
 
     data = cfg.data
+    problems_first: list[ConfigError] = []
+    tokenizer = _collect(problems_first, lambda: _tokenizer(cfg))
+    schemas = list(tools.values()) if tools and cfg.rollout.multi_turn.tool_schemas_in_prompt else None
+    lengths: dict[str, Any] = {}
+    if tokenizer is not None:
+        lengths = dict(tokenizer=tokenizer, max_prompt_length=data.max_prompt_length,
+                       filter_overlong_prompts=data.filter_overlong_prompts, tool_schemas=schemas or None)
     if data.synthetic.enable:
         return []
-    problems: list[ConfigError] = []
+    problems: list[ConfigError] = problems_first
+    rows: list[dict[str, Any]] = []
+    sources: list[str] = []
     for field, files in (("data.train_files", data.train_file_list), ("data.val_files", data.val_file_list)):
         if not files:
             continue
-        rows = _collect(problems, lambda f=files, k=field: RLDataset.from_files(f, field=k, prompt_key=data.prompt_key))
-        if rows is None or tools is None:
-            continue
-        where = ", ".join(str(f) for f in files)
-        asked = [r.get("extra_info", {}).get("interaction_kwargs") or {} for r in rows]
-        named = sorted({str(a.get("name", "")) for a in asked if a})
-        if named and not interactions:
-            n = sum(bool(a) for a in asked)
+        loaded = _collect(problems, lambda f=files, k=field: RLDataset.from_files(
+            f, field=k, prompt_key=data.prompt_key, **lengths))
+        if loaded is not None:
+            rows += list(loaded)
+            sources += [str(f) for f in files]
+    if not rows or tools is None:
+        return problems
+    where = ", ".join(sources)
+    asked = [r.get("extra_info", {}).get("interaction_kwargs") or {} for r in rows]
+    named = sorted({str(a.get("name", "")) for a in asked if a})
+    if named and not interactions:
+        n = sum(bool(a) for a in asked)
+        problems.append(ConfigError(
+            "rollout.multi_turn.interaction_config_path",
+            f"is not set, but {n} of {len(rows)} rows of {where} ask for interaction {', '.join(map(repr, named))} "
+            "(extra_info.interaction_kwargs): set it (e.g. configs/interactions/gsm8k_interaction_config.yaml), "
+            "or write the data without interaction_kwargs"))
+    elif named and interactions:
+        unknown = [n for n in named if n and n not in interactions]
+        if unknown:
             problems.append(ConfigError(
                 "rollout.multi_turn.interaction_config_path",
-                f"is not set, but {n} of {len(rows)} rows of {where} ask for interaction {', '.join(map(repr, named))} "
-                "(extra_info.interaction_kwargs): set it (e.g. configs/interactions/gsm8k_interaction_config.yaml), "
-                "or write the data without interaction_kwargs"))
-        elif named and interactions:
-            unknown = [n for n in named if n and n not in interactions]
-            if unknown:
-                problems.append(ConfigError(
-                    "rollout.multi_turn.interaction_config_path",
-                    f"configures {sorted(interactions)}, but rows of {where} ask for {unknown} "
-                    "(extra_info.interaction_kwargs.name): add them or fix the data"))
-        wanted = sorted({name for r in rows for name in (r.get("extra_info", {}).get("tools_kwargs") or {})})
-        unknown_tools = [n for n in wanted if n not in tools]
-        if unknown_tools:
-            problems.append(ConfigError(
-                "rollout.multi_turn.tool_config_path",
-                f"configures {sorted(tools) or 'no tools'}, but rows of {where} name {unknown_tools} "
-                "(extra_info.tools_kwargs): add them to the tools YAML or fix the data"))
+                f"configures {sorted(interactions)}, but rows of {where} ask for {unknown} "
+                "(extra_info.interaction_kwargs.name): add them or fix the data"))
+    wanted = sorted({name for r in rows for name in (r.get("extra_info", {}).get("tools_kwargs") or {})})
+    unknown_tools = [n for n in wanted if n not in tools]
+    if unknown_tools:
+        problems.append(ConfigError(
+            "rollout.multi_turn.tool_config_path",
+            f"configures {sorted(tools) or 'no tools'}, but rows of {where} name {unknown_tools} "
+            "(extra_info.tools_kwargs): add them to the tools YAML or fix the data"))
     return problems
 
 

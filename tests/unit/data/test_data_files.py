@@ -108,3 +108,30 @@ def test_an_overlong_row_is_dropped_before_tokenising():
         messages = [{"role": "user", "content": text}]
         n = prompt_token_length(tokenizer, messages, None)
         assert not cannot_fit(messages, n, tokenizer), (text[:5], n)
+
+
+def test_dropped_prompts_are_counted_with_the_longest_length(tmp_path, caplog):
+    """docs/configuration.md: over-long prompts are dropped *and counted*; the count and the longest length are said."""
+    import logging
+
+    from mcore_agentic.trainer.build import build_datasets
+
+    tokenizer = load_qwen_tokenizer("qwen2_5", 4096)
+    ds = RLDataset.from_rows([_row(0), _row(1, "word " * 300), _row(2, "word " * 200)], "mem", tokenizer=tokenizer,
+                             max_prompt_length=128)
+    assert (len(ds), ds.num_dropped_overlong) == (1, 2)
+    assert 300 < ds.longest_dropped < 360
+    assert ds.dropped_line() == (
+        f"mem: dropped 2 of 3 prompts longer than data.max_prompt_length=128 (longest {ds.longest_dropped} tokens; "
+        "chat template and tool schemas included): raise data.max_prompt_length to keep them"
+    )
+    # The trainer says it once, at load time.
+    from mcore_agentic.config import compose, load_config
+
+    rows = [_row(0), _row(1, "word " * 300)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(compose("ppo_trainer", [f"data.train_files={tmp_path / 'd.jsonl'}", "data.max_prompt_length=128"]))
+    with caplog.at_level(logging.WARNING, logger="mcore_agentic.trainer.build"):
+        train, _ = build_datasets(cfg, tokenizer, {})
+    said = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(train) == 1 and said == [train.dropped_line()] and "dropped 1 of 2 prompts" in said[0]

@@ -36,7 +36,7 @@ def test_ground_truth_extraction():
 
 
 def test_main_writes_parquet_the_dataset_reads(tmp_path):
-    assert main(["--train", str(SAMPLE), "--test-size", "10", "--tools", "both", "--out", str(tmp_path)]) == 0
+    assert main(["--train", str(SAMPLE), "--test-size", "10", "--tools", "both", "--interaction", "--out", str(tmp_path)]) == 0
     train = RLDataset.from_files(tmp_path / "train.parquet")
     test = RLDataset.from_files(tmp_path / "test.parquet")
     assert (len(train), len(test)) == (40, 10)
@@ -49,6 +49,9 @@ def test_main_writes_parquet_the_dataset_reads(tmp_path):
         "calculator": {"create_kwargs": {}},
     }
     assert row["extra_info"]["interaction_kwargs"]["ground_truth"] == truth
+    # Without --interaction the rows ask for none: the shipped config (no interaction) trains them as they are.
+    assert main(["--train", str(SAMPLE), "--test-size", "10", "--out", str(tmp_path / "plain")]) == 0
+    assert all(not r["extra_info"]["interaction_kwargs"] for r in RLDataset.from_files(tmp_path / "plain" / "train.parquet"))
     system, user = row["prompt"]
     assert system["role"] == "system" and "calc_gsm8k_reward" in system["content"] and "####" in system["content"]
     assert user["content"].startswith(row["extra_info"]["question"])
