@@ -82,6 +82,16 @@ if [[ $has_log_dir == 0 ]]; then
     OVERRIDES+=("trainer.log_dir=$LOG_DIR")
 fi
 
+# The pre-flight (config, paths, tools, reward function, data) on the batch node, for the whole world, before any
+# step starts: a bad config fails in seconds with one line per problem and is not requeued.
+if [[ "${PREFLIGHT:-1}" == 1 ]]; then
+    if ! "${PYTHON:-python}" launch/pretrain_rl.py --check --nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE" \
+        "${OVERRIDES[@]}"; then
+        echo "error: the pre-flight failed (lines above); nothing was started" >&2
+        exit 2
+    fi
+fi
+
 BACKGROUND=()
 cleanup() {
     for pid in "${BACKGROUND[@]}"; do

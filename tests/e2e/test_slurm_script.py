@@ -53,10 +53,17 @@ fi
 """
 
 
+# The pre-flight (launch/pretrain_rl.py --check); FAKE_PREFLIGHT_FAILS=1 plays a bad config.
+_PYTHON = _RECORDER + """
+if [[ -n "${FAKE_PREFLIGHT_FAILS:-}" ]]; then echo "error: data.train_files: x.parquet not found" >&2; exit 2; fi
+"""
+
+
 def _fake_bin(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("srun", _SRUN), ("ray", _RAY), ("scontrol", _SCONTROL), ("torchrun", _TORCHRUN)):
+    for name, body in (("srun", _SRUN), ("ray", _RAY), ("scontrol", _SCONTROL), ("torchrun", _TORCHRUN),
+                       ("python", _PYTHON)):
         path = bin_dir / name
         path.write_text(body)
         path.chmod(0o755)
@@ -108,6 +115,18 @@ def test_torchrun_command_and_log_dir(tmp_path):
     ]  # the override with a space survives as one argument
     assert not any(c[:2] == ["scontrol", "requeue"] for c in calls)  # a run that ends by itself is not requeued
     assert f"rendezvous gpu-node-07:{port}" in result.stdout
+    # The pre-flight ran first, for the whole world, with the same overrides.
+    checks = [c for c in calls if c[0] == "python"]
+    assert checks == [["python", "launch/pretrain_rl.py", "--check", "--nnodes", "3", "--nproc_per_node", "4",
+                       *overrides, f"trainer.log_dir={log_dir}"]]
+    assert calls.index(checks[0]) < calls.index(sruns[0])
+
+
+def test_a_failed_preflight_starts_nothing(tmp_path):
+    result, calls = _run(tmp_path, "data.train_files=x.parquet", FAKE_PREFLIGHT_FAILS="1")
+    assert result.returncode == 2
+    assert "error: data.train_files: x.parquet not found" in result.stderr
+    assert not any(c[0] in ("srun", "ray") for c in calls) and not any(c[:2] == ["scontrol", "requeue"] for c in calls)
 
 
 def test_explicit_log_dir_port_and_gpu_count_from_slurm_gpus_per_node(tmp_path):
