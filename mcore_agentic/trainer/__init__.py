@@ -29,6 +29,8 @@ class RunSummary:
     """(step, greedy validation accuracy) of every validation; step 0 is the warm-started policy."""
     nothing_to_do: bool = False
     """The run was already complete at its checkpoint: nothing was trained."""
+    notes: list[str] = field(default_factory=list)
+    """What the run left out or what failed: prompts dropped for length, failure totals, failing tools."""
 
     @property
     def first_mean(self) -> float:
@@ -48,6 +50,7 @@ class RunSummary:
             (s0, a0), (s1, a1) = self.val_accuracy[0], self.val_accuracy[-1]
             first = "after the warm start (step 0)" if s0 == 0 else f"at step {s0}"
             lines.append(f"validation accuracy (greedy): {first} {a0:.3f} -> step {s1} {a1:.3f} ({a1 - a0:+.3f})")
+        lines += self.notes
         lines += [f"{name}: {path}" for name, path in self.artefacts.items()]
         return "\n".join(lines)
 
@@ -167,6 +170,7 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
         last_rewards=rewards[-k:] if k else [],
         artefacts=artefacts,
         val_accuracy=_val_accuracy(metrics_path) if rank0 else [],
+        notes=[*components.data_notes, *trainer.run_notes()],
     )
     comm.barrier()
     if rank0:

@@ -124,6 +124,11 @@ class RLTrainer:
                 progress.close()
         return self.state
 
+    def run_notes(self) -> list[str]:
+        """The end-of-run summary's failure lines (identical on every rank)."""
+        line = self.health.summary_line()
+        return [line] if line is not None else []
+
     def failure_causes(self) -> str:
         """What this rank's rollouts of the run say failed (its leader's tools and errors), for the stop line."""
         return ""
