@@ -9,11 +9,14 @@ One :class:`AgentSession` drives one :class:`RolloutRequest` through its state m
 * ``tool_calling``: parse calls (``rollout.multi_turn.format``), validate them against
   the sample's tools, run up to ``max_parallel_calls`` concurrently through
   ``safe_execute``; malformed / unknown / invalid / failing / timed-out calls become
-  error observations the model reads. Tool messages are delta-tokenized (mask 0);
+  error observations the model reads, and each call's ``tool_log`` entry records what went
+  wrong (``error_type``, and the traceback of an exception raised in the tool). Tool messages
+  are delta-tokenized (mask 0);
 * ``interacting``: after a turn without tool calls, the sample's interaction (selected
   by ``interaction_kwargs["name"]``) replies as the user, or ends the conversation;
 * ``completed`` with a finish reason, or ``failed`` on an unexpected error (the batch
-  still completes; the failed row trains on nothing).
+  still completes; the failed row trains on nothing; the request keeps the error's type,
+  first line and traceback).
 
 Tokenization is incremental (:class:`~mcore_agentic.rollout.tokenization.ConversationTokenizer`:
 per turn only the new messages are rendered and tokenized). The CPU-heavy steps (the
@@ -23,7 +26,9 @@ tokenizing never stalls the event loop the other requests' generation and tools 
 
 Tool instances are created per request with the sample's ``tools_kwargs``
 (``{tool: {create_kwargs, execute_kwargs, calc_reward_kwargs, release_kwargs}}``), scored
-with ``calc_reward`` at the end, and always released, even on failure.
+with ``calc_reward`` at the end, and always released, even on failure. Every lifecycle call goes
+through :func:`~mcore_agentic.tools.base.call_tool`: a tool's own blocking code runs on a worker
+thread, never on the event loop the other requests share.
 """
 
 from __future__ import annotations
@@ -49,7 +54,14 @@ from mcore_agentic.rollout.tool_parser import (
     parameters_schema,
     validate_tool_call,
 )
-from mcore_agentic.tools.base import ToolProtocol, ToolResponse, error_response, safe_execute
+from mcore_agentic.tools.base import (
+    ToolProtocol,
+    ToolResponse,
+    call_tool,
+    error_response,
+    format_traceback,
+    safe_execute,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -124,9 +136,11 @@ class AgentSession:
             await self._cpu(self._sanity_check, reason)
             req.complete(reason)
         except Exception as exc:  # noqa: BLE001 -- one request's failure must not take the batch down
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            error = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
             if not req.done:
-                req.fail(f"{type(exc).__name__}: {exc}")
-            logger.warning("rollout request %s failed: %s: %s", req.request_id, type(exc).__name__, exc)
+                req.fail(error, error_type=type(exc).__name__, traceback=format_traceback(exc))
+            logger.warning("rollout request %s failed: %s", req.request_id, error)
         finally:
             if not self.paused:
                 await self.release()
@@ -146,7 +160,7 @@ class AgentSession:
         selected = self._select_tools()
         for name, tool in selected.items():
             kwargs = req.tools_kwargs.get(name) or {}
-            instance_id = await tool.create(instance_id=req.request_id, **(kwargs.get("create_kwargs") or {}))
+            instance_id = await call_tool(tool, "create", instance_id=req.request_id, **(kwargs.get("create_kwargs") or {}))
             self.instances[name] = _ToolInstance(tool, instance_id, kwargs)
         in_prompt = self.mt.tool_schemas_in_prompt
         self.schemas = ([t.get_openai_tool_schema() for t in selected.values()] or None) if in_prompt else None
@@ -322,14 +336,15 @@ class AgentSession:
 
         async def run(index: int, call: ToolCall | ToolCallError) -> tuple[str | None, ToolResponse]:
             if isinstance(call, ToolCallError):
-                return call.name, error_response(call.message)
+                return call.name, _bad_call(call.message, "malformed_call")
             if index >= limit:
-                return call.name, error_response(
-                    f"Error: at most {limit} tool calls run per turn; call {index + 1} ('{call.name}') was not run."
+                return call.name, _bad_call(
+                    f"Error: at most {limit} tool calls run per turn; call {index + 1} ('{call.name}') was not run.",
+                    "too_many_calls",
                 )
             problem = validate_tool_call(call, tools)
             if problem is not None:
-                return call.name, error_response(problem.message)
+                return call.name, _bad_call(problem.message, "unknown_tool" if call.name not in tools else "invalid_arguments")
             inst = self.instances[call.name]
             response = await safe_execute(
                 inst.tool,
@@ -353,6 +368,7 @@ class AgentSession:
                 self.req.tool_rewards[name] = self.req.tool_rewards.get(name, 0.0) + float(response.reward)
             content = _clip(response.text, self.mt.max_tool_response_length)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+            error_type = response.error_type or ("tool_error" if response.is_error else None)
             self.req.tool_log.append({
                 "turn": self.req.metrics.assistant_turns,
                 "name": name,
@@ -360,6 +376,8 @@ class AgentSession:
                 "result": content,
                 "error": bool(response.is_error),
                 "seconds": seconds,
+                "error_type": error_type,
+                "traceback": response.traceback,
             })
         return messages
 
@@ -368,7 +386,7 @@ class AgentSession:
     async def _score(self) -> None:
         req = self.req
         for name, inst in self.instances.items():
-            reward = await inst.tool.calc_reward(inst.instance_id, **(inst.kwargs.get("calc_reward_kwargs") or {}))
+            reward = await call_tool(inst.tool, "calc_reward", inst.instance_id, **(inst.kwargs.get("calc_reward_kwargs") or {}))
             req.tool_rewards[name] = req.tool_rewards.get(name, 0.0) + float(reward)
         if self.interaction is not None:
             req.interaction_final_score = float(await self.interaction.calculate_score(self.interaction_id))
@@ -443,7 +461,7 @@ class AgentSession:
                 raise RequestDataError(f"a paused request uses tool {name!r}, which this run does not configure")
             tool = ctx.tools[name]
             create = (saved["kwargs"].get("create_kwargs") or {})
-            instance_id = await tool.create(instance_id=saved["instance_id"], **create)
+            instance_id = await call_tool(tool, "create", instance_id=saved["instance_id"], **create)
             tool.import_state(instance_id, saved["state"])
             session.instances[name] = _ToolInstance(tool, instance_id, saved["kwargs"])
         if snap["interaction"] is not None:
@@ -466,7 +484,7 @@ class AgentSession:
         session is dropped)."""
         for name, inst in self.instances.items():
             try:
-                await inst.tool.release(inst.instance_id, **(inst.kwargs.get("release_kwargs") or {}))
+                await call_tool(inst.tool, "release", inst.instance_id, **(inst.kwargs.get("release_kwargs") or {}))
             except Exception as exc:  # noqa: BLE001 -- a leaky tool must not fail the batch
                 logger.warning("releasing tool %s for request %s failed: %s", name, self.req.request_id, exc)
         if self.interaction is not None and self.interaction_id is not None:
@@ -509,6 +527,13 @@ def assistant_message(text: str, content: str, calls: list[ToolCall | ToolCallEr
     if valid:
         message["tool_calls"] = [c.to_openai() for c in valid]
     return message
+
+
+def _bad_call(message: str, kind: str) -> ToolResponse:
+    """The error observation of a call the model got wrong; ``kind`` is its ``tool_log`` ``error_type``."""
+    response = error_response(message)
+    response.error_type = kind
+    return response
 
 
 def _clip(text: str, limit: int) -> str:

@@ -14,9 +14,10 @@ per-sample meta ``messages`` (the final conversation), ``uid`` (shared by a prom
 ``data_source``, ``ground_truth`` (``reward_model.ground_truth``), ``tool_rewards`` (float: every
 tool's step rewards plus its ``calc_reward``), ``interaction_scores`` (list of turn scores),
 ``num_turns`` (assistant + interaction turns), ``finish_reason`` (stop | length | tool_calls |
-aborted), ``request_metrics`` (dict: counters, timings, state, error, per-tool rewards), ``tool_log``
-(per call: turn, name, arguments, result, error, seconds). An engine that records routed experts adds
-``routed_experts`` [B, P+R, moe_layers, top_k] (int16, -1 on padding and tokens it never fed).
+aborted), ``request_metrics`` (dict: counters, timings, state, error, error_type, error_traceback,
+per-tool rewards), ``tool_log`` (per call: turn, name, arguments, result, error, seconds, error_type,
+traceback; see :attr:`RolloutRequest.tool_log`; :func:`~mcore_agentic.rollout.failures.summarize_failures`
+reads both). An engine that records routed experts adds ``routed_experts`` [B, P+R, moe_layers, top_k] (int16, -1 on padding and tokens it never fed).
 """
 
 from __future__ import annotations
@@ -218,6 +219,8 @@ def _request_metrics(r: RolloutRequest) -> dict[str, Any]:
         request_id=r.request_id,
         state=r.state.value,
         error=r.error,
+        error_type=r.error_type,
+        error_traceback=r.error_traceback,
         tool_rewards_by_tool=dict(r.tool_rewards),
         interaction_final_score=r.interaction_final_score,
     )

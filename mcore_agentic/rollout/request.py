@@ -210,6 +210,11 @@ class RolloutRequest:
     state: RequestState = RequestState.PENDING
     finish_reason: FinishReason | None = None
     error: str | None = None
+    """A failed request's error: the exception's type and the first line of its message."""
+    error_type: str | None = None
+    """A failed request's exception class name."""
+    error_traceback: str | None = None
+    """A failed request's formatted traceback (capped in length)."""
     trajectory: Trajectory = field(default_factory=Trajectory)
     tool_rewards: dict[str, float] = field(default_factory=dict)
     """Per tool name: sum of step rewards plus ``calc_reward`` at the end."""
@@ -220,7 +225,11 @@ class RolloutRequest:
     sanity_check_diffs: list[dict[str, str]] = field(default_factory=list)
     tool_log: list[dict[str, Any]] = field(default_factory=list)
     """One entry per tool call, in order: ``turn``, ``name``, ``arguments`` (JSON text, or the raw call
-    text when it did not parse), ``result`` (the observation the model read), ``error`` and ``seconds``."""
+    text when it did not parse), ``result`` (the observation the model read), ``error``, ``seconds``,
+    ``error_type`` (None on success; the exception's class name when the tool raised, ``"TimeoutError"``
+    when it ran out of time; ``"tool_error"`` when the tool itself returned an error observation; for the
+    model's bad calls ``"malformed_call"``, ``"unknown_tool"``, ``"invalid_arguments"`` or
+    ``"too_many_calls"``) and ``traceback`` (of an exception raised inside the tool, else None)."""
     _started: float = 0.0
 
     def transition(self, new: RequestState) -> None:
@@ -239,15 +248,16 @@ class RolloutRequest:
             self.trajectory.exclude_from_loss()
         self._close()
 
-    def fail(self, error: str) -> None:
+    def fail(self, error: str, *, error_type: str | None = None, traceback: str | None = None) -> None:
         """End as ``failed`` (from any live state) with finish reason ``aborted``: the row trains on nothing.
 
         Its sampled tokens were real samples, but the episode never reached an outcome the reward
         can judge; scored 0 and kept in the loss they would be pushed down for the environment's fault.
+        ``error`` is one line (``"Type: message"``); ``error_type`` and ``traceback`` say where it came from.
         """
         if self.state in (RequestState.COMPLETED, RequestState.FAILED):
             raise IllegalTransition(f"request {self.request_id} already ended as {self.state.value}")
-        self.error = error
+        self.error, self.error_type, self.error_traceback = error, error_type, traceback
         self.finish_reason = FinishReason.ABORTED
         self.transition(RequestState.FAILED)
         self.trajectory.exclude_from_loss()

@@ -1,4 +1,4 @@
-"""The tool plug-in interface: ``BaseTool``, its result ``ToolResponse``, and ``safe_execute``.
+"""The tool plug-in interface: ``BaseTool``, its result ``ToolResponse``, ``safe_execute`` and ``call_tool``.
 
 A tool lives for the whole run; each rollout request gets its own *instance*
 (``create`` -> ``execute``* -> ``calc_reward`` -> ``release``), keyed by an
@@ -10,20 +10,44 @@ Contract with the rollout loop:
 * a model's bad call must never crash the batch. Shipped tools return
   ``ToolResponse(is_error=True)`` on bad parameters; for any other tool the
   loop calls :func:`safe_execute`, which turns exceptions and timeouts into an
-  error observation;
-* blocking work (running code, scoring) goes through ``self.executor``
-  (:mod:`mcore_agentic.tools.executor`), so the event loop that drives many
-  requests at once is never blocked.
+  error observation (and records the exception's type and traceback on it);
+* a tool's blocking work never stalls the event loop that drives many requests
+  at once. The loop calls every lifecycle method through :func:`call_tool`: a
+  tool's own code runs on a worker thread (a coroutine on an event loop of its
+  own there, see :class:`~mcore_agentic.tools.executor.ThreadRunner`), so
+  ``time.sleep``, ``requests.get`` or ``subprocess.run`` inside ``execute`` (a
+  plain ``def execute`` too) cannot hold up other requests, and ``tool_timeout``
+  answers the model in time. A tool whose code never blocks (it awaits
+  non-blocking I/O and hands blocking work to ``self.run_blocking``) declares
+  ``runs_on_event_loop = True`` and runs on the rollout's loop; this package's
+  own tool code does so without declaring it. Blocking is detected and
+  reported once per tool (:data:`BLOCKING_WARN_S`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
+import logging
+import threading
+import time
+import traceback as tb
 import uuid
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from mcore_agentic.tools.executor import TOOL_CLOCK, ToolClock, ToolExecutor, default_executor
+from mcore_agentic.tools.executor import (
+    MAX_ORPHANED_THREADS,
+    TOOL_CLOCK,
+    OrphanLimitError,
+    ThreadRunner,
+    ToolClock,
+    ToolExecutor,
+    default_executor,
+    timed_steps,
+)
 from mcore_agentic.tools.schema import drop_null_keywords
 from mcore_agentic.utils.instance_state import InstanceState
 
@@ -40,6 +64,10 @@ class ToolResponse:
     """Free-form numbers for logging (e.g. ``exit_code``, ``duration_s``)."""
     is_error: bool = False
     """Bad call, exception or timeout: counted as a tool error by the rollout."""
+    error_type: str | None = None
+    """Set by :func:`safe_execute`: the class name of the exception the tool raised, or ``"TimeoutError"``."""
+    traceback: str | None = None
+    """Set by :func:`safe_execute` for an exception raised in the tool: its traceback (:data:`MAX_TRACEBACK_CHARS`)."""
 
 
 @runtime_checkable
@@ -52,7 +80,9 @@ class ToolProtocol(Protocol):
 
     async def create(self, instance_id: str | None = None, **create_kwargs: Any) -> str: ...
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs: Any) -> ToolResponse: ...
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs: Any) -> ToolResponse:
+        """May also be a plain ``def`` on a ``BaseTool`` subclass: it then runs on a worker thread."""
+        ...
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float: ...
 
@@ -67,6 +97,12 @@ class BaseTool(InstanceState):
     The default ``create``/``release`` keep a per-instance dict in ``self._instances``
     holding the ``create_kwargs`` (e.g. ``ground_truth``).
     """
+
+    runs_on_event_loop: ClassVar[bool | None] = None
+    """True: this class's methods never block, so they run on the rollout's event loop (cheapest). False: they run
+    on a worker thread, a coroutine on an event loop of its own there (fresh per call: keep no loop-bound object,
+    such as an ``aiohttp`` session, across calls). None (undeclared): the project's own code runs on the loop,
+    anything else on a worker thread. See :func:`call_tool`."""
 
     def __init__(self, config: dict[str, Any], tool_schema: dict[str, Any]):
         self.config = dict(config or {})
@@ -108,7 +144,10 @@ class BaseTool(InstanceState):
         return instance_id
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs: Any) -> ToolResponse:
-        """Run one call. ``parameters`` is the call's (already schema-validated) arguments."""
+        """Run one call. ``parameters`` is the call's (already schema-validated) arguments.
+
+        A subclass may define it as a plain ``def`` (blocking code is fine there: it runs on a worker thread).
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement execute()")
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
@@ -119,7 +158,6 @@ class BaseTool(InstanceState):
         """Free per-request state; safe to call for an unknown or already released id."""
         self._instances.pop(instance_id, None)
 
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 
@@ -127,6 +165,21 @@ class BaseTool(InstanceState):
 def error_response(message: str, **metrics: Any) -> ToolResponse:
     """An error observation; ``message`` is what the model reads."""
     return ToolResponse(text=message, is_error=True, metrics=dict(metrics))
+
+
+MAX_TRACEBACK_CHARS = 4000
+"""A recorded traceback keeps its first line and its last frames up to this many characters."""
+
+
+def format_traceback(exc: BaseException, limit: int = MAX_TRACEBACK_CHARS) -> str:
+    """``exc``'s formatted traceback (its chain included), cut in the middle to ``limit`` characters."""
+    text = "".join(tb.format_exception(exc)).rstrip("\n")
+    if len(text) <= limit:
+        return text
+    head = text.partition("\n")[0]
+    marker = "\n  ...({} characters cut)...\n"
+    tail = max(limit - len(head) - len(marker.format(len(text))), 0)
+    return head + marker.format(len(text) - len(head) - tail) + text[len(text) - tail :]
 
 
 def _coerce(tool_name: str, result: Any) -> ToolResponse:
@@ -151,30 +204,43 @@ async def safe_execute(
     timeout: float | None = None,
     **execute_kwargs: Any,
 ) -> ToolResponse:
-    """``tool.execute`` that never raises for the model's sake.
+    """``tool.execute`` (through :func:`call_tool`) that never raises for the model's sake.
 
-    An exception becomes ``ToolResponse(is_error=True, text="Error: ...")``;
-    running past ``timeout`` seconds cancels the call and becomes a timeout
-    observation. Time the call spends waiting for an executor slot does not
-    count (see :class:`~mcore_agentic.tools.executor.ToolClock`). Cancellation
-    of the caller itself still propagates. The timeout can only fire at an
-    ``await``: a tool that blocks inside ``execute`` must move that work to
-    ``run_blocking`` / its executor.
+    An exception becomes ``ToolResponse(is_error=True, text="Error: ...")`` with ``error_type`` (its class
+    name) and ``traceback``; running past ``timeout`` seconds cancels the call and becomes a timeout
+    observation (``error_type="TimeoutError"``). Time the call spends waiting for an executor slot does not
+    count (see :class:`~mcore_agentic.tools.executor.ToolClock`). Cancellation of the caller itself still
+    propagates. The timeout holds for blocking tools too, since their code runs on a worker thread; one
+    declared to run on the event loop can only be stopped at an ``await``.
     """
-    clock = ToolClock()
+    clock = ToolClock(asyncio.get_running_loop())
     token = TOOL_CLOCK.set(clock)
     try:
-        task = asyncio.ensure_future(tool.execute(instance_id, parameters, **execute_kwargs))  # inherits the clock
+        task = asyncio.ensure_future(call_tool(tool, "execute", instance_id, parameters, **execute_kwargs))  # inherits the clock
     finally:
         TOOL_CLOCK.reset(token)
     try:
         if not await _within(task, timeout, clock):
             after = f" after {timeout:g} s" if timeout is not None else ""
-            return error_response(f"Error: tool '{tool.name}' timed out{after}.", timeout=1)
+            return _failure(f"Error: tool '{tool.name}' timed out{after}.", "TimeoutError", timeout=1)
         return _coerce(tool.name, task.result())
+    except OrphanLimitError:
+        return _failure(
+            f"Error: tool '{tool.name}' was not run: too many of its earlier calls timed out and are still running.",
+            "TimeoutError", timeout=1,
+        )
     except Exception as exc:  # noqa: BLE001 -- any tool failure is an observation, not a crash
         detail = str(exc).strip() or "(no message)"
-        return error_response(f"Error: tool '{tool.name}' failed: {type(exc).__name__}: {detail}", exception=1)
+        return _failure(
+            f"Error: tool '{tool.name}' failed: {type(exc).__name__}: {detail}", type(exc).__name__,
+            format_traceback(exc), exception=1,
+        )
+
+
+def _failure(message: str, error_type: str, traceback: str | None = None, **metrics: Any) -> ToolResponse:
+    response = error_response(message, **metrics)
+    response.error_type, response.traceback = error_type, traceback
+    return response
 
 
 async def _within(task: asyncio.Future[Any], timeout: float | None, clock: ToolClock) -> bool:
@@ -205,3 +271,102 @@ async def _within(task: asyncio.Future[Any], timeout: float | None, clock: ToolC
         raise
     task.result()  # re-raise the tool's own exception, if any
     return True
+
+
+# -- where a tool's code runs -----------------------------------------------------------------------
+
+BLOCKING_WARN_S = 0.25
+"""A tool's code holding its thread this long without an ``await`` counts as blocking (warned once per tool)."""
+
+_FIRST_PARTY = __name__.split(".")[0]
+_RUNNERS: weakref.WeakKeyDictionary[Any, ThreadRunner] = weakref.WeakKeyDictionary()
+_WARNED: set[tuple[str, str, str]] = set()
+_WARNED_LOCK = threading.Lock()
+logger = logging.getLogger(__name__)
+
+
+def on_event_loop(tool: Any, method: str) -> bool:
+    """Whether ``tool.<method>`` runs on the rollout's event loop (else on a worker thread).
+
+    The tool's ``runs_on_event_loop`` decides when it declares it; undeclared, the method runs on the loop
+    exactly when its code is this package's own (``BaseTool``'s defaults, the shipped tools: reviewed to
+    hand blocking work to ``run_blocking``). A user's subclass of a shipped tool that overrides a method gets
+    that method run on a thread.
+    """
+    declared = getattr(tool, "runs_on_event_loop", None)
+    if declared is not None:
+        return bool(declared)
+    module = getattr(getattr(type(tool), method, None), "__module__", None) or ""
+    return module.split(".")[0] == _FIRST_PARTY
+
+
+async def call_tool(tool: Any, method: str, /, *args: Any, **kwargs: Any) -> Any:
+    """``tool.<method>(*args, **kwargs)``, awaited, where it belongs (:func:`on_event_loop`).
+
+    On the loop, each step of the call is timed: one that holds the loop :data:`BLOCKING_WARN_S` or longer
+    is warned about once per tool. Off the loop the call runs on the tool's
+    :class:`~mcore_agentic.tools.executor.ThreadRunner` (a plain ``def`` is called there, a coroutine runs on
+    its own loop there); a caller that stops waiting (a timeout) orphans the thread, at most
+    :data:`~mcore_agentic.tools.executor.MAX_ORPHANED_THREADS` per tool.
+    """
+    fn = getattr(tool, method)
+    if on_event_loop(tool, method):
+        started = time.perf_counter()
+        result = fn(*args, **kwargs)
+        if not inspect.isawaitable(result):
+            _held_loop(tool, method, time.perf_counter() - started)
+            return result
+        return await timed_steps(result, functools.partial(_held_loop, tool, method))
+    plain = not inspect.iscoroutinefunction(fn)
+    return await _runner(tool).run(fn, args, kwargs, on_step=functools.partial(_held_thread, tool, method, plain))
+
+
+def _label(tool: Any) -> str:
+    return f"tool {getattr(tool, 'name', '?')!r} ({type(tool).__module__}.{type(tool).__qualname__})"
+
+
+def _runner(tool: Any) -> ThreadRunner:
+    try:
+        runner = _RUNNERS.get(tool)
+        if runner is None:
+            runner = _RUNNERS[tool] = ThreadRunner(_label(tool))
+        return runner
+    except TypeError:  # not weak-referenceable: a runner per call (no orphan bound shared across its calls)
+        return ThreadRunner(_label(tool))
+
+
+def _warn_once(tool: Any, kind: str, message: str, *args: Any) -> None:
+    key = (kind, getattr(tool, "name", "?"), type(tool).__qualname__)
+    with _WARNED_LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    logger.warning(message, *args)
+
+
+def _held_loop(tool: Any, method: str, seconds: float) -> None:
+    if seconds < BLOCKING_WARN_S:
+        return
+    why = "declares runs_on_event_loop = True" if getattr(tool, "runs_on_event_loop", None) else "is this package's code"
+    _warn_once(
+        tool, "loop",
+        "%s held the rollout's event loop for %.2f s in %s() without an await: every other request waited, and "
+        "rollout.multi_turn.tool_timeout cannot stop it. It %s; move its blocking work to `await "
+        "self.run_blocking(...)`, or set runs_on_event_loop = False so it runs on a worker thread",
+        _label(tool), seconds, method, why,
+    )
+
+
+def _held_thread(tool: Any, method: str, plain: bool, seconds: float) -> None:
+    if seconds < BLOCKING_WARN_S:
+        return
+    how = "a plain def" if plain else "blocking code inside async def"
+    _warn_once(
+        tool, "thread",
+        "%s blocked for %.2f s in %s() (%s). It runs on a worker thread, so other requests go on and "
+        "rollout.multi_turn.tool_timeout still answers the model in time; but a timed-out call cannot be stopped "
+        "and keeps its thread until it returns (at most %d such threads per tool, then its calls are refused). "
+        "To run it on the event loop instead, await non-blocking I/O or `self.run_blocking(...)` and declare "
+        "runs_on_event_loop = True",
+        _label(tool), seconds, method, how, MAX_ORPHANED_THREADS,
+    )

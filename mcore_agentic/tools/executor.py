@@ -15,19 +15,32 @@ when the callable returns, not when its caller stops waiting: a thread cannot
 be killed, so with :class:`LocalExecutor` a timed-out callable keeps its slot
 until it ends (the code tool's sandbox bounds itself with its own wall-clock
 kill). :class:`RayExecutor` force-cancels the task (kills its worker) on timeout.
+Slots are shared by every event loop of the process, so the bound holds for
+tools that run on worker threads' loops too.
+
+A tool's *own* code (its ``execute``, ``create``, ...) runs on a
+:class:`ThreadRunner` unless the tool declares it never blocks (see
+:func:`mcore_agentic.tools.base.call_tool`): a daemon thread per call, a
+coroutine on a fresh event loop there. A call whose caller timed out cannot be
+killed; its thread is an *orphan* until it returns, and a tool may have at most
+:data:`MAX_ORPHANED_THREADS` of them before its further calls are refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
+import inspect
 import multiprocessing
 import os
 import threading
-import weakref
-from collections.abc import Callable
+import time
+import types
+from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -46,13 +59,18 @@ class ToolExecutor(Protocol):
 
 
 class ToolClock:
-    """How long one tool call has waited for executor slots; :func:`safe_execute` leaves that time out of its timeout."""
+    """How long one tool call has waited for executor slots; :func:`safe_execute` leaves that time out of its timeout.
 
-    def __init__(self) -> None:
+    Owned by the loop :func:`safe_execute` runs on; a tool running off that loop (a worker thread's loop, see
+    :class:`ThreadRunner`) reports its waits from there, and they are applied on the owner loop in order.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.waited = 0.0
         self._waiting = 0
         self._since = 0.0
         self._resumed: asyncio.Event | None = None
+        self._loop = loop
 
     @property
     def waiting(self) -> bool:
@@ -66,17 +84,37 @@ class ToolClock:
                 self._resumed.set()
         return self._resumed
 
+    def _elsewhere(self) -> bool:
+        """Called from a loop or thread other than the owner's (the times are ``time.monotonic`` on both)."""
+        if self._loop is None:
+            return False
+        try:
+            return asyncio.get_running_loop() is not self._loop
+        except RuntimeError:
+            return True
+
     def pause(self, now: float) -> None:
+        if self._elsewhere():
+            self._post(self.pause, now)
+            return
         if self._waiting == 0:
             self._since = now
             self.resumed().clear()
         self._waiting += 1
 
     def resume(self, now: float) -> None:
+        if self._elsewhere():
+            self._post(self.resume, now)
+            return
         self._waiting -= 1
         if self._waiting == 0:
             self.waited += now - self._since
             self.resumed().set()
+
+    def _post(self, method: Callable[[float], None], now: float) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the owner loop is closed: nobody is timing the call any more
+            self._loop.call_soon_threadsafe(method, now)
 
     def waited_until(self, now: float) -> float:
         """Seconds spent waiting for slots so far, the current wait included."""
@@ -88,35 +126,77 @@ TOOL_CLOCK: contextvars.ContextVar[ToolClock | None] = contextvars.ContextVar("t
 
 
 class _Slots:
-    """At most ``limit`` callables in flight, per event loop (an asyncio semaphore cannot span loops)."""
+    """At most ``limit`` callables in flight across every event loop and thread of the process, first come first served.
+
+    A tool running off the rollout's loop (:class:`ThreadRunner`) waits on its own loop for the same slots.
+    """
 
     def __init__(self, limit: int | None):
         self.limit = limit
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = collections.deque()
 
-    async def run(self, start: Callable[[], asyncio.Future[Any]], timeout: float | None) -> Any:
-        """Wait for a slot (not timed), call ``start()``, then wait ``timeout`` s for its future; free the slot when it ends."""
+    async def run(self, start: Callable[[], concurrent.futures.Future[Any]], timeout: float | None) -> Any:
+        """Wait for a slot (not timed), call ``start()``, then wait ``timeout`` s for its future; free the slot when it ends.
+
+        The slot is freed by the work's own (thread-safe) future, so it comes back even when the loop that
+        started the work is closed first (a timed-out call of a tool running on a worker thread's loop).
+        """
         if self.limit is None:
-            return await asyncio.wait_for(start(), timeout)
+            return await asyncio.wait_for(asyncio.wrap_future(start()), timeout)
         loop = asyncio.get_running_loop()
-        slots = self._per_loop.get(loop)
-        if slots is None:
-            slots = self._per_loop[loop] = asyncio.Semaphore(self.limit)
         clock = TOOL_CLOCK.get()
         if clock is not None:
             clock.pause(loop.time())
         try:
-            await slots.acquire()
+            await self._acquire(loop)
         finally:
             if clock is not None:
                 clock.resume(loop.time())
         try:
             future = start()
         except BaseException:
-            slots.release()
+            self._release()
             raise
-        future.add_done_callback(lambda _: slots.release())
-        return await asyncio.wait_for(asyncio.shield(future), timeout)
+        future.add_done_callback(lambda _: self._release())
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+
+    async def _acquire(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self.limit is not None
+        with self._lock:
+            if self._busy < self.limit:
+                self._busy += 1
+                return
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((loop, waiter))
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            with self._lock:
+                queued = (loop, waiter) in self._waiters
+                if queued:
+                    self._waiters.remove((loop, waiter))
+            if not queued and waiter.done() and not waiter.cancelled():
+                self._release()  # handed a slot just as this wait was cancelled: pass it on
+            raise  # (a hand-over still in flight finds the waiter cancelled and passes the slot on itself)
+
+    def _release(self) -> None:
+        with self._lock:
+            while self._waiters:
+                loop, waiter = self._waiters.popleft()
+                try:
+                    loop.call_soon_threadsafe(self._hand_over, waiter)  # the slot moves; ``_busy`` stays
+                    return
+                except RuntimeError:  # that waiter's loop is closed
+                    continue
+            self._busy -= 1
+
+    def _hand_over(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.done():
+            self._release()
+        else:
+            waiter.set_result(None)
 
 
 class LocalExecutor:
@@ -146,8 +226,7 @@ class LocalExecutor:
     async def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         if self._closed:
             raise RuntimeError("LocalExecutor.run after shutdown()")
-        loop = asyncio.get_running_loop()
-        return await self._slots.run(lambda: loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs)), timeout)
+        return await self._slots.run(lambda: self._pool.submit(functools.partial(fn, *args, **kwargs)), timeout)
 
     def shutdown(self) -> None:
         if not self._closed:
@@ -210,9 +289,9 @@ class RayExecutor:
             raise RuntimeError("RayExecutor.run after shutdown()")
         refs: list[Any] = []
 
-        def start() -> asyncio.Future[Any]:
+        def start() -> concurrent.futures.Future[Any]:
             refs.append(self._remote.remote(fn, args, kwargs))
-            return asyncio.wrap_future(refs[0].future())
+            return refs[0].future()
 
         try:
             return await self._slots.run(start, timeout)
@@ -251,3 +330,185 @@ def default_executor() -> LocalExecutor:
         if _default is None or _default._closed:
             _default = LocalExecutor()
         return _default
+
+
+# -- a tool's own code, off the rollout's event loop -------------------------------------------------
+
+MAX_ORPHANED_THREADS = 16
+"""Calls of one tool that timed out and still run (a thread cannot be killed) before its next calls are refused."""
+
+
+class OrphanLimitError(RuntimeError):
+    """A tool already has :data:`MAX_ORPHANED_THREADS` timed-out calls still running; the call was not started."""
+
+
+class _Call:
+    """One off-loop call: whether its caller gave up, and the worker loop's task to cancel when it did."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.finished = False
+        self.orphaned = False
+        self.cancelled = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.task: asyncio.Task[Any] | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        with self.lock:
+            self.loop, self.task = loop, task
+            if self.cancelled:
+                task.cancel()
+
+    def cancel(self) -> None:
+        """Cancel the worker's coroutine at its next ``await`` (blocking code in it runs on until it returns)."""
+        with self.lock:
+            self.cancelled = True
+            loop, task = self.loop, self.task
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # the worker loop already closed: the call is over
+                loop.call_soon_threadsafe(task.cancel)
+
+
+class ThreadRunner:
+    """Runs a tool's own code off the rollout's event loop: every call on a fresh daemon thread.
+
+    A plain function is called there; a coroutine function's coroutine runs there on an event loop of its own
+    (:class:`asyncio.Runner`: a fresh loop per call, closed after it, so nothing bound to a loop outlives a call).
+    The caller awaits the result on its loop, which keeps serving every other request meanwhile. When the caller
+    stops waiting (its timeout), the worker's coroutine is cancelled at its next ``await``; blocking code runs on
+    until it returns, and that thread is *orphaned*. At most ``max_orphans`` orphans per runner (per tool) may
+    run at once: past that, :meth:`run` raises :class:`OrphanLimitError` without starting the call, so a tool
+    that hangs every call holds a bounded number of threads. Daemon threads: an orphan never holds up the
+    interpreter's exit.
+    """
+
+    def __init__(self, name: str, max_orphans: int = MAX_ORPHANED_THREADS):
+        self.name = name
+        self.max_orphans = max_orphans
+        self._lock = threading.Lock()
+        self.orphans = 0
+        """Calls whose caller gave up and that still run."""
+
+    async def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        on_step: Callable[[float], None] | None = None,
+    ) -> Any:
+        """``fn(*args, **kwargs)`` on a worker thread (awaited there if it returns an awaitable).
+
+        ``on_step(seconds)`` is called on the worker with how long each uninterrupted stretch of ``fn`` held
+        the thread (the whole call for a plain function, each step between ``await``s for a coroutine).
+        The caller's context variables (:data:`TOOL_CLOCK`) are visible to ``fn``.
+        """
+        with self._lock:
+            if self.orphans >= self.max_orphans:
+                raise OrphanLimitError(
+                    f"{self.orphans} earlier calls of {self.name} timed out and are still running "
+                    "(a thread cannot be stopped); this call was not started"
+                )
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        call = _Call()
+        context = contextvars.copy_context()
+
+        def deliver(outcome: Callable[[], None]) -> None:
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits for the result
+                loop.call_soon_threadsafe(outcome)
+
+        def settle_result(value: Any) -> None:
+            if not done.done():
+                done.set_result(value)
+
+        def settle_error(exc: BaseException) -> None:
+            if done.done():
+                return
+            if isinstance(exc, asyncio.CancelledError):
+                done.cancel()
+            else:
+                done.set_exception(exc)
+
+        def body() -> None:
+            try:
+                value = _invoke(fn, args, kwargs or {}, context, call, on_step)
+            except BaseException as exc:  # noqa: BLE001 -- handed to the caller, who decides
+                deliver(functools.partial(settle_error, exc))
+            else:
+                deliver(functools.partial(settle_result, value))
+            finally:
+                with call.lock:
+                    call.finished = True
+                    orphaned = call.orphaned
+                if orphaned:
+                    with self._lock:
+                        self.orphans -= 1
+
+        threading.Thread(target=body, name=f"tool-{self.name}", daemon=True).start()
+        try:
+            return await done
+        except asyncio.CancelledError:
+            with call.lock:
+                if not call.finished:
+                    call.orphaned = True
+                    with self._lock:
+                        self.orphans += 1
+            call.cancel()
+            raise
+
+
+def _invoke(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    context: contextvars.Context,
+    call: _Call,
+    on_step: Callable[[float], None] | None,
+) -> Any:
+    """Body of a :class:`ThreadRunner` worker: call ``fn``; run what it returns to completion if it is awaitable."""
+    started = time.perf_counter()
+    result = context.run(fn, *args, **kwargs)
+    if not inspect.isawaitable(result):
+        if on_step is not None:
+            on_step(time.perf_counter() - started)
+        return result
+
+    async def main() -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        call.bind(asyncio.get_running_loop(), task)
+        return await (timed_steps(result, on_step) if on_step is not None else result)
+
+    with asyncio.Runner() as runner:
+        return runner.run(main(), context=context)
+
+
+@types.coroutine
+def timed_steps(awaitable: Awaitable[Any], on_step: Callable[[float], None]) -> Generator[Any, Any, Any]:
+    """``await awaitable``, calling ``on_step(seconds)`` after each step it takes between two suspensions.
+
+    A step is what holds the thread (and its event loop): blocking code inside an ``async def`` shows up
+    as a long step.
+    """
+    steps = awaitable.__await__()
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        started = time.perf_counter()
+        try:
+            yielded = steps.throw(error) if error is not None else steps.send(value)
+        except StopIteration as stop:
+            on_step(time.perf_counter() - started)
+            return stop.value
+        except BaseException:
+            on_step(time.perf_counter() - started)
+            raise
+        on_step(time.perf_counter() - started)
+        try:
+            value, error = (yield yielded), None
+        except GeneratorExit:
+            steps.close()
+            raise
+        except BaseException as exc:  # noqa: BLE001 -- passed on into the awaitable, as ``await`` does
+            value, error = None, exc
