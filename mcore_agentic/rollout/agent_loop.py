@@ -140,7 +140,8 @@ class AgentSession:
             error = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
             if not req.done:
                 req.fail(error, error_type=type(exc).__name__, traceback=format_traceback(exc))
-            logger.warning("rollout request %s failed: %s", req.request_id, error)
+            # The step's failure report says it once per step (rollout/failures.py), with the first traceback.
+            logger.debug("rollout request %s failed: %s", req.request_id, error)
         finally:
             if not self.paused:
                 await self.release()

@@ -39,7 +39,7 @@ from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.engines.base import RolloutEngine
 from mcore_agentic.rollout.loop_monitor import LoopStallMonitor
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
-from mcore_agentic.rollout.tokenization import ChatTokenizer, log_mismatch
+from mcore_agentic.rollout.tokenization import ChatTokenizer, mismatch_summary
 from mcore_agentic.rollout.tool_parser import get_tool_parser
 
 logger = logging.getLogger(__name__)
@@ -135,13 +135,21 @@ def close_context(ctx: AgentContext) -> None:
 
 
 def finish_batch(requests: Sequence[RolloutRequest], cfg: RolloutConfig, chat: ChatTokenizer) -> Batch:
-    """Ended requests -> their batch; sanity-check mismatches are logged (the first in full)."""
-    mismatched = [r for r in requests if r.metrics.sanity_check_mismatch]
-    if mismatched:
-        log_mismatch(mismatched[0].request_id, mismatched[0].sanity_check_diffs)
-        if len(mismatched) > 1:
-            logger.warning("%d of %d trajectories differ from their template render", len(mismatched), len(requests))
+    """Ended requests -> their batch. Sanity-check mismatches travel in each row's ``request_metrics``
+    (``sanity_check_diffs``, the first few); the trainer says them once per step (:func:`mismatch_line`)."""
     return collate(requests, cfg, pad_token_id=_pad_id(chat.tokenizer))
+
+
+def mismatch_line(meta: Mapping[str, Sequence[Any]]) -> str | None:
+    """One line for the sanity-check mismatches of a step's rows (the collated ``meta`` of one or more batches):
+    how many trajectories differ from a full render, and the first one's first diffs (token ids where the texts are
+    equal); None when none differs."""
+    rms = [m or {} for m in meta.get("request_metrics", [])]
+    mismatched = [m for m in rms if m.get("sanity_check_mismatch")]
+    if not mismatched:
+        return None
+    first = mismatched[0]
+    return mismatch_summary(str(first.get("request_id")), first.get("sanity_check_diffs") or [], len(mismatched), len(rms))
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -221,6 +229,7 @@ def _request_metrics(r: RolloutRequest) -> dict[str, Any]:
         error=r.error,
         error_type=r.error_type,
         error_traceback=r.error_traceback,
+        sanity_check_diffs=list(r.sanity_check_diffs[:3]),
         tool_rewards_by_tool=dict(r.tool_rewards),
         interaction_final_score=r.interaction_final_score,
     )

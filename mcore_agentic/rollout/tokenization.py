@@ -745,14 +745,3 @@ def mismatch_summary(request_id: str, diffs: Sequence[Mapping[str, Any]], mismat
         f"(rollout.multi_turn.tokenization_sanity_check_mode); first, request {request_id} (expected -> actual): "
         + "; ".join(describe_diff(d) for d in diffs[:3])
     )
-
-
-def log_mismatch(request_id: str, diffs: list[dict[str, Any]]) -> None:
-    """The warning users of verl recognise, with the mismatching text (and token ids where the texts are equal)."""
-    logger.warning(
-        "Inconsistent training and inference tokenization detected in request %s. This may lead to unexpected "
-        "behavior during training; review your chat template (see rollout.multi_turn.tokenization_sanity_check_mode). "
-        "First diffs (expected -> actual): %s",
-        request_id,
-        "; ".join(describe_diff(d) for d in diffs[:3]),
-    )

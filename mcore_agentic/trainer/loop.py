@@ -17,7 +17,10 @@ from typing import Any
 
 from mcore_agentic.algorithms.rollout_correction import compute_rollout_correction
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.stats import Stats, max_over, sum_over
+from mcore_agentic.rollout.driver import mismatch_line
+from mcore_agentic.rollout.failures import FailureReport, summarize_failures
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
 from mcore_agentic.trainer.build import Components, model_state_io, tool_schemas
@@ -74,6 +77,8 @@ class RLTrainer:
         self.sft_summary: dict[str, float] = {}
         # Failure rates of every step (all-reduced): a run whose rollouts almost all fail stops with one line.
         self.health = RunHealth(self.cfg.trainer.failure_stop_fraction, self.cfg.trainer.failure_stop_steps)
+        self.failures = FailureReport()  # this leader's, over the run (the end-of-run summary gathers them)
+        self.last_failures = FailureReport()
         self.stop = StopSignals([])  # replaced by the installed one in fit()
         t = self.cfg.trainer
         # Every rank takes part in a dump step's return exchange; only rollout leaders write.
@@ -124,14 +129,33 @@ class RLTrainer:
                 progress.close()
         return self.state
 
+    def report_rollout(self, batches: list[Batch], step: int, split: str) -> None:
+        """On a rollout leader: this step's failed requests and failing tools (one warning each, with the first
+        traceback) and its tokenization sanity-check mismatches (one line), added to the run's totals."""
+        report = FailureReport()
+        for b in batches:
+            report.merge(summarize_failures(b.meta))
+        report.log(logger, step, split)
+        self.last_failures = report
+        self.failures.merge(report)
+        meta = {"request_metrics": [m for b in batches for m in b.meta.get("request_metrics", [])]}
+        line = mismatch_line(meta)
+        if line is not None:
+            logger.warning("step %d (%s): %s", step, split, line)
+
     def run_notes(self) -> list[str]:
-        """The end-of-run summary's failure lines (identical on every rank)."""
+        """The end-of-run summary's failure lines, over every rollout leader (collective; identical on every rank)."""
         line = self.health.summary_line()
-        return [line] if line is not None else []
+        notes = [line] if line is not None else []
+        merged = FailureReport()
+        for report in comm.all_gather_object(self.failures if self.c.placement.is_leader else None):
+            if report is not None:
+                merged.merge(report)
+        return notes + merged.summary_lines()
 
     def failure_causes(self) -> str:
-        """What this rank's rollouts of the run say failed (its leader's tools and errors), for the stop line."""
-        return ""
+        """What this rank's rollouts of the last step say failed (its leader's tools and errors), for the stop line."""
+        return "; ".join(self.last_failures.summary_lines()[:3])
 
     def boundary(self, step: int, *, save: bool, last: bool = False) -> None:
         """End of step ``step`` (0: the warm start): agree on stop / timed save across ranks, save, maybe stop."""
@@ -152,6 +176,8 @@ class RLTrainer:
             with t.phase("gen"), c.weight_sync:  # enter: the engine gets the actor's current weights
                 # None off the group's leader; dynamic sampling may roll out (and score) several rounds here.
                 local, generated, group_rows, sampling = self.collector.collect(rows, step)
+            if local is not None:  # this rank leads a rollout group: what failed, said once per step
+                self.report_rollout(generated, step, "train")
             version = c.weight_sync.version.value  # the weights these rows were sampled with
             sync = c.weight_sync.metrics()
             if cache is not None:
@@ -344,6 +370,8 @@ class RLTrainer:
                 exp.score_rollout(b, c.reward_fn, c.tokenizer, [r.get("extra_info") or {} for r in part])
                 for b, part in zip(batches, parts)
             ]  # none off the leaders
+            if scored:
+                self.report_rollout(scored, self.state.step, "val")
             if self.dump_writer is not None and scored:
                 self._dump(scored, "val", self.state.step, c.weight_sync.version.value)
             m = exp.rollout_metrics(exp.rollout_stats(scored).reduce(world=True))

@@ -58,6 +58,8 @@ TOOL_CALL = pa.struct(
         ("result", pa.string()),
         ("error", pa.bool_()),
         ("seconds", pa.float64()),
+        ("error_type", pa.string()),
+        ("traceback", pa.string()),
     ]
 )
 SCHEMA = pa.schema(
@@ -92,6 +94,7 @@ SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("state", pa.string()),
         ("error", pa.string()),
+        ("error_traceback", pa.string()),
         ("num_turns", pa.int32()),
         ("tool_calls", pa.list_(TOOL_CALL)),
         ("generate_seconds", pa.float64()),
@@ -203,6 +206,7 @@ def trajectory_records(
                 "finish_reason": str(batch["finish_reason"][i]),
                 "state": str(rm.get("state", "")),
                 "error": rm.get("error"),
+                "error_traceback": rm.get("error_traceback"),
                 "num_turns": int(batch["num_turns"][i]),
                 "tool_calls": list(batch["tool_log"][i]) if "tool_log" in batch.meta else [],
                 "generate_seconds": float(rm.get("generate_seconds", 0.0)),

@@ -13,14 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcore_agentic.rollout.failures import is_tool_fault
+
+__all__ = ["RunFailed", "RunHealth", "StepFailures", "describe", "is_tool_fault"]
+
 
 class RunFailed(RuntimeError):
     """The run stopped because its rollouts almost all failed; the message is the one line that says why."""
-
-
-def is_tool_fault(entry: Mapping[str, Any]) -> bool:
-    """A ``tool_log`` entry whose error is the tool's own: an exception raised inside it, or its timeout."""
-    return bool(entry.get("traceback")) or entry.get("error_type") == "TimeoutError"
 
 
 @dataclass

@@ -78,7 +78,7 @@ def test_rollout_reads_the_meter_with_or_without_the_tool_section(in_prompt):
     assert ("# Tools" in prompt) is in_prompt and (METER_TOOL in prompt) is in_prompt
     assert batch["tool_log"][0] == [
         {"turn": 1, "name": METER_TOOL, "arguments": "{}", "result": reading, "error": False,
-         "seconds": batch["tool_log"][0][0]["seconds"]}
+         "seconds": batch["tool_log"][0][0]["seconds"], "error_type": None, "traceback": None}
     ]
     assert batch["request_metrics"][0]["sanity_check_mismatch"] == 0  # the check renders the same way
     text = tokenizer.decode(batch["responses"][0][batch["attention_mask"][0, batch["prompts"].shape[1]:].bool()])

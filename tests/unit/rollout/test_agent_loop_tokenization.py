@@ -65,7 +65,10 @@ def test_threads_and_event_loop_give_the_same_trajectories(tokenizer):
 
 
 class _BlockingTool(BaseTool):
-    """Blocks the event loop (``time.sleep`` inside ``async execute``): the stall the monitor must see."""
+    """Blocks the event loop (``time.sleep`` inside ``async execute``): the stall the monitor must see. It declares
+    itself loop-safe (wrongly), so it runs on the loop; an undeclared one would run on a worker thread."""
+
+    runs_on_event_loop = True
 
     def __init__(self) -> None:
         schema = {"type": "function", "function": {"name": "block", "parameters": {"type": "object", "properties": {}}}}
