@@ -4,6 +4,10 @@
     cfg = load_config(compose("ppo_trainer", ["actor.tensor_model_parallel_size=2"]))
     sizes = validate(cfg, world_size)
 
+verl's key names (``actor_rollout_ref.actor.optim.lr``) are accepted on the command line
+(:func:`translate_overrides`) and in YAML (:func:`load_config`); :mod:`mcore_agentic.config.verl_keys`
+holds the table. Every problem of a config is reported at once (:class:`ConfigErrors`).
+
 Every package's ``config.py`` imports :mod:`mcore_agentic.config.errors`, and the
 tree imports every package's ``config.py``; so this ``__init__`` imports nothing
 eagerly and resolves the names below on first use (PEP 562).
@@ -16,12 +20,15 @@ from typing import Any
 
 _EXPORTS = {
     "ConfigError": "mcore_agentic.config.errors",
+    "ConfigErrors": "mcore_agentic.config.errors",
     "require": "mcore_agentic.config.errors",
     "RLConfig": "mcore_agentic.config.schema",
     "CONFIG_DIR": "mcore_agentic.config.load",
     "check_overrides": "mcore_agentic.config.load",
     "compose": "mcore_agentic.config.load",
     "load_config": "mcore_agentic.config.load",
+    "translate_config": "mcore_agentic.config.load",
+    "translate_overrides": "mcore_agentic.config.load",
     "build": "mcore_agentic.config.walk",
     "to_dict": "mcore_agentic.config.walk",
     "BatchSizes": "mcore_agentic.config.rules",

@@ -2,10 +2,14 @@
 
 Its message is a single line naming the offending field and the fix, e.g.
 ``actor.tensor_model_parallel_size=3 does not divide world size 2: use 1 or 2``.
-Entry points catch it and exit with that line, no traceback.
+Entry points catch it and exit with that line, no traceback. Several problems found
+in one pass travel together as :class:`ConfigErrors` (a ``ConfigError`` too), one
+line each; every ``ConfigError`` lists its problems in ``.errors``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 
 class ConfigError(ValueError):
@@ -14,6 +18,44 @@ class ConfigError(ValueError):
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(f"{field}: {message}")
+
+    @property
+    def errors(self) -> list[ConfigError]:
+        """The problems this error reports, one per line: just itself (see :class:`ConfigErrors`)."""
+        return [self]
+
+    def __reduce__(self):  # picklable: the arguments are (field, message), not the joined message
+        return (type(self), (self.field, str(self)[len(self.field) + 2 :]))
+
+
+class ConfigErrors(ConfigError):
+    """Several config problems found in one pass: ``errors`` holds each, ``str()`` is one ``field: message``
+    line per problem, and ``field`` is the first problem's field (so code that handles one error still works)."""
+
+    def __init__(self, errors: Iterable[ConfigError]):
+        flat = [e for error in errors for e in error.errors]
+        if not flat:
+            raise ValueError("ConfigErrors needs at least one error")
+        self._errors = flat
+        self.field = flat[0].field
+        ValueError.__init__(self, "\n".join(str(e) for e in flat))
+
+    @property
+    def errors(self) -> list[ConfigError]:
+        return list(self._errors)
+
+    def __reduce__(self):  # picklable (ConfigError's arguments are not its message)
+        return (ConfigErrors, (self._errors,))
+
+
+def raise_errors(errors: Iterable[ConfigError]) -> None:
+    """Raise the problems in ``errors``, if any: a single one as itself (its message exactly as when raised
+    alone), several as one :class:`ConfigErrors`."""
+    flat = [e for error in errors for e in error.errors]
+    if len(flat) == 1:
+        raise flat[0]
+    if flat:
+        raise ConfigErrors(flat)
 
 
 def require(condition: bool, field: str, message: str) -> None:

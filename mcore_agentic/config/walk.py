@@ -3,8 +3,10 @@
 The dataclasses are the schema: their fields, type hints and defaults say what
 a key may hold. This module only walks them:
 
-* an unknown key raises :class:`ConfigError` naming the full dotted key and the
-  nearest known key ("did you mean actor.ppo_mini_batch_size?");
+* an unknown key is an error naming the full dotted key and the nearest known key
+  ("did you mean actor.ppo_mini_batch_size?"); a verl key gets its native name
+  (:mod:`mcore_agentic.config.verl_keys`); the hint is never empty or another group's
+  key of another meaning;
 * a value of the wrong type raises naming the key, the expected type and the
   value given (``int`` never silently becomes ``bool``; ``1`` is accepted where
   a ``float`` is expected);
@@ -14,6 +16,11 @@ a key may hold. This module only walks them:
   ``actor.parallel``), so two packages can own fields of one YAML group;
 * errors raised by a group's own ``__post_init__`` are re-raised with the
   group's dotted path in front of the field they name.
+
+:func:`build` collects every problem of the tree before it raises: one problem
+raises that :class:`ConfigError` as it always did, several raise one
+:class:`~mcore_agentic.config.errors.ConfigErrors` (a ``ConfigError`` too) with a
+line each. A group whose own fields failed skips its ``__post_init__``.
 
 No defaults live here: a key that is absent takes the dataclass default.
 """
@@ -27,7 +34,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, Union
 
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.config import verl_keys
+from mcore_agentic.config.errors import ConfigError, raise_errors
 
 T = TypeVar("T")
 
@@ -103,138 +111,251 @@ RETIRED_KEYS: dict[str, str] = {
 """Keys an earlier version accepted, with what to write instead."""
 
 
+GENERIC_NAMES = frozenset({
+    "name", "path", "enable", "type", "mode", "format", "seed", "shuffle", "len", "metric", "task", "device",
+    "dtype", "strategy", "config", "kwargs", "model", "optim", "model_path",
+})
+"""Key names too common to suggest from another group (``custom_reward_function.name`` is not ``rollout.name``)."""
+
+LIST_KNOWN_MAX = 12
+"""A group with at most this many keys is listed in full when nothing better is known."""
+
+CONFIG_DOC = "docs/configuration.md"
+
+
 def suggest_key(key: str, path: str, known: Sequence[str], root_leaves: Sequence[str]) -> str:
-    if _join(path, key) in RETIRED_KEYS:
-        return RETIRED_KEYS[_join(path, key)]
+    """The hint after "unknown key; " for ``key`` under ``path``: never empty, never a key of another meaning.
+
+    In order: a retired key's replacement; verl's name of a key (:mod:`mcore_agentic.config.verl_keys`: the alias's
+    native key, or why it is not needed, or what differs); a close name in the same group; a close verl key; the
+    same distinctive name in another group; the group's keys (a small group) or the reference doc.
+    """
+    full = _join(path, key)
+    if full in RETIRED_KEYS:
+        return RETIRED_KEYS[full]
+    hint = verl_keys.hint(full)
+    if hint:
+        return hint
+    if verl_keys.is_verl_root(full):  # under a group only verl has: a close verl key, or its doc
+        return verl_keys.close_key(full, frozenset(root_leaves)) or f"see {verl_keys.DOC}"
+    hint = _missing_group_hint(key, path, root_leaves)
+    if hint:
+        return hint
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     if close:
         return f"did you mean {_join(path, close[0])}?"
-    # The same name in another group is the common slip (``actor.n`` for ``rollout.n``).
-    elsewhere = [p for p in root_leaves if p.rsplit(".", 1)[-1] == key]
-    if elsewhere:
-        return f"did you mean {' or '.join(elsewhere[:3])}?"
-    return f"known keys here: {', '.join(sorted(known))}"
+    hint = verl_keys.close_key(full, frozenset(root_leaves))
+    if hint:
+        return hint
+    # The same name in another group is the common slip (``actor.n`` for ``rollout.n``), when the name means one thing.
+    if key not in GENERIC_NAMES:
+        elsewhere = [p for p in root_leaves if p.rsplit(".", 1)[-1] == key]
+        if elsewhere:
+            return f"did you mean {' or '.join(elsewhere[:3])}?"
+    if known and len(known) <= LIST_KNOWN_MAX:
+        return f"known keys here: {', '.join(sorted(known))}"
+    return f"see {CONFIG_DOC} for {path or 'the top level'}'s keys"
+
+
+def _missing_group_hint(key: str, path: str, root_leaves: Sequence[str]) -> str | None:
+    """For a key under a group that does not exist (``rollout.multi_turns.enable``): the key with that group's
+    name corrected, when that is a real key, else what the nearest existing group holds."""
+    groups = {".".join(p.split(".")[:i]) for p in root_leaves for i in range(1, p.count(".") + 1)}
+    if not path or path in groups or not root_leaves:
+        return None
+    parts = path.split(".")
+    depth = max((i for i in range(len(parts)) if i == 0 or ".".join(parts[:i]) in groups), default=0)
+    ancestor, missing, rest = ".".join(parts[:depth]), parts[depth], [*parts[depth + 1 :], key]
+    under = [p[len(ancestor) + 1 :] if ancestor else p for p in root_leaves if not ancestor or p.startswith(ancestor + ".")]
+    children = sorted({p.split(".")[0] for p in under})
+    close = difflib.get_close_matches(missing, children, n=1, cutoff=0.6)
+    if close and _join(ancestor, ".".join([close[0], *rest])) in root_leaves:
+        return f"did you mean {_join(ancestor, '.'.join([close[0], *rest]))}?"
+    where = ancestor or "the top level"
+    if len(children) <= LIST_KNOWN_MAX:
+        return f"{_join(ancestor, missing)} is not a group; {where} holds: {', '.join(children)}"
+    return f"{_join(ancestor, missing)} is not a group; see {CONFIG_DOC} for {where}'s keys"
+
+
+class _Failed:
+    """A value that could not be converted (its errors are in the walk's list)."""
+
+    def __repr__(self) -> str:
+        return "<failed>"
+
+
+FAILED = _Failed()
 
 
 def convert(tp: Any, value: Any, path: str, root_leaves: Sequence[str] = ()) -> Any:
-    """``value`` checked (and lightly coerced) against type hint ``tp``; errors name ``path``."""
+    """``value`` checked (and lightly coerced) against type hint ``tp``; errors name ``path``.
+
+    Raises every problem found (a single :class:`ConfigError`, or :class:`ConfigErrors` for several).
+    """
+    errors: list[ConfigError] = []
+    out = _convert(tp, value, path, root_leaves, errors)
+    raise_errors(errors)
+    return out
+
+
+def _convert(tp: Any, value: Any, path: str, root_leaves: Sequence[str], errors: list[ConfigError]) -> Any:
+    """``value`` converted, or :data:`FAILED` with its problems appended to ``errors``."""
     if tp is Any or tp is object:
         return value
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
 
+    def fail(message: str) -> Any:
+        errors.append(ConfigError(path, message))
+        return FAILED
+
     if origin in (Union, types.UnionType):
         if value is None:
             if type(None) in args:
                 return None
-            raise ConfigError(path, f"must not be null (expected {_type_name(tp)})")
-        errors = []
+            return fail(f"must not be null (expected {_type_name(tp)})")
+        tries: list[list[ConfigError]] = []
         for arm in args:
             if arm is type(None):
                 continue
-            try:
-                return convert(arm, value, path, root_leaves)
-            except ConfigError as e:
-                errors.append(e)
-        # A mapping aimed at a dataclass arm gives the most useful message.
+            arm_errors: list[ConfigError] = []
+            out = _convert(arm, value, path, root_leaves, arm_errors)
+            if not arm_errors:
+                return out
+            tries.append(arm_errors)
+        # A mapping aimed at a dataclass arm gives the most useful messages.
         if isinstance(value, Mapping):
-            for e in errors:
-                if e.field != path:
-                    raise e
-        raise ConfigError(path, f"expected {_type_name(tp)}, got {value!r}")
+            for arm_errors in tries:
+                if any(e.field != path for e in arm_errors):
+                    errors.extend(arm_errors)
+                    return FAILED
+        return fail(f"expected {_type_name(tp)}, got {value!r}")
 
     if value is None:
-        raise ConfigError(path, f"must not be null (expected {_type_name(tp)}); set a value or remove the key")
+        return fail(f"must not be null (expected {_type_name(tp)}); set a value or remove the key")
 
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(path, f"got {value!r}; choose one of {', '.join(repr(a) for a in args)}")
+            return fail(f"got {value!r}; choose one of {', '.join(repr(a) for a in args)}")
         return value
 
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(value, Mapping):
-            raise ConfigError(path, f"expected a mapping of {tp.__name__} keys, got {value!r}")
-        return build(tp, value, path, root_leaves)
+            return fail(f"expected a mapping of {tp.__name__} keys, got {value!r}")
+        return _build(tp, value, path, root_leaves, errors)
 
     if origin in (list, tuple, Sequence) or tp in (list, tuple):
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-            raise ConfigError(path, f"expected a list, got {value!r}")
+            return fail(f"expected a list, got {value!r}")
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
             if len(value) != len(args):
-                raise ConfigError(path, f"expected {len(args)} items, got {len(value)}")
-            return tuple(convert(a, v, f"{path}[{i}]", root_leaves) for i, (a, v) in enumerate(zip(args, value)))
+                return fail(f"expected {len(args)} items, got {len(value)}")
+            items = [_convert(a, v, f"{path}[{i}]", root_leaves, errors) for i, (a, v) in enumerate(zip(args, value))]
+            return FAILED if any(i is FAILED for i in items) else tuple(items)
         item_tp = args[0] if args else Any
-        items = [convert(item_tp, v, f"{path}[{i}]", root_leaves) for i, v in enumerate(value)]
+        items = [_convert(item_tp, v, f"{path}[{i}]", root_leaves, errors) for i, v in enumerate(value)]
+        if any(i is FAILED for i in items):
+            return FAILED
         return tuple(items) if origin is tuple or tp is tuple else items
 
     if origin in (dict, Mapping) or tp is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(path, f"expected a mapping, got {value!r}")
+            return fail(f"expected a mapping, got {value!r}")
         key_tp, val_tp = args if args else (Any, Any)
-        return {
-            convert(key_tp, k, f"{path}.{k}", root_leaves): convert(val_tp, v, f"{path}.{k}", root_leaves)
-            for k, v in value.items()
-        }
+        out: dict[Any, Any] = {}
+        failed = False
+        for k, v in value.items():
+            ck = _convert(key_tp, k, f"{path}.{k}", root_leaves, errors)
+            cv = _convert(val_tp, v, f"{path}.{k}", root_leaves, errors)
+            failed = failed or ck is FAILED or cv is FAILED
+            out[ck] = cv
+        return FAILED if failed else out
 
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(path, f"expected true or false, got {value!r}")
+            return fail(f"expected true or false, got {value!r}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, f"expected an integer, got {value!r}")
+            return fail(f"expected an integer, got {value!r}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(path, f"expected a number, got {value!r}")
+            return fail(f"expected a number, got {value!r}")
         return float(value)
     if tp is str:
         # Command lines turn ``experiment_name=2024`` into an int; a name is still meant.
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
         if not isinstance(value, str):
-            raise ConfigError(path, f"expected a string, got {value!r}")
+            return fail(f"expected a string, got {value!r}")
         return value
     if isinstance(tp, type):
         if not isinstance(value, tp):
-            raise ConfigError(path, f"expected {tp.__name__}, got {value!r}")
+            return fail(f"expected {tp.__name__}, got {value!r}")
         return value
     raise TypeError(f"config schema at {path} uses an unsupported type hint {tp!r}")
 
 
 def build(cls: type[T], data: Mapping[str, Any], path: str = "", root_leaves: Sequence[str] = ()) -> T:
-    """An instance of dataclass ``cls`` from ``data``; every error names its full dotted key."""
+    """An instance of dataclass ``cls`` from ``data``; every error names its full dotted key.
+
+    Every problem is collected: unknown keys, wrong types, ``Literal`` choices, required keys, and the
+    ``__post_init__`` errors of each group whose own fields all converted. One problem raises that
+    :class:`ConfigError` exactly as alone; several raise one :class:`ConfigErrors` (one line each).
+    """
     if not root_leaves:
         root_leaves = leaf_paths(cls, path)
+    errors: list[ConfigError] = []
+    out = _build(cls, data, path, root_leaves, errors)
+    raise_errors(errors)
+    return out
+
+
+def _build(cls: type[T], data: Mapping[str, Any], path: str, root_leaves: Sequence[str], errors: list[ConfigError]) -> Any:
     hints = _hints(cls)
     accepted = accepted_keys(cls)
     for key in data:
         if not isinstance(key, str) or key not in accepted:
-            raise ConfigError(_join(path, str(key)), f"unknown key; {suggest_key(str(key), path, list(accepted), root_leaves)}")
+            errors.append(
+                ConfigError(_join(path, str(key)), f"unknown key; {suggest_key(str(key), path, list(accepted), root_leaves)}")
+            )
 
     kwargs: dict[str, Any] = {}
+    failed = False
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
         if is_flattened(f):
             sub_cls = hints[f.name]
             sub_keys = accepted_keys(sub_cls)
-            kwargs[f.name] = build(sub_cls, {k: v for k, v in data.items() if k in sub_keys}, path, root_leaves)
-            continue
-        if f.name not in data:
+            value = _build(sub_cls, {k: v for k, v in data.items() if k in sub_keys}, path, root_leaves, errors)
+        elif f.name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(_join(path, f.name), "is required; set it in the YAML or on the command line")
+                errors.append(ConfigError(_join(path, f.name), "is required; set it in the YAML or on the command line"))
+                failed = True
             continue
-        kwargs[f.name] = convert(hints[f.name], data[f.name], _join(path, f.name), root_leaves)
+        else:
+            value = _convert(hints[f.name], data[f.name], _join(path, f.name), root_leaves, errors)
+        if value is FAILED:
+            failed = True
+        kwargs[f.name] = value
+    if failed:  # a group whose fields failed cannot check itself
+        return FAILED
     try:
         return cls(**kwargs)
     except ConfigError as e:
         # Groups may name their fields relative ("gamma") or absolute ("algorithm.gamma"); give the full key.
-        if path and not _names_group(e.field, path):
-            raise ConfigError(_join(path, e.field), str(e)[len(e.field) + 2 :]) from None
-        raise
+        errors.extend(_prefixed(one, path) for one in e.errors)
     except (ValueError, TypeError) as e:
-        raise ConfigError(path or cls.__name__, str(e)) from None
+        errors.append(ConfigError(path or cls.__name__, str(e)))
+    return FAILED
+
+
+def _prefixed(e: ConfigError, path: str) -> ConfigError:
+    if path and not _names_group(e.field, path):
+        return ConfigError(_join(path, e.field), str(e)[len(e.field) + 2 :])
+    return e
 
 
 def _names_group(field_name: str, path: str) -> bool:
