@@ -20,7 +20,7 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 train: venv
-	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node $(NPROC) launch/pretrain_rl.py $(ARGS)
+	OMP_NUM_THREADS=1 $(PY) launch/pretrain_rl.py --nproc_per_node $(NPROC) $(ARGS)
 
 test: venv
 	$(PY) -m pytest -q tests

@@ -1,15 +1,28 @@
-"""Training entry point: ``torchrun --nproc_per_node N launch/pretrain_rl.py [hydra overrides]``.
+"""Training entry point.
 
-Composes ``configs/default_tiny.yaml`` (the embedded CPU default that ``make train`` runs;
-``--config-name <name>`` picks another, e.g. ``gsm8k_multiturn_grpo``) with Hydra, initialises ``torch.distributed``
-from the torchrun environment (nccl on GPU, gloo on CPU), applies the
-megatron-core CPU patches, validates the parallel sizes against the world size
-and the model's Hugging Face ``config.json`` (``model.model_path``), creates
-Megatron's process groups and hands over to ``mcore_agentic.trainer.run``.
+    python launch/pretrain_rl.py --nproc_per_node N [--config-name NAME] [hydra overrides]   # checks, then torchrun
+    python launch/pretrain_rl.py --check --nproc_per_node N [...]                            # the checks only
+    torchrun --nproc_per_node N launch/pretrain_rl.py [hydra overrides]                      # a worker per rank
 
-A bad config prints one line ``error: <field>: <fix>`` (rank 0) and exits with
-code 2, no traceback. (Under torchrun the launcher's own exit status is then
-reported by torchrun as the worker's ``exitcode: 2``; torchrun itself exits 1.)
+Run with ``python`` (not under torchrun) it is the launcher: it composes the config, runs the pre-flight
+(:mod:`mcore_agentic.trainer.preflight`: every problem of the config, its paths, tools, reward function and data,
+one ``error: <field>: <fix>`` line each, exit code 2) and only then starts ``--nproc_per_node`` workers with
+torchrun (``--standalone``; multi-node jobs start torchrun themselves, see ``slurm/``). It exits with the run's
+own code (0, 2, 3, or 75 after a stop signal, which it passes on to torchrun), with no torchrun report after
+the run's lines unless a worker crashed. ``--config-path`` /
+``--config-dir`` name a directory of your own YAML (relative to the working directory); the shipped configs stay on
+Hydra's search path, so your YAML can start from ``defaults: [byo_task, _self_]``. verl's key names are accepted
+on the command line and in YAML (one line each names the native key; docs/verl_migration.md).
+
+Under torchrun each worker composes ``configs/default_tiny.yaml`` (the embedded CPU default that ``make train``
+runs; ``--config-name <name>`` picks another, e.g. ``gsm8k_multiturn_grpo``) with Hydra, initialises
+``torch.distributed`` from the torchrun environment (``cpu:gloo,cuda:nccl`` on GPU, gloo on CPU), applies the
+megatron-core CPU patches, runs the pre-flight (unless the launcher just did), creates Megatron's process groups
+and hands over to ``mcore_agentic.trainer.run``. A bad config prints its lines on rank 0 and every worker exits
+2; torchrun then adds its own ``ChildFailedError`` report (the launcher form avoids that).
+
+A run whose rollouts almost all fail stops after ``trainer.failure_stop_steps`` such steps with one line saying
+why and exit code 3 (``trainer.failure_stop_steps=0`` allows it).
 
 A stop signal (``trainer.stop_signals``, default SIGTERM and SIGUSR1) ends the run
 after the current step and a checkpoint: rank 0 prints one line ``stopped on
@@ -27,6 +40,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,39 +56,254 @@ from mcore_agentic.config.errors import ConfigError  # noqa: E402
 logger = logging.getLogger("launch.pretrain_rl")
 
 EXIT_CONFIG_ERROR = 2
+EXIT_RUN_FAILED = 3
+CONFIG_DIR = _ROOT / "configs"
+PREFLIGHT_ENV = "MCORE_AGENTIC_PREFLIGHT_DONE"
+"""Set by the launcher for the workers it starts: the pre-flight's data and plug-in checks already ran."""
 
 
-def model_shape(model_path: str | os.PathLike) -> dict[str, Any] | None:
-    """Heads, KV heads and layers from the HF ``config.json`` at ``model_path`` (None if there is none yet).
+# ----------------------------------------------------------------------------------- command line
+@dataclass
+class LaunchArgs:
+    """The command line, split into the launcher's own flags, Hydra's config selection and the overrides."""
 
-    Read with ``transformers.AutoConfig`` from local files only (never the network).
-    """
-    path = Path(model_path)
-    if not (path / "config.json").is_file():
-        return None
-    from transformers import AutoConfig
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    check: bool = False
+    config_name: str | None = None
+    config_dir: Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    hydra_flags: list[str] = field(default_factory=list)
 
+    def hydra_argv(self) -> list[str]:
+        """Hydra's command line for the workers: an absolute config directory (the shipped configs stay on the
+        search path), the config name, the overrides."""
+        argv = list(self.hydra_flags)
+        if self.config_dir is not None:
+            argv += ["--config-path", str(self.config_dir)]
+            if not any(o.split("=", 1)[0].lstrip("+") == "hydra.searchpath" for o in self.overrides):
+                argv.append(f"hydra.searchpath=[file://{CONFIG_DIR}]")
+        if self.config_name is not None:
+            argv += ["--config-name", self.config_name]
+        return argv + self.overrides
+
+
+_VALUE_FLAGS = {
+    "--nproc_per_node": "nproc_per_node", "--nproc-per-node": "nproc_per_node", "--nnodes": "nnodes",
+    "--config-name": "config_name", "-cn": "config_name",
+    "--config-path": "config_dir", "-cp": "config_dir", "--config-dir": "config_dir", "-cd": "config_dir",
+}
+
+
+def parse_args(argv: list[str]) -> LaunchArgs:
+    """:class:`LaunchArgs` of ``argv`` (``--flag value`` and ``--flag=value`` both work)."""
+    args = LaunchArgs()
+    i = 0
+    while i < len(argv):
+        item = argv[i]
+        name, eq, inline = item.partition("=")
+        if item == "--check":
+            args.check = True
+        elif name in _VALUE_FLAGS and item.startswith("-"):
+            if eq:
+                value = inline
+            else:
+                if i + 1 >= len(argv):
+                    raise ConfigError(name, "needs a value")
+                i += 1
+                value = argv[i]
+            attr = _VALUE_FLAGS[name]
+            if attr in ("nproc_per_node", "nnodes"):
+                if not value.isdigit() or int(value) < 1:
+                    raise ConfigError(name, f"must be a positive integer, got {value!r}")
+                setattr(args, attr, int(value))
+            elif attr == "config_dir":
+                args.config_dir = Path(value).expanduser().resolve()
+            else:
+                args.config_name = value
+        elif item.startswith("-"):
+            args.hydra_flags.append(item)
+        else:
+            args.overrides.append(item)
+        i += 1
+    return args
+
+
+# ----------------------------------------------------------------------------------- pre-flight
+def user_config_dirs(config_dir: str | os.PathLike | None) -> list[Path]:
+    """The user's own config directory (not the shipped ``configs/``), for relative input paths."""
+    if config_dir is None:
+        return []
+    path = Path(config_dir).resolve()
+    return [] if path == CONFIG_DIR.resolve() else [path]
+
+
+def compose_config(args: LaunchArgs) -> DictConfig:
+    """The composed Hydra config of ``args``, as the workers will compose it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from mcore_agentic.trainer.config import log_dir_of
+
+    OmegaConf.register_new_resolver("log_dir", log_dir_of, replace=True)
+    directory = args.config_dir or CONFIG_DIR
+    overrides = list(args.overrides)
+    if args.config_dir is not None and not any(o.split("=", 1)[0].lstrip("+") == "hydra.searchpath" for o in overrides):
+        overrides.append(f"hydra.searchpath=[file://{CONFIG_DIR}]")
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
     try:
-        hf = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ConfigError("model.model_path", f"{path}/config.json cannot be read by transformers ({exc})") from None
-    heads = hf.num_attention_heads
-    return {
-        "num_attention_heads": heads,
-        "num_query_groups": getattr(hf, "num_key_value_heads", None) or heads,
-        "num_layers": hf.num_hidden_layers,
-        "num_experts": int(getattr(hf, "num_experts", 0) or 0),
-    }
+        with initialize_config_dir(config_dir=str(directory), version_base=None):
+            return compose(config_name=args.config_name or "default_tiny", overrides=overrides)
+    except Exception as exc:  # noqa: BLE001 -- Hydra's composition errors: one line naming the config
+        from mcore_agentic.config.errors import first_line
+
+        raise ConfigError(f"--config-name {args.config_name or 'default_tiny'}",
+                          f"{first_line(exc)} (config directory {directory})") from None
 
 
-def check_config(cfg: Any, world_size: int) -> None:
-    """Every rule that can run before any process group exists (raise :class:`ConfigError`)."""
-    from mcore_agentic.config.rules import validate
-    from mcore_agentic.parallel.layout import check_cpu_support, local_world_size
+def report(problems: list[ConfigError]) -> None:
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr, flush=True)
 
-    # model_shape is None before the trainer makes the tiny preset: the split is checked when it exists
-    validate(cfg, world_size, model_shape=model_shape(cfg.model.model_path), local_world_size=local_world_size(world_size))
-    check_cpu_support(cfg.actor.parallel, field_prefix="actor")
+
+def preflight_launch(args: LaunchArgs) -> int:
+    """The launcher: translate verl keys, compose, pre-flight; then exit (``--check`` or a problem) or exec torchrun."""
+    from mcore_agentic.config import check_overrides, load_config
+    from mcore_agentic.config.paths import search_dirs
+    from mcore_agentic.trainer.preflight import preflight
+
+    said = logging.StreamHandler(sys.stderr)  # verl keys found in YAML files: one line each, as on the command line
+    said.setFormatter(logging.Formatter("%(message)s"))
+    config_log = logging.getLogger("mcore_agentic.config.load")
+    config_log.addHandler(said)
+    config_log.setLevel(logging.INFO)
+    problems: list[ConfigError] = []
+    try:
+        args.overrides = translate(args.overrides)
+    except ConfigError as exc:
+        report(getattr(exc, "errors", None) or [exc])
+        return EXIT_CONFIG_ERROR
+    try:
+        check_overrides([a for a in args.overrides if not a.startswith("hydra.")])
+    except ConfigError as exc:  # say them with everything else; compose without them
+        bad = getattr(exc, "errors", None) or [exc]
+        problems += bad
+        unknown = {e.field for e in bad}
+        args.overrides = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") not in unknown]
+    dirs = search_dirs(user_config_dirs(args.config_dir))
+    world = args.nproc_per_node * args.nnodes
+    try:
+        cfg = load_config(compose_config(args), overrides=args.overrides, search_dirs=dirs)
+    except ConfigError as exc:
+        problems += getattr(exc, "errors", None) or [exc]
+    else:
+        problems += preflight(cfg, world, local_world_size=args.nproc_per_node, dirs=dirs)
+    if problems:
+        report(problems)
+        return EXIT_CONFIG_ERROR
+    if args.check:
+        print(f"pre-flight passed: {args.config_name or 'default_tiny'} on {world} rank(s)", flush=True)
+        return 0
+    if args.nnodes > 1:
+        report([ConfigError("--nnodes", "the launcher starts one node; multi-node jobs run torchrun on every node "
+                             "(slurm/train_multinode.sh), after `--check --nnodes N`")])
+        return EXIT_CONFIG_ERROR
+    return run_workers(args)
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
+
+
+def run_workers(args: LaunchArgs) -> int:
+    """Start the workers under torchrun and return the run's own exit code.
+
+    torchrun reports a worker's non-zero exit with a ``ChildFailedError`` trailer and exits 1 whatever the code.
+    So the workers this launcher starts record their exit code (0, 2 a config error, 3 a run that trained on
+    nothing, 75 stopped by a signal) in a file and exit 0; this process exits with that code, after nothing but
+    the run's own lines. A worker that crashes still exits non-zero, and torchrun's report (its traceback) follows.
+    Stop signals sent to this process are passed on to torchrun, which forwards them to the workers.
+    """
+    import signal
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="mcore_agentic_exit_") as tmp:
+        exit_file = Path(tmp) / "code"
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                str(args.nproc_per_node), "--signals-to-handle", ",".join(STOP_SIGNALS), "--shutdown-timeout", "900",
+                str(Path(__file__).resolve()), *args.hydra_argv()]
+        env = {**os.environ, PREFLIGHT_ENV: "1", EXIT_FILE_ENV: str(exit_file)}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        proc = subprocess.Popen(argv, env=env)
+
+        def forward(signum: int, _frame: Any) -> None:
+            proc.send_signal(signum)
+
+        for name in STOP_SIGNALS:
+            if name != "SIGINT":  # Ctrl-C reaches torchrun and the workers themselves (one process group)
+                signal.signal(getattr(signal, name), forward)
+        signal.signal(signal.SIGINT, lambda *_: None)
+        rc = proc.wait()
+        if rc != 0:
+            return rc
+        codes = sorted(Path(tmp).glob("code.rank*"))
+        recorded = [int(c.read_text() or 0) for c in codes]
+        return next((code for code in recorded if code), 0)
+
+
+EXIT_FILE_ENV = "MCORE_AGENTIC_EXIT_FILE"
+"""Set by the launcher for its workers: each records its exit code in ``<file>.rank<r>`` and exits 0."""
+
+
+def translate(overrides: list[str]) -> list[str]:
+    """Command-line overrides with verl's key names rewritten to the native ones (one line each, once)."""
+    from mcore_agentic.config.load import translate_overrides
+
+    rewritten, lines = translate_overrides(overrides)
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return rewritten
+
+
+# ----------------------------------------------------------------------------------- workers
+def hydra_config_dirs() -> list[Path]:
+    """The user's config directories of the running Hydra job (empty outside one)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        sources = HydraConfig.get().runtime.config_sources
+    except Exception:  # noqa: BLE001 -- not inside @hydra.main (tests call launch() directly)
+        return []
+    dirs = []
+    for source in sources:
+        if source.schema == "file" and Path(source.path).resolve() != CONFIG_DIR.resolve():
+            dirs.append(Path(source.path))
+    return dirs
+
+
+def check_config(cfg: Any, world_size: int, dirs: list[Path] | None = None) -> None:
+    """Every rule that can run before any process group exists; raises one :class:`ConfigError` with them all.
+
+    ``dirs``: where relative input paths were looked up (default: the working directory, then the repository)."""
+    from mcore_agentic.config.errors import ConfigErrors
+    from mcore_agentic.config.paths import search_dirs
+    from mcore_agentic.trainer.preflight import preflight
+
+    dirs = dirs if dirs is not None else search_dirs()
+    problems = preflight(cfg, world_size, local_world_size=_local_world_size(world_size), dirs=dirs,
+                         light=os.environ.get(PREFLIGHT_ENV) == "1")
+    if problems:
+        raise ConfigErrors(problems)
+
+
+def _local_world_size(world_size: int) -> int:
+    from mcore_agentic.parallel.layout import local_world_size
+
+    return local_world_size(world_size)
 
 
 def launch(dict_cfg: DictConfig) -> int:
@@ -82,19 +311,23 @@ def launch(dict_cfg: DictConfig) -> int:
     import torch.distributed as dist
 
     from mcore_agentic.config import load_config
+    from mcore_agentic.config.paths import search_dirs
     from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel, select_device
     from mcore_agentic.trainer.preemption import EXIT_PREEMPTED, TrainingStopped
+    from mcore_agentic.trainer.run_health import RunFailed
 
     rank = int(os.environ.get("RANK", "0"))
     try:
-        cfg = load_config(dict_cfg)
+        dirs = search_dirs(hydra_config_dirs())
+        # The launcher said the verl keys already; torchrun's workers alone say them on rank 0.
+        cfg = load_config(dict_cfg, search_dirs=dirs, log_aliases=rank == 0 and os.environ.get(PREFLIGHT_ENV) != "1")
         select_device(cfg.trainer.device)  # before anything initialises CUDA
         from mcore_agentic.models.transformer_impl import use_te_for
 
         use_te_for(cfg.model.transformer_impl)  # TE asked for but missing: one line, before megatron is imported
         init_distributed(cfg.trainer.dist_timeout_minutes)
         rank = dist.get_rank()
-        check_config(cfg, dist.get_world_size())  # before importing megatron: a bad config fails fast and quietly
+        check_config(cfg, dist.get_world_size(), dirs)  # before importing megatron: a bad config fails fast and quietly
         import megatron_patches
 
         megatron_patches.apply()
@@ -104,7 +337,7 @@ def launch(dict_cfg: DictConfig) -> int:
         run(cfg, layout=layout)
     except ConfigError as exc:
         if rank == 0:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+            report(getattr(exc, "errors", None) or [exc])
         _let_rank0_report(rank)
         _shutdown(destroy_parallel)
         return EXIT_CONFIG_ERROR
@@ -113,6 +346,11 @@ def launch(dict_cfg: DictConfig) -> int:
             print(str(exc), file=sys.stderr, flush=True)
         _shutdown(destroy_parallel)
         return EXIT_PREEMPTED
+    except RunFailed as exc:
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        _shutdown(destroy_parallel)
+        return EXIT_RUN_FAILED
     _shutdown(destroy_parallel)
     return 0
 
@@ -153,6 +391,10 @@ def _shutdown(destroy_parallel: Any) -> None:
 @hydra.main(config_path="../configs", config_name="default_tiny", version_base=None)
 def main(dict_cfg: DictConfig) -> None:
     code = launch(dict_cfg)
+    exit_file = os.environ.get(EXIT_FILE_ENV)
+    if exit_file:  # started by the launcher: it exits with the code, so torchrun adds no failure report
+        Path(f"{exit_file}.rank{os.environ.get('RANK', '0')}").write_text(str(code))
+        return
     if code:
         sys.exit(code)
 
@@ -173,18 +415,49 @@ def with_hydra_defaults(argv: list[str]) -> list[str]:
     return argv + [d for d in HYDRA_DEFAULTS if d.split("=", 1)[0] not in given]
 
 
-if __name__ == "__main__":
+def under_torchrun() -> bool:
+    """A worker (torchrun, srun or a test sets the rank's environment) rather than the launcher."""
+    return "LOCAL_RANK" in os.environ or "RANK" in os.environ
+
+
+def worker_main() -> None:
     from mcore_agentic.config import check_overrides
 
+    rank0 = os.environ.get("RANK", "0") == "0"
     try:  # Hydra alone says "Key 'x' is not in struct"; name the nearest real key instead
-        check_overrides([a for a in sys.argv[1:] if not a.startswith("-")])
+        args = parse_args(sys.argv[1:])
+        args.overrides = translate(args.overrides) if rank0 else _translate_quietly(args.overrides)
+        check_overrides([a for a in args.overrides if not a.startswith("hydra.")])
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        if rank0:
+            report(getattr(exc, "errors", None) or [exc])
+        exit_file = os.environ.get(EXIT_FILE_ENV)
+        if exit_file:
+            Path(f"{exit_file}.rank{os.environ.get('RANK', '0')}").write_text(str(EXIT_CONFIG_ERROR))
+            sys.exit(0)
         sys.exit(EXIT_CONFIG_ERROR)
     from omegaconf import OmegaConf
 
     from mcore_agentic.trainer.config import log_dir_of
 
     OmegaConf.register_new_resolver("log_dir", log_dir_of, replace=True)
-    sys.argv = [sys.argv[0], *with_hydra_defaults(sys.argv[1:])]
+    sys.argv = [sys.argv[0], *with_hydra_defaults(args.hydra_argv())]
     main()
+
+
+def _translate_quietly(overrides: list[str]) -> list[str]:
+    from mcore_agentic.config.load import translate_overrides
+
+    return translate_overrides(overrides)[0]
+
+
+if __name__ == "__main__":
+    if under_torchrun():
+        worker_main()
+    else:
+        try:
+            launch_args = parse_args(sys.argv[1:])
+        except ConfigError as exc:
+            report([exc])
+            sys.exit(EXIT_CONFIG_ERROR)
+        sys.exit(preflight_launch(launch_args))

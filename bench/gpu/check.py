@@ -497,8 +497,12 @@ def _validate_one(step: Step, ctx: Ctx) -> str:
         overrides = argv[script + 1:]
         check_overrides(overrides)
         cfg = load_config(compose("default_tiny", overrides))
-        launch = importlib.import_module("launch.pretrain_rl")
-        launch.check_config(cfg, 1)  # world of one: every rule that needs no process group
+        from mcore_agentic.config.errors import raise_errors
+        from mcore_agentic.config.paths import search_dirs
+        from mcore_agentic.trainer.preflight import preflight
+
+        # The launcher's pre-flight for a world of one, but for the device: the dry run is on a CPU machine.
+        raise_errors([p for p in preflight(cfg, 1, dirs=search_dirs()) if p.field != "trainer.device"])
         return f"{len(overrides)} overrides compose and validate (world 1, device {cfg.trainer.device}, {cfg.model.dtype})"
     if step.name == "gpu_tests":
         files = gpu_test_files()

@@ -79,7 +79,7 @@ def load_config(
     this module's logger unless ``log_aliases`` is false). ``overrides``: the command line the config was composed
     with (default: the running Hydra job's, if any), so that a native key given there wins over a verl key in a
     YAML file. ``search_dirs``: relative input paths (model, data, tool YAML ...) are resolved against these
-    (:func:`mcore_agentic.config.paths.resolve_input_paths`). Raises :class:`ConfigError` naming the full key, or
+    (:func:`mcore_agentic.config.paths.resolve_input_paths`; default: the working directory, then the repository). Raises :class:`ConfigError` naming the full key, or
     :class:`~mcore_agentic.config.errors.ConfigErrors` with every problem when there are several.
     """
     data = _plain(cfg)
@@ -89,10 +89,10 @@ def load_config(
     if log_aliases:
         for line in lines:
             logger.info(line)
-    if search_dirs is not None:
-        from mcore_agentic.config.paths import resolve_input_paths
+    from mcore_agentic.config.paths import resolve_input_paths
+    from mcore_agentic.config.paths import search_dirs as default_dirs
 
-        resolve_input_paths(data, [Path(d) for d in search_dirs])
+    resolve_input_paths(data, [Path(d) for d in search_dirs] if search_dirs is not None else default_dirs())
     try:
         out = build(RLConfig, data)
     except ConfigError as e:

@@ -17,6 +17,7 @@ Nothing here builds a model, an engine or a tool instance.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from collections.abc import Callable, Sequence
@@ -186,7 +187,10 @@ def preflight(
 
     problems: list[ConfigError] = []
     device = _collect(problems, lambda: check_device(cfg))
+    before = len(problems)
     _collect(problems, lambda: use_te_for(cfg.model.transformer_impl))
+    if len(problems) > before:  # no TransformerEngine here: the rules that go with it are moot
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, transformer_impl="local"))
     shape = _collect(problems, lambda: model_shape(cfg.model.model_path))
     _collect(problems, lambda: validate(cfg, world_size, model_shape=shape, local_world_size=local_world_size,
                                         device=device))

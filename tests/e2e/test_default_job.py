@@ -102,6 +102,12 @@ def test_default_job_short(tmp_path: Path) -> None:
     assert "finished 3 RL steps" in result.stdout
     assert "validation accuracy (greedy): after the warm start (step 0)" in result.stdout
     assert "mean reward: first 3 steps" in result.stdout
+    # Sanity-check mismatches (a random model samples non-canonical token splits) are one line per step and rollout
+    # leader at most, never one warning per rollout call.
+    said = result.stdout + result.stderr
+    assert "Inconsistent training and inference tokenization" not in said
+    summaries = [line for line in said.splitlines() if "tokenization sanity check:" in line]
+    assert len(summaries) <= 2 * (3 + 3), summaries  # (3 steps + 3 validations) x 2 leaders
 
 
 @pytest.mark.parametrize("rollout_tp", [1, 2])

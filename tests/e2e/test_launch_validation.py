@@ -1,8 +1,8 @@
-"""The launcher rejects bad parallel sizes with one ``error: <field>: <fix>`` line and exit code 2, no traceback.
+"""The launcher rejects a bad config with one ``error: <field>: <fix>`` line per problem and exit code 2, no traceback.
 
-Under torchrun the workers exit 2 (torchrun reports ``exitcode: 2`` per worker and itself
-exits 1 — it does not forward worker exit codes); run directly (a world of one) the
-launcher's own exit code 2 is the process exit code.
+Run with ``python`` the launcher pre-flights before any worker starts: its exit code 2 is the process exit code
+and nothing follows the lines. Under torchrun the workers exit 2 (torchrun reports ``exitcode: 2`` per worker
+and itself exits 1 — it does not forward worker exit codes), and rank 0 alone prints the lines.
 """
 
 from __future__ import annotations
@@ -57,10 +57,8 @@ def test_tp_not_dividing_world_size(tmp_path):
 def test_direct_run_exits_2_with_one_line(tmp_path):
     proc = _run([sys.executable, str(LAUNCHER), "actor.tensor_model_parallel_size=3"], tmp_path)
     assert proc.returncode == 2
-    # Hydra's files go to the run's log directory, not to a new outputs/<date>/<time>/ per launch.
-    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()] == [
-        "outputs/mcore_agentic/tiny_meter_reading/launch_rank0.log"
-    ]
+    # The pre-flight writes nothing (no Hydra log, no outputs/<date>/<time>/).
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()] == []
     output = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert output == [
         "error: actor.tensor_model_parallel_size: world size 1 is not divisible by TP*PP*CP = 3*1*1 = 3: "
@@ -92,6 +90,51 @@ def test_unknown_override_key_is_named(tmp_path):
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: actor.tensor_model_paralel_size: unknown key")
     assert "actor.tensor_model_parallel_size" in lines[0]
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to the interpreter")
+def test_under_torchrun_an_unknown_key_is_said_once_not_once_per_rank(tmp_path):
+    proc = _torchrun(["actor.tensor_model_paralel_size=2"], tmp_path)
+    assert proc.returncode != 0
+    assert len(_lines_naming(proc, "error: actor.tensor_model_paralel_size: unknown key")) == 1, proc.stderr[-3000:]
+
+
+def test_the_launcher_reports_every_problem_at_once_and_starts_no_worker(tmp_path):
+    """Several mistakes, one launch: every line at once, before torchrun (no ChildFailedError trailer), in seconds."""
+    proc = _run([sys.executable, str(LAUNCHER), "--nproc_per_node", "2", "actor.tensor_model_parallel_size=3",
+                 "data.train_batch_size=true", "trainer.logger=[console,wandb]", "rollout.multi_turn.tool_config_path=nope.yaml",
+                 "trainer.total_trainig_steps=5"], tmp_path)
+    assert proc.returncode == 2
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert all(line.startswith("error: ") for line in lines), lines
+    fields = {line[len("error: "):].split(": ", 1)[0] for line in lines}
+    # The unknown key and the wrong type together (the rules for the world size need a config that builds: they
+    # come with the next launch, as in the test below).
+    assert {"trainer.total_trainig_steps", "data.train_batch_size"} <= fields, lines
+    assert "ChildFailedError" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_launcher_reports_config_problems_together(tmp_path):
+    proc = _run([sys.executable, str(LAUNCHER), "--nproc_per_node", "2", "actor.tensor_model_parallel_size=3",
+                 "trainer.logger=[console,wandb]", "rollout.multi_turn.tool_config_path=nope.yaml"], tmp_path)
+    assert proc.returncode == 2
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    fields = {line[len("error: "):].split(": ", 1)[0] for line in lines}
+    assert {"actor.tensor_model_parallel_size", "rollout.multi_turn.tool_config_path"} <= fields, lines
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        assert "trainer.logger" in fields
+    assert all(line.startswith("error: ") for line in lines) and "Traceback" not in proc.stderr
+    where = [line for line in lines if "rollout.multi_turn.tool_config_path" in line][0]
+    assert f"nope.yaml not found (relative paths are looked up in: {tmp_path.resolve()}, {ROOT})" in where
+
+
+def test_the_default_job_checks_out_from_any_directory(tmp_path):
+    """Shipped configs name repository paths (configs/tools/...): they resolve from any working directory."""
+    proc = _run([sys.executable, str(LAUNCHER), "--check", "--nproc_per_node", "2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "pre-flight passed: default_tiny on 2 rank(s)"
 
 
 @pytest.mark.parametrize(

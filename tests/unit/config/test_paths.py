@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from mcore_agentic.config import compose, load_config
 from mcore_agentic.config.paths import REPO_ROOT, missing_inputs, resolve_input_paths, search_dirs
 
@@ -43,4 +41,5 @@ def test_a_missing_input_names_the_key_the_path_and_every_directory(tmp_path, mo
     )
     # The tiny model is created on first use: never missing.
     assert missing_inputs(load_config(compose("default_tiny")), search_dirs()) == []
-    assert Path(cfg.rollout.multi_turn.tool_config_path) == Path("configs/tools/gsm8k_tool_config.yaml")
+    # load_config resolved the shipped relative path against the repository, from this other directory.
+    assert cfg.rollout.multi_turn.tool_config_path == str(REPO_ROOT / "configs/tools/gsm8k_tool_config.yaml")
