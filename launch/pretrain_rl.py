@@ -8,8 +8,9 @@ Run with ``python`` (not under torchrun) it is the launcher: it composes the con
 (:mod:`mcore_agentic.trainer.preflight`: every problem of the config, its paths, tools, reward function and data,
 one ``error: <field>: <fix>`` line each, exit code 2) and only then starts ``--nproc_per_node`` workers with
 torchrun (``--standalone``; multi-node jobs start torchrun themselves, see ``slurm/``). It exits with the run's
-own code (0, 2, 3, or 75 after a stop signal, which it passes on to torchrun), with no torchrun report after
-the run's lines unless a worker crashed. ``--config-path`` /
+own code (0, 2, 3, or 75 after a stop signal, which it passes on to the workers), with no torchrun report after
+the run's lines unless a worker crashed. ``trainer.n_gpus_per_node`` (a verl script's world size) stands in for a
+missing ``--nproc_per_node``. ``--config-path`` /
 ``--config-dir`` name a directory of your own YAML (relative to the working directory); the shipped configs stay on
 Hydra's search path, so your YAML can start from ``defaults: [byo_task, _self_]``. verl's key names are accepted
 on the command line and in YAML (one line each names the native key; docs/verl_migration.md).
@@ -68,6 +69,7 @@ class LaunchArgs:
     """The command line, split into the launcher's own flags, Hydra's config selection and the overrides."""
 
     nproc_per_node: int = 1
+    nproc_given: bool = False
     nnodes: int = 1
     check: bool = False
     config_name: str | None = None
@@ -117,6 +119,7 @@ def parse_args(argv: list[str]) -> LaunchArgs:
                 if not value.isdigit() or int(value) < 1:
                     raise ConfigError(name, f"must be a positive integer, got {value!r}")
                 setattr(args, attr, int(value))
+                args.nproc_given = args.nproc_given or attr == "nproc_per_node"
             elif attr == "config_dir":
                 args.config_dir = Path(value).expanduser().resolve()
             else:
@@ -180,6 +183,13 @@ def preflight_launch(args: LaunchArgs) -> int:
     config_log.addHandler(said)
     config_log.setLevel(logging.INFO)
     problems: list[ConfigError] = []
+    verl_gpus = [o.split("=", 1)[1] for o in args.overrides if o.lstrip("+").startswith("trainer.n_gpus_per_node=")]
+    if verl_gpus and verl_gpus[-1].isdigit():
+        if not args.nproc_given:  # a verl script sets the world size here; --nproc_per_node does it in this launcher
+            args.nproc_per_node = int(verl_gpus[-1])
+        elif args.nproc_per_node != int(verl_gpus[-1]):
+            problems.append(ConfigError("trainer.n_gpus_per_node", f"={verl_gpus[-1]} but --nproc_per_node "
+                                        f"{args.nproc_per_node}: drop one (--nproc_per_node sets the world size)"))
     try:
         args.overrides = translate(args.overrides)
     except ConfigError as exc:
@@ -213,7 +223,7 @@ def preflight_launch(args: LaunchArgs) -> int:
     return run_workers(args)
 
 
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
+STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1")
 
 
 def run_workers(args: LaunchArgs) -> int:
@@ -223,36 +233,52 @@ def run_workers(args: LaunchArgs) -> int:
     So the workers this launcher starts record their exit code (0, 2 a config error, 3 a run that trained on
     nothing, 75 stopped by a signal) in a file and exit 0; this process exits with that code, after nothing but
     the run's own lines. A worker that crashes still exits non-zero, and torchrun's report (its traceback) follows.
-    Stop signals sent to this process are passed on to torchrun, which forwards them to the workers.
+    A stop signal sent to this process goes to the workers themselves (torchrun would answer it with a traceback of
+    its own): they finish the step, save and record 75. Ctrl-C reaches every process of the terminal's group.
     """
     import signal
     import subprocess
     import tempfile
 
+    import psutil
+
+    proc: subprocess.Popen | None = None
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        if proc is None:
+            pending.append(signum)
+            return
+        try:
+            workers = psutil.Process(proc.pid).children(recursive=False)
+        except psutil.NoSuchProcess:
+            return
+        for worker in workers:
+            try:
+                worker.send_signal(signum)
+            except psutil.NoSuchProcess:
+                pass
+
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, name), forward)
     with tempfile.TemporaryDirectory(prefix="mcore_agentic_exit_") as tmp:
         exit_file = Path(tmp) / "code"
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                str(args.nproc_per_node), "--signals-to-handle", ",".join(STOP_SIGNALS), "--shutdown-timeout", "900",
-                str(Path(__file__).resolve()), *args.hydra_argv()]
+                str(args.nproc_per_node), str(Path(__file__).resolve()), *args.hydra_argv()]
         env = {**os.environ, PREFLIGHT_ENV: "1", EXIT_FILE_ENV: str(exit_file)}
         env.setdefault("OMP_NUM_THREADS", "1")
         sys.stdout.flush()
         sys.stderr.flush()
         proc = subprocess.Popen(argv, env=env)
-
-        def forward(signum: int, _frame: Any) -> None:
-            proc.send_signal(signum)
-
-        for name in STOP_SIGNALS:
-            if name != "SIGINT":  # Ctrl-C reaches torchrun and the workers themselves (one process group)
-                signal.signal(getattr(signal, name), forward)
-        signal.signal(signal.SIGINT, lambda *_: None)
+        signal.signal(signal.SIGINT, lambda *_: None)  # the group's Ctrl-C is torchrun's and the workers' to handle
+        if pending:  # a stop signal before the workers existed: they get it once they do
+            time.sleep(1.0)
+            forward(pending[0], None)
         rc = proc.wait()
-        if rc != 0:
-            return rc
-        codes = sorted(Path(tmp).glob("code.rank*"))
-        recorded = [int(c.read_text() or 0) for c in codes]
-        return next((code for code in recorded if code), 0)
+        recorded = {int(c.name.rsplit("rank", 1)[1]): c.read_text().strip() for c in Path(tmp).glob("code.rank*")}
+        if len(recorded) == args.nproc_per_node:  # every worker ended through the launcher's path: its code
+            return next((int(recorded[r]) for r in sorted(recorded) if recorded[r] not in ("", "0")), 0)
+        return rc if rc >= 0 else 128 - rc  # a worker crashed (torchrun's report says which), or torchrun was killed
 
 
 EXIT_FILE_ENV = "MCORE_AGENTIC_EXIT_FILE"
@@ -349,6 +375,7 @@ def launch(dict_cfg: DictConfig) -> int:
     except RunFailed as exc:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
+        _let_rank0_report(rank)
         _shutdown(destroy_parallel)
         return EXIT_RUN_FAILED
     _shutdown(destroy_parallel)

@@ -34,6 +34,9 @@ INPUT_PATHS: dict[str, str] = {
 }
 """Input path keys and what they hold: a directory, file(s), or ``file.py:name`` (only the file part is a path)."""
 
+OWN_OUTPUTS = ("trainer.resume_from_path",)
+"""Input keys that name the user's own run outputs: never looked up in the repository."""
+
 TINY_MODELS = "outputs/models/"
 """Model paths under here that do not exist yet are the tiny presets the trainer creates on first use."""
 
@@ -93,11 +96,16 @@ def resolve_input_paths(data: dict[str, Any], dirs: Sequence[Path]) -> dict[str,
     ``dirs`` made absolute; paths found nowhere are left as written."""
     for key, kind in INPUT_PATHS.items():
         value = _get(data, key)
+        where = _dirs_for(key, dirs)
         if isinstance(value, str) and value:
-            _set(data, key, _resolve_one(value, kind, dirs))
+            _set(data, key, _resolve_one(value, kind, where))
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            _set(data, key, [_resolve_one(v, kind, dirs) for v in value])
+            _set(data, key, [_resolve_one(v, kind, where) for v in value])
     return data
+
+
+def _dirs_for(key: str, dirs: Sequence[Path]) -> list[Path]:
+    return [d for d in dirs if d != REPO_ROOT] if key in OWN_OUTPUTS else list(dirs)
 
 
 def _values(cfg: Any, key: str) -> list[str]:
@@ -120,8 +128,9 @@ def missing_inputs(cfg: Any, dirs: Sequence[Path]) -> list[ConfigError]:
     the trainer and is not missing; ``trainer.resume_from_path`` is checked only when ``resume_mode`` uses it.
     """
     errors: list[ConfigError] = []
-    where = ", ".join(str(d) for d in dirs)
     for key, kind in INPUT_PATHS.items():
+        key_dirs = _dirs_for(key, dirs)
+        where = ", ".join(str(d) for d in key_dirs)
         if key == "trainer.resume_from_path" and _values(cfg, "trainer.resume_mode") != ["resume_path"]:
             continue
         for value in _values(cfg, key):
@@ -135,6 +144,6 @@ def missing_inputs(cfg: Any, dirs: Sequence[Path]) -> list[ConfigError]:
                 if not p.exists():
                     errors.append(ConfigError(key, f"{p} does not exist"))
                 continue
-            if not any((d / p).exists() for d in dirs):
+            if not any((d / p).exists() for d in key_dirs):
                 errors.append(ConfigError(key, f"{path} not found (relative paths are looked up in: {where})"))
     return errors

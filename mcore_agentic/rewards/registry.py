@@ -108,7 +108,11 @@ def _import_object(spec: str) -> Any:
         assert loader_spec is not None and loader_spec.loader is not None
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module  # dataclasses/pickle need the module registered
-        loader_spec.loader.exec_module(module)
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:  # a file that does not run: one line naming it, and no half-loaded module left
+            del sys.modules[module_name]
+            raise ConfigError(_FIELD, f"{path} does not load: {type(exc).__name__}: {exc}") from None
     else:
         try:
             module = importlib.import_module(module_part)

@@ -76,6 +76,8 @@ def resolve_class(class_name: Any, field: str) -> type:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(field, f"cannot import module {module_name!r} ({exc}); check the class path") from None
+    except Exception as exc:  # the module itself fails (a SyntaxError, a NameError at import): name it, one line
+        raise ConfigError(field, f"module {module_name!r} fails to import: {type(exc).__name__}: {exc}") from None
     cls = getattr(module, attr, None)
     if cls is None:
         raise ConfigError(field, f"module {module_name!r} has no attribute {attr!r}; check the class name")

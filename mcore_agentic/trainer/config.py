@@ -94,8 +94,8 @@ class TrainerConfig:
     for the slowest in a host (gloo) call, so set it above your longest rollout plus a checkpoint save. It is
     also the NCCL watchdog's timeout for device calls."""
     failure_stop_fraction: float = 0.9
-    """A step fails when at least this fraction of its rollout requests failed, or of its tool calls raised or
-    timed out inside the tool (a model's malformed calls do not count: they are its to learn from)."""
+    """A step fails when at least this fraction of its rollout requests failed, or called tools and had every call
+    raise or time out inside the tool (a model's malformed calls do not count: they are its to learn from)."""
     failure_stop_steps: int = 3
     """Stop the run (exit code 3, one line saying why) after this many consecutive failing steps: a run whose
     requests almost all fail trains on nothing. 0 allows it (the failure rates are still logged every step)."""

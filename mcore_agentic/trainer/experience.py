@@ -162,7 +162,11 @@ def rollout_stats(batches: Sequence[Batch]) -> Stats:
     st.add("tool_calls", [m.get("tool_calls", 0) for m in rm])
     st.add("tool_errors", [m.get("tool_errors", 0) for m in rm])
     logs = [(b.meta.get("tool_log") or [[]] * len(b))[i] or [] for b, i in rows]
-    st.add("tool_faults", [sum(is_tool_fault(entry) for entry in log) for log in logs])
+    faults = [sum(is_tool_fault(entry) for entry in log) for log in logs]
+    st.add("tool_faults", faults)
+    # A request that ran but whose every tool call failed inside the tool: it learned nothing about its task.
+    st.add("tool_broken", [float(m.get("state") != "failed" and bool(log) and n == len(log))
+                           for m, log, n in zip(rm, logs, faults)])
     st.add("mismatch", [m.get("sanity_check_mismatch", 0) for m in rm])
     st.add("drift", [m.get("template_drift", 0) for m in rm])
     st.add("full_context", [m.get("tokenization_full_context", 0) for m in rm])
@@ -193,6 +197,7 @@ def rollout_metrics(st: Stats) -> dict[str, float]:
         "rollout/failed_requests": st.total("failed"),
         "rollout/failed_fraction": st.mean("failed"),
         "rollout/tool_faults": st.total("tool_faults"),
+        "rollout/tool_broken_requests": st.total("tool_broken"),
         "rollout/tool_fault_fraction": st.total("tool_faults") / st.total("tool_calls") if st.total("tool_calls") else 0.0,
         "rollout/truncated": st.mean("truncated"),
         "reward/overlong_penalty_mean": st.mean("overlong"),

@@ -136,8 +136,9 @@ class RLTrainer:
         for b in batches:
             report.merge(summarize_failures(b.meta))
         report.log(logger, step, split)
-        self.last_failures = report
-        self.failures.merge(report)
+        if split == "train":  # the stop rule and the run's totals count training rollouts (validation is logged)
+            self.last_failures = report
+            self.failures.merge(report)
         meta = {"request_metrics": [m for b in batches for m in b.meta.get("request_metrics", [])]}
         line = mismatch_line(meta)
         if line is not None:

@@ -237,7 +237,8 @@ def load_worker(
         for key, chunk in zip(_model_keys(engine.chunks), engine.chunks):
             unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
         if want_optimizer:
-            mine = [{k: g[k] for k in ("betas", "eps") if k in g} for g in engine.optimizer.param_groups]
+            # Megatron keeps each group's max_lr/min_lr in the group (get_lr reads them first): this run's, with Adam's.
+            mine = [{k: g[k] for k in ("betas", "eps", "max_lr", "min_lr") if k in g} for g in engine.optimizer.param_groups]
             engine.optimizer.load_state_dict(loaded["optimizer"])
             # Sets num_steps and the optimizer's lr/wd from the schedule, with the saved settings or this run's.
             engine.scheduler.override_opt_param_scheduler = optim_from == "config"

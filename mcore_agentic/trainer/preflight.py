@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.config.errors import ConfigError, first_line
 from mcore_agentic.config.paths import missing_inputs
 
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
@@ -54,12 +54,16 @@ def model_shape(model_path: str | os.PathLike) -> dict[str, Any] | None:
     }
 
 
-def _collect(problems: list[ConfigError], check: Callable[[], Any]) -> Any:
-    """Run ``check``; its config problems join ``problems`` (several at once from a ``ConfigErrors``)."""
+def _collect(problems: list[ConfigError], check: Callable[[], Any], field: str = "config") -> Any:
+    """Run ``check``; its config problems join ``problems`` (several at once from a ``ConfigErrors``). Any other
+    exception (a user's module that does not import, a checkpoint without tokenizer files) becomes one line
+    naming ``field``, never a traceback."""
     try:
         return check()
     except ConfigError as exc:
         problems.extend(getattr(exc, "errors", None) or [exc])
+    except Exception as exc:  # noqa: BLE001 -- the pre-flight's promise: one line per problem
+        problems.append(ConfigError(field, f"{type(exc).__name__}: {first_line(exc)}"))
     return None
 
 
@@ -124,7 +128,7 @@ def check_rows(cfg: Any, tools: dict[str, dict] | None, interactions: set[str] |
 
     data = cfg.data
     problems_first: list[ConfigError] = []
-    tokenizer = _collect(problems_first, lambda: _tokenizer(cfg))
+    tokenizer = _collect(problems_first, lambda: _tokenizer(cfg), "model.model_path")
     schemas = list(tools.values()) if tools and cfg.rollout.multi_turn.tool_schemas_in_prompt else None
     lengths: dict[str, Any] = {}
     if tokenizer is not None:
@@ -139,7 +143,7 @@ def check_rows(cfg: Any, tools: dict[str, dict] | None, interactions: set[str] |
         if not files:
             continue
         loaded = _collect(problems, lambda f=files, k=field: RLDataset.from_files(
-            f, field=k, prompt_key=data.prompt_key, **lengths))
+            f, field=k, prompt_key=data.prompt_key, **lengths), field)
         if loaded is not None:
             rows += list(loaded)
             sources += [str(f) for f in files]
@@ -186,16 +190,16 @@ def preflight(
     from mcore_agentic.rewards import build_reward_fn
 
     problems: list[ConfigError] = []
-    device = _collect(problems, lambda: check_device(cfg))
+    device = _collect(problems, lambda: check_device(cfg), "trainer.device")
     before = len(problems)
-    _collect(problems, lambda: use_te_for(cfg.model.transformer_impl))
+    _collect(problems, lambda: use_te_for(cfg.model.transformer_impl), "model.transformer_impl")
     if len(problems) > before:  # no TransformerEngine here: the rules that go with it are moot
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, transformer_impl="local"))
-    shape = _collect(problems, lambda: model_shape(cfg.model.model_path))
+    shape = _collect(problems, lambda: model_shape(cfg.model.model_path), "model.model_path")
     _collect(problems, lambda: validate(cfg, world_size, model_shape=shape, local_world_size=local_world_size,
                                         device=device))
     if device == "cpu":
-        _collect(problems, lambda: check_cpu_support(cfg.actor.parallel, field_prefix="actor"))
+        _collect(problems, lambda: check_cpu_support(cfg.actor.parallel, field_prefix="actor"), "actor")
     problems += check_packages(cfg)
     if light:
         return problems
@@ -204,9 +208,9 @@ def preflight(
     absent = {e.field for e in missing}
     plugins = None
     if not absent & {"rollout.multi_turn.tool_config_path", "rollout.multi_turn.interaction_config_path"}:
-        plugins = _collect(problems, lambda: check_plugins(cfg))
+        plugins = _collect(problems, lambda: check_plugins(cfg), "rollout.multi_turn.tool_config_path")
     if "reward.custom_reward_function" not in absent:
-        _collect(problems, lambda: build_reward_fn(cfg.reward))
+        _collect(problems, lambda: build_reward_fn(cfg.reward), "reward.custom_reward_function")
     if not absent & {"data.train_files", "data.val_files"}:
         tools, interactions = plugins if plugins is not None else (None, None)
         problems += check_rows(cfg, tools, interactions)

@@ -61,18 +61,29 @@ def saved_config(checkpoint: str | Path) -> dict[str, Any] | None:
 
 
 def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, saved value, current value)`` of every key that differs, sorted by key (JSON-normalised values)."""
+    """``(key, saved value, current value)`` of every key that differs, sorted by key (JSON-normalised values).
+
+    Keys the saved config does not have (settings added since it was written) are not changes; nor is a relative
+    input path that now reads as the absolute path it resolved to."""
     old = flatten(json.loads(json.dumps(saved, default=str)))
     new = flatten(json.loads(json.dumps(current, default=str)))
-    missing = object()
     changes = []
-    for key in sorted(set(old) | set(new)):
-        if key in _IGNORED:
+    for key in sorted(old):
+        if key in _IGNORED or key not in new:
             continue
-        a, b = old.get(key, missing), new.get(key, missing)
-        if a != b:
-            changes.append((key, None if a is missing else a, None if b is missing else b))
+        a, b = old[key], new[key]
+        if a != b and not _same_path(a, b):
+            changes.append((key, a, b))
     return changes
+
+
+def _same_path(a: Any, b: Any) -> bool:
+    """``a`` relative and ``b`` the absolute path it resolves to (item by item for lists of files)."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(x == y or _same_path(x, y) for x, y in zip(a, b))
+    if not isinstance(a, str) or not isinstance(b, str) or not a or a.startswith("/"):
+        return False
+    return b.startswith("/") and b.endswith("/" + a.lstrip("./"))
 
 
 def who_wins(key: str, optim_from: str) -> str:

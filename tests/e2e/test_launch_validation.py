@@ -155,3 +155,32 @@ def test_accepted_keys_are_honoured_or_refused_in_one_line(tmp_path, override, f
     assert proc.returncode == 2, proc.stderr[-3000:]
     output = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(output) == 1 and output[0].startswith(f"error: {field}: ") and words in output[0], output
+
+
+@pytest.mark.timeout(400)
+def test_a_stop_signal_to_the_launcher_saves_and_exits_75(tmp_path):
+    """SIGTERM to ``python launch/pretrain_rl.py``: the workers finish the step, save, and the launcher exits 75
+    with the run's one line (torchrun's own signal handling, and its traceback, stay out of it)."""
+    import signal
+    import time
+
+    metrics = tmp_path / "logs" / "metrics.jsonl"
+    cmd = [sys.executable, str(LAUNCHER), "--nproc_per_node", "2", "trainer.total_training_steps=20",
+           "trainer.sft_warmup_steps=0", "trainer.val_before_train=false", "trainer.test_freq=-1",
+           "trainer.rollout_data_dir=null", "trainer.logger=[jsonl]", "trainer.progress_bar=false",
+           f"trainer.log_dir={tmp_path / 'logs'}", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no step was logged"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, err[-4000:]
+    assert "stopped on SIGTERM after step" in err and "Traceback" not in err and "ChildFailedError" not in err, err[-4000:]
+    assert list((tmp_path / "ckpt").glob("global_step_*/COMPLETE"))

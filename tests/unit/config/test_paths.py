@@ -43,3 +43,11 @@ def test_a_missing_input_names_the_key_the_path_and_every_directory(tmp_path, mo
     assert missing_inputs(load_config(compose("default_tiny")), search_dirs()) == []
     # load_config resolved the shipped relative path against the repository, from this other directory.
     assert cfg.rollout.multi_turn.tool_config_path == str(REPO_ROOT / "configs/tools/gsm8k_tool_config.yaml")
+
+
+def test_a_checkpoint_to_resume_from_is_never_taken_from_the_repository(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = {"trainer": {"resume_from_path": "configs"}, "rollout": {"multi_turn": {"tool_config_path": "configs"}}}
+    out = resolve_input_paths(data, search_dirs())
+    assert out["trainer"]["resume_from_path"] == "configs"  # the user's own outputs: the working directory only
+    assert out["rollout"]["multi_turn"]["tool_config_path"] == str(REPO_ROOT / "configs")

@@ -275,6 +275,7 @@ def test_rollout_metrics_by_hand():
         "rollout/failed_fraction": 1.0 / 3,
         "rollout/tool_faults": 2,  # the raised ValueError and the timeout; a model's bad arguments are not the tool's
         "rollout/tool_fault_fraction": 2.0 / 5,
+        "rollout/tool_broken_requests": 0,  # the faulting requests also had a good call, or failed anyway
         "rollout/truncated": 1.0 / 3,
         "reward/overlong_penalty_mean": -0.1,
     }

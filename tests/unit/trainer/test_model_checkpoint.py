@@ -152,9 +152,10 @@ def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> byte
         actor, _ = _workers(other_path, par, layout, False, lr=2e-2, eps=1e-5)
         load_worker(Path(roots["tp1"]) / "global_step_1" / "actor", actor, optim_from=optim_from)
         sched = actor.engine.scheduler
+        groups = actor.engine.optimizer.param_groups
         out[f"optim_from_{optim_from}"] = {
-            "max_lr": sched.max_lr, "num_steps": sched.num_steps,
-            "eps": sorted({g["eps"] for g in actor.engine.optimizer.param_groups}),
+            "max_lr": sched.max_lr, "num_steps": sched.num_steps, "eps": sorted({g["eps"] for g in groups}),
+            "lr": sorted({g["lr"] for g in groups}),  # what the next step uses
         }
         del actor
     return _to_bytes(out)
@@ -243,6 +244,8 @@ def test_resume_optim_from_picks_whose_settings_win(runs):
         assert kept["max_lr"] == 5e-3 and kept["eps"] == [1e-8]
         assert mine["max_lr"] == 2e-2 and mine["eps"] == [1e-5]
         assert kept["num_steps"] == mine["num_steps"] == 2  # the schedule continues from the saved step either way
+        # The step size itself follows (warm-up 2 of 3 steps): 2/3 of whichever peak learning rate won.
+        assert kept["lr"] == [pytest.approx(5e-3 * 2 / 3)] and mine["lr"] == [pytest.approx(2e-2 * 2 / 3)]
 
 
 def test_load_errors_are_clear(tmp_path):

@@ -26,6 +26,11 @@ def test_changed_keys_are_listed_and_optimizer_ones_say_whose_value_wins(tmp_pat
     assert lines[2] == "  rollout.n: 4 -> 8: yours is used"
     assert "decay horizon stays the checkpoint's" in lines[3]
     assert describe_changes(changes, "config")[1].endswith("yours is used (trainer.resume_optim_from=config)")
+    # A setting added since the checkpoint was written, and a relative input path now stored absolute: no change.
+    older = json.loads(json.dumps(saved, default=str))
+    del older["trainer"]["failure_stop_steps"]
+    older["rollout"]["multi_turn"]["tool_config_path"] = "configs/tools/meter_tool_config.yaml"
+    assert config_changes(older, saved) == []
 
 
 def test_unreadable_saved_config_and_the_complete_line(tmp_path):

@@ -7,8 +7,9 @@ import pytest
 from mcore_agentic.trainer.run_health import RunFailed, RunHealth, StepFailures, is_tool_fault
 
 ALL_FAIL = StepFailures(requests=32, failed_requests=32, tool_calls=0, tool_faults=0)
-TOOL_BROKEN = StepFailures(requests=32, failed_requests=0, tool_calls=40, tool_faults=40)
+TOOL_BROKEN = StepFailures(requests=32, failed_requests=0, tool_calls=40, tool_faults=40, tool_broken_requests=32)
 HEALTHY = StepFailures(requests=32, failed_requests=1, tool_calls=40, tool_faults=2)
+RARE_TIMEOUT = StepFailures(requests=32, failed_requests=0, tool_calls=1, tool_faults=1, tool_broken_requests=1)
 
 
 def test_consecutive_failing_steps_stop_the_run_with_one_line():
@@ -31,8 +32,19 @@ def test_a_healthy_step_resets_the_streak_and_zero_never_stops():
     allowed = RunHealth(stop_fraction=0.9, stop_steps=0)
     for step in range(1, 10):
         allowed.observe(step, TOOL_BROKEN)
-    assert allowed.summary_line() == "failures: 0 of 288 requests failed (0%), 360 of 360 tool calls raised or timed out in the tool (100%)"
+    assert allowed.summary_line() == (
+        "failures: 0 of 288 requests failed (0%), 288 more had every tool call fail inside the tool, "
+        "360 of 360 tool calls raised or timed out in the tool (100%)"
+    )
     assert RunHealth().summary_line() is None
+
+
+def test_a_rare_timed_out_call_never_stops_a_healthy_run():
+    """100% of one call failed, but 31 of 32 requests trained on their task: not a failing step."""
+    health = RunHealth(stop_fraction=0.9, stop_steps=2)
+    for step in range(1, 6):
+        health.observe(step, RARE_TIMEOUT)
+    assert health.streak == 0
 
 
 def test_only_the_tools_own_errors_are_faults():
