@@ -22,6 +22,9 @@ from typing import Any
 UNNAMED_TOOL = "(unnamed)"
 """The tool name of a call the parser could not read a name from."""
 
+MODEL_ERRORS = frozenset({"malformed_call", "unknown_tool", "invalid_arguments", "too_many_calls"})
+"""``error_type`` of the model's own bad calls: counted, never a tool's failure."""
+
 
 def is_tool_fault(entry: Mapping[str, Any]) -> bool:
     """A ``tool_log`` entry whose error is the tool's own: an exception raised inside it, or its timeout."""
@@ -72,18 +75,28 @@ class FailureReport:
         return Counter({kind: n for (name, kind), n in self.tool_errors.items() if name == tool})
 
     def summary_lines(self) -> list[str]:
-        """Short lines, failed requests first, then each tool with errors (most errors first); empty when all is well.
+        """Short lines, empty when all is well: failed requests; each tool whose own errors (faults, error
+        observations it returned) there were, most first; then the model's bad calls in one line, whatever names it
+        wrote (a tiny model's garbled calls must not make one line each).
 
         ``"tool calc_gsm8k_reward: 96/96 calls failed (ValueError x96)"``.
         """
         lines = []
         if self.failed_requests:
             lines.append(f"requests: {self.failed_requests}/{self.requests} failed ({_kinds(self.request_errors)})")
-        tools = Counter[str]()
-        for (name, _), n in self.tool_errors.items():
-            tools[name] += n
-        for name, n in sorted(tools.items(), key=lambda kv: (-kv[1], kv[0])):
-            lines.append(f"tool {name}: {n}/{self.calls_by_tool[name]} calls failed ({_kinds(self.errors_of(name))})")
+        own = Counter[str]()
+        model = Counter[str]()
+        for (name, kind), n in self.tool_errors.items():
+            if kind in MODEL_ERRORS:
+                model[kind] += n
+            else:
+                own[name] += n
+        for name, n in sorted(own.items(), key=lambda kv: (-kv[1], kv[0])):
+            kinds = {k: c for k, c in self.errors_of(name).items() if k not in MODEL_ERRORS}
+            lines.append(f"tool {name}: {n}/{self.calls_by_tool[name]} calls failed ({_kinds(kinds)})")
+        if model:
+            lines.append(f"the model's own bad tool calls: {sum(model.values())} of {self.tool_calls} "
+                         f"({_kinds(model)})")
         return lines
 
     def log(self, logger: logging.Logger, step: int, split: str) -> None:
