@@ -32,7 +32,7 @@ from mcore_agentic.config import verl_keys
 from mcore_agentic.config.errors import ConfigError, raise_errors
 from mcore_agentic.config.schema import RLConfig
 from mcore_agentic.config.verl_keys import DIFFERS, IGNORED, KEEP_DEFAULT, VerlKey, fmt
-from mcore_agentic.config.walk import build, leaf_paths, suggest_key, to_dict
+from mcore_agentic.config.walk import build, get_dotted, leaf_paths, set_dotted, suggest_key, to_dict
 
 __all__ = [
     "CONFIG_DIR", "build", "check_overrides", "compose", "load_config", "to_dict", "translate_config",
@@ -184,22 +184,11 @@ _MISSING = object()
 
 
 def _get(tree: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
+    return get_dotted(tree, dotted, _MISSING)
 
 
 def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    node = tree
-    for part in parents:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[last] = value
+    set_dotted(tree, dotted, value)
 
 
 def _delete(tree: dict[str, Any], dotted: str) -> None:

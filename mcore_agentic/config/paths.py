@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.config.walk import get_dotted, set_dotted
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The repository (or installed source tree) root: the shipped configs' relative paths start here."""
@@ -51,23 +52,6 @@ def search_dirs(config_dirs: Iterable[str | os.PathLike] = ()) -> list[Path]:
     return out
 
 
-def _get(tree: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    node = tree
-    for part in parents:
-        node = node[part]
-    node[last] = value
-
-
 def _file_part(kind: str, value: str) -> tuple[str, str]:
     """``(path, suffix)`` of a value: a ``file.py:name`` spec keeps its ``:name`` aside; a module path has no file."""
     if kind == "file:name":
@@ -95,12 +79,12 @@ def resolve_input_paths(data: dict[str, Any], dirs: Sequence[Path]) -> dict[str,
     """``data`` (a plain config mapping, changed in place and returned) with every input path found under
     ``dirs`` made absolute; paths found nowhere are left as written."""
     for key, kind in INPUT_PATHS.items():
-        value = _get(data, key)
+        value = get_dotted(data, key)
         where = _dirs_for(key, dirs)
         if isinstance(value, str) and value:
-            _set(data, key, _resolve_one(value, kind, where))
+            set_dotted(data, key, _resolve_one(value, kind, where))
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            _set(data, key, [_resolve_one(v, kind, where) for v in value])
+            set_dotted(data, key, [_resolve_one(v, kind, where) for v in value])
     return data
 
 

@@ -380,3 +380,24 @@ def to_dict(obj: Any) -> Any:
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
 
+
+
+def get_dotted(tree: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    """The value at ``a.b.c`` in nested mappings, or ``default`` when any level is missing."""
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in nested dicts, creating (or replacing non-dict) levels on the way."""
+    *parents, last = dotted.split(".")
+    node = tree
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
