@@ -7,7 +7,8 @@
 # Everything after the script name is passed to launch/pretrain_rl.py unchanged (Hydra overrides).
 # Environment knobs: REPO_DIR (default: the submit dir), VENV (a virtualenv to activate),
 # NPROC_PER_NODE (default: GPUs on the node), MASTER_PORT, LOG_ROOT (default: $REPO_DIR/logs/slurm),
-# RAY_TOOL_POOL=1 and RAY_PORT (default 6379), REQUEUE (default 1), SHUTDOWN_TIMEOUT (default 900).
+# RAY_TOOL_POOL=1 and RAY_PORT (default 6379), REQUEUE (default 1), SHUTDOWN_TIMEOUT (default 900),
+# PREFLIGHT (default 1: the pre-flight on the batch node first) and PYTHON (its interpreter, default python).
 # See docs/slurm.md.
 #
 # Preemption and time limits: Slurm sends this script SIGUSR1 10 minutes before the time limit
