@@ -172,7 +172,7 @@ def report(problems: list[ConfigError]) -> None:
 
 
 def preflight_launch(args: LaunchArgs) -> int:
-    """The launcher: translate verl keys, compose, pre-flight; then exit (``--check`` or a problem) or exec torchrun."""
+    """The launcher: translate verl keys, compose, pre-flight; then exit (``--check`` or a problem) or run the workers."""
     from mcore_agentic.config import check_overrides, load_config
     from mcore_agentic.config.paths import search_dirs
     from mcore_agentic.trainer.preflight import preflight

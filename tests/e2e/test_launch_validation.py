@@ -135,6 +135,9 @@ def test_the_default_job_checks_out_from_any_directory(tmp_path):
     proc = _run([sys.executable, str(LAUNCHER), "--check", "--nproc_per_node", "2"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "pre-flight passed: default_tiny on 2 rank(s)"
+    # A verl script's trainer.n_gpus_per_node sets the world size when --nproc_per_node is not given.
+    proc = _run([sys.executable, str(LAUNCHER), "--check", "trainer.n_gpus_per_node=2"], tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "pre-flight passed: default_tiny on 2 rank(s)"
 
 
 @pytest.mark.parametrize(
