@@ -174,21 +174,13 @@ def _baseline(key: str, value: Any, data: Mapping[str, Any]) -> bool:
     base-YAML interpolation follows, or a shipped config's or preset's value), not set by the user."""
     from mcore_agentic.config.reference import YAML_INTERPOLATIONS
 
-    if key in YAML_INTERPOLATIONS and verl_keys.same_value(value, _get(data, YAML_INTERPOLATIONS[key][2:-1])):
+    if key in YAML_INTERPOLATIONS and verl_keys.same_value(value, get_dotted(data, YAML_INTERPOLATIONS[key][2:-1], _MISSING)):
         return True
     candidates = [_defaults().get(key, _MISSING), *_shipped_values().get(key, [])]
     return any(verl_keys.same_value(value, c) for c in candidates)
 
 
 _MISSING = object()
-
-
-def _get(tree: Mapping[str, Any], dotted: str) -> Any:
-    return get_dotted(tree, dotted, _MISSING)
-
-
-def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    set_dotted(tree, dotted, value)
 
 
 def _delete(tree: dict[str, Any], dotted: str) -> None:
@@ -326,7 +318,7 @@ def _resolve(target: str, srcs: list[_Source], data: dict[str, Any], given: set[
             errors.append(ConfigError(other.key, f"{fmt(other.value)} disagrees with {first.key}={fmt(first.value)} "
                                       f"(both set {target}): keep one"))
             return
-    current = _get(data, target)
+    current = get_dotted(data, target, _MISSING)
     from_command_line = any(s.key in given for s in chosen)
     unset = current is _MISSING or verl_keys.same_value(current, first.value) or _baseline(target, current, data)
     if not main and not unset:
@@ -343,7 +335,7 @@ def _resolve(target: str, srcs: list[_Source], data: dict[str, Any], given: set[
         if current is not _MISSING and not verl_keys.same_value(current, first.value) and \
                 not verl_keys.same_value(current, _defaults().get(target, _MISSING)):
             detail = f"instead of {fmt(current)}"
-        _set(data, target, first.value)
+        set_dotted(data, target, first.value)
     for s in chosen:
         entry, targets, _ = applied.setdefault(s.key, (s.entry, [], ""))
         targets.append(target)
@@ -353,7 +345,7 @@ def _resolve(target: str, srcs: list[_Source], data: dict[str, Any], given: set[
 def _translate_values(data: dict[str, Any], lines: _Lines) -> None:
     """verl's spellings of shared keys' values (``trainer.logger: console`` ...)."""
     for key, translate in verl_keys.VALUE_TRANSLATIONS.items():
-        value = _get(data, key)
+        value = get_dotted(data, key, _MISSING)
         if value is _MISSING:
             continue
         new = translate(value)
@@ -361,7 +353,7 @@ def _translate_values(data: dict[str, Any], lines: _Lines) -> None:
             _delete(data, key)
             lines.add(f"verl value {key}={fmt(value)} -> the default", 1 << 30)
         elif not (verl_keys.same_value(new, value) and type(new) is type(value)):
-            _set(data, key, new)
+            set_dotted(data, key, new)
             lines.add(f"verl value {key}={fmt(value)} -> {fmt(new)}", 1 << 30)
 
 
