@@ -24,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mcore_agentic.config.errors import ConfigError  # noqa: E402
 from mcore_agentic.data.dataset import normalize_row, write_parquet  # noqa: E402
+from mcore_agentic.utils.errors import ConfigError  # noqa: E402
 
 DATA_SOURCE = "openai/gsm8k"
 _ANSWER = re.compile(r"####\s*([-+]?[\d,]*\.?\d+)\s*$")

@@ -52,7 +52,7 @@ if str(_ROOT) not in sys.path:
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from mcore_agentic.config.errors import ConfigError  # noqa: E402
+from mcore_agentic.utils.errors import ConfigError  # noqa: E402
 
 logger = logging.getLogger("launch.pretrain_rl")
 
@@ -160,7 +160,7 @@ def compose_config(args: LaunchArgs) -> DictConfig:
         with initialize_config_dir(config_dir=str(directory), version_base=None):
             return compose(config_name=args.config_name or "default_tiny", overrides=overrides)
     except Exception as exc:  # noqa: BLE001 -- Hydra's composition errors: one line naming the config
-        from mcore_agentic.config.errors import first_line
+        from mcore_agentic.utils.errors import first_line
 
         raise ConfigError(f"--config-name {args.config_name or 'default_tiny'}",
                           f"{first_line(exc)} (config directory {directory})") from None
@@ -315,9 +315,9 @@ def check_config(cfg: Any, world_size: int, dirs: list[Path] | None = None) -> N
     """Every rule that can run before any process group exists; raises one :class:`ConfigError` with them all.
 
     ``dirs``: where relative input paths were looked up (default: the working directory, then the repository)."""
-    from mcore_agentic.config.errors import ConfigErrors
     from mcore_agentic.config.paths import search_dirs
     from mcore_agentic.trainer.preflight import preflight
+    from mcore_agentic.utils.errors import ConfigErrors
 
     dirs = dirs if dirs is not None else search_dirs()
     problems = preflight(cfg, world_size, local_world_size=_local_world_size(world_size), dirs=dirs,

@@ -497,9 +497,9 @@ def _validate_one(step: Step, ctx: Ctx) -> str:
         overrides = argv[script + 1:]
         check_overrides(overrides)
         cfg = load_config(compose("default_tiny", overrides))
-        from mcore_agentic.config.errors import raise_errors
         from mcore_agentic.config.paths import search_dirs
         from mcore_agentic.trainer.preflight import preflight
+        from mcore_agentic.utils.errors import raise_errors
 
         # The launcher's pre-flight for a world of one, but for the device: the dry run is on a CPU machine.
         raise_errors([p for p in preflight(cfg, 1, dirs=search_dirs()) if p.field != "trainer.device"])

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from mcore_agentic.config.errors import ConfigError, require
+from mcore_agentic.utils.errors import ConfigError, require
 
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 # "kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3"; a trailing "+" (e.g. "k3+") keeps the

@@ -8,7 +8,7 @@ verl's key names (``actor_rollout_ref.actor.optim.lr``) are accepted on the comm
 (:func:`translate_overrides`) and in YAML (:func:`load_config`); :mod:`mcore_agentic.config.verl_keys`
 holds the table. Every problem of a config is reported at once (:class:`ConfigErrors`).
 
-Every package's ``config.py`` imports :mod:`mcore_agentic.config.errors`, and the
+Every package's ``config.py`` imports :mod:`mcore_agentic.utils.errors`, and the
 tree imports every package's ``config.py``; so this ``__init__`` imports nothing
 eagerly and resolves the names below on first use (PEP 562).
 """
@@ -19,9 +19,9 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ConfigError": "mcore_agentic.config.errors",
-    "ConfigErrors": "mcore_agentic.config.errors",
-    "require": "mcore_agentic.config.errors",
+    "ConfigError": "mcore_agentic.utils.errors",
+    "ConfigErrors": "mcore_agentic.utils.errors",
+    "require": "mcore_agentic.utils.errors",
     "RLConfig": "mcore_agentic.config.schema",
     "CONFIG_DIR": "mcore_agentic.config.load",
     "check_overrides": "mcore_agentic.config.load",
@@ -29,8 +29,8 @@ _EXPORTS = {
     "load_config": "mcore_agentic.config.load",
     "translate_config": "mcore_agentic.config.load",
     "translate_overrides": "mcore_agentic.config.load",
-    "build": "mcore_agentic.config.walk",
-    "to_dict": "mcore_agentic.config.walk",
+    "build": "mcore_agentic.utils.walk",
+    "to_dict": "mcore_agentic.utils.walk",
     "BatchSizes": "mcore_agentic.config.rules",
     "PPOBatchSizes": "mcore_agentic.config.rules",
     "validate": "mcore_agentic.config.rules",

@@ -1,7 +1,7 @@
 """Load the run's Hydra config into :class:`RLConfig`: compose YAML, translate verl's keys, check overrides, convert.
 
 The conversion rules (unknown keys with "did you mean", types, literals, flattened sub-groups) live in
-:mod:`mcore_agentic.config.walk`; verl's key names in :mod:`mcore_agentic.config.verl_keys`. verl's keys are
+:mod:`mcore_agentic.utils.walk`; verl's key names in :mod:`mcore_agentic.config.verl_keys`. verl's keys are
 accepted in two places, with the same table:
 
 * command-line overrides, before Hydra composes (its struct mode refuses keys the base config lacks):
@@ -11,7 +11,7 @@ accepted in two places, with the same table:
   its native key before building, logging one INFO line per key on the ``mcore_agentic.config.load`` logger.
 
 A refused key (its meaning differs here), a value set under both names that disagrees, an unknown key, a wrong
-type: every problem of a config is reported at once (one :class:`~mcore_agentic.config.errors.ConfigErrors`,
+type: every problem of a config is reported at once (one :class:`~mcore_agentic.utils.errors.ConfigErrors`,
 one ``field: message`` line each).
 """
 
@@ -29,10 +29,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from mcore_agentic.config import verl_keys
-from mcore_agentic.config.errors import ConfigError, raise_errors
+from mcore_agentic.config.key_hints import suggest_key
 from mcore_agentic.config.schema import RLConfig
 from mcore_agentic.config.verl_keys import DIFFERS, IGNORED, KEEP_DEFAULT, VerlKey, fmt
-from mcore_agentic.config.walk import build, get_dotted, leaf_paths, set_dotted, suggest_key, to_dict
+from mcore_agentic.utils.errors import ConfigError, raise_errors
+from mcore_agentic.utils.walk import build, get_dotted, leaf_paths, set_dotted, to_dict
 
 __all__ = [
     "CONFIG_DIR", "build", "check_overrides", "compose", "load_config", "to_dict", "translate_config",
@@ -80,7 +81,7 @@ def load_config(
     with (default: the running Hydra job's, if any), so that a native key given there wins over a verl key in a
     YAML file. ``search_dirs``: relative input paths (model, data, tool YAML ...) are resolved against these
     (:func:`mcore_agentic.config.paths.resolve_input_paths`; default: the working directory, then the repository). Raises :class:`ConfigError` naming the full key, or
-    :class:`~mcore_agentic.config.errors.ConfigErrors` with every problem when there are several.
+    :class:`~mcore_agentic.utils.errors.ConfigErrors` with every problem when there are several.
     """
     data = _plain(cfg)
     if overrides is None:
@@ -546,7 +547,7 @@ def check_overrides(overrides: Sequence[str]) -> None:
     be translated and a key given under both names with two values. verl's aliases and keys not needed here pass
     (:func:`translate_overrides` rewrites or drops them). Group selections (``model=qwen2_5_7b``) and
     ``+``/``++``/``~`` overrides pass through (additions are still checked when the composed tree is loaded).
-    Raises :class:`ConfigError` (one problem) or :class:`~mcore_agentic.config.errors.ConfigErrors`.
+    Raises :class:`ConfigError` (one problem) or :class:`~mcore_agentic.utils.errors.ConfigErrors`.
     """
     plan = _plan(overrides)
     leaves = sorted(_native_leaves())

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mcore_agentic.config.errors import ConfigError
-from mcore_agentic.config.walk import get_dotted, set_dotted
+from mcore_agentic.utils.errors import ConfigError
+from mcore_agentic.utils.walk import get_dotted, set_dotted
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The repository (or installed source tree) root: the shipped configs' relative paths start here."""

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from mcore_agentic.config.schema import RLConfig
-from mcore_agentic.config.walk import _dataclass_in, is_flattened
+from mcore_agentic.utils.walk import _dataclass_in, is_flattened
 
 # Values written into the base YAML instead of the dataclass default: interpolations that keep two
 # groups' equal defaults equal when a user changes one of them on the command line.

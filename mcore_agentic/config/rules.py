@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mcore_agentic.config.errors import ConfigError, require
 from mcore_agentic.config.schema import RLConfig
 from mcore_agentic.models.config import ModelConfig, uses_transformer_engine
 from mcore_agentic.parallel.config import ParallelConfig
+from mcore_agentic.utils.errors import ConfigError, require
 from mcore_agentic.workers.config import ActorConfig, CriticConfig
 
 

@@ -24,15 +24,18 @@ a rule in :mod:`mcore_agentic.config.rules`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from mcore_agentic.algorithms.config import AlgorithmConfig
-from mcore_agentic.config.errors import require
+from mcore_agentic.config.key_hints import suggest_key
 from mcore_agentic.data.config import DataConfig
 from mcore_agentic.models.config import ModelConfig
 from mcore_agentic.rewards.config import RewardConfig
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.sharding.config import ShardingConfig
 from mcore_agentic.trainer.config import TrainerConfig
+from mcore_agentic.utils.errors import require
+from mcore_agentic.utils.walk import KeyHint
 from mcore_agentic.workers.config import ActorConfig, CriticConfig, RefConfig
 
 
@@ -62,6 +65,9 @@ class RLConfig:
     """Weight sync into the rollout engine (bucket size, version check, transport)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Run length, logging, validation, checkpoints and resume."""
+
+    unknown_key_hint: ClassVar[KeyHint] = staticmethod(suggest_key)
+    """How an unknown key of the run's tree is answered: verl's names and retired keys (:mod:`.key_hints`)."""
 
     def __post_init__(self) -> None:
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")

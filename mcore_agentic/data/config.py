@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mcore_agentic.config.errors import require
+from mcore_agentic.utils.errors import require
 
 SYNTHETIC_TASKS = ("tool_arith", "meter_reading")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.config import DataConfig
+from mcore_agentic.utils.errors import ConfigError
 
 
 class ResumableSampler:

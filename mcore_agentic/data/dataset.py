@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mcore_agentic.config.errors import ConfigError, first_line
 from mcore_agentic.data.config import DataConfig
+from mcore_agentic.utils.errors import ConfigError, first_line
 
 ROLES = ("system", "user", "assistant", "tool")
 TOOL_KWARGS_KEYS = ("create_kwargs", "execute_kwargs", "calc_reward_kwargs", "release_kwargs")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol, runtime_checkable
 
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.utils.errors import ConfigError
 from mcore_agentic.utils.instance_state import InstanceState
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from mcore_agentic.config.walk import build
 from mcore_agentic.interactions.base import BaseInteraction, last_assistant_content
 from mcore_agentic.tools.gsm8k import answers_match, extract_answer
+from mcore_agentic.utils.walk import build
 
 
 @dataclass(frozen=True)

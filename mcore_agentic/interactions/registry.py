@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.interactions.base import BaseInteraction, InteractionProtocol
 from mcore_agentic.tools.registry import import_path_of, plain, read_yaml_list, resolve_class
+from mcore_agentic.utils.errors import ConfigError
 
 _METHODS = ("start_interaction", "generate_response", "calculate_score", "finalize_interaction")
 

@@ -32,8 +32,8 @@ from typing import Any, ClassVar, Protocol
 import torch
 import torch.distributed as dist
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.parallel import comm
+from mcore_agentic.utils.errors import ConfigError
 
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 

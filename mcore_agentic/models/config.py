@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mcore_agentic.config.errors import require
+from mcore_agentic.utils.errors import require
 
 DType = Literal["float32", "bfloat16", "float16"]
 TransformerImpl = Literal["auto", "local", "transformer_engine"]

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.tokenizer import ChatTemplateName, load_qwen_tokenizer
+from mcore_agentic.utils.errors import ConfigError
 
 TinyArch = Literal["qwen2", "qwen3", "qwen3_moe", "llama"]
 VOCAB_MULTIPLE = 64

@@ -55,7 +55,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.utils.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

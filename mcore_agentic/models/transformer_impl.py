@@ -7,8 +7,8 @@ import importlib.util
 
 import torch
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.config import uses_transformer_engine
+from mcore_agentic.utils.errors import ConfigError
 
 
 def use_te_for(transformer_impl: str) -> bool | None:

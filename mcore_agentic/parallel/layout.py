@@ -19,9 +19,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.config import ParallelConfig
+from mcore_agentic.utils.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

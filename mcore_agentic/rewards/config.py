@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from mcore_agentic.config.errors import require
+from mcore_agentic.utils.errors import require
 
 
 @dataclass(frozen=True)

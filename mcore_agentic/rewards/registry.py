@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.rewards import gsm8k, math_reward, tool_arith
 from mcore_agentic.rewards.config import RewardConfig
+from mcore_agentic.utils.errors import ConfigError
 
 _FIELD = "reward.custom_reward_function"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mcore_agentic.config.errors import require
+from mcore_agentic.utils.errors import require
 
 SanityCheckMode = Literal["strict", "ignore_strippable", "disable"]
 SANITY_CHECK_MODES: tuple[str, ...] = ("strict", "ignore_strippable", "disable")

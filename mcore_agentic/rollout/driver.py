@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
 from mcore_agentic.rollout.agent_loop import AgentContext, run_request
 from mcore_agentic.rollout.config import RolloutConfig
@@ -41,6 +40,7 @@ from mcore_agentic.rollout.loop_monitor import LoopStallMonitor
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
 from mcore_agentic.rollout.tokenization import ChatTokenizer, mismatch_summary
 from mcore_agentic.rollout.tool_parser import get_tool_parser
+from mcore_agentic.utils.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

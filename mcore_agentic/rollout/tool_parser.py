@@ -71,7 +71,6 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.rollout.tool_call import (
     MAX_NESTING,
     ParsedCall,
@@ -87,6 +86,7 @@ from mcore_agentic.rollout.tool_call import (
 from mcore_agentic.rollout.tool_parser_json import HermesParser, Llama3JsonParser, MistralParser
 from mcore_agentic.rollout.tool_parser_qwen3_coder import Qwen3CoderParser
 from mcore_agentic.tools.schema import drop_null_keywords
+from mcore_agentic.utils.errors import ConfigError
 
 if TYPE_CHECKING:
     from mcore_agentic.tools.base import ToolProtocol

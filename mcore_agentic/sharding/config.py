@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.utils.errors import ConfigError
 
 TRANSPORTS = ("tensor",)
 """Transport names :func:`mcore_agentic.sharding.transports.make_transport` knows."""

@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.sharding.exporter import HFBucket
+from mcore_agentic.utils.errors import ConfigError
 
 
 class StaleWeightsError(RuntimeError):

@@ -16,8 +16,8 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from mcore_agentic.config.walk import build
 from mcore_agentic.tools.base import BaseTool, ToolResponse, error_response
+from mcore_agentic.utils.walk import build
 
 _BINARY = {
     ast.Add: operator.add,
@@ -46,7 +46,7 @@ class CalculatorConfig:
     """Floats are shown with this many significant digits."""
 
     def __post_init__(self) -> None:
-        from mcore_agentic.config.errors import require
+        from mcore_agentic.utils.errors import require
 
         for key in ("max_expression_chars", "max_operations", "max_result_bits", "significant_digits"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")

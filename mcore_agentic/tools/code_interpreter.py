@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mcore_agentic.config.walk import build
 from mcore_agentic.tools.base import BaseTool, ToolResponse, error_response
 from mcore_agentic.tools.sandbox import ExecutionResult, SandboxLimits, get_sandbox, run_sandboxed
+from mcore_agentic.utils.walk import build
 
 __all__ = ["ExecutionResult", "PythonCodeTool", "SandboxLimits", "format_observation", "strip_code_fence"]
 

@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.utils.errors import ConfigError
 
 
 @runtime_checkable

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from mcore_agentic.config.walk import build
 from mcore_agentic.tools.base import BaseTool, ToolResponse, error_response
+from mcore_agentic.utils.walk import build
 
 # A number as people write it: optional sign, digits with thousands commas, decimals.
 _NUMBER = r"-?\$?\s*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
@@ -67,7 +67,7 @@ class GSM8KToolConfig:
     (verl uses 0.05), else 0.0: it discourages resubmitting without changing the answer."""
 
     def __post_init__(self) -> None:
-        from mcore_agentic.config.errors import require
+        from mcore_agentic.utils.errors import require
 
         require(self.no_improvement_penalty >= 0, "no_improvement_penalty", f"must be >= 0, got {self.no_improvement_penalty}")
 

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.tools.base import BaseTool, ToolProtocol
 from mcore_agentic.tools.schema import drop_null_keywords
+from mcore_agentic.utils.errors import ConfigError
 
 if TYPE_CHECKING:
     from mcore_agentic.tools.executor import ToolExecutor

@@ -7,7 +7,7 @@ Isolation (``sandbox`` in the code tool's config):
   with a seccomp filter (:mod:`.seccomp`) and, where the host has one, a memory cgroup
   (:mod:`.memory_cgroup`). Building a :class:`Sandbox` runs one execution through exactly that
   path; if it fails (no working ``bwrap``, no spare uid for a root trainer, ...) it raises
-  :class:`~mcore_agentic.config.errors.ConfigError` with the cause and the fix;
+  :class:`~mcore_agentic.utils.errors.ConfigError` with the cause and the fix;
 * ``unsafe_subprocess``: a plain subprocess with the same limits but no
   isolation (the audit hook is all that stands between the code and the host).
   Only when a config says so explicitly; logged as a warning once per process.
@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mcore_agentic.config.errors import ConfigError, require
 from mcore_agentic.tools.bwrap import (
     BOOTSTRAP_PATH,
     FIX_USERNS,
@@ -69,6 +68,7 @@ from mcore_agentic.tools.owner import OwnerTag, stale_entries
 from mcore_agentic.tools.sandbox_child import DROP_FAILED
 from mcore_agentic.tools.sandbox_worker import SpawnPlan, Worker
 from mcore_agentic.tools.seccomp import build_filter
+from mcore_agentic.utils.errors import ConfigError, require
 
 logger = logging.getLogger(__name__)
 

@@ -103,7 +103,6 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
     from mcore_agentic.config.load import load_config
     from mcore_agentic.config.rules import validate
     from mcore_agentic.config.schema import RLConfig
-    from mcore_agentic.config.walk import to_dict
     from mcore_agentic.parallel import comm
     from mcore_agentic.parallel.layout import local_world_size
     from mcore_agentic.trainer.build import build_checkpoint_manager, build_components
@@ -112,6 +111,7 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
     from mcore_agentic.trainer.plot import plot_curves
     from mcore_agentic.trainer.progress import StepProgress
     from mcore_agentic.trainer.resume_report import RunComplete
+    from mcore_agentic.utils.walk import to_dict
 
     cfg = cfg if isinstance(cfg, RLConfig) else load_config(cfg)
     start = time.perf_counter()

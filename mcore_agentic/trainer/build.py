@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.config.rules import BatchSizes
 from mcore_agentic.config.schema import RLConfig
 from mcore_agentic.parallel import comm
+from mcore_agentic.utils.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

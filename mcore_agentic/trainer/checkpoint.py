@@ -47,9 +47,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mcore_agentic.config.errors import ConfigError, first_line
 from mcore_agentic.parallel import comm
 from mcore_agentic.trainer import manifest as mf
+from mcore_agentic.utils.errors import ConfigError, first_line
 
 STEP_PREFIX = "global_step_"
 STAGING_PREFIX = ".tmp_" + STEP_PREFIX

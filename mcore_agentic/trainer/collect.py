@@ -18,7 +18,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel.stats import max_over, sum_over
 from mcore_agentic.rollout.driver import close_context, finish_batch, generate_sequences_sync, rollout_context, run_sync
@@ -26,6 +25,7 @@ from mcore_agentic.rollout.partial import RolloutBuffer
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
 from mcore_agentic.trainer.dynamic_sampling import GroupPool, allocate, allocate_even, counts_tensor
+from mcore_agentic.utils.errors import ConfigError
 from mcore_agentic.utils.timing import PhaseTimer
 
 logger = logging.getLogger(__name__)

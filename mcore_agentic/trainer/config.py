@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mcore_agentic.config.errors import require
+from mcore_agentic.utils.errors import require
 
 LOGGER_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
 

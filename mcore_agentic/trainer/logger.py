@@ -32,8 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.trainer.metrics import numeric_metrics
+from mcore_agentic.utils.errors import ConfigError
 
 METRICS_FILE = "metrics.jsonl"
 

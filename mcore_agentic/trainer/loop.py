@@ -390,7 +390,7 @@ class RLTrainer:
             # Partial rollouts record the version that sampled each token: it must continue, not restart.
             "weight_version": int(self.c.weight_sync.version.value),
         }
-        from mcore_agentic.config.walk import to_dict
+        from mcore_agentic.utils.walk import to_dict
 
         with self.timer.phase("save_checkpoint"):
             path = self.ckpt.save(step, state, writers=self.writers, config=to_dict(self.cfg))
@@ -404,9 +404,9 @@ class RLTrainer:
         if path is None:
             self.tracker.continue_after(0)  # a fresh start: an earlier run's metrics.jsonl is moved aside
             return
-        from mcore_agentic.config.walk import to_dict
         from mcore_agentic.trainer.checkpoint import STEP_PREFIX
         from mcore_agentic.trainer.resume_report import RunComplete, config_changes, describe_changes, saved_config
+        from mcore_agentic.utils.walk import to_dict
 
         saved_step = int(path.name[len(STEP_PREFIX):]) if path.name.startswith(STEP_PREFIX) else -1
         if saved_step >= self.c.total_steps:

@@ -113,8 +113,8 @@ def _load_sharded(sharded: dict[str, Any], directory: Path) -> dict[str, Any]:
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from mcore_agentic.config.errors import first_line
     from mcore_agentic.trainer.checkpoint import CheckpointError
+    from mcore_agentic.utils.errors import first_line
 
     try:
         return dist_checkpointing.load(sharded, str(directory))

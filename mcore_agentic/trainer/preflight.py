@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mcore_agentic.config.errors import ConfigError, first_line
 from mcore_agentic.config.paths import missing_inputs
+from mcore_agentic.utils.errors import ConfigError, first_line
 
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 LOGGER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard"}

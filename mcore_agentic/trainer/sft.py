@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.batch import Batch, build_rollout_layout
 from mcore_agentic.rollout.tokenization import ChatTokenizer
+from mcore_agentic.utils.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

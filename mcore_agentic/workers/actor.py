@@ -22,8 +22,8 @@ import torch
 
 from mcore_agentic.algorithms.losses import LossNormalisers, agg_loss, loss_normalisers
 from mcore_agentic.algorithms.objective import actor_objective
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.utils.errors import ConfigError
 from mcore_agentic.workers.config import ActorConfig
 from mcore_agentic.workers.engine import MegatronEngine, MicroBatch, MicroBatching
 from mcore_agentic.workers.passes import MODEL_KEYS, dp_share, log_prob_head, ppo_epochs, require_keys

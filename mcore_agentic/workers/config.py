@@ -6,7 +6,7 @@ and critic's YAML groups (``actor.tensor_model_parallel_size`` fills
 ``ActorConfig.parallel``, ``actor.clip_ratio_low`` fills ``ActorConfig.policy_loss``).
 Megatron keeps one parallel layout per process, so the critic and reference run
 with the actor's sizes. Every bad value raises
-:class:`~mcore_agentic.config.errors.ConfigError` naming ``<group>.<field>``.
+:class:`~mcore_agentic.utils.errors.ConfigError` naming ``<group>.<field>``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
-from mcore_agentic.config.errors import require
 from mcore_agentic.parallel.config import ParallelConfig
+from mcore_agentic.utils.errors import require
 
 _FLAT = {"flatten": True}  # sub-group keys sit directly under the parent (actor.clip_ratio_low)
 

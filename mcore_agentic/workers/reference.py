@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.utils.errors import ConfigError
 from mcore_agentic.workers.config import RefConfig
 from mcore_agentic.workers.engine import MegatronEngine, MicroBatching
 from mcore_agentic.workers.passes import MODEL_KEYS, log_prob_head, require_keys

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.balance import partition
 from mcore_agentic.parallel.cp_split import pad_to_multiple
+from mcore_agentic.utils.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "inspect": {"trainer"},  # reads the trainer's dump format (trainer.rollout_dump)
     "megatron_patches": set(),  # megatron-core and torch only; applied by launch/ and tests
 }
-LEAVES = ("mcore_agentic.config.errors", "mcore_agentic.config.walk", "mcore_agentic.utils")
+LEAVES = ("mcore_agentic.utils.errors", "mcore_agentic.utils.walk", "mcore_agentic.utils")
 PENDING: set[tuple[str, str]] = set()  # known edges still to remove: none
 
 

@@ -43,7 +43,7 @@ def build_engine(
         )
     if cfg.name == "vllm":
         if routing_shape is not None:
-            from mcore_agentic.config.errors import ConfigError
+            from mcore_agentic.utils.errors import ConfigError
 
             raise ConfigError("actor.moe.routing_replay", "rollout.name=vllm does not return routed experts (vLLM 0.32 "
                               "does only with its V2 model runner, which needs Triton on a GPU): use rollout.name=hf "

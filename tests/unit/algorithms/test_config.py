@@ -12,7 +12,7 @@ from mcore_agentic.algorithms.config import (
     PolicyLossConfig,
     ValueLossConfig,
 )
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.utils.errors import ConfigError
 
 
 def test_defaults_are_valid_and_frozen():

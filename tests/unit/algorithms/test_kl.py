@@ -15,7 +15,7 @@ from mcore_agentic.algorithms.kl import (
     build_kl_controller,
     kl_penalty,
 )
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.utils.errors import ConfigError
 
 LOGP = [-1.0, -2.0, -40.0]
 REF = [-1.5, -1.0, -10.0]  # d = logp - ref = [0.5, -1.0, -30.0]

@@ -11,7 +11,7 @@ import torch
 from mcore_agentic.algorithms.config import RolloutCorrectionConfig
 from mcore_agentic.algorithms.losses import compute_policy_loss
 from mcore_agentic.algorithms.rollout_correction import compute_rollout_correction
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.utils.errors import ConfigError
 
 # two rows; row 0 has 3 sampled tokens then padding, row 1 has 2 sampled, an environment token, 1 sampled
 MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 1]])

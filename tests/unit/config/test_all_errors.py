@@ -8,9 +8,9 @@ from typing import Literal
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError, ConfigErrors, raise_errors, require
 from mcore_agentic.config.load import check_overrides
-from mcore_agentic.config.walk import build
+from mcore_agentic.utils.errors import ConfigError, ConfigErrors, raise_errors, require
+from mcore_agentic.utils.walk import build
 
 
 @dataclass(frozen=True)

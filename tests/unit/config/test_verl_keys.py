@@ -10,9 +10,10 @@ import pytest
 
 from mcore_agentic.config import CONFIG_DIR, RLConfig, load_config
 from mcore_agentic.config import verl_keys as vk
-from mcore_agentic.config.errors import ConfigError, ConfigErrors
+from mcore_agentic.config.key_hints import suggest_key
 from mcore_agentic.config.load import check_overrides, compose, translate_config, translate_overrides
-from mcore_agentic.config.walk import build, leaf_paths, suggest_key
+from mcore_agentic.utils.errors import ConfigError, ConfigErrors
+from mcore_agentic.utils.walk import build, leaf_paths
 
 REPO = Path(__file__).resolve().parents[3]
 NATIVE = frozenset(leaf_paths(RLConfig))

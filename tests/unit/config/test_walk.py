@@ -8,8 +8,8 @@ from typing import Literal
 import pytest
 from omegaconf import OmegaConf
 
-from mcore_agentic.config.errors import ConfigError, require
-from mcore_agentic.config.walk import build, leaf_paths, to_dict
+from mcore_agentic.utils.errors import ConfigError, require
+from mcore_agentic.utils.walk import build, leaf_paths, to_dict
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.config import SyntheticTaskConfig
 from mcore_agentic.data.synthetic import METER_SOURCE, METER_TOOL, make_rows, sft_conversations
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
@@ -15,6 +14,7 @@ from mcore_agentic.rewards import compute_score, score_of
 from mcore_agentic.rollout.config import MultiTurnConfig, RolloutConfig
 from mcore_agentic.rollout.driver import generate_sequences
 from mcore_agentic.tools.registry import load_tools
+from mcore_agentic.utils.errors import ConfigError
 from tests.unit.rollout.scripted import ScriptedEngine, call
 
 CFG = SyntheticTaskConfig(enable=True, task="meter_reading", num_train=400, num_val=16, min_operand=10,

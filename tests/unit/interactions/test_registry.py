@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.interactions.gsm8k import GSM8KInteraction
 from mcore_agentic.interactions.registry import load_interactions, select_interaction
+from mcore_agentic.utils.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 CLS = "mcore_agentic.interactions.gsm8k.GSM8KInteraction"

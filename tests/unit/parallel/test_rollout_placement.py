@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.config.rules import check_rollout_groups
 from mcore_agentic.parallel.rollout_placement import RolloutPlacement
+from mcore_agentic.utils.errors import ConfigError
 
 
 def test_groups_leaders_and_shares_by_hand():

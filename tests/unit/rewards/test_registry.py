@@ -2,7 +2,6 @@
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.rewards import (
     DATA_SOURCES,
     RewardConfig,
@@ -12,6 +11,7 @@ from mcore_agentic.rewards import (
     load_reward_function,
     score_of,
 )
+from mcore_agentic.utils.errors import ConfigError
 
 
 def length_reward(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):

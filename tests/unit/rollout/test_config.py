@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.rollout.config import MultiTurnConfig, RolloutConfig
+from mcore_agentic.utils.errors import ConfigError
 
 
 def test_defaults_and_effective_max_model_len():

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 import torch
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rollout.config import MultiTurnConfig, RolloutConfig
 from mcore_agentic.rollout.driver import generate_sequences, generate_sequences_sync
+from mcore_agentic.utils.errors import ConfigError
 from tests.unit.rollout.scripted import AddTool, ScriptedEngine, call
 
 

@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.rollout.tool_parser import ToolCall, ToolCallError, get_tool_parser, validate_tool_call
 from mcore_agentic.tools.base import BaseTool
+from mcore_agentic.utils.errors import ConfigError
 
 CALC_SCHEMA = {
     "type": "function",

@@ -7,11 +7,11 @@ import gc
 import pytest
 import torch
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.rollout.engines.hf import HFEngine
 from mcore_agentic.sharding.exporter import LiveBytes
 from mcore_agentic.sharding.manager import NoEngine
 from mcore_agentic.sharding.transports import StaleWeightsError, TensorTransport, WeightVersion, make_transport
+from mcore_agentic.utils.errors import ConfigError
 from tests.unit.sharding._fixtures import hf_config, make_batch, random_model, teacher_forced_log_probs
 
 

@@ -129,7 +129,7 @@ def test_batch_continues_past_failures(tool):
 
 
 def test_config_errors_name_the_key():
-    from mcore_agentic.config.errors import ConfigError
+    from mcore_agentic.utils.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"config.timeout_s: must be > 0"):
         PythonCodeTool({"timeout_s": 0}, SCHEMA)
@@ -169,7 +169,7 @@ def test_stdlib_only_mode_and_extra_read_paths(tmp_path):
 
 
 def test_refuses_to_start_without_a_working_bwrap(tmp_path):
-    from mcore_agentic.config.errors import ConfigError
+    from mcore_agentic.utils.errors import ConfigError
 
     broken = tmp_path / "bwrap"
     broken.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.tools.base import BaseTool, ToolResponse, safe_execute
 from mcore_agentic.tools.executor import LocalExecutor, RayExecutor, ToolExecutor, make_executor
 from mcore_agentic.tools.registry import load_tools
+from mcore_agentic.utils.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 

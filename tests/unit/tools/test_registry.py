@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.tools.calculator import CalculatorTool
 from mcore_agentic.tools.code_interpreter import PythonCodeTool
 from mcore_agentic.tools.executor import LocalExecutor
 from mcore_agentic.tools.gsm8k import GSM8KTool
 from mcore_agentic.tools.registry import load_tools
+from mcore_agentic.utils.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 GOOD = {

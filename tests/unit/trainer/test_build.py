@@ -14,11 +14,11 @@ def test_decay_horizon_is_the_configured_one_or_the_runs():
 def test_routing_replay_needs_a_mixture_of_experts_model_and_an_engine_that_records(tmp_path):
     import pytest
 
-    from mcore_agentic.config.errors import ConfigError
     from mcore_agentic.config.schema import ModelConfig, RLConfig
     from mcore_agentic.rollout.config import RolloutConfig
     from mcore_agentic.rollout.engines import build_engine
     from mcore_agentic.trainer.build import replay_routing_shape
+    from mcore_agentic.utils.errors import ConfigError
     from mcore_agentic.workers.config import ActorConfig, MoEConfig
     from tests.unit.models._hf_fixtures import make_tiny_hf
 

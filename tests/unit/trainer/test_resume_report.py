@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from mcore_agentic.config import compose, load_config
-from mcore_agentic.config.walk import to_dict
 from mcore_agentic.trainer.resume_report import RunComplete, config_changes, describe_changes, saved_config
+from mcore_agentic.utils.walk import to_dict
 
 
 def test_changed_keys_are_listed_and_optimizer_ones_say_whose_value_wins(tmp_path):

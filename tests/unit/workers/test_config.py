@@ -2,8 +2,8 @@
 
 import pytest
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.config.load import build
+from mcore_agentic.utils.errors import ConfigError
 from mcore_agentic.workers.config import ActorConfig, CriticConfig, MoEConfig, OptimConfig, RefConfig
 
 

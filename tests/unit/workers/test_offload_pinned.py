@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mcore_agentic.config.errors import ConfigError
+from mcore_agentic.utils.errors import ConfigError
 from mcore_agentic.workers.config import ActorConfig
 from mcore_agentic.workers.offload import Offloader, PinnedPool, model_param_tensors, pinned_pool
 

@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from mcore_agentic.config.errors import ConfigError
 from mcore_agentic.data.balance import partition
+from mcore_agentic.utils.errors import ConfigError
 from mcore_agentic.workers.sequence import (
     fixed_micro_batches,
     pack_rows,

@@ -4,9 +4,9 @@ The dataclasses are the schema: their fields, type hints and defaults say what
 a key may hold. This module only walks them:
 
 * an unknown key is an error naming the full dotted key and the nearest known key
-  ("did you mean actor.ppo_mini_batch_size?"); a verl key gets its native name
-  (:mod:`mcore_agentic.config.verl_keys`); the hint is never empty or another group's
-  key of another meaning;
+  ("did you mean actor.ppo_mini_batch_size?"); the root dataclass may add what it knows
+  (``unknown_key_hint``: the run's config names verl's keys, :mod:`mcore_agentic.config.key_hints`);
+  the hint is never empty or another group's key of another meaning;
 * a value of the wrong type raises naming the key, the expected type and the
   value given (``int`` never silently becomes ``bool``; ``1`` is accepted where
   a ``float`` is expected);
@@ -19,7 +19,7 @@ a key may hold. This module only walks them:
 
 :func:`build` collects every problem of the tree before it raises: one problem
 raises that :class:`ConfigError` as it always did, several raise one
-:class:`~mcore_agentic.config.errors.ConfigErrors` (a ``ConfigError`` too) with a
+:class:`~mcore_agentic.utils.errors.ConfigErrors` (a ``ConfigError`` too) with a
 line each. A group whose own fields failed skips its ``__post_init__``.
 
 No defaults live here: a key that is absent takes the dataclass default.
@@ -31,15 +31,18 @@ import dataclasses
 import difflib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeVar, Union
 
-from mcore_agentic.config import verl_keys
-from mcore_agentic.config.errors import ConfigError, raise_errors
+from mcore_agentic.utils.errors import ConfigError, raise_errors
 
 T = TypeVar("T")
 
 FLATTEN = "flatten"  # dataclass field metadata key: sub-group keys live in the parent mapping
+
+_HINT: ContextVar[Any] = ContextVar("unknown_key_hint", default=None)
+"""The hint function of the tree being built (its root's ``unknown_key_hint``, else :func:`plain_hint`)."""
 
 
 def _join(path: str, key: str) -> str:
@@ -102,14 +105,10 @@ def _dataclass_in(tp: Any) -> type | None:
     return None
 
 
-RETIRED_KEYS: dict[str, str] = {
-    "sharding.offload_actor_params": "use actor.param_offload (verl's key, the one switch)",
-    "sharding.offload_actor_grads": "use actor.grad_offload (verl's key, the one switch)",
-    "sharding.offload_actor_optimizer": "use actor.optimizer_offload (verl's key, the one switch)",
-    "sharding.flat_gather": "removed: the per-tensor gather was as fast or faster at every bucket size; drop the key",
-}
-"""Keys an earlier version accepted, with what to write instead."""
+LIST_KNOWN_MAX = 12
+"""A group with at most this many keys is listed in full when nothing better is known."""
 
+CONFIG_DOC = "docs/configuration.md"
 
 GENERIC_NAMES = frozenset({
     "name", "path", "enable", "type", "mode", "format", "seed", "shuffle", "len", "metric", "task", "device",
@@ -117,37 +116,26 @@ GENERIC_NAMES = frozenset({
 })
 """Key names too common to suggest from another group (``custom_reward_function.name`` is not ``rollout.name``)."""
 
-LIST_KNOWN_MAX = 12
-"""A group with at most this many keys is listed in full when nothing better is known."""
-
-CONFIG_DOC = "docs/configuration.md"
+KeyHint = Callable[[str, str, Sequence[str], Sequence[str]], str]
+"""``(key, group path, the group's keys, every leaf path of the tree) -> hint`` for an unknown key."""
 
 
-def suggest_key(key: str, path: str, known: Sequence[str], root_leaves: Sequence[str]) -> str:
-    """The hint after "unknown key; " for ``key`` under ``path``: never empty, never a key of another meaning.
+def plain_hint(key: str, path: str, known: Sequence[str], root_leaves: Sequence[str]) -> str:
+    """The hint after "unknown key; " from the schema alone: the key under a misspelt group, a close name in the
+    same group, the same distinctive name in another group, the group's keys (a small group) or the doc. A root
+    dataclass with an ``unknown_key_hint`` (a :data:`KeyHint`) adds what it knows (the run's config: verl's names)."""
+    return missing_group_hint(key, path, root_leaves) or close_in_group(key, path, known) or elsewhere_hint(
+        key, path, known, root_leaves)
 
-    In order: a retired key's replacement; verl's name of a key (:mod:`mcore_agentic.config.verl_keys`: the alias's
-    native key, or why it is not needed, or what differs); a close name in the same group; a close verl key; the
-    same distinctive name in another group; the group's keys (a small group) or the reference doc.
-    """
-    full = _join(path, key)
-    if full in RETIRED_KEYS:
-        return RETIRED_KEYS[full]
-    hint = verl_keys.hint(full)
-    if hint:
-        return hint
-    if verl_keys.is_verl_root(full):  # under a group only verl has: a close verl key, or its doc
-        return verl_keys.close_key(full, frozenset(root_leaves)) or f"see {verl_keys.DOC}"
-    hint = _missing_group_hint(key, path, root_leaves)
-    if hint:
-        return hint
+
+def close_in_group(key: str, path: str, known: Sequence[str]) -> str | None:
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    if close:
-        return f"did you mean {_join(path, close[0])}?"
-    hint = verl_keys.close_key(full, frozenset(root_leaves))
-    if hint:
-        return hint
-    # The same name in another group is the common slip (``actor.n`` for ``rollout.n``), when the name means one thing.
+    return f"did you mean {_join(path, close[0])}?" if close else None
+
+
+def elsewhere_hint(key: str, path: str, known: Sequence[str], root_leaves: Sequence[str]) -> str:
+    """The same name in another group (the common slip: ``actor.n`` for ``rollout.n``), when the name means one
+    thing; else the group's keys or the reference doc."""
     if key not in GENERIC_NAMES:
         elsewhere = [p for p in root_leaves if p.rsplit(".", 1)[-1] == key]
         if elsewhere:
@@ -157,7 +145,7 @@ def suggest_key(key: str, path: str, known: Sequence[str], root_leaves: Sequence
     return f"see {CONFIG_DOC} for {path or 'the top level'}'s keys"
 
 
-def _missing_group_hint(key: str, path: str, root_leaves: Sequence[str]) -> str | None:
+def missing_group_hint(key: str, path: str, root_leaves: Sequence[str]) -> str | None:
     """For a key under a group that does not exist (``rollout.multi_turns.enable``): the key with that group's
     name corrected, when that is a real key, else what the nearest existing group holds."""
     groups = {".".join(p.split(".")[:i]) for p in root_leaves for i in range(1, p.count(".") + 1)}
@@ -307,7 +295,11 @@ def build(cls: type[T], data: Mapping[str, Any], path: str = "", root_leaves: Se
     if not root_leaves:
         root_leaves = leaf_paths(cls, path)
     errors: list[ConfigError] = []
-    out = _build(cls, data, path, root_leaves, errors)
+    token = _HINT.set(getattr(cls, "unknown_key_hint", None) or plain_hint)
+    try:
+        out = _build(cls, data, path, root_leaves, errors)
+    finally:
+        _HINT.reset(token)
     raise_errors(errors)
     return out
 
@@ -318,7 +310,7 @@ def _build(cls: type[T], data: Mapping[str, Any], path: str, root_leaves: Sequen
     for key in data:
         if not isinstance(key, str) or key not in accepted:
             errors.append(
-                ConfigError(_join(path, str(key)), f"unknown key; {suggest_key(str(key), path, list(accepted), root_leaves)}")
+                ConfigError(_join(path, str(key)), f"unknown key; {(_HINT.get() or plain_hint)(str(key), path, list(accepted), root_leaves)}")
             )
 
     kwargs: dict[str, Any] = {}
