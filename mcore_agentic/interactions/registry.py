@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from mcore_agentic.interactions.base import BaseInteraction, InteractionProtocol
-from mcore_agentic.tools.registry import import_path_of, plain, read_yaml_list, resolve_class
 from mcore_agentic.utils.errors import ConfigError
+from mcore_agentic.utils.plugins import PluginKind, build_plugins, read_plugins
 
 _METHODS = ("start_interaction", "generate_response", "calculate_score", "finalize_interaction")
 
@@ -41,47 +41,30 @@ def _check_class(cls: type, field: str) -> None:
             raise ConfigError(field, f"{cls.__qualname__} lacks 'async def {method}'; subclass mcore_agentic.interactions.base.BaseInteraction")
 
 
+def _name(entry: Mapping[str, Any], cls: type, config: dict[str, Any], field: str) -> tuple[str, None]:
+    """``name``, else ``config.name``, else :func:`default_name`; the two keys may not disagree."""
+    name = entry.get("name", config.get("name")) or default_name(cls)
+    if not isinstance(name, str):
+        raise ConfigError(f"{field}.name", f"must be a string, got {name!r}")
+    if "name" in config and config["name"] != name:
+        raise ConfigError(f"{field}.config.name", f"{config['name']!r} disagrees with {field}.name={name!r}; drop one")
+    return name, None
+
+
+# What an interaction is; the YAML, class paths, config mappings, unique names and one-line errors are the loader's.
+INTERACTIONS = PluginKind(
+    key="interaction", noun="interaction", keys=("name", "class_name", "config"),
+    example="mcore_agentic.interactions.gsm8k.GSM8KInteraction", check_class=_check_class, describe=_name, name_key="name",
+    construct=lambda entry: entry.cls({**entry.config, "name": entry.name}), protocol=InteractionProtocol,
+)
+
+
 def load_interactions(config: str | Path | Sequence[Mapping[str, Any]] | None) -> dict[str, BaseInteraction]:
-    """Interactions by name, from a YAML file (``interaction:`` list) or an already-loaded list."""
+    """Interactions by name, from a YAML file (``interaction:`` list) or an already-loaded list, through the shared
+    plug-in loader (:mod:`mcore_agentic.utils.plugins`): every entry is checked before any is built."""
     if config is None:
         return {}
-    if isinstance(config, str | Path):
-        entries, where = read_yaml_list(config, "interaction"), f"{config}: interaction"
-        import_path_of(config)
-    else:
-        entries, where = plain(config), "interaction"
-        if not isinstance(entries, list):
-            raise ConfigError(where, f"must be a list of interaction entries, got {type(entries).__name__}")
-    built: dict[str, BaseInteraction] = {}
-    first_index: dict[str, int] = {}
-    for i, entry in enumerate(entries):
-        field = f"{where}[{i}]"
-        if not isinstance(entry, dict):
-            raise ConfigError(field, "each interaction entry must be a mapping with name, class_name, config")
-        unknown = set(entry) - {"name", "class_name", "config"}
-        if unknown:
-            raise ConfigError(f"{field}.{sorted(unknown)[0]}", "unknown key; an interaction entry holds name, class_name, config")
-        cls = resolve_class(entry.get("class_name"), f"{field}.class_name")
-        _check_class(cls, f"{field}.class_name")
-        config_map = entry.get("config") or {}
-        if not isinstance(config_map, dict):
-            raise ConfigError(f"{field}.config", f"must be a mapping, got {type(config_map).__name__}")
-        name = entry.get("name", config_map.get("name")) or default_name(cls)
-        if not isinstance(name, str):
-            raise ConfigError(f"{field}.name", f"must be a string, got {name!r}")
-        if "name" in config_map and config_map["name"] != name:
-            raise ConfigError(f"{field}.config.name", f"{config_map['name']!r} disagrees with {field}.name={name!r}; drop one")
-        if name in first_index:
-            raise ConfigError(f"{field}.name", f"duplicate interaction name {name!r} (also {where}[{first_index[name]}])")
-        try:
-            interaction = cls({**config_map, "name": name})
-        except ConfigError as exc:
-            raise ConfigError(f"{field}.{exc.field}", str(exc).split(": ", 1)[-1]) from None
-        if not isinstance(interaction, InteractionProtocol):
-            raise ConfigError(f"{field}.class_name", f"{cls.__qualname__} instances do not satisfy the interaction interface")
-        first_index[name] = i
-        built[name] = interaction
-    return built
+    return build_plugins(read_plugins(config, INTERACTIONS), INTERACTIONS)
 
 
 def select_interaction(interactions: Mapping[str, BaseInteraction], interaction_kwargs: Mapping[str, Any] | None) -> BaseInteraction:

@@ -1,5 +1,6 @@
 """load_interactions / select_interaction: YAML loading, default names, selection per sample, clear errors."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,16 @@ def test_bad_file(tmp_path):
         load_interactions(tmp_path / "i.yaml")
     (tmp_path / "empty.yaml").write_text("interaction:\n")
     assert load_interactions(str(tmp_path / "empty.yaml")) == {}
+
+
+def test_a_class_beside_the_yaml_imports_and_a_bad_path_shows_an_interaction_class(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "my_teacher_interactions.py").write_text(
+        "from mcore_agentic.interactions.gsm8k import GSM8KInteraction\n\nclass TeacherInteraction(GSM8KInteraction):\n    pass\n")
+    (tmp_path / "i.yaml").write_text("interaction:\n  - class_name: my_teacher_interactions.TeacherInteraction\n")
+    try:
+        assert list(load_interactions(tmp_path / "i.yaml")) == ["teacher"]
+    finally:
+        sys.modules.pop("my_teacher_interactions", None)
+    with pytest.raises(ConfigError, match=r"interaction\[0\].class_name: must be a class path like 'mcore_agentic.interactions.gsm8k.GSM8KInteraction'"):
+        load_interactions([{"class_name": "Teacher"}])

@@ -174,3 +174,29 @@ def test_verl_dumped_schemas_with_null_keywords_load_and_validate():
     with pytest.raises(ConfigError) as info:
         load_tools(tools=[_entry(tool_schema__function__parameters__properties__expression={"type": "string", "enum": "x"})])
     assert info.value.field == "tools[0].tool_schema.function.parameters" and "not a valid JSON schema" in str(info.value)
+
+
+class CountedTool(CalculatorTool):
+    built = 0
+
+    def __init__(self, config, tool_schema):
+        type(self).built += 1
+        super().__init__(config=config, tool_schema=tool_schema)
+
+
+def test_instantiate_false_checks_every_entry_and_builds_none():
+    """The pre-flight's mode: the checked schemas by name; no constructor runs, and a bad entry anywhere in the
+    list fails before any tool is built (the code tool's constructor boots sandboxes)."""
+    counted = _entry(class_name=f"{__name__}.CountedTool")
+    schemas = load_tools(tools=[counted, _entry(tool_schema__function__name="calc2")], instantiate=False)
+    assert list(schemas) == ["calculator", "calc2"] and schemas["calculator"]["function"]["name"] == "calculator"
+    assert CountedTool.built == 0
+    with pytest.raises(ConfigError, match=r"tools\[1\].tool_schema.function.name: duplicate tool name"):
+        load_tools(tools=[counted, counted])
+    assert CountedTool.built == 0
+    executor = LocalExecutor(max_workers=1)
+    try:
+        assert load_tools(tools=[counted], executor=executor)["calculator"].executor is executor
+    finally:
+        executor.shutdown()
+    assert CountedTool.built == 1
