@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     from megatron.core.transformer.moe.router import TopKRouter
 
     import megatron_patches
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.models.tiny import make_tiny_hf_model
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     dist.barrier()
     cfg = ActorConfig(parallel=par, ppo_micro_batch_size_per_gpu=4, moe=MoEConfig(routing_replay="rollout"))
     vocab = len(build_tokenizer(path))  # the ids the engine samples from (the embedding table is padded past them)
-    actor = Actor(cfg, mini_batch_sequences=a.rows, model_path=path, dtype="float32", layout=layout, vocab_size=vocab)
+    actor = Actor(cfg, ModelSpec(path, "float32", vocab_size=vocab, parallel=par), layout, mini_batch_sequences=a.rows)
     replayed = [0, 0]  # (fed pairs, pairs routed to the engine's experts) of the current pass
 
     def count(module, args, output):

@@ -93,6 +93,7 @@ def _rss() -> int:
 def _run_mode(name: str, packed: bool, dynamic: bool, model_dir: str, full, a: argparse.Namespace) -> dict:
     import torch.distributed as dist
 
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
     from mcore_agentic.trainer.distribute import deal_rows
@@ -105,8 +106,8 @@ def _run_mode(name: str, packed: bool, dynamic: bool, model_dir: str, full, a: a
         parallel=par, ppo_mini_batch_size=a.batch, ppo_micro_batch_size_per_gpu=a.micro, shuffle=False,
         use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=a.budget, optim=OptimConfig(lr=1e-6),
     )
-    actor = Actor(cfg, mini_batch_sequences=a.batch, model_path=model_dir, dtype="float32", layout=layout,
-                  use_remove_padding=packed)
+    spec = ModelSpec(model_dir, "float32", use_remove_padding=packed, parallel=par)
+    actor = Actor(cfg, spec, layout, mini_batch_sequences=a.batch)
     tokens = int(full["attention_mask"].sum())
     share = deal_rows(full["attention_mask"].sum(1).tolist(), chunk=len(full), dp=layout.data_parallel_size,
                       seed=None)[layout.dp_rank]

@@ -28,7 +28,7 @@ import torch
 from mcore_agentic.config.load import compose, load_config
 from mcore_agentic.rollout.driver import generate_sequences_sync
 from mcore_agentic.rollout.engines import build_engine
-from mcore_agentic.trainer.build import build_datasets, build_tokenizer, build_tools, ensure_model
+from mcore_agentic.trainer.build import build_datasets, build_tokenizer, build_tools, ensure_model, model_spec
 
 
 def checkpoint_buckets(model_path: Any, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
@@ -51,7 +51,7 @@ def run_engine(name: str, cfg: Any, rows: list[dict], tools: dict, interactions:
                tokenizer: Any, model_path: Any, repeats: int) -> dict[str, float]:
     rollout = cfg.rollout.__class__(**{**vars(cfg.rollout), "name": name})
     start = time.perf_counter()
-    engine = build_engine(rollout, model_path, device="cpu", dtype=cfg.model.dtype, seed=cfg.seed)
+    engine = build_engine(rollout, model_spec(cfg, vocab_size=len(tokenizer)), device="cpu", seed=cfg.seed)
     startup = time.perf_counter() - start
 
     buckets = checkpoint_buckets(model_path, cfg.sharding.bucket_bytes)

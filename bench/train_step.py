@@ -107,6 +107,7 @@ def _peak_tflops(a: argparse.Namespace) -> float:
 def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> list[dict[str, float]]:
     import torch.distributed as dist
 
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
     from mcore_agentic.workers.actor import Actor
@@ -118,7 +119,7 @@ def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> list[dict[str
         parallel=par, ppo_mini_batch_size=a.batch, ppo_micro_batch_size_per_gpu=a.micro, shuffle=False,
         optim=OptimConfig(lr=1e-6),
     )
-    actor = Actor(cfg, mini_batch_sequences=a.batch, model_path=model_dir, dtype=a.dtype, layout=layout)
+    actor = Actor(cfg, ModelSpec(model_dir, a.dtype, parallel=par), layout, mini_batch_sequences=a.batch)
     full = _batch(a.batch, a.prompt, a.response, actor.engine.vocab_size, min_frac=a.min_response_frac)
     lengths = full["attention_mask"].sum(1).tolist()
     tokens = int(sum(lengths))  # the step's, over every replica

@@ -62,6 +62,7 @@ def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, 
     import megatron_patches
     from mcore_agentic.config.rules import check_world_size
     from mcore_agentic.models.hf_io import load_hf_config, save_hf_checkpoint
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel import comm
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel
@@ -85,7 +86,7 @@ def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, 
         problems = CheckpointManager(checkpoint.parent).verify(checkpoint)  # every byte, split across ranks
         if problems:
             raise SystemExit(f"error: {checkpoint} fails verification: {summarize(problems)}; export another checkpoint")
-        engine = MegatronEngine(model_path=str(base_path), dtype=dtype, parallel=parallel, layout=layout, optim=None)
+        engine = MegatronEngine(ModelSpec(base_path, dtype, parallel=parallel), layout, optim=None)
         load_worker(actor_dir, engine, load_optimizer=False)
         tensors = engine.bridge.export_hf_weights(engine.chunks)  # collective: every rank iterates
         if layout.rank == 0:

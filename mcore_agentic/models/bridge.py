@@ -168,7 +168,8 @@ class Bridge(ABC):
 
     @staticmethod
     def expert_group(chunks: list[Any]) -> Any:
-        """The model's expert-parallel group when it has more than one rank, else None."""
+        """The model's expert-parallel group when it has more than one rank, else None: the group the model was
+        built with (``pg_collection``: the engine's ``ParallelLayout.process_groups()``), as TP and PP are read."""
         pgs = getattr(unwrap_model(chunks[0]), "pg_collection", None)
         group = getattr(pgs, "ep", None) if pgs is not None else None
         return group if _group_rank_size(group)[1] > 1 else None

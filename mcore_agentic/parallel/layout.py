@@ -15,6 +15,7 @@ import random
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,7 +52,8 @@ def check_cpu_support(
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """Sizes of every parallel dimension and this rank's coordinate in each.
+    """Sizes of every parallel dimension (TP, PP, VPP, CP, DP, and EP for mixture-of-experts models) and this rank's
+    coordinate in each.
 
     Process groups are fetched on demand (they are live objects, not state), from
     Megatron's ``parallel_state`` which :func:`initialize_parallel` set up.
@@ -68,6 +70,11 @@ class ParallelLayout:
     pp_rank: int
     cp_rank: int
     dp_rank: int
+    expert_model_parallel_size: int
+    """EP (mixture-of-experts models): ranks sharing one MoE layer's experts, carved out of the DP x CP ranks of
+    one TP rank; 1 for a dense model."""
+    ep_rank: int
+    """This rank's index in its expert-parallel group: it holds experts ``ep_rank * E / EP`` onwards."""
     backend: str
 
     @property
@@ -95,6 +102,26 @@ class ParallelLayout:
 
         return parallel_state.get_data_parallel_group(with_context_parallel=with_context_parallel)
 
+    def ep_group(self) -> dist.ProcessGroup:
+        """The expert-parallel group (tokens reach their experts by all-to-all over it; an expert's owner
+        broadcasts it over it on export)."""
+        from megatron.core import parallel_state
+
+        return parallel_state.get_expert_model_parallel_group()
+
+    def expert_dp_group(self) -> dist.ProcessGroup:
+        """The expert-data-parallel group: the ranks holding the same experts (their gradients reduce over it)."""
+        from megatron.core import parallel_state
+
+        return parallel_state.get_expert_data_parallel_group()
+
+    def process_groups(self) -> Any:
+        """Megatron's ``ProcessGroupCollection`` of this layout: every group a model is built with
+        (TP, PP, CP, DP, EP and their products), handed to ``GPTModel`` so a model never fetches its own."""
+        from megatron.core.process_groups_config import ProcessGroupCollection
+
+        return ProcessGroupCollection.use_mpu_process_groups()
+
     def replica_group(self) -> dist.ProcessGroup | None:
         """The ranks of this rank's DP replica (its TP x CP x PP peers, same ``dp_rank``); None when it is one rank."""
         return _REPLICAS.group if _REPLICAS is not None else None
@@ -106,13 +133,15 @@ class ParallelLayout:
         return list(_REPLICAS.ranks[dp_rank])
 
     def describe(self) -> str:
-        """One line for logs: ``rank 0/2: TP 2 (rank 0) PP 1 (rank 0) CP 1 (rank 0) DP 1 (rank 0), gloo``."""
+        """One line for logs: ``rank 0/2: TP 2 (rank 0) PP 1 (rank 0) CP 1 (rank 0) DP 1 (rank 0), gloo``
+        (with ``VPP n`` under virtual pipeline stages and ``EP n (rank r)`` under expert parallelism)."""
         vpp = f" VPP {self.virtual_pipeline_model_parallel_size}" if self.virtual_pipeline_model_parallel_size else ""
+        ep = f" EP {self.expert_model_parallel_size} (rank {self.ep_rank})" if self.expert_model_parallel_size > 1 else ""
         return (
             f"rank {self.rank}/{self.world_size}: TP {self.tensor_model_parallel_size} (rank {self.tp_rank}) "
             f"PP {self.pipeline_model_parallel_size} (rank {self.pp_rank}){vpp} "
             f"CP {self.context_parallel_size} (rank {self.cp_rank}) "
-            f"DP {self.data_parallel_size} (rank {self.dp_rank}), {self.backend}"
+            f"DP {self.data_parallel_size} (rank {self.dp_rank}){ep}, {self.backend}"
         )
 
 
@@ -216,7 +245,7 @@ def _make_replica_groups(layout: ParallelLayout) -> _Replicas:
 
 
 def initialize_parallel(cfg: ParallelConfig, seed: int) -> ParallelLayout:
-    """Create Megatron's TP/PP/CP/DP process groups and seed its RNG tracker; return the layout.
+    """Create Megatron's TP/PP/CP/DP (and EP) process groups and seed its RNG tracker; return the layout.
 
     ``torch.distributed`` is initialised from the environment if needed. Seeding follows
     Megatron-LM: Python/torch RNGs get ``seed + 100 * pp_rank`` (stages differ), and
@@ -276,6 +305,8 @@ def current_parallel_layout() -> ParallelLayout:
         pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
         cp_rank=parallel_state.get_context_parallel_rank(),
         dp_rank=parallel_state.get_data_parallel_rank(),
+        expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
+        ep_rank=parallel_state.get_expert_model_parallel_rank(),
         backend=dist.get_backend(),
     )
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from mcore_agentic.algorithms.kl import AdaptiveKLController, FixedKLController
     from mcore_agentic.data.dataloader import RLDataLoader
     from mcore_agentic.interactions.base import InteractionProtocol
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.layout import ParallelLayout
     from mcore_agentic.parallel.rollout_placement import RolloutPlacement
     from mcore_agentic.rewards.registry import RewardFn
@@ -94,6 +95,28 @@ def build_tokenizer(model_path: str | Path) -> Any:
     return tok
 
 
+def model_spec(cfg: RLConfig, *, vocab_size: int | None) -> ModelSpec:
+    """The run's model, once, for every worker and the rollout engine: the ``model`` group, the actor's parallel
+    sizes (Megatron keeps one layout per process: the reference and critic share them), the tokenizer's
+    ``vocab_size`` (the ids the rollout engine samples, which log-probs normalise over), the temperature the
+    log-probs use (the rollout's; 1 when it samples greedily) and the routing-replay shape
+    (:func:`replay_routing_shape`)."""
+    from mcore_agentic.models.spec import ModelSpec
+
+    m = cfg.model
+    return ModelSpec(
+        model_path=m.model_path,
+        dtype=m.dtype,
+        transformer_impl=m.transformer_impl,
+        make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
+        use_remove_padding=m.use_remove_padding,
+        vocab_size=vocab_size,
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        routing_shape=replay_routing_shape(cfg),
+        parallel=cfg.actor.parallel,
+    )
+
+
 # ----------------------------------------------------------------------------------- tools, data
 def build_tools(cfg: RLConfig) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """``(tools, interactions, executor)`` of ``rollout.multi_turn`` (empty when multi-turn is off)."""
@@ -141,21 +164,15 @@ def total_steps(cfg: RLConfig, batches_per_epoch: int) -> int:
 
 
 # ----------------------------------------------------------------------------------- workers
-def build_actor(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int, vocab_size: int) -> Any:
-    """The policy; ``vocab_size``: the tokenizer's ids, those the rollout engine samples (log-probs normalise over them)."""
+def build_actor(cfg: RLConfig, spec: ModelSpec, layout: Any, sizes: BatchSizes, steps: int) -> Any:
+    """The policy, on the run's model ``spec`` (:func:`model_spec`)."""
     from mcore_agentic.workers.actor import Actor
 
     return Actor(
         cfg.actor,
+        spec,
+        layout,
         mini_batch_sequences=sizes.actor.mini_batch_sequences,
-        model_path=cfg.model.model_path,
-        dtype=cfg.model.dtype,
-        layout=layout,
-        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
-        make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-        transformer_impl=cfg.model.transformer_impl,
-        use_remove_padding=cfg.model.use_remove_padding,
-        vocab_size=vocab_size,
         total_training_steps=steps * sizes.actor.mini_batches_per_epoch * cfg.actor.ppo_epochs + cfg.trainer.sft_warmup_steps,
     )
 
@@ -164,26 +181,15 @@ def needs_reference(cfg: RLConfig) -> bool:
     return cfg.algorithm.use_kl_in_reward or cfg.actor.policy_loss.use_kl_loss
 
 
-def build_reference(cfg: RLConfig, layout: Any, vocab_size: int) -> Any:
+def build_reference(cfg: RLConfig, spec: ModelSpec, layout: Any) -> Any:
     if not needs_reference(cfg):
         return None
     from mcore_agentic.workers.reference import Reference
 
-    return Reference(
-        cfg.ref,
-        model_path=cfg.model.model_path,
-        dtype=cfg.model.dtype,
-        parallel=cfg.actor.parallel,
-        layout=layout,
-        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
-        make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-        transformer_impl=cfg.model.transformer_impl,
-        use_remove_padding=cfg.model.use_remove_padding,
-        vocab_size=vocab_size,
-    )
+    return Reference(cfg.ref, spec, layout)
 
 
-def build_critic(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> Any:
+def build_critic(cfg: RLConfig, spec: ModelSpec, layout: Any, sizes: BatchSizes, steps: int) -> Any:
     if not cfg.algorithm.needs_critic:
         return None
     from mcore_agentic.workers.critic import Critic
@@ -191,14 +197,9 @@ def build_critic(cfg: RLConfig, layout: Any, sizes: BatchSizes, steps: int) -> A
     assert sizes.critic is not None
     return Critic(
         cfg.critic,
+        spec,
+        layout,
         mini_batch_sequences=sizes.critic.mini_batch_sequences,
-        model_path=cfg.model.model_path,
-        dtype=cfg.model.dtype,
-        parallel=cfg.actor.parallel,
-        layout=layout,
-        make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-        transformer_impl=cfg.model.transformer_impl,
-        use_remove_padding=cfg.model.use_remove_padding,
         total_training_steps=steps * sizes.critic.mini_batches_per_epoch * cfg.critic.ppo_epochs,
     )
 
@@ -211,7 +212,7 @@ def build_rollout_placement(cfg: RLConfig, layout: Any) -> Any:
     return RolloutPlacement(layout.world_size, layout.rank, cfg.rollout.tensor_model_parallel_size)
 
 
-def build_rollout_engine(cfg: RLConfig, placement: Any, routing: tuple[int, int] | None) -> Any:
+def build_rollout_engine(cfg: RLConfig, placement: Any, spec: ModelSpec) -> Any:
     """This rank's rollout engine (None off a rollout group's leader), built and then released.
 
     Built before any worker holds device memory: vLLM refuses to start unless ``rollout.gpu_memory_utilization``
@@ -227,8 +228,7 @@ def build_rollout_engine(cfg: RLConfig, placement: Any, routing: tuple[int, int]
     device = comm.compute_device()
     rng = RngState.capture()
     try:
-        engine = build_engine(cfg.rollout, cfg.model.model_path, device=str(device), dtype=cfg.model.dtype,
-                              seed=cfg.seed, routing_shape=routing)
+        engine = build_engine(cfg.rollout, spec, device=str(device), seed=cfg.seed)
     finally:
         rng.restore()
     engine.release_memory()
@@ -320,21 +320,21 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     from mcore_agentic.rewards import build_reward_fn
 
     ensure_model(cfg)
-    routing = replay_routing_shape(cfg)
     tokenizer = build_tokenizer(cfg.model.model_path)
+    spec = model_spec(cfg, vocab_size=len(tokenizer))
     tools, interactions, executor = build_tools(cfg)
     train_set, val_set = build_datasets(cfg, tokenizer, tools)
     loader = make_train_loader(train_set, cfg.data, cfg.seed)
     steps = total_steps(cfg, len(loader))
     placement = build_rollout_placement(cfg, layout)
-    engine = build_rollout_engine(cfg, placement, routing)
+    engine = build_rollout_engine(cfg, placement, spec)
     # A rollout group's other ranks wait for its leader's engine (SGLang's schedulers on their GPUs measure the
     # free memory as they start) before they build models there.
     comm.barrier()
     configure_offload(cfg)
-    actor = build_actor(cfg, layout, sizes, steps, vocab_size=len(tokenizer))
-    ref = build_reference(cfg, layout, vocab_size=len(tokenizer))
-    critic = build_critic(cfg, layout, sizes, steps)
+    actor = build_actor(cfg, spec, layout, sizes, steps)
+    ref = build_reference(cfg, spec, layout)
+    critic = build_critic(cfg, spec, layout, sizes, steps)
     return Components(
         cfg=cfg,
         layout=layout,
@@ -354,6 +354,7 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
         reward_fn=build_reward_fn(cfg.reward),
         kl_ctrl=build_kl_controller(cfg.algorithm.kl_ctrl),
         total_steps=steps,
-        routing_shape=routing,
+        routing_shape=spec.routing_shape,
         data_notes=[line for d in (train_set, val_set) if (line := _dropped_line(d)) is not None],
     )
+

@@ -23,7 +23,8 @@ import torch
 from mcore_agentic.algorithms.losses import LossNormalisers, agg_loss, loss_normalisers
 from mcore_agentic.algorithms.objective import actor_objective
 from mcore_agentic.data.batch import Batch
-from mcore_agentic.utils.errors import ConfigError
+from mcore_agentic.models.spec import ModelSpec
+from mcore_agentic.parallel.layout import ParallelLayout
 from mcore_agentic.workers.config import ActorConfig
 from mcore_agentic.workers.engine import MegatronEngine, MicroBatch, MicroBatching
 from mcore_agentic.workers.passes import MODEL_KEYS, dp_share, log_prob_head, ppo_epochs, require_keys
@@ -35,36 +36,25 @@ class Actor:
     def __init__(
         self,
         cfg: ActorConfig,
+        spec: ModelSpec,
+        layout: ParallelLayout,
         *,
         mini_batch_sequences: int,
-        model_path: str,
-        dtype: str,
-        layout: Any,
-        temperature: float = 1.0,
-        make_vocab_size_divisible_by: int = 128,
-        transformer_impl: str = "auto",
-        use_remove_padding: bool = True,
-        vocab_size: int | None = None,
         total_training_steps: int | None = None,
     ) -> None:
-        if not temperature > 0:
-            raise ConfigError("rollout.temperature", f"{temperature} must be > 0")
+        """``spec``: the run's model (its ``temperature`` is the one log-probs use, the rollout's);
+        ``total_training_steps``: the run's optimizer steps (the LR schedule's horizon)."""
         self.cfg = cfg
         self.mini_batch_sequences = mini_batch_sequences
         """Sequences per optimizer step over all DP ranks: ``ppo_mini_batch_size`` counts *prompts* (verl);
         the trainer converts it once (``config.rules.PPOBatchSizes.mini_batch_sequences``: prompts x rollout.n)."""
-        self.temperature = temperature
+        self.temperature = spec.temperature
         self.engine = MegatronEngine(
-            model_path=model_path,
-            dtype=dtype,
-            parallel=cfg.parallel,
-            layout=layout,
-            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-            transformer_impl=transformer_impl,
+            spec,
+            layout,
             optim=cfg.optim,
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             total_training_steps=total_training_steps,
-            vocab_size=vocab_size,
             moe=cfg.moe,
         )
         self.batching = MicroBatching(
@@ -72,7 +62,7 @@ class Actor:
             use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.ppo_max_token_len_per_gpu,
             field="actor.ppo_max_token_len_per_gpu",
-            pack=use_remove_padding,
+            pack=spec.use_remove_padding,
         )
         self._updates = 0
 

@@ -16,6 +16,7 @@ token was sampled from), as for log-probs (see :mod:`sequence`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -24,6 +25,8 @@ from mcore_agentic.algorithms.losses import LossNormalisers
 from mcore_agentic.algorithms.objective import critic_objective
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.models.bridge import unwrap_model
+from mcore_agentic.models.spec import ModelSpec
+from mcore_agentic.parallel.layout import ParallelLayout
 from mcore_agentic.workers.config import CriticConfig
 from mcore_agentic.workers.engine import MegatronEngine, MicroBatch, MicroBatching
 from mcore_agentic.workers.passes import MODEL_KEYS, ppo_epochs, require_keys
@@ -81,27 +84,20 @@ class Critic:
     def __init__(
         self,
         cfg: CriticConfig,
+        spec: ModelSpec,
+        layout: ParallelLayout,
         *,
         mini_batch_sequences: int,
-        model_path: str,
-        dtype: str,
-        parallel: Any,
-        layout: Any,
-        make_vocab_size_divisible_by: int = 128,
-        transformer_impl: str = "auto",
-        use_remove_padding: bool = True,
         total_training_steps: int | None = None,
     ) -> None:
+        """``spec``: the run's model; the body starts from ``critic.model_path`` when that is set, else from
+        ``spec.model_path``."""
         self.cfg = cfg
         self.mini_batch_sequences = mini_batch_sequences
         """Sequences per optimizer step over all DP ranks (see ``Actor.mini_batch_sequences``)."""
         self.engine = MegatronEngine(
-            model_path=cfg.model_path or model_path,
-            dtype=dtype,
-            parallel=parallel,
-            layout=layout,
-            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-            transformer_impl=transformer_impl,
+            dataclasses.replace(spec, model_path=cfg.model_path) if cfg.model_path else spec,
+            layout,
             optim=cfg.optim,
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             total_training_steps=total_training_steps,
@@ -113,7 +109,7 @@ class Critic:
             use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.ppo_max_token_len_per_gpu,
             field="critic.ppo_max_token_len_per_gpu",
-            pack=use_remove_padding,
+            pack=spec.use_remove_padding,
         )
         self._updates = 0
 

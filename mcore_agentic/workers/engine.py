@@ -39,7 +39,10 @@ import torch
 import torch.distributed as dist
 
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.models.spec import ModelSpec
 from mcore_agentic.parallel import comm
+from mcore_agentic.parallel.config import ParallelConfig
+from mcore_agentic.parallel.layout import ParallelLayout
 from mcore_agentic.workers.config import OptimConfig
 from mcore_agentic.workers.micro_batch import (
     HeadFn,
@@ -61,60 +64,74 @@ from mcore_agentic.workers.sequence import (
     segment_lengths,
 )
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def decay_horizon(optim: OptimConfig, run_optimizer_steps: int | None) -> int | None:
     """The LR schedule's length: ``<worker>.optim.total_training_steps`` when set (> 0), else the run's optimizer steps."""
     return optim.total_training_steps if optim.total_training_steps > 0 else run_optimizer_steps
 
 
+def check_layout(parallel: ParallelConfig, layout: ParallelLayout) -> None:
+    """Refuse a model split (``spec.parallel``) other than the process groups' (``layout``): Megatron keeps one
+    layout per process, and a model built for other sizes would wait in collectives its peers never join."""
+    pairs = {
+        "tensor_model_parallel_size": (parallel.tensor_model_parallel_size, layout.tensor_model_parallel_size),
+        "pipeline_model_parallel_size": (parallel.pipeline_model_parallel_size, layout.pipeline_model_parallel_size),
+        "virtual_pipeline_model_parallel_size": (parallel.virtual_pipeline_model_parallel_size or 1,
+                                                 layout.virtual_pipeline_model_parallel_size or 1),
+        "context_parallel_size": (parallel.context_parallel_size, layout.context_parallel_size),
+        "expert_model_parallel_size": (parallel.expert_model_parallel_size, layout.expert_model_parallel_size),
+    }
+    wrong = [f"{name}={mine} but the process groups have {theirs}" for name, (mine, theirs) in pairs.items()
+             if mine != theirs]
+    if wrong:
+        raise ValueError(f"the model spec's parallel sizes differ from the layout's: {'; '.join(wrong)} (build the "
+                         "spec with the ParallelConfig the layout was initialised with)")
+
+
 class MegatronEngine:
     """This rank's chunk(s) of one Megatron GPT model, optionally with DDP, optimizer and LR scheduler.
 
-    ``customize(chunks)`` runs after the HF weights are loaded and before DDP wrapping
-    (the critic swaps its output layer for a value head there).
+    ``spec``: the run's model (checkpoint, dtype, layer spec, vocabulary, parallel sizes); ``layout``: this
+    process's parallel layout, whose process groups the model is built with. ``customize(chunks)`` runs after
+    the HF weights are loaded and before DDP wrapping (the critic swaps its output layer for a value head there).
+    ``moe``: the actor's ``actor.moe`` (router losses, routing replay) of a mixture-of-experts model.
     """
 
     def __init__(
         self,
+        spec: ModelSpec,
+        layout: ParallelLayout,
         *,
-        model_path: str,
-        dtype: str,
-        parallel: Any,
-        layout: Any,
-        make_vocab_size_divisible_by: int = 128,
         optim: OptimConfig | None = None,
         use_distributed_optimizer: bool = True,
         total_training_steps: int | None = None,
         customize: Callable[[list[Any]], None] | None = None,
-        transformer_impl: str = "auto",
-        vocab_size: int | None = None,
         lm_head: bool = True,
         moe: Any = None,
     ) -> None:
-        """``vocab_size``: the ids log-probs normalise over — the tokenizer's, which the rollout engine
-        samples from (a checkpoint's embedding table may be padded past it, and a softmax over ids the
-        engine never samples would shift every log-prob against the engine's); None: the checkpoint's."""
+        """Log-probs normalise over ``spec.vocab_size`` ids — the tokenizer's, which the rollout engine samples
+        from (a checkpoint's embedding table may be padded past it, and a softmax over ids the engine never samples
+        would shift every log-prob against the engine's); None: the checkpoint's."""
         from mcore_agentic.models.hf_io import load_hf_config
         from mcore_agentic.models.registry import get_bridge
 
-        if dtype not in _DTYPES:
-            raise ValueError(f"model.dtype={dtype!r}: use one of {', '.join(_DTYPES)}")
+        parallel = spec.parallel
+        check_layout(parallel, layout)
+        self.spec = spec
         self.layout = layout
         self.parallel = parallel
-        self.dtype = _DTYPES[dtype]
+        self.dtype = spec.torch_dtype
         self.device = comm.compute_device()  # where the model, the micro-batches and the loss live
-        self.hf_config = load_hf_config(model_path)
+        self.hf_config = load_hf_config(spec.model_path)
         self.bridge = get_bridge(
-            self.hf_config, make_vocab_size_divisible_by=make_vocab_size_divisible_by, lm_head=lm_head
+            self.hf_config, make_vocab_size_divisible_by=spec.make_vocab_size_divisible_by, lm_head=lm_head
         )
         rows = int(self.hf_config.vocab_size)
-        self.vocab_size = rows if vocab_size is None else min(rows, vocab_size)
+        self.vocab_size = rows if spec.vocab_size is None else min(rows, spec.vocab_size)
         interleaved = (parallel.virtual_pipeline_model_parallel_size or 1) > 1
         from mcore_agentic.models.transformer_impl import te_spec_here, thd_offsets_on_host, use_te_for
 
-        use_te = use_te_for(transformer_impl)
+        use_te = use_te_for(spec.transformer_impl)
         # The local spec reads packed offsets as host integers in every layer; TE's kernels read them on the device.
         self.offsets_on_device = not thd_offsets_on_host(te_spec_here(use_te))
         self.tcfg = self.bridge.transformer_config(
@@ -138,8 +155,9 @@ class MegatronEngine:
             batch_p2p_comm=not (interleaved and not torch.cuda.is_available()),
             **self._moe_overrides(moe),
         )
-        chunks = self.bridge.build_model(self.hf_config, self.tcfg, use_te=use_te)
-        self.bridge.load_hf_weights(chunks, model_path)
+        # The layout's process groups (TP, PP, CP, DP, EP): the bridge's load and export read them off the model.
+        chunks = self.bridge.build_model(self.hf_config, self.tcfg, use_te=use_te, pg_collection=layout.process_groups())
+        self.bridge.load_hf_weights(chunks, spec.model_path)
         if customize is not None:
             customize(chunks)
         self.trainable = optim is not None
@@ -430,10 +448,8 @@ class MegatronEngine:
         if aux == 0 and z == 0:
             yield
             return
-        from megatron.core import parallel_state as ps
-
         total = comm.to_host([float(sum(mb.tokens.numel() for mb in mbs))], torch.float64)
-        comm.all_reduce_host(total, group=ps.get_data_parallel_group(with_context_parallel=True))
+        comm.all_reduce_host(total, group=self.layout.dp_group(with_context_parallel=True))
         n = max(float(total[0]), 1.0)
         before = (self.tcfg.moe_aux_loss_coeff, self.tcfg.moe_z_loss_coeff)
         self.tcfg.moe_aux_loss_coeff = aux / n
@@ -448,11 +464,7 @@ class MegatronEngine:
         model. Collective over DP x CP and PP."""
         if not self.router_load.enabled:
             return {}
-        from megatron.core import parallel_state as ps
-
-        return self.router_load.pop(
-            ps.get_data_parallel_group(with_context_parallel=True), ps.get_pipeline_model_parallel_group()
-        )
+        return self.router_load.pop(self.layout.dp_group(with_context_parallel=True), self.layout.pp_group())
 
     def export_hf_weights(self) -> dict[str, torch.Tensor]:
         """Full HF tensors of the model (collective: every rank must call)."""

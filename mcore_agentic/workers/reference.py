@@ -9,12 +9,12 @@ the device between calls and come back only for :meth:`compute_ref_log_prob`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from mcore_agentic.data.batch import Batch
-from mcore_agentic.utils.errors import ConfigError
+from mcore_agentic.models.spec import ModelSpec
+from mcore_agentic.parallel.layout import ParallelLayout
 from mcore_agentic.workers.config import RefConfig
 from mcore_agentic.workers.engine import MegatronEngine, MicroBatching
 from mcore_agentic.workers.passes import MODEL_KEYS, log_prob_head, require_keys
@@ -23,40 +23,17 @@ from mcore_agentic.workers.passes import MODEL_KEYS, log_prob_head, require_keys
 class Reference:
     """Forward-only copy of the initial policy."""
 
-    def __init__(
-        self,
-        cfg: RefConfig,
-        *,
-        model_path: str,
-        dtype: str,
-        parallel: Any,
-        layout: Any,
-        temperature: float = 1.0,
-        make_vocab_size_divisible_by: int = 128,
-        transformer_impl: str = "auto",
-        use_remove_padding: bool = True,
-        vocab_size: int | None = None,
-    ) -> None:
-        if not temperature > 0:
-            raise ConfigError("rollout.temperature", f"{temperature} must be > 0")
+    def __init__(self, cfg: RefConfig, spec: ModelSpec, layout: ParallelLayout) -> None:
+        """``spec``: the run's model (the actor's checkpoint; log-probs at its ``temperature``)."""
         self.cfg = cfg
-        self.temperature = temperature
-        self.engine = MegatronEngine(
-            model_path=model_path,
-            dtype=dtype,
-            parallel=parallel,
-            layout=layout,
-            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-            transformer_impl=transformer_impl,
-            optim=None,
-            vocab_size=vocab_size,
-        )
+        self.temperature = spec.temperature
+        self.engine = MegatronEngine(spec, layout, optim=None)
         self.batching = MicroBatching(
             micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
             use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.log_prob_max_token_len_per_gpu,
             field="ref.log_prob_max_token_len_per_gpu",
-            pack=use_remove_padding,
+            pack=spec.use_remove_padding,
         )
         if cfg.param_offload:
             self.engine.offload(params=True)

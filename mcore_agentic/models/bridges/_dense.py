@@ -221,7 +221,10 @@ class DenseDecoderBridge(Bridge):
         parallel_output: bool = True,
         use_te: bool | None = None,
     ) -> list[Any]:
-        """This rank's ``GPTModel`` chunk(s) (all virtual stages unless ``vp_stage`` picks one)."""
+        """This rank's ``GPTModel`` chunk(s) (all virtual stages unless ``vp_stage`` picks one).
+
+        ``pg_collection``: the process groups to build with (``ParallelLayout.process_groups()``, as the engine
+        passes them); None takes megatron's global ones (a bare model built outside an engine)."""
         from megatron.core.models.gpt.gpt_model import GPTModel
         from megatron.core.process_groups_config import ProcessGroupCollection
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from mcore_agentic.rollout.config import RolloutConfig
@@ -13,16 +12,31 @@ SGLANG_BASE_PORT = 30000
 """Engine ``i`` of a node: ``port=SGLANG_BASE_PORT + 100 * i`` (unbound on one node: IPC + a free NCCL port)."""
 
 
-def build_engine(
-    cfg: RolloutConfig, model_path: str | Path, *, device: str, dtype: str, seed: int | None,
-    routing_shape: tuple[int, int] | None = None,
-) -> RolloutEngine:
-    """The engine ``rollout.name`` names, loaded from a local HF checkpoint directory (the one place engines are built).
+class EngineModel(Protocol):
+    """What an engine reads of the run's model spec (``mcore_agentic.models.spec.ModelSpec``, which the trainer
+    builds once; rollout does not import ``models``, so the spec arrives typed by this protocol)."""
 
-    ``device``: this rank's device (``"cpu"``, ``"cuda:3"``); ``dtype``: ``model.dtype``'s names;
-    ``seed``: the engine's sampling seed (the trainer passes the run's ``seed``); ``routing_shape``: ``(moe_layers,
-    top_k)`` of a mixture-of-experts model whose routers' choices each request returns (``actor.moe.routing_replay``;
-    hf and sglang).
+    @property
+    def model_path(self) -> str:
+        """The local HF checkpoint directory."""
+
+    @property
+    def dtype(self) -> str:
+        """``model.dtype``'s names: ``float32``, ``bfloat16``, ``float16``."""
+
+    @property
+    def routing_shape(self) -> tuple[int, int] | None:
+        """``(moe_layers, top_k)`` of a mixture-of-experts model whose routers' choices each request returns
+        (``actor.moe.routing_replay``; hf and sglang); None: none."""
+
+
+def build_engine(cfg: RolloutConfig, model: EngineModel, *, device: str, seed: int | None) -> RolloutEngine:
+    """The engine ``rollout.name`` names, loaded from the model spec's local HF checkpoint (the one place engines
+    are built, and the one place an engine reads the spec).
+
+    ``device``: this rank's device (``"cpu"``, ``"cuda:3"``); ``seed``: the engine's sampling seed (the trainer
+    passes the run's ``seed``). From ``model``: the checkpoint, the dtype, and the routing shape of a
+    mixture-of-experts model whose routed experts each request returns.
 
     ``hf``: :class:`~mcore_agentic.rollout.engines.hf.HFEngine` on ``device`` (rollout TP only sets how
     many ranks share it: the model is not sharded). ``vllm``:
@@ -34,6 +48,7 @@ def build_engine(
     import torch
 
     dev = torch.device(device)
+    model_path, dtype, routing_shape = str(model.model_path), model.dtype, model.routing_shape
     if cfg.name == "hf":
         from mcore_agentic.rollout.engines.hf import HFEngine
 
@@ -67,7 +82,7 @@ def build_engine(
 
     local_rank = dev.index if dev.index is not None else 0
     return SGLangEngine(
-        str(model_path),
+        model_path,
         tensor_model_parallel_size=cfg.tensor_model_parallel_size,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         seed=seed,

@@ -125,3 +125,34 @@ def test_initialize_tp2_on_two_ranks():
         assert res["timeouts"] == [7.0, 7.0, 7.0], "trainer.dist_timeout_minutes reaches Megatron's and our groups"
     # The tracker was seeded per TP rank: the model-parallel streams differ.
     assert not results[0]["tp_draw"].equal(results[1]["tp_draw"])
+
+
+def _init_ep2(rank: int, world_size: int) -> bytes:
+    import torch
+
+    import megatron_patches
+    from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
+
+    megatron_patches.apply()
+    layout = initialize_parallel(ParallelConfig(expert_model_parallel_size=2), seed=5)
+    t = torch.tensor([float(rank + 1)])
+    torch.distributed.all_reduce(t, group=layout.ep_group())
+    out = {
+        "layout": layout,
+        "ep_sum": float(t),
+        "expert_dp_size": layout.expert_dp_group().size(),
+        "model_ep_is_layout_ep": layout.process_groups().ep is layout.ep_group(),
+        "describe": layout.describe(),
+    }
+    destroy_parallel()
+    return pack(out)
+
+
+def test_expert_parallelism_is_part_of_the_layout():
+    """EP=2 over DP=2: the layout carries the EP size, this rank's EP index and the EP groups (the ones a model is
+    built with)."""
+    for rank, res in enumerate(unpack(r) for r in run_distributed(_init_ep2, 2)):
+        lay = res["layout"]
+        assert (lay.expert_model_parallel_size, lay.ep_rank, lay.data_parallel_size) == (2, rank, 2)
+        assert res["ep_sum"] == 3.0 and res["expert_dp_size"] == 1 and res["model_ep_is_layout_ep"]
+        assert res["describe"].endswith(f"DP 2 (rank {rank}) EP 2 (rank {rank}), gloo")

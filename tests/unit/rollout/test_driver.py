@@ -144,12 +144,14 @@ def test_build_tools_and_engine(tmp_path):
         assert tools["calculator"].executor is executor
     finally:
         executor.shutdown()
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.models.tiny import make_tiny_hf_model
 
     path = make_tiny_hf_model(tmp_path / "m", vocab_size=256, hidden_size=32, intermediate_size=64)
-    assert isinstance(build_engine(RolloutConfig(name="hf"), path, device="cpu", dtype="float32", seed=0), HFEngine)
+    spec = ModelSpec(path, "float32")
+    assert isinstance(build_engine(RolloutConfig(name="hf"), spec, device="cpu", seed=0), HFEngine)
     import importlib.util
 
     if importlib.util.find_spec("sglang") is None:
         with pytest.raises(ImportError, match="mcore-agentic"):
-            build_engine(RolloutConfig(name="sglang"), path, device="cpu", dtype="float32", seed=0)
+            build_engine(RolloutConfig(name="sglang"), spec, device="cpu", seed=0)

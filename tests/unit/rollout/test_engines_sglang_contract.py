@@ -570,11 +570,12 @@ def test_build_engine_gives_sglang_the_trainers_dtype_seed_and_placement(fake_sg
     # The trainer builds every engine through build_engine: model.dtype, the run's seed and the
     # group's first GPU and port must reach sglang.Engine (a silent "auto" dtype would sample in the
     # checkpoint's precision while the trainer recomputes in model.dtype).
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.rollout.config import RolloutConfig
     from mcore_agentic.rollout.engines import SGLANG_BASE_PORT, build_engine
 
     cfg = RolloutConfig(name="sglang", tensor_model_parallel_size=2, seed=3)
-    engine = build_engine(cfg, "/ckpt", device="cuda:6", dtype="bfloat16", seed=11)
+    engine = build_engine(cfg, ModelSpec("/ckpt", "bfloat16"), device="cuda:6", seed=11)
     kwargs = engine._engine.kwargs
     assert kwargs["dtype"] == "bfloat16" and kwargs["random_seed"] == 11 and kwargs["tp_size"] == 2
     assert kwargs["base_gpu_id"] == 6 and kwargs["port"] == SGLANG_BASE_PORT + 100 * 3
@@ -585,19 +586,20 @@ def test_routed_experts_are_asked_for_and_decoded_per_fed_token(fake_sglang):
     """Routing replay on SGLang: ``enable_return_routed_experts`` on the server, ``return_routed_experts`` on each
     request, and ``meta_info["routed_experts"]`` (base64 int32 by token, layer, slot) decoded to one int16 row per
     fed token (prompt and samples but the last); a server that returns none is an error naming the setting."""
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.rollout.config import RolloutConfig
     from mcore_agentic.rollout.engines import build_engine
     from mcore_agentic.rollout.engines.sglang import decode_routed_experts
 
     path = "/ckpt/qwen3_moe"  # 2 MoE layers, top-2 (the trainer reads the shape from its config.json)
-    engine = build_engine(RolloutConfig(name="sglang"), path, device="cuda:0", dtype="bfloat16", seed=1,
-                          routing_shape=(2, 2))
+    engine = build_engine(RolloutConfig(name="sglang"), ModelSpec(path, "bfloat16", routing_shape=(2, 2)),
+                          device="cuda:0", seed=1)
     assert engine._engine.kwargs["enable_return_routed_experts"] is True
     out = _generate(engine, [1, 2, 3], SamplingParams(max_new_tokens=2))
     assert engine._engine.calls[-1][1]["return_routed_experts"] is True
     assert out.routed_experts.dtype == np.int16 and out.routed_experts.shape == (3 + 2 - 1, 2, 2)
     assert out.routed_experts.reshape(-1).tolist() == [i % 8 for i in range(16)]
-    plain = build_engine(RolloutConfig(name="sglang"), path, device="cuda:0", dtype="bfloat16", seed=1)
+    plain = build_engine(RolloutConfig(name="sglang"), ModelSpec(path, "bfloat16"), device="cuda:0", seed=1)
     assert "enable_return_routed_experts" not in plain._engine.kwargs
     assert _generate(plain, [1], SamplingParams(max_new_tokens=2)).routed_experts is None
     assert "return_routed_experts" not in plain._engine.calls[-1][1]

@@ -115,6 +115,7 @@ def _virtual_pipeline_export(path: str) -> dict:
 def _layout_checks(path: str, lay: Layout) -> dict:
     import megatron_patches
     from mcore_agentic.algorithms.config import PolicyLossConfig
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import initialize_parallel
     from mcore_agentic.rollout.engines.hf import HFEngine
@@ -132,8 +133,8 @@ def _layout_checks(path: str, lay: Layout) -> dict:
     cfg = ActorConfig(parallel=par, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2,
                       optim=OptimConfig(lr=2e-2), policy_loss=PolicyLossConfig(entropy_coeff=0.0),
                       param_offload=True, grad_offload=True, optimizer_offload=True)
-    actor = Actor(cfg, mini_batch_sequences=4, model_path=path, dtype="float32", layout=layout)
-    twin = Actor(cfg, mini_batch_sequences=4, model_path=path, dtype="float32", layout=layout)  # never synced: the reference run
+    actor = Actor(cfg, ModelSpec(path, "float32", parallel=par), layout, mini_batch_sequences=4)
+    twin = Actor(cfg, ModelSpec(path, "float32", parallel=par), layout, mini_batch_sequences=4)  # never synced: the reference run
     engine = HFEngine(random_model(hf_config(tied=lay.tied), seed=123))
     version = WeightVersion()
     sharding = ShardingConfig(bucket_size_mb=0.1)

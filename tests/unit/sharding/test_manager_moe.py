@@ -25,6 +25,7 @@ def _aux_grad_norm(path: str, aux: float, copies: int, par, layout) -> float:
     """Grad norm of one PPO step with zero advantages (no entropy or KL term): the router loss's gradient only."""
     from mcore_agentic.algorithms.config import PolicyLossConfig
     from mcore_agentic.data.batch import Batch
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, MoEConfig, OptimConfig
 
@@ -32,7 +33,7 @@ def _aux_grad_norm(path: str, aux: float, copies: int, par, layout) -> float:
     cfg = ActorConfig(parallel=par, ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=2, shuffle=False,
                       optim=OptimConfig(lr=1e-3), policy_loss=PolicyLossConfig(entropy_coeff=0.0),
                       moe=MoEConfig(aux_loss_coeff=aux))
-    actor = Actor(cfg, mini_batch_sequences=rows, model_path=path, dtype="float32", layout=layout)
+    actor = Actor(cfg, ModelSpec(path, "float32", parallel=par), layout, mini_batch_sequences=rows)
     batch = Batch.concat([make_batch(8)] * copies)
     batch = actor.compute_log_prob(batch.update({"advantages": torch.zeros_like(batch["advantages"])}))
     return float(actor.update_policy(batch)["grad_norm"])
@@ -44,6 +45,7 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
     import megatron_patches
     from mcore_agentic.algorithms.config import PolicyLossConfig
     from mcore_agentic.models.hf_io import load_hf_config
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import initialize_parallel
     from mcore_agentic.rollout.engines.hf import HFEngine
@@ -59,7 +61,7 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
     layout = initialize_parallel(par, seed=1)
     cfg = ActorConfig(parallel=par, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2,
                       optim=OptimConfig(lr=2e-2), policy_loss=PolicyLossConfig(entropy_coeff=0.0))
-    actor = Actor(cfg, mini_batch_sequences=4, model_path=path, dtype="float32", layout=layout)
+    actor = Actor(cfg, ModelSpec(path, "float32", parallel=par), layout, mini_batch_sequences=4)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(123)  # the engine starts from other weights
         engine = HFEngine(transformers.Qwen3MoeForCausalLM(load_hf_config(path)).eval())

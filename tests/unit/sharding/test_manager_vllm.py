@@ -84,6 +84,7 @@ def _body(rank: int, world_size: int, paths: dict[str, str]) -> bytes:
 
     import megatron_patches
     from mcore_agentic.algorithms.config import PolicyLossConfig
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
     from mcore_agentic.rollout.engines.base import SamplingParams
@@ -115,7 +116,7 @@ def _body(rank: int, world_size: int, paths: dict[str, str]) -> bytes:
         layout = initialize_parallel(par, seed=1)
         cfg = ActorConfig(parallel=par, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2,
                           optim=OptimConfig(lr=2e-2), policy_loss=PolicyLossConfig(entropy_coeff=0.0))
-        actor = Actor(cfg, mini_batch_sequences=4, model_path=paths[f"actor_{tied}"], dtype="float32", layout=layout)
+        actor = Actor(cfg, ModelSpec(paths[f"actor_{tied}"], "float32", parallel=par), layout, mini_batch_sequences=4)
         version = WeightVersion()
         manager = ShardingManager(actor, engine, ShardingConfig(bucket_size_mb=0.1), version=version, rollout_seed=7)
         rows, first = [], None

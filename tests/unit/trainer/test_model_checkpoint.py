@@ -36,6 +36,7 @@ def _to_bytes(obj) -> bytes:
 
 def _workers(path: str, par, layout, with_critic: bool, **optim_overrides):
     from mcore_agentic.algorithms.config import PolicyLossConfig
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig
     from mcore_agentic.workers.critic import Critic
@@ -47,12 +48,12 @@ def _workers(path: str, par, layout, with_critic: bool, **optim_overrides):
         parallel=par, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=optim,
         policy_loss=PolicyLossConfig(entropy_coeff=0.01),
     )
-    common = dict(model_path=path, dtype="float32", layout=layout)
-    actor = Actor(actor_cfg, mini_batch_sequences=4, **common)  # ppo_mini_batch_size sequences (no rollout.n here)
+    spec = ModelSpec(path, "float32", parallel=par)
+    actor = Actor(actor_cfg, spec, layout, mini_batch_sequences=4)  # ppo_mini_batch_size sequences (no rollout.n here)
     critic = None
     if with_critic:
         critic_cfg = CriticConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, optim=optim)
-        critic = Critic(critic_cfg, mini_batch_sequences=4, parallel=par, **common)
+        critic = Critic(critic_cfg, spec, layout, mini_batch_sequences=4)
     return actor, critic
 
 
@@ -103,6 +104,7 @@ def _save_body(rank: int, world_size: int, path: str, roots: dict) -> bytes:
 def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> bytes:
     import torch.distributed as dist
 
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.trainer.checkpoint import CheckpointManager
     from mcore_agentic.trainer.model_checkpoint import load_worker, model_state_readers, save_worker
     from mcore_agentic.workers.engine import MegatronEngine
@@ -129,7 +131,7 @@ def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> byte
         del actor, critic
 
     # Weights only, into a frozen engine (no optimizer), as an HF export from a checkpoint does.
-    frozen = MegatronEngine(model_path=other_path, dtype="float32", parallel=par, layout=layout, optim=None)
+    frozen = MegatronEngine(ModelSpec(other_path, "float32", parallel=par), layout, optim=None)
     load_worker(Path(roots["tp2"]) / "global_step_1" / "actor", frozen)
     out["frozen_tp2"] = frozen.export_hf_weights()
     # A weights-only checkpoint cannot resume a trainable worker: a clear error, raised on every rank

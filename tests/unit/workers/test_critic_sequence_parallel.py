@@ -25,6 +25,7 @@ LAYOUTS = {"tp1": (1, False), "tp2": (2, False), "tp2_sp": (2, True)}
 def _body(path: str, tp: int, sp: bool) -> dict:
     from mcore_agentic.algorithms.config import ValueLossConfig
     from mcore_agentic.models.bridge import unwrap_model
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.trainer.distribute import deal_rows
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig
@@ -37,10 +38,10 @@ def _body(path: str, tp: int, sp: bool) -> dict:
     rows = deal_rows(full["attention_mask"].sum(1).tolist(), chunk=8, dp=layout.data_parallel_size, seed=None)
     batch = full.index(rows[layout.dp_rank])
     out: dict = {"rows": rows[layout.dp_rank]}
-    common = dict(model_path=path, dtype="float32", layout=layout)
+    spec = ModelSpec(path, "float32", temperature=1.0, parallel=par)
 
     actor_cfg = ActorConfig(parallel=par, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2)
-    actor = Actor(actor_cfg, mini_batch_sequences=8, temperature=1.0, **common)
+    actor = Actor(actor_cfg, spec, layout, mini_batch_sequences=8)
     out["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
     del actor
 
@@ -48,14 +49,14 @@ def _body(path: str, tp: int, sp: bool) -> dict:
         ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-1, eps=1.0),
         value_loss=ValueLossConfig(cliprange_value=0.2),
     )
-    critic = Critic(cfg, mini_batch_sequences=8, parallel=par, **common)
+    critic = Critic(cfg, spec, layout, mini_batch_sequences=8)
     head = unwrap_model(critic.engine.chunks[-1]).output_layer
     out["head_sequence_parallel"] = head.sequence_parallel
     saved = head.weight.detach().clone()
     with torch.no_grad():  # a non-zero head, the same on every rank, for a forward that says something
         head.weight.copy_(torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(7)))
     out["values"] = critic.compute_values(batch)["values"]
-    padded = Critic(cfg, mini_batch_sequences=8, parallel=par, use_remove_padding=False, **common)
+    padded = Critic(cfg, dataclasses.replace(spec, use_remove_padding=False), layout, mini_batch_sequences=8)
     with torch.no_grad():
         unwrap_model(padded.engine.chunks[-1]).output_layer.weight.copy_(head.weight)
     out["values_padded"] = padded.compute_values(batch)["values"]

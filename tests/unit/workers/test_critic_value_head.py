@@ -12,12 +12,13 @@ from tests.unit.workers._fixtures import make_batch, setup_rank
 
 def _values(rank: int, world_size: int, path: str) -> tuple[tuple[int, ...], tuple[int, ...], str]:
     from mcore_agentic.models.bridge import unwrap_model
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.workers.config import CriticConfig
     from mcore_agentic.workers.critic import Critic
 
     par, layout = setup_rank(1)
-    critic = Critic(CriticConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2), mini_batch_sequences=8,
-                    parallel=par, model_path=path, dtype="float32", layout=layout)
+    critic = Critic(CriticConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2),
+                    ModelSpec(path, "float32", parallel=par), layout, mini_batch_sequences=8)
     head = unwrap_model(critic.engine.chunks[-1]).output_layer.weight
     values = critic.compute_values(make_batch(4))["values"]
     return tuple(values.shape), tuple(head.shape), str(head.dtype)

@@ -50,6 +50,7 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
 
     import megatron_patches
     from mcore_agentic.algorithms.config import PolicyLossConfig
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
     from mcore_agentic.workers.actor import Actor
@@ -65,7 +66,7 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
     cfg = ActorConfig(parallel=par, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, shuffle=False,
                       optim=OptimConfig(lr=1e-2), policy_loss=PolicyLossConfig(entropy_coeff=0.0),
                       moe=MoEConfig(routing_replay="rollout"))
-    actor = Actor(cfg, mini_batch_sequences=8, model_path=path, dtype="float32", layout=layout)
+    actor = Actor(cfg, ModelSpec(path, "float32", parallel=par), layout, mini_batch_sequences=8)
     seen: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (routing map, the target it was given)
 
     def keep(module, args, output):
@@ -96,8 +97,8 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
     destroy_parallel()
     par = ParallelConfig(pipeline_model_parallel_size=2)
     layout = initialize_parallel(par, seed=1)
-    actor = Actor(dataclasses.replace(cfg, parallel=par), mini_batch_sequences=8, model_path=path, dtype="float32",
-                  layout=layout)
+    actor = Actor(dataclasses.replace(cfg, parallel=par), ModelSpec(path, "float32", parallel=par), layout,
+                  mini_batch_sequences=8)
     out["pp_replay"] = actor.compute_log_prob(full)["old_log_probs"]
     buf = io.BytesIO()
     torch.save(out, buf)

@@ -85,6 +85,7 @@ def _global(per_rank: list[dict], key: str) -> torch.Tensor:
 
 def _body(path: str, lay: Layout) -> dict:
     from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
+    from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.trainer.distribute import deal_rows
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig, RefConfig
@@ -99,11 +100,10 @@ def _body(path: str, lay: Layout) -> dict:
         policy_loss=PolicyLossConfig(entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1),
         param_offload=True, grad_offload=True, optimizer_offload=True,
     )
-    common = dict(model_path=path, dtype="float32", layout=layout, use_remove_padding=lay.packed)
-    actor = Actor(actor_cfg, mini_batch_sequences=4, temperature=TEMPERATURE, **common)
+    spec = ModelSpec(path, "float32", use_remove_padding=lay.packed, temperature=TEMPERATURE, parallel=par)
+    actor = Actor(actor_cfg, spec, layout, mini_batch_sequences=4)
     ref_micro = lay.micro if lay.vpp else 3  # VPP needs equal micro-batches
-    ref = Reference(RefConfig(log_prob_micro_batch_size_per_gpu=ref_micro, param_offload=True), parallel=par,
-                    temperature=TEMPERATURE, **common)
+    ref = Reference(RefConfig(log_prob_micro_batch_size_per_gpu=ref_micro, param_offload=True), spec, layout)
     full = make_batch(8, response_lengths=RESPONSE_LENGTHS)
     tokens = full["attention_mask"].sum(1).tolist()
     rows = deal_rows(tokens, chunk=4, dp=layout.data_parallel_size, seed=None)[layout.dp_rank]
@@ -138,7 +138,7 @@ def _body(path: str, lay: Layout) -> dict:
     critic_cfg = CriticConfig(
         ppo_mini_batch_size=8, **batching, optim=OptimConfig(lr=1e-1, eps=1.0), value_loss=ValueLossConfig(cliprange_value=0.2)
     )
-    critic = Critic(critic_cfg, mini_batch_sequences=8, parallel=par, **common)
+    critic = Critic(critic_cfg, spec, layout, mini_batch_sequences=8)
     cbatch = critic.compute_values(batch)
     out["values_init"] = cbatch["values"]
     out["critic_metrics"] = [critic.update_critic(cbatch)]
