@@ -7,7 +7,7 @@ and at TP=2 (DP=1), in the same run:
 
 * **old** — what the trainer did before: ``all_gather_object`` of every leader's whole scored
   ``Batch`` to every rank, then every rank re-pads the global batch;
-* **new** — :mod:`mcore_agentic.trainer.distribute`: the rollout statistics all-reduced, one
+* **new** — :mod:`mcore_agentic.feed.distribute`: the rollout statistics all-reduced, one
   all-gather of row lengths, the plan, and the point-to-point exchange of real-token tensors to
   the replica that trains them (plus its broadcast inside a TP replica).
 
@@ -120,8 +120,8 @@ def old_path(local, pad_token_id: int = 0):
 
 
 def new_path(local, placement, layout, rows_per_group: int, minis: list[int]):
-    from mcore_agentic.trainer import experience as exp
-    from mcore_agentic.trainer.distribute import exchange_rows, gather_shapes, plan_step, tag_groups
+    from mcore_agentic.feed import scoring as exp
+    from mcore_agentic.feed.distribute import exchange_rows, gather_shapes, plan_step, tag_groups
 
     local = tag_groups(local, placement.group_index)
     exp.rollout_stats([local]).reduce(world=True)

@@ -6,7 +6,7 @@ lengths are log-normal, clipped to 32..2,048 tokens, through ``Actor.compute_log
 ``Actor.update_policy`` in three modes, in this order: packed with a fixed micro-batch size,
 packed with a token budget (``use_dynamic_bsz``), and padded with the same fixed micro-batch
 size (today's layout before packing, ``model.use_remove_padding=false``). Each replica trains
-its token-balanced share (``trainer.distribute.deal_rows``). Prints real tokens/s, the largest
+its token-balanced share (``feed.distribute.deal_rows``). Prints real tokens/s, the largest
 micro-batch the model ran (tokens, padding included: what bounds activation memory), the peak
 resident memory of rank 0 during the mode (sampled every 5 ms; the allocator keeps freed pages,
 so a later mode never reads lower than an earlier one: the padded mode runs last), and the
@@ -93,10 +93,10 @@ def _rss() -> int:
 def _run_mode(name: str, packed: bool, dynamic: bool, model_dir: str, full, a: argparse.Namespace) -> dict:
     import torch.distributed as dist
 
+    from mcore_agentic.feed.distribute import deal_rows
     from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
-    from mcore_agentic.trainer.distribute import deal_rows
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, OptimConfig
 

@@ -11,7 +11,7 @@ prompt stream:
 
 * **wait** — the baseline (what the trainer does without ``rollout.partial_rollout``): each step rolls out
   one batch of prompts and waits for every request;
-* **partial** — ``rollout.partial_rollout`` as :meth:`RLTrainer.collect_partial` runs it for one rollout
+* **partial** — ``rollout.partial_rollout`` as :class:`mcore_agentic.feed.partial_rounds.PartialRounds` runs it for one rollout
   group: a step starts a new batch (and more while fewer than ``1 + --over-sampling`` batches of groups
   are in flight), runs rounds of at most ``--budget`` turns per request until ``--prompts`` groups are
   complete, and trains the oldest complete ones; the rest stay paused in the buffer.

@@ -4,7 +4,7 @@ One process, no model: a leader's scored rollout of B synthetic trajectories (lo
 clipped to 32..2,048 tokens, as ``bench/data_path.py`` makes them) with the trainer's returned
 per-token values (old log-probs, advantages). Per batch size:
 
-Both start from the same records (:func:`mcore_agentic.trainer.rollout_dump.trajectory_records`:
+Both start from the same records (:func:`mcore_agentic.feed.rollout_dump.trajectory_records`:
 one dict per row, token lists included; "records s").
 
 * **jsonl** — the baseline, what a plain dump does (verl's ``_dump_generations`` writes one JSON
@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from mcore_agentic.feed.rollout_dump import SCHEMA, trajectory_records
     from mcore_agentic.models.tokenizer import load_qwen_tokenizer
-    from mcore_agentic.trainer.rollout_dump import SCHEMA, trajectory_records
 
     args = _args(argv)
     torch.set_num_threads(1)

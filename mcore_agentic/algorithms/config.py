@@ -142,9 +142,10 @@ class FilterGroupsConfig:
     """What must vary within a kept group: ``acc`` (the reward's correctness) or ``score`` (the sequence reward:
     rule + tools + interaction + over-long penalty; ``seq_reward`` is verl's name for it)."""
     max_num_gen_batches: int = 10
-    """Sampling rounds per step (one ``data.train_batch_size`` batch of prompts each); 0: no limit. When the last
-    round still leaves the batch short, the step fills it with filtered groups (logged as
-    ``rollout/filled_groups``; they carry zero advantage) instead of stopping the run."""
+    """Batches of ``data.train_batch_size`` prompts a step may draw (a sampling round each; under partial rollouts
+    the step's top-up of its buffer included); 0: no limit. When the last one still leaves the batch short, the step
+    fills it with filtered groups (logged as ``rollout/filled_groups``; they carry zero advantage) instead of
+    stopping the run."""
 
     def __post_init__(self) -> None:
         require(

@@ -344,11 +344,6 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
         )
     if cfg.rollout.partial_rollout.enable:
         require(
-            not cfg.algorithm.filter_groups.enable,
-            "rollout.partial_rollout.enable",
-            "=true together with algorithm.filter_groups.enable=true is not supported yet: turn one off",
-        )
-        require(
             cfg.rollout.multi_turn.enable,
             "rollout.partial_rollout.enable",
             "=true pauses requests between assistant turns; single-turn rollouts have none: set "

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from mcore_agentic.trainer.rollout_dump import read_dump
+from mcore_agentic.feed.rollout_dump import read_dump
 
 __all__ = ["build_report", "step_summary", "write_report"]
 
@@ -120,7 +120,7 @@ def _summary_html(summary: Iterable[dict[str, Any]]) -> str:
 def build_report(
     table: pa.Table, *, source: str = "", gap_threshold: float = 0.5, max_rows_per_step: int | None = 64
 ) -> str:
-    """The report's HTML for a dump ``table`` (:func:`~mcore_agentic.trainer.rollout_dump.read_dump`).
+    """The report's HTML for a dump ``table`` (:func:`~mcore_agentic.feed.rollout_dump.read_dump`).
 
     ``max_rows_per_step``: trajectories shown per (split, step), the first by group and row (the
     summary always counts all); None shows all.

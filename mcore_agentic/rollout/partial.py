@@ -4,8 +4,9 @@ A :class:`RolloutBuffer` holds, oldest first, every prompt group this leader has
 handed to training: each group's ``n`` sessions are ended (completed or failed), or paused at a turn
 boundary with their tool instances and interaction alive. :meth:`RolloutBuffer.run` gives every live
 session one round of at most ``turn_budget`` assistant turns with the current engine and weights;
-:meth:`RolloutBuffer.take` removes the oldest complete groups for training. Nothing is ever dropped:
-a request leaves the buffer only in a trained group (or at :meth:`RolloutBuffer.close`, released).
+:meth:`RolloutBuffer.take` removes the oldest complete groups for training. Nothing is dropped here: a request
+leaves the buffer in a trained group, in a group the feed's filter set aside (:meth:`RolloutBuffer.remove`,
+counted there), or at :meth:`RolloutBuffer.close`, released.
 
 :meth:`RolloutBuffer.snapshot` / :meth:`RolloutBuffer.restore` carry the buffer through a checkpoint
 (pickled: rows' ``extra_info`` may hold any Python data); paused tools and interactions are re-created
@@ -34,6 +35,10 @@ class BufferedGroup:
     uid: str
     born: int
     sessions: list[AgentSession]
+    scored: Any = None
+    """The group's rows once complete and scored (the feed's; opaque here), kept through checkpoints."""
+    informative: bool | None = None
+    """Whether the feed's filter keeps the scored group (None: not scored yet)."""
 
     @property
     def complete(self) -> bool:
@@ -97,6 +102,11 @@ class RolloutBuffer:
         self.groups = [g for g in self.groups if id(g) not in ids]
         return [s.req for g in chosen for s in g.sessions]
 
+    def remove(self, groups: Sequence[BufferedGroup]) -> None:
+        """Remove ``groups`` (complete ones the feed trains or sets aside)."""
+        ids = {id(g) for g in groups}
+        self.groups = [g for g in self.groups if id(g) not in ids]
+
     def oldest_born(self) -> int | None:
         return min((g.born for g in self.groups), default=None)
 
@@ -106,7 +116,7 @@ class RolloutBuffer:
         return {
             "version": SNAPSHOT_VERSION,
             "groups": [
-                {"uid": g.uid, "born": g.born,
+                {"uid": g.uid, "born": g.born, "scored": g.scored, "informative": g.informative,
                  "sessions": [{"ended": s.req} if s.req.done else {"paused": s.snapshot()} for s in g.sessions]}
                 for g in self.groups
             ],
@@ -125,7 +135,7 @@ class RolloutBuffer:
                 else:
                     session = await AgentSession.restore(s["paused"], ctx)
                 sessions.append(session)
-            buf.groups.append(BufferedGroup(g["uid"], g["born"], sessions))
+            buf.groups.append(BufferedGroup(g["uid"], g["born"], sessions, g.get("scored"), g.get("informative")))
         return buf
 
     async def close(self) -> None:

@@ -131,14 +131,11 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
     except RunComplete as exc:  # a finished run launched again: say so instead of reprinting its summary
         complete, state = exc, trainer.state
     finally:
-        trainer.close()  # queued trajectory dumps reach the disk, also when a signal stopped the run
+        # The feed: queued trajectory dumps reach the disk (also when a signal stopped the run), paused requests
+        # release their tools, the tool executor and the engine stop (vLLM tears down its process groups: while
+        # the trainer's world still exists).
+        trainer.close()
         tracker.close()
-        if components.executor is not None:
-            components.executor.shutdown()
-        # vLLM tears down its process groups on shutdown: do it while the trainer's world still exists
-        shutdown = getattr(components.engine, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
     if complete is not None:
         comm.barrier()
         if rank0:

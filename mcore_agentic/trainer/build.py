@@ -213,26 +213,10 @@ def build_rollout_placement(cfg: RLConfig, layout: Any) -> Any:
 
 
 def build_rollout_engine(cfg: RLConfig, placement: Any, spec: ModelSpec) -> Any:
-    """This rank's rollout engine (None off a rollout group's leader), built and then released.
+    """This rank's rollout engine, None off a rollout group's leader (the feed's: :func:`mcore_agentic.feed.build_rollout_engine`)."""
+    from mcore_agentic.feed import build_rollout_engine as build_on_leader
 
-    Built before any worker holds device memory: vLLM refuses to start unless ``rollout.gpu_memory_utilization``
-    x the GPU's memory is free, and SGLang sizes its weights + KV cache from the memory free when it starts.
-    Released at once (the first rollout resumes it and syncs the actor's weights into it), so the workers are
-    built on the memory it gave back. Its construction leaves the global RNG states as they were.
-    """
-    from mcore_agentic.rollout.engines import build_engine
-    from mcore_agentic.utils.seeding import RngState
-
-    if not placement.is_leader:
-        return None  # a rollout group's other ranks hold none (see parallel.rollout_placement)
-    device = comm.compute_device()
-    rng = RngState.capture()
-    try:
-        engine = build_engine(cfg.rollout, spec, device=str(device), seed=cfg.seed)
-    finally:
-        rng.restore()
-    engine.release_memory()
-    return engine
+    return build_on_leader(cfg.rollout, placement, spec, seed=cfg.seed)
 
 
 def configure_offload(cfg: RLConfig) -> None:
@@ -358,3 +342,42 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
         data_notes=[line for d in (train_set, val_set) if (line := _dropped_line(d)) is not None],
     )
 
+
+# ----------------------------------------------------------------------------------- the feed
+def feed_settings(cfg: RLConfig, sizes: BatchSizes) -> Any:
+    """What the feed reads of the config, in one typed object (:class:`~mcore_agentic.feed.FeedSettings`)."""
+    from mcore_agentic.feed import DumpSettings, FeedSettings
+
+    t, fg = cfg.trainer, cfg.algorithm.filter_groups
+    minis = [sizes.actor.mini_batch_sequences] + ([sizes.critic.mini_batch_sequences] if sizes.critic else [])
+    dumps = None
+    if t.rollout_data_dir is not None:
+        dumps = DumpSettings(root=t.rollout_data_dir, freq=t.rollout_data_freq, fraction=t.rollout_data_fraction,
+                             max_rows=t.rollout_data_max_rows, queue_size=t.rollout_data_queue_size,
+                             wait_s=t.rollout_data_wait_s)
+    return FeedSettings(
+        rollout=cfg.rollout,
+        prompts_per_step=cfg.data.train_batch_size,
+        sequences_per_step=sizes.sequences_per_step,
+        mini_batch_sizes=tuple(minis),
+        plan_seed=cfg.actor.seed if cfg.actor.shuffle else None,
+        seed=cfg.seed,
+        max_response_length=cfg.data.max_response_length,
+        overlong_buffer=cfg.reward.overlong_buffer,
+        val_batch_size=cfg.data.val_batch_size,
+        filter_metric=fg.metric if fg.enable else None,
+        max_num_gen_batches=fg.max_num_gen_batches,
+        dumps=dumps,
+    )
+
+
+def build_feed(c: Components, timer: Any, *, version: Any) -> Any:
+    """The rollout side of every step (:class:`~mcore_agentic.feed.Feed`) over the run's engine, tools, data and
+    reward; ``timer`` the trainer's phases, ``version()`` the weight version the engine holds."""
+    from mcore_agentic.feed import Feed, Roller
+
+    settings = feed_settings(c.cfg, c.sizes)
+    roller = Roller(settings, placement=c.placement, engine=c.engine, tools=c.tools, interactions=c.interactions,
+                    executor=c.executor, tokenizer=c.tokenizer, reward_fn=c.reward_fn, timer=timer, version=version)
+    return Feed(settings, roller, layout=c.layout, loader=c.train_loader, val_rows=c.val_rows,
+                routing_shape=c.routing_shape)

@@ -9,7 +9,7 @@ the *whole* mini-batch, so the result does not depend on the micro-batch split o
 the DP/CP layout.
 
 Every method takes and returns this DP replica's rows (every rank of the replica holds the
-same ones, see :mod:`mcore_agentic.trainer.distribute`), except :meth:`Actor.sft_step`, whose
+same ones, see :mod:`mcore_agentic.feed.distribute`), except :meth:`Actor.sft_step`, whose
 batch every rank builds whole; metrics are identical on every rank.
 """
 

@@ -7,7 +7,7 @@ about RL. It
   checkpoint, then (if trained) wraps them in Megatron DDP and builds the
   Megatron optimizer and LR scheduler;
 * takes *this DP replica's rows* (every rank of the replica holds the same ones, see
-  :mod:`mcore_agentic.trainer.distribute`), cuts them into micro-batches (fixed size or a
+  :mod:`mcore_agentic.feed.distribute`), cuts them into micro-batches (fixed size or a
   token budget; with a budget every DP replica runs the same number), packs each into one
   THD sequence with ``cu_seqlens`` (or pads it, ``use_remove_padding=false``), splits each
   row over CP in Megatron's load-balanced layout, and runs Megatron's pipeline schedule

@@ -91,7 +91,7 @@ def ppo_epochs(
 
     ``mini_batch_size`` counts sequences over all DP replicas; each replica holds an equal
     share of every mini-batch. The first epoch takes the rows in order, as consecutive blocks:
-    :mod:`mcore_agentic.trainer.distribute` deals each replica its rows mini-batch by mini-batch,
+    :mod:`mcore_agentic.feed.distribute` deals each replica its rows mini-batch by mini-batch,
     from a seeded shuffle of the whole step, so a mini-batch is the same set of rows whatever
     the DP layout. Later epochs (with ``shuffle``) re-cut the replica's rows in a ``seed``-ed
     order. Every loss term is normalised by the counts of the *whole* mini-batch (all-reduced

@@ -55,10 +55,10 @@ from mcore_agentic.trainer.loop import RLTrainer  # noqa: E402
 _step = RLTrainer.train_step
 
 
-def _recording_step(self, rows, step):
+def _recording_step(self, *args, **kwargs):
     in_step[0] = True
     try:
-        return _step(self, rows, step)
+        return _step(self, *args, **kwargs)
     finally:
         in_step[0] = False
         out = Path(os.environ["RECORD_OBJECTS_DIR"]) / f"rank{dist.get_rank()}.json"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from mcore_agentic.feed.rollout_dump import read_dump
 from mcore_agentic.inspect.report import write_report
-from mcore_agentic.trainer.rollout_dump import read_dump
 
 CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 pytestmark = [
@@ -122,7 +122,7 @@ def test_model_and_tool_text_cannot_break_the_page(default_job_dump, tmp_path) -
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from mcore_agentic.trainer.rollout_dump import SCHEMA
+    from mcore_agentic.feed.rollout_dump import SCHEMA
 
     dump = tmp_path / "dump"
     sh.copytree(default_job_dump.dump_dir, dump)

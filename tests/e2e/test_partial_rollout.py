@@ -1,4 +1,5 @@
-"""Partial rollouts in the trainer (2 ranks, the shortened default job, one assistant turn per request per round).
+"""Partial rollouts in the trainer (2 ranks, the shortened default job, one assistant turn per request per round),
+alone and with dynamic sampling.
 
 The meter task's requests take two turns (a tool call, then the answer), so with
 ``max_turns_per_step=1`` requests pause at a turn boundary with their tool reply in and resume in a later
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mcore_agentic.trainer.rollout_dump import read_dump
+from mcore_agentic.feed.rollout_dump import read_dump
 from tests.e2e.test_default_job import job_overrides, launch, read_rows
 from tests.e2e.test_resume import _assert_same_run
 
@@ -58,3 +59,39 @@ def test_resume_with_paused_requests_reproduces_the_run(tmp_path: Path) -> None:
     no_dumps = {3: {k: v for k, v in rows_a[3].items() if not k.startswith("dump/")}}
     _assert_same_run(no_dumps, rows_b, steps=(3,))
     _conserved(rows_b, [3], rows_a[2]["rollout/partial_buffered_groups"])
+
+
+# Partial rollouts with dynamic sampling: the score varies with length (DAPO's over-long penalty), so some groups
+# are informative and some are set aside, from groups that complete in different steps.
+FILTERED = [*PARTIAL, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
+            "algorithm.filter_groups.max_num_gen_batches=4",
+            "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=16"]
+
+
+def _conserved_with_filter(rows: dict[int, dict], steps: list[int], held_before: float) -> None:
+    """Groups started = trained + still buffered + set aside (filtered and not used to fill)."""
+    started = sum(rows[s]["rollout/partial_prompts_started"] for s in steps)
+    set_aside = sum(rows[s]["rollout/filtered_groups"] - rows[s]["rollout/filled_groups"] for s in steps)
+    assert held_before + started == PROMPTS * len(steps) + rows[steps[-1]]["rollout/partial_buffered_groups"] + set_aside
+
+
+@pytest.mark.timeout(600)
+def test_partial_rollouts_with_dynamic_sampling_resume_exactly(tmp_path: Path) -> None:
+    a = tmp_path / "a"
+    first = launch(job_overrides(a, [*FILTERED, "trainer.save_freq=1"]))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
+    rows_a = read_rows(a / "logs" / "metrics.jsonl")
+    assert sorted(rows_a) == [1, 2, 3]
+    assert rows_a[2]["rollout/partial_paused"] > 0, rows_a[2]  # the step-2 checkpoint holds requests in flight
+    assert sum(rows_a[s]["rollout/filtered_groups"] for s in (1, 2, 3)) > 0  # the filter set groups aside
+    for row in rows_a.values():
+        assert row["rollout/num_sequences"] >= PROMPTS * N  # trained rows and set-aside ones count in the statistics
+    _conserved_with_filter(rows_a, [1, 2, 3], 0)
+
+    b = tmp_path / "b"
+    resumed = launch(job_overrides(b, [*FILTERED, "trainer.save_freq=-1",
+                                       f"trainer.resume_mode={a / 'ckpt' / 'global_step_2'}"]))
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
+    rows_b = read_rows(b / "logs" / "metrics.jsonl")
+    _assert_same_run({3: rows_a[3]}, rows_b, steps=(3,))
+    _conserved_with_filter(rows_b, [3], rows_a[2]["rollout/partial_buffered_groups"])

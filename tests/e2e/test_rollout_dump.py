@@ -4,7 +4,7 @@ The shared run (``default_job_dump`` in conftest: DP=2, two rollout engines, 2 s
 the batch every rank's actor update received. Every trained row must appear in the dump of
 its step exactly once, with the same token ids, loss mask, trainer log-probs and advantages —
 although the rows were dealt to the other replica half the time and the trainer-side values
-came back to the rollout leader by :func:`~mcore_agentic.trainer.distribute.return_rows`.
+came back to the rollout leader by :func:`~mcore_agentic.feed.distribute.return_rows`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 import torch
 
-from mcore_agentic.trainer.rollout_dump import read_dump
+from mcore_agentic.feed.rollout_dump import read_dump
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -3,7 +3,7 @@
 One real RL step of the default job on 2 gloo ranks (DP=2, two rollout engines) with
 torch.distributed's object collectives (``all_gather_object``, ``broadcast_object_list``,
 ``gather_object``, ``scatter_object_list``) wrapped to record the pickled size of every call
-made inside ``RLTrainer.train_step``. Rows move as tensors (``trainer.distribute``), metrics as
+made inside ``RLTrainer.train_step``. Rows move as tensors (``feed.distribute``), metrics as
 all-reduced sums. Allowed: a few small fixed-size objects per step (at most
 ``MAX_CALLS`` calls of at most ``MAX_BYTES`` each, none growing with the batch): with PP=2 the
 last stage shares its output keys and metric sums with the first (tens of bytes), and the

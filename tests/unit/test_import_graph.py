@@ -2,9 +2,10 @@
 
 Reads every ``import`` statement (module level and inside functions) of ``mcore_agentic/`` and
 ``megatron_patches/`` with :mod:`ast` and fails on an edge the table does not allow. Leaves any
-package may use: ``config.errors`` and ``config.walk`` (errors and the generic dataclass builder)
-and ``utils``. Every package's own ``<pkg>.config`` module (light dataclasses) may be imported by
-``config`` (the top of the config tree, which composes them).
+package may use: ``utils`` (errors and the generic dataclass builder among them). Every package's own
+``<pkg>.config`` module (light dataclasses) may be imported by ``config`` (the top of the config tree, which
+composes them). The packages then stand in floors with every import pointing down, but for one arrow: ``config``
+composes ``trainer.config`` while the trainer reads the composed tree (the composition root).
 """
 
 from __future__ import annotations
@@ -27,12 +28,17 @@ ALLOWED: dict[str, set[str]] = {
     "rewards": set(),
     "rollout": {"tools", "interactions", "data"},
     "sharding": {"models", "parallel"},  # collectives go through parallel.comm
+    "feed": {"data", "parallel", "algorithms", "rollout", "rewards"},  # the rollout side of a step: schedules, scoring, exchange, dumps
     "trainer": {"config", "data", "models", "parallel", "workers", "algorithms", "rollout", "tools", "interactions",
-                "rewards", "sharding"},
-    "inspect": {"trainer"},  # reads the trainer's dump format (trainer.rollout_dump)
+                "rewards", "sharding", "feed"},
+    "inspect": {"feed"},  # reads the dump format (feed.rollout_dump)
     "megatron_patches": set(),  # megatron-core and torch only; applied by launch/ and tests
 }
-LEAVES = ("mcore_agentic.utils.errors", "mcore_agentic.utils.walk", "mcore_agentic.utils")
+LEAVES = ("mcore_agentic.utils",)
+FACADES = {"trainer": {"feed": "mcore_agentic.feed"}}
+"""Packages another imports only through its public ``__init__``: the trainer sees the feed's hand-off and
+:class:`~mcore_agentic.feed.Feed`, never its schedules, exchange or dumps (so no leader/replica logic can leak back
+into the trainer)."""
 PENDING: set[tuple[str, str]] = set()  # known edges still to remove: none
 
 
@@ -69,6 +75,10 @@ def _violations() -> list[str]:
                     continue
                 if src == "config" and module == f"mcore_agentic.{dst}.config":
                     continue  # the config tree composes every package's own config module
+                facade = FACADES.get(src, {}).get(dst)
+                if facade is not None and module != facade:
+                    found.append(f"{rel}: {src} -> {module} (only {facade} itself)")
+                    continue
                 if dst in ALLOWED[src] or (src, module) in PENDING:
                     continue
                 found.append(f"{rel}: {src} -> {module}")
@@ -84,3 +94,44 @@ def test_the_pending_edges_still_exist():
     # When one is removed, drop it from PENDING so that it cannot come back.
     for src, module in PENDING:
         assert any(module in _imports(p) for p in (ROOT / "mcore_agentic" / src).rglob("*.py")), (src, module)
+
+
+def package_edges() -> set[tuple[str, str]]:
+    """Every (importer, imported) pair of packages, module-level and function-level imports alike."""
+    edges = set()
+    for path in (ROOT / "mcore_agentic").rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if len(rel.parts) <= 2:
+            continue
+        for module in _imports(path):
+            dst = _package(module)
+            if dst is not None and dst != rel.parts[1] and dst != "megatron_patches":
+                edges.add((rel.parts[1], dst))
+    return edges
+
+
+def upward_arrows(edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The edges that point up: those inside a cycle of the package graph (a DAG's floors point every edge down)."""
+    reach = {a: {b for x, b in edges if x == a} for a, _ in edges}
+    changed = True
+    while changed:
+        changed = False
+        for a in reach:
+            more = set().union(*(reach.get(b, set()) for b in reach[a])) - reach[a]
+            if more:
+                reach[a] |= more
+                changed = True
+    return {(a, b) for a, b in edges if a in reach.get(b, set())}
+
+
+def test_the_house_has_floors_and_one_upward_arrow():
+    # The composition root: config composes trainer.config and the trainer reads config. Nothing else goes up.
+    assert upward_arrows(package_edges()) == {("config", "trainer"), ("trainer", "config")}
+
+
+def test_the_trainer_asks_no_rank_its_role():
+    # Which rank leads a rollout group is the feed's to know; the trainer runs the same algorithm on every rank.
+    roles = ("is_leader", ".leads", "group_index]", "placement.group_index", "local is None", "local is not None")
+    found = [f"{p.relative_to(ROOT)}: {r}" for p in sorted((ROOT / "mcore_agentic" / "trainer").rglob("*.py"))
+             for r in roles if r in p.read_text()]
+    assert found == []

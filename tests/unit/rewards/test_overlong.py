@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from mcore_agentic.data.batch import Batch, build_rollout_layout
+from mcore_agentic.feed.scoring import score_rollout
 from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rewards.overlong import overlong_penalty
-from mcore_agentic.trainer.experience import score_rollout
 
 
 def test_penalty_is_zero_before_the_buffer_then_linear_to_the_factor():

@@ -13,13 +13,9 @@ from mcore_agentic.algorithms.advantages import compute_advantage, group_ids, pl
 from mcore_agentic.algorithms.config import ADV_ESTIMATORS, AlgorithmConfig, KLControlConfig
 from mcore_agentic.algorithms.kl import build_kl_controller
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats
 from mcore_agentic.parallel.stats import Stats, sum_over
-from mcore_agentic.trainer.experience import (
-    compute_experience,
-    rollout_metrics,
-    rollout_stats,
-    rollout_vs_train_metrics,
-)
+from mcore_agentic.trainer.experience import compute_experience, rollout_vs_train_metrics
 
 PAD = 0
 

@@ -58,7 +58,7 @@ def _workers(path: str, par, layout, with_critic: bool, **optim_overrides):
 
 
 def _update(actor, critic, seed: int) -> None:
-    from mcore_agentic.trainer.distribute import deal_rows
+    from mcore_agentic.feed.distribute import deal_rows
 
     # Each DP replica trains its share, dealt as the trainer deals it (mini-batches of 4 rows).
     full = make_batch(8, seed=seed)

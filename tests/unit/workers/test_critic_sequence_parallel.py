@@ -24,9 +24,9 @@ LAYOUTS = {"tp1": (1, False), "tp2": (2, False), "tp2_sp": (2, True)}
 
 def _body(path: str, tp: int, sp: bool) -> dict:
     from mcore_agentic.algorithms.config import ValueLossConfig
+    from mcore_agentic.feed.distribute import deal_rows
     from mcore_agentic.models.bridge import unwrap_model
     from mcore_agentic.models.spec import ModelSpec
-    from mcore_agentic.trainer.distribute import deal_rows
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig
     from mcore_agentic.workers.critic import Critic

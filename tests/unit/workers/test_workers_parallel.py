@@ -5,7 +5,7 @@ parallel state is torn down and rebuilt in between: spawning and importing
 megatron-core costs more than a layout's whole run); one more single-rank group
 runs TP=1 DP=1, the single-process reference. The batch mixes rows of 7 to ~900
 tokens. Each DP replica gets its rows as the trainer deals them
-(:func:`mcore_agentic.trainer.distribute.deal_rows`): an equal, token-balanced share of
+(:func:`mcore_agentic.feed.distribute.deal_rows`): an equal, token-balanced share of
 every mini-batch. Per layout: old log-probs (+ entropy), reference log-probs, a PPO
 update (two mini-batches, so the second sees ratio != 1; KL loss and entropy bonus
 on), reference log-probs again, critic values and two critic updates, an offload
@@ -85,8 +85,8 @@ def _global(per_rank: list[dict], key: str) -> torch.Tensor:
 
 def _body(path: str, lay: Layout) -> dict:
     from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
+    from mcore_agentic.feed.distribute import deal_rows
     from mcore_agentic.models.spec import ModelSpec
-    from mcore_agentic.trainer.distribute import deal_rows
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig, RefConfig
     from mcore_agentic.workers.critic import Critic

@@ -14,7 +14,7 @@ import torch
 
 from mcore_agentic.data.balance import partition_spread
 from mcore_agentic.data.batch import Batch, build_rollout_layout
-from mcore_agentic.trainer.distribute import RowShapes, _pack, _unpack, deal_rows, gather_shapes, plan_step, tag_groups
+from mcore_agentic.feed.distribute import RowShapes, _pack, _unpack, deal_rows, gather_shapes, plan_step, tag_groups
 
 PAD = 7
 

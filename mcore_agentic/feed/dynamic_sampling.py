@@ -1,16 +1,12 @@
 """Dynamic sampling (DAPO): keep the prompt groups whose samples differ, over-sample until the step is full.
 
-One step's rounds (driven by :meth:`mcore_agentic.trainer.loop.RLTrainer.collect`):
-
-1. every rank draws the next ``data.train_batch_size`` prompts from the loader (so the loader's
-   resumable position counts every prompt a round consumed); each rollout leader rolls out and
-   scores its share and sorts its prompt groups into informative ones (the ``metric`` differs
-   between samples that acted) and spares (one value: zero group-relative advantage);
-2. one all-reduce of ``[rollout groups, 2]`` counts tells every rank how many informative groups
-   the step has; below ``data.train_batch_size`` another round runs, up to ``max_num_gen_batches``;
-3. :func:`allocate` decides, identically on every rank, how many groups each leader contributes:
-   informative groups first, in rollout-group then round order; if the rounds ran out, spares fill
-   the rest (``rollout/filled_groups``), so the step always trains a full batch.
+The filter of a step's rounds (:mod:`mcore_agentic.feed.rounds`), with either schedule: each rollout leader
+sorts its complete, scored prompt groups into informative ones (the ``metric`` differs between samples that
+acted) and spares (one value: zero group-relative advantage). With fresh rounds (:mod:`.fresh_rounds`) a
+:class:`GroupPool` holds them for the step and :func:`allocate` takes informative groups first, in rollout-group
+then round order; with partial rollouts (:mod:`.partial_rounds`) the buffer holds them and :func:`allocate_even`
+shares the step over the leaders. If the rounds ran out, spares fill the rest (``rollout/filled_groups``), so
+the step always trains a full batch.
 """
 
 from __future__ import annotations
@@ -104,22 +100,27 @@ def concat_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:
 
 @dataclass
 class GroupPool:
-    """A rollout leader's scored groups over one step's rounds: informative ones and spares, in round order."""
+    """A rollout leader's scored groups over one step's rounds: informative ones and spares, in round order.
+    ``metric`` None: no filter, every group is kept."""
 
-    metric: str
+    metric: str | None
     kept: list[Batch] = field(default_factory=list)
     spare: list[Batch] = field(default_factory=list)
+    kept_groups: int = 0
+    spare_groups: int = 0
 
     def add(self, batch: Batch) -> tuple[int, int]:
         """Sort ``batch``'s groups into the pool; returns (informative, spare) group counts of this round."""
         groups = group_rows(batch)
-        flags = informative(batch, self.metric)
+        flags = informative(batch, self.metric) if self.metric is not None else [True] * len(groups)
         keep = [i for rows, ok in zip(groups, flags) if ok for i in rows]
         drop = [i for rows, ok in zip(groups, flags) if not ok for i in rows]
         if keep:
             self.kept.append(batch.index(keep))
         if drop:
             self.spare.append(batch.index(drop))
+        self.kept_groups += sum(flags)
+        self.spare_groups += len(flags) - sum(flags)
         return sum(flags), len(flags) - sum(flags)
 
     def take(self, kept: int, spare: int, pad_token_id: int) -> Batch | None:

@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from mcore_agentic.feed import rollout_dump
+from mcore_agentic.feed import scoring as exp
+from mcore_agentic.feed.rollout_dump import DumpWriter, dump_rows, read_dump, select_rows
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rollout.config import MultiTurnConfig, RolloutConfig
 from mcore_agentic.rollout.driver import generate_sequences
-from mcore_agentic.trainer import experience as exp
-from mcore_agentic.trainer import rollout_dump
-from mcore_agentic.trainer.rollout_dump import DumpWriter, dump_rows, read_dump, select_rows
 from tests.unit.rollout.scripted import AddTool, ScriptedEngine, call
 
 SCRIPTS = {

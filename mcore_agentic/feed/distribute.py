@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,8 @@ RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout
 """Per-response-token tensors that travel with a row (besides its token ids)."""
 ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long, "truncated": torch.long}
 """Per-row scalars that travel with it."""
+VERSION_FIELDS: dict[str, torch.dtype] = {**ROW_FIELDS, "weight_version": torch.long}
+""":data:`ROW_FIELDS` and the oldest weight version that sampled each row (what the feed sends)."""
 ROUTING_FIELD = "routed_experts"
 """The per-token int16 field that travels with a row when the exchange is given its per-token shape."""
 
@@ -171,12 +173,14 @@ def _routing_int64s(tokens: int, routing_shape: tuple[int, ...] | None) -> int:
     return 0 if not routing_shape else -(-tokens * math.prod(routing_shape) // 4)
 
 
-def _row_sizes(shapes: RowShapes, row: int, routing_shape: tuple[int, ...] | None = None) -> tuple[int, int]:
+def _row_sizes(
+    shapes: RowShapes, row: int, routing_shape: tuple[int, ...] | None = None, row_fields: Mapping[str, torch.dtype] = ROW_FIELDS
+) -> tuple[int, int]:
     """(int64 values, float32 values) one row carries: its ids, then its response and row fields, then its routing."""
     p, r = shapes.prompt[row], shapes.response[row]
-    ints = p + r + r * _count(RESPONSE_FIELDS, torch.long) + _count(ROW_FIELDS, torch.long)
+    ints = p + r + r * _count(RESPONSE_FIELDS, torch.long) + _count(row_fields, torch.long)
     ints += _routing_int64s(p + r, routing_shape)
-    return ints, r * _count(RESPONSE_FIELDS, torch.float32) + _count(ROW_FIELDS, torch.float32)
+    return ints, r * _count(RESPONSE_FIELDS, torch.float32) + _count(row_fields, torch.float32)
 
 
 def _routing_as_int64(values: torch.Tensor) -> torch.Tensor:
@@ -188,7 +192,8 @@ def _routing_as_int64(values: torch.Tensor) -> torch.Tensor:
 
 
 def _pack(
-    local: Batch, rows: Sequence[int], shapes: RowShapes, routing_shape: tuple[int, ...] | None = None
+    local: Batch, rows: Sequence[int], shapes: RowShapes, routing_shape: tuple[int, ...] | None = None,
+    row_fields: Mapping[str, torch.dtype] = ROW_FIELDS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This leader's ``rows`` (global ids) as one int64 and one float32 buffer, row after row."""
     width = local["prompts"].shape[1]
@@ -200,7 +205,7 @@ def _pack(
         ints += [local["prompts"][i, width - p :], local["responses"][i, :r]]
         for name, dtype in RESPONSE_FIELDS.items():
             (ints if dtype == torch.long else floats).append(local[name][i, :r].to(dtype))
-        for name, dtype in ROW_FIELDS.items():
+        for name, dtype in row_fields.items():
             (ints if dtype == torch.long else floats).append(local[name][i : i + 1].to(dtype))
         if routing_shape:
             ints.append(_routing_as_int64(local[ROUTING_FIELD][i, width - p : width + r]))
@@ -210,7 +215,7 @@ def _pack(
 
 def _unpack(
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]], rows: Sequence[int], shapes: RowShapes, pad_token_id: int,
-    routing_shape: tuple[int, ...] | None = None,
+    routing_shape: tuple[int, ...] | None = None, row_fields: Mapping[str, torch.dtype] = ROW_FIELDS,
 ) -> Batch:
     cursor = {src: [0, 0] for src in buffers}
 
@@ -223,7 +228,7 @@ def _unpack(
 
     prompts, responses = [], []
     response_fields: dict[str, list[torch.Tensor]] = {k: [] for k in RESPONSE_FIELDS}
-    row_fields: dict[str, list[torch.Tensor]] = {k: [] for k in ROW_FIELDS}
+    per_row: dict[str, list[torch.Tensor]] = {k: [] for k in row_fields}
     routing: list[torch.Tensor] = []
     for row in rows:
         src = shapes.source(row)
@@ -232,8 +237,8 @@ def _unpack(
         responses.append(take(src, torch.long, r))
         for name, dtype in RESPONSE_FIELDS.items():
             response_fields[name].append(take(src, dtype, r))
-        for name, dtype in ROW_FIELDS.items():
-            row_fields[name].append(take(src, dtype, 1))
+        for name, dtype in row_fields.items():
+            per_row[name].append(take(src, dtype, 1))
         if routing_shape:
             packed = take(src, torch.long, _routing_int64s(p + r, routing_shape)).view(torch.int16)
             routing.append(packed[: (p + r) * math.prod(routing_shape)].reshape(p + r, *routing_shape))
@@ -241,7 +246,7 @@ def _unpack(
         prompts, responses, pad_token_id=pad_token_id,
         response_fields={k: (v, RESPONSE_FIELDS[k]) for k, v in response_fields.items()},
     )
-    tensors.update({k: torch.cat(v) for k, v in row_fields.items()})
+    tensors.update({k: torch.cat(v) if v else torch.zeros(0, dtype=row_fields[k]) for k, v in per_row.items()})
     if routing_shape and rows:
         tensors[ROUTING_FIELD] = build_token_field(
             routing, [len(t) for t in prompts],
@@ -251,13 +256,15 @@ def _unpack(
 
 
 def exchange_rows(
-    local: Batch | None, plan: StepPlan, layout: Any, pad_token_id: int, routing_shape: tuple[int, ...] | None = None
+    local: Batch | None, plan: StepPlan, layout: Any, pad_token_id: int, routing_shape: tuple[int, ...] | None = None,
+    row_fields: Mapping[str, torch.dtype] = ROW_FIELDS,
 ) -> Batch:
     """This rank's replica's rows (``plan.replicas[layout.dp_rank]``, in that order) as a padded :class:`Batch`.
 
     Collective over the world: leaders send, each replica's first rank receives, then broadcasts
     to its replica. Only int64/float32 tensors move; their sizes come from ``plan.shapes``.
-    ``routing_shape``: ``(moe_layers, top_k)`` when the rows carry ``routed_experts`` (every rank passes it).
+    ``routing_shape``: ``(moe_layers, top_k)`` when the rows carry ``routed_experts`` (every rank passes it);
+    ``row_fields``: the per-row scalars that travel (every rank passes the same).
     """
     shapes = plan.shapes
     me = dist.get_rank() if dist.is_initialized() else 0
@@ -273,7 +280,7 @@ def exchange_rows(
             own = [r for r in rows if shapes.source(r) == me]
             if not own:
                 continue
-            ints, floats = _pack(local, own, shapes, routing_shape)
+            ints, floats = _pack(local, own, shapes, routing_shape, row_fields)
             if firsts[d] == me:
                 buffers[me] = (ints, floats)
                 continue
@@ -283,7 +290,7 @@ def exchange_rows(
     # Receives: at this replica's first rank, one pair of buffers per leader that has rows here.
     sizes: dict[int, list[int]] = {}
     for row in mine:
-        n_int, n_float = _row_sizes(shapes, row, routing_shape)
+        n_int, n_float = _row_sizes(shapes, row, routing_shape, row_fields)
         acc = sizes.setdefault(shapes.source(row), [0, 0])
         acc[0] += n_int
         acc[1] += n_float
@@ -314,7 +321,7 @@ def exchange_rows(
             buffers[s] = (flat_int[at[0] : at[0] + sizes[s][0]], flat_float[at[1] : at[1] + sizes[s][1]])
             at[0] += sizes[s][0]
             at[1] += sizes[s][1]
-    return _unpack(buffers, mine, shapes, pad_token_id, routing_shape)
+    return _unpack(buffers, mine, shapes, pad_token_id, routing_shape, row_fields)
 
 
 def return_rows(

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mcore_agentic.data.batch import Batch, build_rollout_layout
-from mcore_agentic.trainer.dynamic_sampling import (
+from mcore_agentic.feed.dynamic_sampling import (
     GroupPool,
     allocate,
     concat_rollouts,
@@ -98,7 +98,7 @@ def test_pool_keeps_informative_groups_first_then_spares_in_round_order():
 
 
 def test_allocate_even_spreads_groups_over_rollout_groups():
-    from mcore_agentic.trainer.dynamic_sampling import allocate_even
+    from mcore_agentic.feed.dynamic_sampling import allocate_even
 
     assert allocate_even([5, 5], 4) == [2, 2]
     assert allocate_even([1, 5, 5], 6) == [1, 3, 2]  # the first runs out; the rest share what is left

@@ -1,0 +1,378 @@
+"""The feed: the rollout side of every step, up to the moment a DP replica holds its rows.
+
+One :class:`Feed` per rank; every method is called by every rank (collective where it says so), and the feed
+alone knows which rank leads a rollout group. A step, as the trainer calls it::
+
+    with weight_sync:                       # the engine holds the actor's current weights
+        rollout = feed.roll_out(step)       # prompts -> rounds of rollouts, scored, on each leader
+    step_rows = feed.hand_off(rollout)      # this replica's rows (typed, tensors only) + the rollout metrics
+    ...                                     # the trainer's algorithm on step_rows.rows
+    feed.give_back(step_rows, batch)        # a dump step: the trainer's values go back to the leaders
+
+Who holds what: a rollout leader holds its engine, tools, interactions, the step's scored rows (tensors and
+per-row objects: messages, tool I/O, request metrics) and, under partial rollouts, its buffer of groups in
+flight. Every rank holds the loader (each draws the same prompts, so the checkpointed position is one) and the
+step's count tables. Only tensors cross ranks: the schedules' count tables (all-reduce), the rows' sizes
+(all-gather), the rows (point-to-point to each replica's first rank, then a broadcast inside the replica:
+:mod:`.distribute`) and, on dump steps, the trainer's per-token values back to the leaders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mcore_agentic.data.batch import Batch
+from mcore_agentic.feed.distribute import (
+    VERSION_FIELDS,
+    StepPlan,
+    exchange_rows,
+    gather_shapes,
+    plan_step,
+    return_rows,
+    tag_groups,
+)
+from mcore_agentic.feed.fresh_rounds import FreshRounds
+from mcore_agentic.feed.handoff import ReplicaRows, StepRows
+from mcore_agentic.feed.partial_rounds import PartialRounds
+from mcore_agentic.feed.rollout_dump import TRAINER_FIELDS, DumpWriter, dump_rows
+from mcore_agentic.feed.rounds import SEED_STRIDE, Collected, Prompts, allocation, rollout_seed, run_rounds
+from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats, score_rollout
+from mcore_agentic.parallel import comm
+from mcore_agentic.rewards.config import OverlongBufferConfig
+from mcore_agentic.rollout.config import RolloutConfig
+from mcore_agentic.rollout.driver import generate_sequences_sync, mismatch_line
+from mcore_agentic.rollout.failures import FailureReport, summarize_failures
+from mcore_agentic.rollout.tokenization import ChatTokenizer
+from mcore_agentic.utils.timing import PhaseTimer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DumpSettings:
+    """Trajectory dumps (``trainer.rollout_data_*``): where, how often, how much."""
+
+    root: str
+    freq: int
+    fraction: float
+    max_rows: int | None
+    queue_size: int
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class FeedSettings:
+    """What the feed reads of the run's config (built by the trainer from it, one place)."""
+
+    rollout: RolloutConfig
+    prompts_per_step: int
+    """``data.train_batch_size``: prompt groups a step trains."""
+    sequences_per_step: int
+    mini_batch_sizes: tuple[int, ...]
+    """The actor's (and critic's) mini-batch rows: the plan deals rows in chunks every mini-batch is made of."""
+    plan_seed: int | None
+    """The actor's shuffle seed (None: rows in order); each step's plan adds ``step * SEED_STRIDE``."""
+    seed: int
+    max_response_length: int
+    overlong_buffer: OverlongBufferConfig
+    val_batch_size: int | None
+    filter_metric: str | None = None
+    """``algorithm.filter_groups.metric`` when it is enabled."""
+    max_num_gen_batches: int = 0
+    dumps: DumpSettings | None = None
+
+
+class Roller:
+    """A rollout group's means to roll out and score: the engine, tools and interactions on its leader."""
+
+    def __init__(self, settings: FeedSettings, *, placement: Any, engine: Any, tools: dict[str, Any],
+                 interactions: dict[str, Any], executor: Any, tokenizer: Any, reward_fn: Callable[..., Any],
+                 timer: PhaseTimer, version: Callable[[], int]):
+        self.settings = settings
+        self.cfg = settings.rollout
+        self.placement = placement
+        self.engine = engine
+        self.tools = tools
+        self.interactions = interactions
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.chat = ChatTokenizer(tokenizer)
+        self.reward_fn = reward_fn
+        self.timer = timer
+        self.version = version
+        """The weight version the engine holds (the trainer's counter)."""
+
+    @property
+    def leads(self) -> bool:
+        """Whether this rank leads a rollout group (holds its engine, rolls out, scores, dumps)."""
+        return bool(self.placement.is_leader)
+
+    def sampling(self, step: int, batch: int) -> RolloutConfig:
+        """The rollout settings of the step's ``batch``-th prompt batch on this group (its seeds)."""
+        base = self.cfg.seed if self.cfg.seed is not None else self.settings.seed
+        p = self.placement
+        return dataclasses.replace(self.cfg, seed=rollout_seed(base, step, batch, p.group_index, p.num_groups))
+
+    def score(self, batch: Batch, extra_infos: Sequence[dict[str, Any]]) -> Batch:
+        """A training rollout scored (the over-long penalty included), timed as ``reward``."""
+        s = self.settings
+        with self.timer.phase("reward"):
+            return score_rollout(batch, self.reward_fn, self.tokenizer, extra_infos,
+                                 overlong_buffer=s.overlong_buffer, max_response_length=s.max_response_length)
+
+
+@dataclass
+class Rollout:
+    """A step's scored rollout on this rank, between :meth:`Feed.roll_out` and :meth:`Feed.hand_off`."""
+
+    step: int
+    collected: Collected
+    version: int
+    metrics: dict[str, float]
+
+
+@dataclass
+class _Receipt:
+    """What a dump step needs after the step: the leader's rows and the plan that dealt them."""
+
+    local: Batch | None
+    plan: StepPlan
+    version: int
+
+
+@dataclass
+class Validation:
+    """A validation's scored rollouts on this rank (none off the leaders)."""
+
+    step: int
+    scored: list[Batch]
+
+
+class Feed:
+    """The rollout side of a step on this rank (see the module docstring)."""
+
+    def __init__(self, settings: FeedSettings, roller: Roller, *, layout: Any, loader: Any,
+                 val_rows: list[dict[str, Any]], routing_shape: tuple[int, int] | None = None):
+        self.settings = settings
+        self.roller = roller
+        self.layout = layout
+        self.prompts = Prompts(loader)
+        self.val_rows = val_rows
+        self.routing_shape = routing_shape
+        tok = roller.tokenizer
+        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        pr = settings.rollout.partial_rollout
+        self.schedule: FreshRounds | PartialRounds
+        if pr.enable:
+            self.schedule = PartialRounds(roller, settings.filter_metric, self.pad_id,
+                                          max_turns_per_step=pr.max_turns_per_step,
+                                          over_sampling_batches=pr.over_sampling_batches,
+                                          prompts_per_batch=settings.prompts_per_step)
+        else:
+            self.schedule = FreshRounds(roller, settings.filter_metric, self.pad_id)
+        d = settings.dumps
+        self.dump_writer = DumpWriter(queue_size=d.queue_size, wait_s=d.wait_s) if d and roller.leads else None
+        self.failures = FailureReport()  # this leader's, over the run (the end-of-run summary gathers them)
+        self.last_failures = FailureReport()
+
+    # -------------------------------------------------------------------------------- a training step
+    def start(self) -> None:
+        """Begin drawing prompts where the loader stands (after a resume: its restored position)."""
+        self.prompts.start()
+
+    def roll_out(self, step: int) -> Rollout:
+        """The step's prompts rolled out and scored, in rounds until the step has its groups (collective; call it
+        while the engine holds the current weights)."""
+        s, r = self.settings, self.roller
+        cache = getattr(r.engine, "cache", None)  # vLLM's prefix-cache counters
+        cached_before = (cache.prompt_tokens, cache.cached_tokens) if cache is not None else (0, 0)
+        filtering = s.filter_metric is not None
+        wanted = s.prompts_per_step
+        first = self.prompts.next()
+        result = run_rounds(
+            self.schedule, first, step, wanted=wanted, num_groups=r.placement.num_groups,
+            group_index=r.placement.group_index if r.leads else None, draw=self.prompts.next,
+            max_batches=s.max_num_gen_batches if filtering else None,
+        )
+        take, fill = allocation(self.schedule, result.table, wanted)
+        informative = int(result.table[:, 0].sum())
+        if sum(fill):
+            logger.warning(
+                "step %d: %d sampling rounds found %d of %d informative prompt groups; %d groups without reward "
+                "variance fill the batch (raise algorithm.filter_groups.max_num_gen_batches)",
+                step, result.rounds, informative, wanted, sum(fill),
+            )
+        gi = r.placement.group_index
+        collected = self.schedule.take(take[gi] if r.leads else 0, fill[gi] if r.leads else 0, result.rounds)
+        collected.group_rows = [(a + b) * s.rollout.n for a, b in zip(take, fill)]
+        metrics = dict(collected.metrics)
+        if filtering:  # groups found informative, set aside (trained only to fill), trained to fill
+            metrics.update({
+                "rollout/filtered_groups": float(result.table[:, 1].sum()),
+                "rollout/informative_groups": float(informative),
+                "rollout/filled_groups": float(sum(fill)),
+            })
+            if isinstance(self.schedule, FreshRounds):  # a round is a prompt batch
+                metrics["rollout/sampling_rounds"] = float(result.rounds)
+                metrics["rollout/prompts_consumed"] = float(result.batches * len(first))
+        if r.leads:  # what failed, said once per step; a timing (under timing_s/): rank 0's group when logged
+            self.report(collected.generated, step, "train")
+            metrics["timing_s/rollout_event_loop_max_stall"] = collected.stall_s
+        if cache is not None:
+            prompt_tokens = cache.prompt_tokens - cached_before[0]
+            hits = cache.cached_tokens - cached_before[1]
+            metrics["rollout/prefix_cache_hit_rate"] = hits / prompt_tokens if prompt_tokens else 0.0
+        return Rollout(step, collected, r.version(), metrics)
+
+    def hand_off(self, rollout: Rollout) -> StepRows:
+        """Each replica's rows of the step, tensors only, and the step's rollout metrics (collective). The leaders'
+        per-row objects never leave them."""
+        s, r, c = self.settings, self.roller, rollout.collected
+        local = c.rows
+        if local is not None:
+            local = tag_groups(local, sum(c.group_rows[: r.placement.group_index]))
+            local = local.update({"weight_version": torch.tensor(local["oldest_version"], dtype=torch.long)})
+        stats = rollout_stats(c.generated).reduce(world=True)
+        shapes = gather_shapes(local, r.placement, c.group_rows)
+        plan = plan_step(
+            shapes, self.layout.data_parallel_size, mini_batch_sizes=s.mini_batch_sizes,
+            seed=s.plan_seed + rollout.step * SEED_STRIDE if s.plan_seed is not None else None,
+        )
+        batch = exchange_rows(local, plan, self.layout, self.pad_id, self.routing_shape, VERSION_FIELDS)
+        metrics = {**rollout_metrics(stats), **rollout.metrics}
+        return StepRows(ReplicaRows.from_batch(batch), s.sequences_per_step, metrics, rollout.step,
+                        receipt=_Receipt(local, plan, rollout.version))
+
+    def give_back(self, step_rows: StepRows, batch: Batch) -> dict[str, float]:
+        """On a dump step, the trainer's per-token values of ``batch`` (this replica's rows after the experience)
+        go back to the leaders, which queue their dumps (collective); ``dump/*`` metrics. Nothing otherwise."""
+        d, step = self.settings.dumps, step_rows.step
+        if d is None or step % d.freq:
+            return {}
+        receipt: _Receipt = step_rows.receipt
+        with self.roller.timer.phase("dump"):
+            fields = [f for f in TRAINER_FIELDS if f in batch]
+            local = receipt.local
+            returned = return_rows(batch, receipt.plan, self.layout, fields, len(local) if local is not None else None)
+            if local is None or self.dump_writer is None:
+                return {}
+            self._dump([local], "train", step, receipt.version, returned)
+            return {"dump/dropped_rows": float(self.dump_writer.dropped_rows), "dump/failed": float(self.dump_writer.failed)}
+
+    # -------------------------------------------------------------------------------- validation
+    def roll_out_validation(self, step: int) -> Validation:
+        """Greedy single-sample rollout of each group's share of the validation prompts (call it while the engine
+        holds the current weights). ``data.val_batch_size`` (prompts, over all rollout groups) bounds one rollout
+        call; null rolls out each group's whole share at once."""
+        r, s = self.roller, self.settings
+        rows = r.placement.strided_rows(self.val_rows)
+        val_cfg = dataclasses.replace(s.rollout, n=1, temperature=0.0, seed=s.seed)
+        size = s.val_batch_size
+        chunk = max(1, -(-size // r.placement.num_groups)) if size is not None else max(1, len(rows))
+        parts = [rows[i : i + chunk] for i in range(0, len(rows), chunk)]
+        batches = []
+        if r.leads:
+            batches = [generate_sequences_sync(part, r.engine, r.tools, r.interactions, val_cfg, r.chat, r.executor)
+                       for part in parts]
+        scored = [score_rollout(b, r.reward_fn, r.tokenizer, [row.get("extra_info") or {} for row in part])
+                  for b, part in zip(batches, parts)]
+        return Validation(step, scored)
+
+    def validation_metrics(self, val: Validation) -> dict[str, float]:
+        """Mean reward, accuracy and tool calls of a validation, over every leader (collective); its failures
+        reported and its rows dumped on the leaders."""
+        if val.scored:
+            self.report(val.scored, val.step, "val")
+        if self.dump_writer is not None and val.scored:
+            self._dump(val.scored, "val", val.step, self.roller.version())
+        m = rollout_metrics(rollout_stats(val.scored).reduce(world=True))
+        return {f"val/{k}": m[k] for k in ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")}
+
+    @property
+    def has_validation(self) -> bool:
+        return bool(self.val_rows)
+
+    # -------------------------------------------------------------------------------- failures
+    def report(self, batches: list[Batch], step: int, split: str) -> None:
+        """On a rollout leader: this step's failed requests and failing tools (one warning each, with the first
+        traceback) and its tokenization sanity-check mismatches (one line), added to the run's totals."""
+        report = FailureReport()
+        for b in batches:
+            report.merge(summarize_failures(b.meta))
+        report.log(logger, step, split)
+        if split == "train":  # the stop rule and the run's totals count training rollouts (validation is logged)
+            self.last_failures = report
+            self.failures.merge(report)
+        meta = {"request_metrics": [m for b in batches for m in b.meta.get("request_metrics", [])]}
+        line = mismatch_line(meta)
+        if line is not None:
+            logger.warning("step %d (%s): %s", step, split, line)
+
+    def failure_causes(self) -> str:
+        """What this rank's rollouts of the last step say failed (its leader's tools and errors), for the stop line."""
+        return "; ".join(self.last_failures.summary_lines()[:3])
+
+    def failure_lines(self) -> list[str]:
+        """The run's failure lines over every rollout leader (collective; identical on every rank)."""
+        merged = FailureReport()
+        for report in comm.all_gather_object(self.failures if self.roller.leads else None):
+            if report is not None:
+                merged.merge(report)
+        return merged.summary_lines()
+
+    # -------------------------------------------------------------------------------- dumps
+    def _dump(self, batches: list[Batch], split: str, step: int, version: int, returned: Any = None) -> None:
+        """Queue a leader's dump. Best effort: only leaders run this, so an error here must not leave the
+        other ranks waiting in the next collective; it is logged and counted (``dump/failed``)."""
+        d = self.settings.dumps
+        assert self.dump_writer is not None and d is not None
+        group = self.roller.placement.group_index
+        try:
+            dump_rows(
+                self.dump_writer, d.root, batches, split=split, step=step,
+                group=group, weight_version=version, tokenizer=self.roller.tokenizer,
+                fraction=d.fraction if split == "train" else 1.0, max_rows=d.max_rows,
+                seed=(self.settings.seed + step) * 1009 + group, trainer_fields=returned,
+            )
+        except Exception as exc:  # noqa: BLE001 -- a diagnostic must not stop (or hang) training
+            self.dump_writer.failed += 1
+            logger.warning("trajectory dump of %s step %d (rollout group %d) failed: %r", split, step, group, exc)
+
+    # -------------------------------------------------------------------------------- state
+    def tool_schemas(self) -> list[dict] | None:
+        """The tools' OpenAI schemas (what prompts show the model), or None without tools."""
+        return [t.get_openai_tool_schema() for t in self.roller.tools.values()] or None
+
+    def loader_state(self) -> dict[str, Any]:
+        return self.prompts.loader.state_dict()
+
+    def load_loader_state(self, state: dict[str, Any]) -> None:
+        self.prompts.loader.load_state_dict(state)
+
+    def checkpoint_parts(self) -> tuple[dict[str, Callable[[Any], None]], dict[str, Callable[[Any], None]]]:
+        """Checkpoint writers and readers of what the feed carries across steps (the partial-rollout buffer)."""
+        if isinstance(self.schedule, PartialRounds):
+            return {"rollout_buffer": self.schedule.save}, {"rollout_buffer": self.schedule.load}
+        return {}, {}
+
+    def close(self) -> None:
+        """Finish queued dumps, release paused requests' tools, stop the tool executor and the engine."""
+        try:
+            if self.dump_writer is not None:
+                self.dump_writer.close()
+            if isinstance(self.schedule, PartialRounds):
+                self.schedule.close()
+        finally:
+            r = self.roller
+            if r.executor is not None:
+                r.executor.shutdown()
+            # vLLM tears down its process groups on shutdown: do it while the trainer's world still exists
+            shutdown = getattr(r.engine, "shutdown", None)
+            if shutdown is not None:
+                shutdown()

@@ -1,0 +1,183 @@
+"""Partial rounds (``rollout.partial_rollout``): prompt groups in flight across steps, in each leader's buffer.
+
+At the start of a step every rank draws prompt batches while fewer than ``1 + over_sampling_batches`` batches
+of groups are in flight over the leaders, and each leader starts its share
+(:class:`~mcore_agentic.rollout.partial.RolloutBuffer`). Each round gives every live session at most
+``max_turns_per_step`` assistant turns with the current weights; a group whose ``n`` sessions have all ended is
+scored at once and, under ``algorithm.filter_groups``, sorted (informative or spare). The step trains the oldest
+kept groups, shared evenly over the leaders (:func:`~mcore_agentic.feed.dynamic_sampling.allocate_even`), and
+spares only to fill a step the rounds could not fill. Kept groups not trained stay for the next step, scored;
+spares not trained leave with the step. Every started group is trained once, still buffered, or set aside:
+``started = trained + buffered + (filtered - filled)`` over a run.
+
+With a filter the rounds may draw more prompts when every session has ended and the step still lacks groups
+(``algorithm.filter_groups.max_num_gen_batches`` counts the batches a step draws, its top-up included).
+
+The buffer (paused sessions with their tools' state, and complete groups with their scores) is a checkpoint part
+(``rollout_buffer/``, one file per rollout group).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mcore_agentic.feed.dynamic_sampling import allocate_even, concat_rollouts, informative
+from mcore_agentic.feed.rounds import Collected, Rows
+from mcore_agentic.parallel.stats import max_over, sum_over
+from mcore_agentic.rollout.driver import close_context, finish_batch, rollout_context, run_sync
+from mcore_agentic.rollout.partial import BufferedGroup, RolloutBuffer
+from mcore_agentic.utils.errors import ConfigError
+
+
+def _world() -> Any:
+    return dist.group.WORLD if dist.is_initialized() else None
+
+
+class PartialRounds:
+    """The :class:`~mcore_agentic.feed.rounds.Schedule` of partial rollouts (see the module docstring)."""
+
+    def __init__(self, roller: Any, metric: str | None, pad_id: int, *, max_turns_per_step: int,
+                 over_sampling_batches: int, prompts_per_batch: int):
+        self.roller = roller
+        self.metric = metric
+        self.pad_id = pad_id
+        self.max_turns_per_step = max_turns_per_step
+        self.over_sampling_batches = over_sampling_batches
+        self.prompts_per_batch = prompts_per_batch
+        self.buffer = RolloutBuffer() if roller.leads else None
+        self.ctx: Any = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.version = 0
+        self.rounds = self.resumed = self.started = 0
+        self.stall_s = 0.0
+
+    # -- the schedule --------------------------------------------------------------------------------
+    def begin(self, rows: Rows, step: int, draw: Callable[[], Rows]) -> int:
+        self._reset()
+        held = int(sum_over(_world())(torch.tensor([len(self.buffer) if self.buffer is not None else 0]))[0])
+        wanted = self.prompts_per_batch
+        batches = [rows]
+        while held + len(batches) * wanted < (1 + self.over_sampling_batches) * wanted:
+            batches.append(draw())
+        self.version = self.roller.version()
+        if self.buffer is not None:
+            r = self.roller
+            self.ctx = rollout_context(r.engine, r.tools, r.interactions, r.cfg, r.chat, r.executor,
+                                       weight_version=self.version, turn_budget=self.max_turns_per_step)
+        for k, b in enumerate(batches):
+            self.start(b, step, k)
+        return len(batches)
+
+    def start(self, rows: Rows, step: int, batch: int) -> None:
+        self.started += len(rows)
+        if self.buffer is not None:
+            self.buffer.add(self.roller.placement.split_rows(rows), self.roller.sampling(step, batch), self.ctx, step)
+
+    def round(self, step: int) -> tuple[int, int, int]:
+        buf = self.buffer
+        if buf is None:
+            return 0, 0, 0
+        report = run_sync(buf.run(self.ctx), self.roller.engine)
+        if self.rounds == 0:
+            self.resumed = report.resumed  # paused in an earlier step, resumed now
+        self.rounds += 1
+        self.stall_s = max(self.stall_s, report.stall_s)
+        self._score_complete(buf)
+        kept = sum(g.complete and bool(g.informative) for g in buf.groups)
+        spare = sum(g.complete and g.informative is False for g in buf.groups)
+        return kept, spare, buf.live_sessions
+
+    def _score_complete(self, buf: RolloutBuffer) -> None:
+        """Score the groups that completed since the last round (one batch), and sort them under the filter."""
+        new = [g for g in buf.groups if g.complete and g.scored is None]
+        if not new:
+            return
+        requests = [s.req for g in new for s in g.sessions]
+        r = self.roller
+        scored = r.score(finish_batch(requests, r.cfg, r.chat), [q.extra_info for q in requests])
+        at = 0
+        for g in new:
+            g.scored = scored.index(list(range(at, at + len(g.sessions))))
+            at += len(g.sessions)
+            g.informative = self.metric is None or informative(g.scored, self.metric)[0]
+
+    def allocate(self, available: Sequence[int], wanted: int) -> list[int]:
+        return allocate_even(available, wanted)
+
+    def take(self, kept: int, spare: int, rounds: int) -> Collected:
+        if self.ctx is not None:
+            close_context(self.ctx)
+            self.ctx = None
+        rows, generated, stale, oldest = None, [], torch.zeros(2, dtype=torch.float64), []
+        set_aside: list[BufferedGroup] = []
+        buf = self.buffer
+        if buf is not None:
+            complete = [g for g in buf.groups if g.complete]
+            chosen = [g for g in complete if g.informative][:kept] + [g for g in complete if not g.informative][:spare]
+            taken = {id(g) for g in chosen}
+            set_aside = [g for g in complete if not g.informative and id(g) not in taken]
+            buf.remove(chosen + set_aside)
+            if chosen:
+                rows = concat_rollouts([g.scored for g in chosen], self.pad_id)
+                for s in (s for g in chosen for s in g.sessions):
+                    sampled = [v for v in s.req.trajectory.response_versions if v >= 0]
+                    stale += torch.tensor([sum(v < self.version for v in sampled), len(sampled)], dtype=torch.float64)
+                oldest = [v for v in rows["oldest_version"] if v >= 0]
+                generated.append(rows)
+            generated += [g.scored for g in set_aside]
+        world = sum_over(_world())
+        stale = world(stale)
+        age = max_over(_world())(torch.tensor([float(self.version - min(oldest)) if oldest else 0.0]))
+        after = world(torch.tensor([float(len(buf)) if buf is not None else 0.0,
+                                    float(buf.live_sessions) if buf is not None else 0.0, float(self.resumed)]))
+        metrics = {
+            "rollout/partial_rounds": float(rounds),
+            "rollout/partial_prompts_started": float(self.started),
+            "rollout/partial_resumed": float(after[2]),
+            "rollout/partial_paused": float(after[1]),
+            "rollout/partial_buffered_groups": float(after[0]),
+            "rollout/oldest_token_age": float(age[0]),
+            "rollout/stale_token_fraction": float(stale[0] / stale[1]) if stale[1] else 0.0,
+        }
+        return Collected(rows=rows, generated=generated, group_rows=[], metrics=metrics, stall_s=self.stall_s)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def _file(self, directory: Any) -> Path:
+        return Path(directory) / f"group_{self.roller.placement.group_index:05d}.pkl"
+
+    def save(self, directory: Any) -> None:
+        """Checkpoint writer: each rollout leader pickles its buffer (paused sessions with their tools' state)."""
+        if self.buffer is not None:
+            self._file(directory).write_bytes(pickle.dumps(self.buffer.snapshot(), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def load(self, directory: Any) -> None:
+        """Checkpoint reader: the leader's buffer, its paused sessions' tool instances and interactions re-created."""
+        if self.buffer is None:
+            return
+        path = self._file(directory)
+        if not path.is_file():
+            raise ConfigError(
+                "rollout.partial_rollout.enable",
+                f"{path} is missing: the checkpoint was written by another number of rollout groups or without "
+                "partial rollouts; resume with the same layout",
+            )
+        snap = pickle.loads(path.read_bytes())  # noqa: S301 -- the run's own checkpoint, verified by its manifest
+        r = self.roller
+        ctx = rollout_context(r.engine, r.tools, r.interactions, r.cfg, r.chat, r.executor)
+        try:
+            self.buffer = run_sync(RolloutBuffer.restore(snap, ctx), r.engine)
+        finally:
+            close_context(ctx)
+
+    def close(self) -> None:
+        """Release the paused requests' tools and interactions."""
+        if self.buffer is not None:
+            run_sync(self.buffer.close(), self.roller.engine)

@@ -1,0 +1,139 @@
+"""Scoring a leader's rollout, and the rollout's statistics: rows -> sequence scores -> the step's rollout metrics.
+
+:func:`score_rollout` runs on each rollout leader over its own rollout: decode each response, call the reward
+function chosen by ``data_source`` (or the custom one), add the tools' rewards and the interaction's final score;
+``seq_scores`` [B] plus per-sample accuracy. :func:`rollout_stats` reads the leaders' per-row objects (scores,
+turns, tool calls and faults, failures) under fixed names; reduced over the world, :func:`rollout_metrics` turns
+them into the step's ``reward/*`` and ``rollout/*`` metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from mcore_agentic.data.batch import Batch
+from mcore_agentic.parallel.stats import Stats
+from mcore_agentic.rewards import score_of
+from mcore_agentic.rewards.config import OverlongBufferConfig
+from mcore_agentic.rewards.overlong import overlong_penalty
+from mcore_agentic.rollout.failures import is_tool_fault
+
+
+def response_texts(batch: Batch, tokenizer: Any) -> list[str]:
+    """Each row's response (all turns after the prompt, tool results included) as text, padding removed."""
+    prompt_len = batch["prompts"].shape[1]
+    attn = batch["attention_mask"][:, prompt_len:]
+    out = []
+    for ids, mask in zip(batch["responses"], attn):
+        out.append(tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=False))
+    return out
+
+
+def score_rollout(
+    batch: Batch,
+    reward_fn: Callable[..., Any],
+    tokenizer: Any,
+    extra_infos: Sequence[dict[str, Any]],
+    *,
+    overlong_buffer: OverlongBufferConfig | None = None,
+    max_response_length: int | None = None,
+) -> Batch:
+    """``batch`` plus ``seq_scores`` [B], ``truncated`` [B] (1: the response budget cut it) and meta
+    ``rule_score``/``acc``/``overlong_penalty``.
+
+    score = rule reward of ``data_source`` + the request's tool rewards + its interaction's final
+    score + the over-long penalty (``overlong_buffer`` enabled: DAPO's linear penalty over the last
+    ``len`` tokens of ``max_response_length``, on the response's real length). ``acc`` is 1 when the
+    rule reward reaches 1.0 (the rule's "correct"), or the rule's own ``acc`` when it returns a dict
+    with one. A failed request scores 0. ``extra_infos``: each row's ``extra_info`` (the dataset's),
+    passed to the reward function as verl does.
+    """
+    texts = response_texts(batch, tokenizer)
+    penalise = overlong_buffer is not None and overlong_buffer.enable
+    if penalise and max_response_length is None:
+        raise ValueError("the over-long penalty needs max_response_length")
+    lengths = batch["attention_mask"][:, batch["prompts"].shape[1] :].sum(1).tolist()
+    scores, rules, accs, penalties = [], [], [], []
+    for i, text in enumerate(texts):
+        extra = (batch["request_metrics"][i] or {})
+        result = reward_fn(batch["data_source"][i], text, batch["ground_truth"][i], dict(extra_infos[i] or {}))
+        rule = score_of(result)
+        acc = float(result["acc"]) if isinstance(result, dict) and "acc" in result else float(rule >= 1.0)
+        interaction = extra.get("interaction_final_score") or 0.0
+        penalty = 0.0
+        if penalise:
+            assert overlong_buffer is not None and max_response_length is not None
+            penalty = overlong_penalty(
+                int(lengths[i]), max_response_length, overlong_buffer.len, overlong_buffer.penalty_factor
+            )
+        total = rule + float(batch["tool_rewards"][i] or 0.0) + float(interaction) + penalty
+        if extra.get("state") == "failed":
+            total, acc, penalty = 0.0, 0.0, 0.0
+        scores.append(total)
+        rules.append(rule)
+        accs.append(acc)
+        penalties.append(penalty)
+    truncated = [int(reason == "length") for reason in batch["finish_reason"]]
+    return batch.update(
+        {"seq_scores": torch.tensor(scores, dtype=torch.float32), "truncated": torch.tensor(truncated, dtype=torch.long)},
+        meta={"rule_score": rules, "acc": accs, "overlong_penalty": penalties},
+    )
+
+
+
+def rollout_stats(batches: Sequence[Batch]) -> Stats:
+    """Per-row rollout values of scored batches (none off a leader), under fixed names: reduce, then :func:`rollout_metrics`."""
+    st = Stats()
+    rows = [(b, i) for b in batches for i in range(len(b))]
+    rm = [b["request_metrics"][i] or {} for b, i in rows]
+    st.add("score", [float(b["seq_scores"][i]) for b, i in rows])
+    st.add("acc", [b["acc"][i] for b, i in rows])
+    st.add("rule", [b["rule_score"][i] for b, i in rows])
+    st.add("turns", [b["num_turns"][i] for b, i in rows])
+    st.add("assistant_turns", [m.get("assistant_turns", 0) for m in rm])
+    st.add("tool_calls", [m.get("tool_calls", 0) for m in rm])
+    st.add("tool_errors", [m.get("tool_errors", 0) for m in rm])
+    logs = [(b.meta.get("tool_log") or [[]] * len(b))[i] or [] for b, i in rows]
+    faults = [sum(is_tool_fault(entry) for entry in log) for log in logs]
+    st.add("tool_faults", faults)
+    # A request that ran but whose every tool call failed inside the tool: it learned nothing about its task.
+    st.add("tool_broken", [float(m.get("state") != "failed" and bool(log) and n == len(log))
+                           for m, log, n in zip(rm, logs, faults)])
+    st.add("mismatch", [m.get("sanity_check_mismatch", 0) for m in rm])
+    st.add("drift", [m.get("template_drift", 0) for m in rm])
+    st.add("full_context", [m.get("tokenization_full_context", 0) for m in rm])
+    st.add("failed", [float(m.get("state") == "failed") for m in rm])
+    st.add("truncated", [float(b["finish_reason"][i] == "length") for b, i in rows])
+    st.add("overlong", [float((b.meta.get("overlong_penalty") or [0.0] * len(b))[i]) for b, i in rows])
+    return st
+
+
+def rollout_metrics(st: Stats) -> dict[str, float]:
+    """Reward, accuracy, turns, tool calls/errors, sanity-check mismatches and failures from :func:`rollout_stats`."""
+    return {
+        "rollout/num_sequences": st.count("score"),
+        "reward/mean": st.mean("score"),
+        "reward/max": st.max("score"),
+        "reward/min": st.min("score"),
+        "reward/accuracy": st.mean("acc"),
+        "reward/rule_mean": st.mean("rule"),
+        "rollout/num_turns_mean": st.mean("turns"),
+        "rollout/num_turns_max": st.max("turns"),
+        "rollout/assistant_turns_mean": st.mean("assistant_turns"),
+        "rollout/tool_calls": st.total("tool_calls"),
+        "rollout/tool_calls_per_sample": st.mean("tool_calls"),
+        "rollout/tool_errors": st.total("tool_errors"),
+        "rollout/sanity_check_mismatches": st.total("mismatch"),
+        "rollout/template_drift_turns": st.total("drift"),
+        "rollout/tokenization_full_context_turns": st.total("full_context"),
+        "rollout/failed_requests": st.total("failed"),
+        "rollout/failed_fraction": st.mean("failed"),
+        "rollout/tool_faults": st.total("tool_faults"),
+        "rollout/tool_broken_requests": st.total("tool_broken"),
+        "rollout/tool_fault_fraction": st.total("tool_faults") / st.total("tool_calls") if st.total("tool_calls") else 0.0,
+        "rollout/truncated": st.mean("truncated"),
+        "reward/overlong_penalty_mean": st.mean("overlong"),
+    }
