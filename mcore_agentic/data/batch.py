@@ -262,6 +262,21 @@ def repad_rollout_layout(
     )
 
 
+def concat_rollouts(batches: Sequence[Batch], pad_token_id: int) -> Batch:
+    """Rows of rollout batches with different padded widths, in order, re-padded to the widest."""
+    batches = [b for b in batches if len(b)]
+    if not batches:
+        raise ValueError("no rows to concatenate")
+    p = max(b["prompts"].shape[1] for b in batches)
+    r = max(b["responses"].shape[1] for b in batches)
+    same = [
+        Batch(repad_rollout_layout(b.tensors, pad_token_id=pad_token_id, prompt_width=p, response_width=r),
+              meta=b.meta, info=b.info)
+        for b in batches
+    ]
+    return Batch.concat(same)
+
+
 def _assemble(
     prompts: torch.Tensor,
     prompt_attn: torch.Tensor,

@@ -2,7 +2,7 @@
 
 The trainer sees only this surface: :class:`Feed` (``roll_out`` inside the weight sync, ``hand_off`` after it,
 ``give_back`` after the experience, validation, failure reports, checkpoint parts) and the typed hand-off
-:class:`StepRows` / :class:`ReplicaRows`. Everything else here is the feed's own: the schedules
+:class:`StepRows` / :class:`ReplicaRows` (both in :mod:`.feed`). Everything else here is the feed's own: the schedules
 (:mod:`.rounds` the one round loop, :mod:`.fresh_rounds`, :mod:`.partial_rounds`, the filter
 :mod:`.dynamic_sampling`), scoring and the rollout statistics (:mod:`.scoring`), the leader -> replica exchange
 (:mod:`.distribute`, the only owner of those collectives), the trajectory dumps (:mod:`.rollout_dump`) and the
@@ -10,8 +10,16 @@ rollout engine of a group's leader (:mod:`.engine`).
 """
 
 from mcore_agentic.feed.engine import build_rollout_engine
-from mcore_agentic.feed.feed import DumpSettings, Feed, FeedSettings, Roller, Rollout, Validation
-from mcore_agentic.feed.handoff import ReplicaRows, StepRows
+from mcore_agentic.feed.feed import (
+    DumpSettings,
+    Feed,
+    FeedSettings,
+    ReplicaRows,
+    Roller,
+    Rollout,
+    StepRows,
+    Validation,
+)
 
 __all__ = [
     "DumpSettings", "Feed", "FeedSettings", "ReplicaRows", "Roller", "Rollout", "StepRows", "Validation",

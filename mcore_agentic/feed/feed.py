@@ -9,6 +9,11 @@ alone knows which rank leads a rollout group. A step, as the trainer calls it::
     ...                                     # the trainer's algorithm on step_rows.rows
     feed.give_back(step_rows, batch)        # a dump step: the trainer's values go back to the leaders
 
+The hand-off is :class:`StepRows`: :class:`ReplicaRows` (this DP replica's rows, in training order: what crossed
+the wire, tensors only), the step's count of prompt groups (the group statistics' size) and the step's rollout
+metrics, already reduced over the world. Its ``receipt`` is the feed's own (what a dump step needs to bring the
+trainer's values back to the leaders).
+
 Who holds what: a rollout leader holds its engine, tools, interactions, the step's scored rows (tensors and
 per-row objects: messages, tool I/O, request metrics) and, under partial rollouts, its buffer of groups in
 flight. Every rank holds the loader (each draws the same prompts, so the checkpointed position is one) and the
@@ -22,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,7 +43,6 @@ from mcore_agentic.feed.distribute import (
     tag_groups,
 )
 from mcore_agentic.feed.fresh_rounds import FreshRounds
-from mcore_agentic.feed.handoff import ReplicaRows, StepRows
 from mcore_agentic.feed.partial_rounds import PartialRounds
 from mcore_agentic.feed.rollout_dump import TRAINER_FIELDS, DumpWriter, dump_rows
 from mcore_agentic.feed.rounds import SEED_STRIDE, Collected, Prompts, allocation, rollout_seed, run_rounds
@@ -54,6 +58,68 @@ from mcore_agentic.utils.timing import PhaseTimer
 logger = logging.getLogger(__name__)
 
 
+# ------------------------------------------------------------------------------------ the hand-off
+@dataclass(frozen=True)
+class ReplicaRows:
+    """This DP replica's rows of the step, padded to its own longest row (layout in :mod:`mcore_agentic.data.batch`)."""
+
+    prompts: torch.Tensor
+    """[B, P] int64, left-padded."""
+    responses: torch.Tensor
+    """[B, R] int64, right-padded: every turn after the prompt (tool results included)."""
+    input_ids: torch.Tensor
+    """[B, P+R]"""
+    attention_mask: torch.Tensor
+    """[B, P+R], 1 on real tokens."""
+    position_ids: torch.Tensor
+    """[B, P+R]"""
+    response_mask: torch.Tensor
+    """[B, R], the loss mask: 1 exactly on the tokens the policy sampled."""
+    rollout_log_probs: torch.Tensor
+    """[B, R] float32, the engine's log-probs of the sampled tokens."""
+    seq_scores: torch.Tensor
+    """[B] float32, each row's score (rule reward + tool rewards + interaction score + over-long penalty)."""
+    group_index: torch.Tensor
+    """[B] int64, a step-wide id of the row's prompt group (below the step's group count)."""
+    truncated: torch.Tensor
+    """[B] int64, 1 where the response budget cut the row."""
+    weight_version: torch.Tensor
+    """[B] int64, the oldest weight version that sampled the row's tokens (-1: none); older than the trainer's
+    under partial rollouts."""
+    routed_experts: torch.Tensor | None = None
+    """[B, P+R, moe_layers, top_k] int16, the experts the engine chose per token (``actor.moe.routing_replay``)."""
+
+    def __len__(self) -> int:
+        return int(self.prompts.shape[0])
+
+    def batch(self) -> Batch:
+        """The rows as the workers take them (tensors only)."""
+        return Batch(tensors={f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None})
+
+    @classmethod
+    def from_batch(cls, batch: Batch) -> ReplicaRows:
+        names = {f.name for f in dataclasses.fields(cls)}
+        extra = set(batch.tensors) - names
+        if extra or batch.meta:
+            raise ValueError(f"a replica's rows are the hand-off's tensors only; got {sorted(extra | set(batch.meta))}")
+        return cls(**batch.tensors)
+
+
+@dataclass
+class StepRows:
+    """What the feed hands the trainer for one step (identical structure on every rank)."""
+
+    rows: ReplicaRows
+    num_groups: int
+    """The step's prompt groups (``rows.group_index`` is below it)."""
+    metrics: dict[str, float]
+    """The step's rollout metrics (``reward/*``, ``rollout/*``, the schedule's), reduced over the world."""
+    step: int
+    receipt: Any = field(default=None, repr=False)
+    """The feed's own: the step's plan and the leader's rows, for a dump step's return trip."""
+
+
+# ------------------------------------------------------------------------------------ settings
 @dataclass(frozen=True)
 class DumpSettings:
     """Trajectory dumps (``trainer.rollout_data_*``): where, how often, how much."""

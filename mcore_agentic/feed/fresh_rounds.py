@@ -9,12 +9,63 @@ Without a filter this is the plain step: one round of the step's prompts, every 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from mcore_agentic.data.batch import Batch
-from mcore_agentic.feed.dynamic_sampling import GroupPool, allocate
-from mcore_agentic.feed.rounds import Collected, Rows
+from mcore_agentic.data.batch import Batch, concat_rollouts
+from mcore_agentic.feed.dynamic_sampling import group_rows, informative
+from mcore_agentic.feed.rounds import Collected, Rows, allocate
 from mcore_agentic.rollout.driver import generate_sequences_sync
+
+
+@dataclass
+class GroupPool:
+    """A rollout leader's scored groups over one step's rounds: informative ones and spares, in round order.
+    ``metric`` None: no filter, every group is kept."""
+
+    metric: str | None
+    kept: list[Batch] = field(default_factory=list)
+    spare: list[Batch] = field(default_factory=list)
+    kept_groups: int = 0
+    spare_groups: int = 0
+
+    def add(self, batch: Batch) -> tuple[int, int]:
+        """Sort ``batch``'s groups into the pool; returns (informative, spare) group counts of this round."""
+        if self.metric is None:  # no filter: the whole batch is kept as it came
+            n = len(dict.fromkeys(batch["uid"]))
+            self.kept.append(batch)
+            self.kept_groups += n
+            return n, 0
+        groups = group_rows(batch)
+        flags = informative(batch, self.metric)
+        keep = [i for rows, ok in zip(groups, flags) if ok for i in rows]
+        drop = [i for rows, ok in zip(groups, flags) if not ok for i in rows]
+        if keep:
+            self.kept.append(batch.index(keep))
+        if drop:
+            self.spare.append(batch.index(drop))
+        self.kept_groups += sum(flags)
+        self.spare_groups += len(flags) - sum(flags)
+        return sum(flags), len(flags) - sum(flags)
+
+    def take(self, kept: int, spare: int, pad_token_id: int) -> Batch | None:
+        """The first ``kept`` informative groups then the first ``spare`` spares, as one batch (None if none)."""
+        if kept == self.kept_groups and not spare:  # every kept group (the step without a filter)
+            parts = list(self.kept)
+        else:
+            parts = _first_groups(self.kept, kept) + _first_groups(self.spare, spare)
+        return concat_rollouts(parts, pad_token_id) if parts else None
+
+
+def _first_groups(batches: list[Batch], count: int) -> list[Batch]:
+    out = []
+    for b in batches:
+        if count <= 0:
+            break
+        groups = group_rows(b)[:count]
+        out.append(b.index([i for rows in groups for i in rows]))
+        count -= len(groups)
+    return out
 
 
 class FreshRounds:

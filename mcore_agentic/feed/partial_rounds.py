@@ -27,8 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mcore_agentic.feed.dynamic_sampling import allocate_even, concat_rollouts, informative
-from mcore_agentic.feed.rounds import Collected, Rows
+from mcore_agentic.data.batch import concat_rollouts
+from mcore_agentic.feed.dynamic_sampling import informative
+from mcore_agentic.feed.rounds import Collected, Rows, allocate_even
 from mcore_agentic.parallel.stats import max_over, sum_over
 from mcore_agentic.rollout.driver import close_context, finish_batch, rollout_context, run_sync
 from mcore_agentic.rollout.partial import BufferedGroup, RolloutBuffer

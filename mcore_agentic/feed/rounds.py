@@ -147,6 +147,37 @@ def run_rounds(
     return RoundsResult(table, rounds, batches)
 
 
+def allocate(available: Sequence[int], wanted: int) -> list[int]:
+    """How many of each rollout group's ``available`` groups to take, in rollout-group order, ``wanted`` in all."""
+    out, left = [], wanted
+    for n in available:
+        take = min(int(n), left)
+        out.append(take)
+        left -= take
+    if left:
+        raise ValueError(f"{wanted} groups wanted but only {sum(available)} available")
+    return out
+
+
+def allocate_even(available: Sequence[int], wanted: int) -> list[int]:
+    """``wanted`` groups taken as evenly as ``available`` allows over the rollout groups (water-filling; the
+    remainder goes to the first ones): no leader's groups wait while another's train (partial rollouts)."""
+    take = [0] * len(available)
+    left = wanted
+    while left:
+        open_ = [g for g, n in enumerate(available) if take[g] < n]
+        if not open_:
+            raise ValueError(f"{wanted} groups wanted but only {sum(available)} available")
+        share = max(1, left // len(open_))
+        for g in open_:
+            add = min(share, int(available[g]) - take[g], left)
+            take[g] += add
+            left -= add
+            if not left:
+                break
+    return take
+
+
 def allocation(schedule: Schedule, table: torch.Tensor, wanted: int) -> tuple[list[int], list[int]]:
     """(kept, spare) groups each rollout group contributes: kept ones first, spares fill what is missing."""
     kept = table[:, 0].tolist()

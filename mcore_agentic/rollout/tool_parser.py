@@ -149,11 +149,16 @@ def _validator(schema_json: str) -> Any:
 
 
 def parameters_schema(tool: ToolProtocol) -> dict[str, Any]:
-    """The JSON schema of a tool's arguments (an empty object schema when the tool declares none).
+    """The JSON schema of a tool's arguments (an empty object schema when the tool declares none), cleaned once per
+    schema object the tool returns (see :func:`_schema_and_validator`); read-only, shared by every request.
 
     Null-valued keywords (``"enum": null`` in verl's dumps) are dropped: registry-loaded and
     ``BaseTool`` schemas already are, this covers any other tool class.
     """
+    return _schema_and_validator(tool)[0]
+
+
+def _clean_parameters_schema(tool: ToolProtocol) -> dict[str, Any]:
     function = tool.get_openai_tool_schema().get("function", {})
     params = function.get("parameters")
     return drop_null_keywords(params) if isinstance(params, dict) else {"type": "object", "properties": {}}
@@ -236,7 +241,7 @@ def _schema_and_validator(tool: ToolProtocol) -> tuple[dict[str, Any], Any]:
     hit = _BY_SCHEMA_OBJECT.get(id(raw))
     if hit is not None and hit[0] is raw:
         return hit[1], hit[2]
-    schema = parameters_schema(tool)
+    schema = _clean_parameters_schema(tool)
     validator = _validator(json.dumps(schema, sort_keys=True))
     if len(_BY_SCHEMA_OBJECT) >= 1024:
         _BY_SCHEMA_OBJECT.clear()

@@ -4,7 +4,9 @@ The rows arrive scored (``seq_scores``, by :mod:`mcore_agentic.feed.scoring` on 
 dealt to this replica (:mod:`mcore_agentic.feed.distribute`). :func:`compute_experience`: scores on the last
 sampled token, KL-in-reward (the controller sees the global mean), advantages by ``algorithm.adv_estimator``;
 whitening and group statistics are all-reduced over DP (``reduce``), so each replica gets
-exactly what the whole batch in one place would give its rows.
+exactly what the whole batch in one place would give its rows. :func:`compute_data_metrics` and
+:func:`rollout_vs_train_metrics` say what the experience batch holds (reduced over DP), :func:`throughput_metrics`
+how fast the step went.
 """
 
 from __future__ import annotations
@@ -73,3 +75,52 @@ def rollout_vs_train_metrics(batch: Batch, group: Any = None) -> dict[str, float
     if "ref_log_probs" in batch:
         out["actor/kl_to_ref"] = st.mean("kl")
     return out
+
+
+def compute_data_metrics(batch: Batch, max_response_length: int | None = None, group: Any = None) -> dict[str, float]:
+    """Scores, rewards, advantages, returns, values and lengths of a finished experience batch.
+
+    Uses whichever of the :class:`Batch` keys are present: ``token_level_scores`` /
+    ``token_level_rewards`` (summed per sequence), ``advantages``/``returns``/``values``
+    (over ``response_mask``), ``prompts`` + ``attention_mask`` (lengths). ``batch`` may be one
+    DP replica's rows: the statistics are reduced over ``group`` (the DP group), so every rank
+    reports the step's.
+    """
+    st = Stats()
+    names: list[tuple[str, str]] = []
+    mask = batch["response_mask"].bool() if "response_mask" in batch else None
+    for key, name in (("token_level_scores", "critic/score"), ("token_level_rewards", "critic/rewards")):
+        if key in batch:
+            st.add(name, batch[key].float().sum(dim=-1))
+            names.append((name, name))
+    if mask is not None:
+        for key, name in (("advantages", "critic/advantages"), ("returns", "critic/returns"), ("values", "critic/values")):
+            if key in batch:
+                st.add(name, batch[key].float()[mask])
+                names.append((name, name))
+        st.add("response/policy_tokens", mask.float().sum(dim=-1))
+        names.append(("response/policy_tokens", "response/policy_tokens"))
+    if "prompts" in batch and "attention_mask" in batch:
+        prompt_len = batch["prompts"].shape[-1]
+        attention = batch["attention_mask"].float()
+        response_lengths = attention[:, prompt_len:].sum(dim=-1)
+        st.add("prompt_length", attention[:, :prompt_len].sum(dim=-1))
+        st.add("response_length", response_lengths)
+        names += [("prompt_length", "prompt_length"), ("response_length", "response_length")]
+        if max_response_length:
+            st.add("clip", (response_lengths >= max_response_length).float())
+    st.reduce(group)
+    out: dict[str, float] = {}
+    for name, label in names:
+        out.update(st.summary(name, label))
+    if "clip" in st.sums and st.count("clip"):
+        out["response_length/clip_ratio"] = st.mean("clip")
+    return out
+
+
+def throughput_metrics(num_tokens: int, step_seconds: float, world_size: int) -> dict[str, float]:
+    """Tokens processed per second for the whole job and per GPU (or CPU process)."""
+    if step_seconds <= 0 or world_size <= 0:
+        return {}
+    total = num_tokens / step_seconds
+    return {"perf/total_num_tokens": float(num_tokens), "perf/tokens_per_s": total, "perf/throughput": total / world_size}

@@ -20,7 +20,6 @@ from mcore_agentic.parallel.stats import Stats, max_over, sum_over
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
 from mcore_agentic.trainer.build import Components, build_feed, model_state_io
-from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
 from mcore_agentic.trainer.preemption import StopSignals, TrainingStopped
 from mcore_agentic.trainer.run_health import RunHealth, StepFailures
 from mcore_agentic.utils.gpu_metrics import gpu_metrics_for
@@ -57,7 +56,8 @@ class RLTrainer:
         self.writers, self.readers = model_state_io(c.actor, c.critic, anchored_ref, self.cfg.trainer.resume_optim_from)
         # Device memory / utilisation at the end of each phase, and what offload and release free (NVML; off on CPU).
         self.gpu = gpu_metrics_for(self.cfg.trainer.device)
-        self.timer = PhaseTimer(on_end=self.gpu.phase_end if self.gpu.enabled else None)
+        self.timer = PhaseTimer(on_end=self.gpu.phase_end if self.gpu.enabled else None,
+                                readings=self.gpu.pop if self.gpu.enabled else None)
         # The rollout side of every step: prompts, rollouts, rewards, the rows to their replicas, dumps.
         self.feed = build_feed(c, self.timer, version=lambda: c.weight_sync.version.value)
         # The warm start renders demonstrations exactly as rollouts render their conversations.
@@ -202,14 +202,13 @@ class RLTrainer:
         rows' statistics reduced over DP, the updates' (already global) and timings."""
         m: dict[str, Any] = dict(rollout)
         m.update(exp.rollout_vs_train_metrics(batch, self.dp_group))
-        m.update(compute_data_metrics(batch, self.cfg.data.max_response_length, self.dp_group))
+        m.update(exp.compute_data_metrics(batch, self.cfg.data.max_response_length, self.dp_group))
         m.update(extra)
-        m.update(self.timer.pop())
-        m.update(self.gpu.pop())
+        m.update(self.timer.pop())  # and, on GPUs, the device readings at each phase's end
         m.update(self.sft_summary)  # once: with the first RL step after the warm start
         self.sft_summary = {}
         tokens = Stats().add("tokens", batch["attention_mask"].sum().reshape(1)).reduce(self.dp_group).total("tokens")
-        m.update(throughput_metrics(int(tokens), seconds, self.c.layout.world_size))
+        m.update(exp.throughput_metrics(int(tokens), seconds, self.c.layout.world_size))
         return m
 
     # ----------------------------------------------------------------------------------- SFT
@@ -231,7 +230,6 @@ class RLTrainer:
                 "sft/loss_first": history[0]["sft/sft_loss"],
                 "sft/loss_last": history[-1]["sft/sft_loss"],
                 **self.timer.pop(),
-                **self.gpu.pop(),
             }
             logger.info("SFT warm start: %s", self.sft_summary)
             self.c.weight_sync.version.bump()
@@ -255,8 +253,9 @@ class RLTrainer:
             with c.weight_sync:
                 val = self.feed.roll_out_validation(self.state.step)
             out = self.feed.validation_metrics(val)
-        out["timing_s/validate"] = self.timer.pop().get("timing_s/validate", 0.0)
-        out.update(self.gpu.pop())  # the validation's own device readings (the step's were popped already)
+        readings = self.timer.pop()  # the validation's own device readings too (the step's were popped already)
+        out["timing_s/validate"] = readings.get("timing_s/validate", 0.0)
+        out.update({k: v for k, v in readings.items() if not k.startswith("timing_s/")})
         return out
 
     # ----------------------------------------------------------------------------------- checkpoints

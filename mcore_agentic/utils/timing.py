@@ -37,12 +37,15 @@ def timer(name: str, timings: MutableMapping[str, float], *, sync: bool | None =
 class PhaseTimer:
     """Timings of one training step: ``with t.phase("gen"): ...`` then ``t.pop()`` for the step's metrics.
 
-    ``on_end(name)`` is called when a phase ends (the GPU metrics read the device there).
+    ``on_end(name)`` is called when a phase ends (the GPU metrics read the device there); ``readings()`` gives what
+    it read, popped with the timings (``gpu/*`` on GPUs).
     """
 
-    def __init__(self, *, sync: bool | None = None, on_end: Callable[[str], None] | None = None):
+    def __init__(self, *, sync: bool | None = None, on_end: Callable[[str], None] | None = None,
+                 readings: Callable[[], dict[str, float]] | None = None):
         self.sync = sync
         self.on_end = on_end
+        self.readings = readings
         self.timings: dict[str, float] = {}
 
     @contextmanager
@@ -53,7 +56,9 @@ class PhaseTimer:
             self.on_end(name)
 
     def pop(self) -> dict[str, float]:
-        """``{"timing_s/<phase>": seconds}`` of the phases since the last pop; resets."""
+        """``{"timing_s/<phase>": seconds}`` of the phases since the last pop, and the readings; resets."""
         out = {f"timing_s/{k}": v for k, v in self.timings.items()}
         self.timings = {}
+        if self.readings is not None:
+            out.update(self.readings())
         return out

@@ -174,8 +174,9 @@ class MegatronEngine:
         from mcore_agentic.workers.moe_load import RouterLoad
 
         self.router_load = RouterLoad(chunks)  # mixture-of-experts models: tokens per expert (no hooks otherwise)
+        self.is_moe = self.router_load.enabled
         self.routing: Any = None  # routing replay (actor.moe.routing_replay) of a mixture-of-experts model
-        if moe is not None and getattr(moe, "routing_replay", "disable") != "disable" and self.router_load.enabled:
+        if moe is not None and getattr(moe, "routing_replay", "disable") != "disable" and self.is_moe:
             from mcore_agentic.workers.routing_replay import RoutingReplay
 
             self.routing = RoutingReplay(
@@ -462,7 +463,7 @@ class MegatronEngine:
     def moe_metrics(self) -> dict[str, float]:
         """Expert load over the passes since the last call (``moe/*``, see :mod:`.moe_load`); {} for a dense
         model. Collective over DP x CP and PP."""
-        if not self.router_load.enabled:
+        if not self.is_moe:
             return {}
         return self.router_load.pop(self.layout.dp_group(with_context_parallel=True), self.layout.pp_group())
 

@@ -62,8 +62,10 @@ def test_resume_with_paused_requests_reproduces_the_run(tmp_path: Path) -> None:
 
 
 # Partial rollouts with dynamic sampling: the score varies with length (DAPO's over-long penalty), so some groups
-# are informative and some are set aside, from groups that complete in different steps.
-FILTERED = [*PARTIAL, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
+# are informative and some are set aside, from groups that complete in different steps. Two extra batches in
+# flight leave a step enough kept groups from the last one to stop after one round, with requests paused.
+FILTERED = [*PARTIAL, "rollout.partial_rollout.over_sampling_batches=2",
+            "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
             "algorithm.filter_groups.max_num_gen_batches=4",
             "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=16"]
 

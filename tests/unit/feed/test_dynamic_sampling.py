@@ -6,16 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mcore_agentic.data.batch import Batch, build_rollout_layout
-from mcore_agentic.feed.dynamic_sampling import (
-    GroupPool,
-    allocate,
-    concat_rollouts,
-    counts_tensor,
-    group_rows,
-    informative,
-    metric_values,
-)
+from mcore_agentic.data.batch import Batch, build_rollout_layout, concat_rollouts
+from mcore_agentic.feed.dynamic_sampling import group_rows, informative, metric_values
+from mcore_agentic.feed.fresh_rounds import GroupPool
+from mcore_agentic.feed.rounds import allocate
 
 PAD = 0
 
@@ -66,11 +60,6 @@ def test_allocate_takes_in_rollout_group_order():
         allocate([2, 2], 6)
 
 
-def test_counts_tensor_holds_only_its_own_row():
-    t = counts_tensor(3, 1, 4, 2)
-    assert t.tolist() == [[0, 0], [4, 2], [0, 0]] and t.dtype == torch.long
-
-
 def test_concat_repads_rounds_of_different_widths():
     a = _scored(["a", "a"], [1, 0], [1.0, 0.0], prompt=2, response=3)
     b = _scored(["b", "b"], [1, 0], [1.0, 0.0], prompt=4, response=1)
@@ -98,7 +87,7 @@ def test_pool_keeps_informative_groups_first_then_spares_in_round_order():
 
 
 def test_allocate_even_spreads_groups_over_rollout_groups():
-    from mcore_agentic.feed.dynamic_sampling import allocate_even
+    from mcore_agentic.feed.rounds import allocate_even
 
     assert allocate_even([5, 5], 4) == [2, 2]
     assert allocate_even([1, 5, 5], 6) == [1, 3, 2]  # the first runs out; the rest share what is left

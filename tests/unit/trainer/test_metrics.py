@@ -9,7 +9,7 @@ import torch
 
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel.stats import Stats
-from mcore_agentic.trainer.metrics import compute_data_metrics, throughput_metrics
+from mcore_agentic.trainer.experience import compute_data_metrics, throughput_metrics
 from mcore_agentic.utils.timing import PhaseTimer, timer
 
 
