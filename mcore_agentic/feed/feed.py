@@ -154,25 +154,26 @@ class FeedSettings:
     dumps: DumpSettings | None = None
 
 
+@dataclass
 class Roller:
     """A rollout group's means to roll out and score: the engine, tools and interactions on its leader."""
 
-    def __init__(self, settings: FeedSettings, *, placement: Any, engine: Any, tools: dict[str, Any],
-                 interactions: dict[str, Any], executor: Any, tokenizer: Any, reward_fn: Callable[..., Any],
-                 timer: PhaseTimer, version: Callable[[], int]):
-        self.settings = settings
-        self.cfg = settings.rollout
-        self.placement = placement
-        self.engine = engine
-        self.tools = tools
-        self.interactions = interactions
-        self.executor = executor
-        self.tokenizer = tokenizer
-        self.chat = ChatTokenizer(tokenizer)
-        self.reward_fn = reward_fn
-        self.timer = timer
-        self.version = version
-        """The weight version the engine holds (the trainer's counter)."""
+    settings: FeedSettings
+    placement: Any
+    engine: Any
+    """None off a rollout group's leader."""
+    tools: dict[str, Any]
+    interactions: dict[str, Any]
+    executor: Any
+    tokenizer: Any
+    reward_fn: Callable[..., Any]
+    timer: PhaseTimer
+    version: Callable[[], int]
+    """The weight version the engine holds (the trainer's counter)."""
+
+    def __post_init__(self) -> None:
+        self.cfg = self.settings.rollout
+        self.chat = ChatTokenizer(self.tokenizer)
 
     @property
     def leads(self) -> bool:
