@@ -2,7 +2,8 @@
 
 RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, no linear biases except the
 optional q/k/v bias (Qwen2) and optional per-head q/k RMSNorm (Qwen3). Subclasses
-set :attr:`qkv_bias` / :attr:`qk_layernorm` and add their own config checks.
+set :attr:`qkv_bias` / :attr:`qk_layernorm` and add their own config checks (without ``qkv_bias``,
+the HF ``attention_bias`` must be false).
 
 Megatron layout (local spec names; TE-spec fused norm names are accepted as aliases):
 
@@ -109,6 +110,8 @@ class DenseDecoderBridge(Bridge):
                 f"{hf_config.num_key_value_heads} does not divide num_attention_heads={hf_config.num_attention_heads}",
             )
         self.rope_kwargs(hf_config)  # raises on unsupported rope scaling
+        if not self.qkv_bias and hf_config.attention_bias:
+            raise config_error("attention_bias", "True is not supported (it adds an o_proj bias): set it to false")
 
     def dims(self, hf_config: Any | None = None) -> _Dims:
         c = hf_config or self.hf_config

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from mcore_agentic.models.bridge import config_error
 from mcore_agentic.models.bridges._dense import DenseDecoderBridge
 
 
@@ -14,8 +11,3 @@ class LlamaBridge(DenseDecoderBridge):
     architecture = "LlamaForCausalLM"
     qkv_bias = False
     qk_layernorm = False
-
-    def check_hf_config(self, hf_config: Any) -> None:
-        super().check_hf_config(hf_config)
-        if hf_config.attention_bias:
-            raise config_error("attention_bias", "True is not supported (it adds an o_proj bias): set it to false")
