@@ -14,7 +14,7 @@ import json
 import os
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -206,6 +206,37 @@ def finish(calls: list[ParsedCall]) -> list[ParsedCall]:
 def join_content(pieces: list[str]) -> str:
     """The assistant content around tool calls: the non-blank pieces, each edge-stripped, one per line."""
     return "\n".join(piece.strip() for piece in pieces if piece.strip())
+
+
+def split_calls(
+    text: str, starts: re.Pattern[str], read: Callable[[str, re.Match[str]], tuple[list[ParsedCall], int]]
+) -> tuple[str, list[ParsedCall]]:
+    """``(content, calls)`` of a text whose calls start where ``starts`` matches: ``read`` turns the block at a
+    match into its calls and the index after it; the text between blocks is the content (:func:`join_content`).
+    A text with no call is all content, unchanged."""
+    pieces: list[str] = []
+    calls: list[ParsedCall] = []
+    pos = 0
+    while (found := starts.search(text, pos)) is not None:
+        pieces.append(text[pos : found.start()])
+        block, pos = read(text, found)
+        calls.extend(block)
+    if not calls:
+        return text, []
+    pieces.append(text[pos:])
+    return join_content(pieces), finish(calls)
+
+
+_TOOL_CALL_BOUNDARY = re.compile(r"</tool_call>|<tool_call>")
+
+
+def tool_call_block_end(text: str, pos: int) -> int:
+    """End of a malformed ``<tool_call>`` block, searching from ``pos``: after the next ``</tool_call>``, at the
+    next ``<tool_call>``, or the text's end."""
+    found = _TOOL_CALL_BOUNDARY.search(text, pos)
+    if found is None:
+        return len(text)
+    return found.end() if found.group() == "</tool_call>" else found.start()
 
 
 _SPACE = re.compile(r"\s*")

@@ -23,6 +23,8 @@ from mcore_agentic.rollout.tool_call import (
     json_type,
     loads_json,
     skip_space,
+    split_calls,
+    tool_call_block_end,
 )
 
 _NAME_IN_RAW = re.compile(r'"name"\s*:\s*"([^"]+)"')
@@ -70,38 +72,25 @@ class HermesParser:
     OPEN = "<tool_call>"
     CLOSE = "</tool_call>"
     HINT = 'Write each call as <tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>.'
-    _BOUNDARY = re.compile(r"</tool_call>|<tool_call>")
+    _START = re.compile(re.escape(OPEN))
 
     def parse(self, text: str, *, schemas: Schemas | None = None) -> tuple[str, list[ParsedCall]]:
-        pieces: list[str] = []
-        calls: list[ParsedCall] = []
-        pos = 0
-        while (start := text.find(self.OPEN, pos)) >= 0:
-            pieces.append(text[pos:start])
-            call, pos = self._block(text, start)
-            calls.append(call)
-        if not calls:
-            return text, []
-        pieces.append(text[pos:])
-        return join_content(pieces), finish(calls)
+        return split_calls(text, self._START, self._read)
 
-    def _fallback_end(self, text: str, pos: int) -> int:
-        """End of a block that is not valid JSON: after the next ``</tool_call>``, or at the next ``<tool_call>``."""
-        found = self._BOUNDARY.search(text, pos)
-        if found is None:
-            return len(text)
-        return found.end() if found.group() == self.CLOSE else found.start()
+    def _read(self, text: str, found: re.Match[str]) -> tuple[list[ParsedCall], int]:
+        call, end = self._block(text, found.start())
+        return [call], end
 
     def _block(self, text: str, start: int) -> tuple[ParsedCall, int]:
         """The call whose ``<tool_call>`` is at ``start``, and the index after its block."""
         body = skip_space(text, start + len(self.OPEN))
         if body == len(text) or text.startswith((self.CLOSE, self.OPEN), body):
-            end = self._fallback_end(text, body)
+            end = tool_call_block_end(text, body)
             return ToolCallError(text[start:end], f"Error: empty tool call. {self.HINT}"), end
         try:
             obj, stop = decode_json(text, body)
         except BadPayload as exc:
-            end = self._fallback_end(text, body)
+            end = tool_call_block_end(text, body)
             return payload_error(text[start:end], exc, self.HINT), end
         after = skip_space(text, stop)
         if text.startswith(self.CLOSE, after):
@@ -109,7 +98,7 @@ class HermesParser:
         elif after == len(text) or text.startswith(self.OPEN, after):
             end = after  # unclosed: the engine trimmed its stop string, or the next call starts
         else:
-            end = self._fallback_end(text, stop)
+            end = tool_call_block_end(text, stop)
             message = f"Error: unexpected text after the JSON object in a tool call. {self.HINT}"
             return ToolCallError(text[start:end], message, name=_name_of(obj)), end
         return call_from_object(obj, text[start:end], self.HINT), end
@@ -173,19 +162,10 @@ class MistralParser:
     HINT = 'Write calls as [TOOL_CALLS] [{"name": "<tool name>", "arguments": {<arguments>}}].'
     _NAME = re.compile(r"\s*([A-Za-z0-9_.\-]+)\s*\[ARGS\]\s*")
     _ITEM_SEPARATORS = re.compile(r"[\s,]*")
+    _START = re.compile(re.escape(BOT))
 
     def parse(self, text: str, *, schemas: Schemas | None = None) -> tuple[str, list[ParsedCall]]:
-        pieces: list[str] = []
-        calls: list[ParsedCall] = []
-        pos = 0
-        while (start := text.find(self.BOT, pos)) >= 0:
-            pieces.append(text[pos:start])
-            found, pos = self._payload(text, start + len(self.BOT))
-            calls.extend(found)
-        if not calls:
-            return text, []
-        pieces.append(text[pos:])
-        return join_content(pieces), finish(calls)
+        return split_calls(text, self._START, lambda text, found: self._payload(text, found.end()))
 
     def _fallback_end(self, text: str, pos: int) -> int:
         """End of a payload that is not valid JSON: the next ``[TOOL_CALLS]`` or the end of the text."""

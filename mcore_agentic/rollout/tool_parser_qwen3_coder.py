@@ -33,11 +33,11 @@ from mcore_agentic.rollout.tool_call import (
     Schemas,
     ToolCall,
     ToolCallError,
-    finish,
-    join_content,
     loads_json,
     nesting_exceeds,
     skip_space,
+    split_calls,
+    tool_call_block_end,
 )
 
 # ---------------------------------------------------------------------------
@@ -248,31 +248,24 @@ class Qwen3CoderParser:
     _TAG_NAME = re.compile(r"([^<>\n]+)>")
     # A value ends where SGLang ends it; anything but </parameter> there means it is unclosed.
     _VALUE_END = re.compile(r"</parameter>|<parameter=|</function>|</tool_call>")
-    _RECOVER = re.compile(r"</tool_call>|<tool_call>")
     _STRAY_END = re.compile(r"</function>|<tool_call>")
 
     def parse(self, text: str, *, schemas: Schemas | None = None) -> tuple[str, list[ParsedCall]]:
-        pieces: list[str] = []
-        calls: list[ParsedCall] = []
-        pos = 0
-        while (found := self._START.search(text, pos)) is not None:
-            pieces.append(text[pos : found.start()])
+        def read(text: str, found: re.Match[str]) -> tuple[list[ParsedCall], int]:
             if found.group() == self.OPEN:
-                call, pos = self._block(text, found.start(), schemas or {})
+                call, end = self._block(text, found.start(), schemas or {})
             else:
-                call, pos = self._stray(text, found.start())
-            calls.append(call)
-        if not calls:
-            return text, []
-        pieces.append(text[pos:])
-        return join_content(pieces), finish(calls)
+                call, end = self._stray(text, found.start())
+            return [call], end
+
+        return split_calls(text, self._START, read)
 
     def _block(self, text: str, start: int, schemas: Schemas) -> tuple[ParsedCall, int]:
         """The call whose ``<tool_call>`` is at ``start``, and the index after its block."""
         try:
             name, values, end = self._structure(text, start)
         except _Malformed as bad:
-            end = self._recover(text, bad.at)
+            end = tool_call_block_end(text, bad.at)
             return ToolCallError(text[start:end], f"Error: malformed tool call: {bad.reason}. {self.HINT}", name=bad.name), end
         try:
             arguments = self._typed(name, values, schemas)
@@ -328,13 +321,6 @@ class Qwen3CoderParser:
         if pos == len(text) or text.startswith(self.OPEN, pos):
             return pos  # the engine stopped on </tool_call> and trimmed it, or the next call starts
         raise _Malformed("expected </tool_call> after </function> (one <function=...> per <tool_call>)", pos)
-
-    def _recover(self, text: str, pos: int) -> int:
-        """End of a malformed block: after the next ``</tool_call>``, at the next ``<tool_call>``, or the text's end."""
-        found = self._RECOVER.search(text, pos)
-        if found is None:
-            return len(text)
-        return found.end() if found.group() == self.CLOSE else found.start()
 
     def _stray(self, text: str, start: int) -> tuple[ToolCallError, int]:
         """A ``<function=`` outside any ``<tool_call>`` block: an error up to its ``</function>``."""
