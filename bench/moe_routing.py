@@ -46,29 +46,14 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _rollout(path: str, a: argparse.Namespace, dtype: torch.dtype):
     """The engine's completions of random prompts as rollout rows with ``routed_experts`` (every rank: all rows)."""
-    from mcore_agentic.data.batch import Batch
-    from mcore_agentic.rollout.driver import trajectory_tensors
-    from mcore_agentic.rollout.engines.base import SamplingParams
+    from mcore_agentic.rollout.driver import sample_rows
     from mcore_agentic.rollout.engines.hf import HFEngine
-    from mcore_agentic.rollout.request import Trajectory
 
     engine = HFEngine.from_pretrained(path, dtype=dtype, record_routing=True)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(1, 4000, (int(n),), generator=g).tolist()
                for n in torch.randint(8, 32, (a.rows,), generator=g)]
-
-    async def run():
-        return await asyncio.gather(*[engine.generate(p, SamplingParams(max_new_tokens=a.new_tokens, seed=i))
-                                      for i, p in enumerate(prompts)])
-
-    trajs = []
-    for prompt, out in zip(prompts, asyncio.run(run())):
-        t = Trajectory()
-        t.set_prompt(prompt)
-        t.append(out.token_ids, sampled=True, log_probs=out.log_probs)
-        t.record_routing(out.routed_experts)
-        trajs.append(t)
-    return Batch(tensors=trajectory_tensors(trajs, pad_token_id=0))
+    return asyncio.run(sample_rows(engine, prompts, max_new_tokens=a.new_tokens))
 
 
 def main(argv: list[str] | None = None) -> None:

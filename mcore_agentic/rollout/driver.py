@@ -35,7 +35,7 @@ import torch
 from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
 from mcore_agentic.rollout.agent_loop import AgentContext, run_request
 from mcore_agentic.rollout.config import RolloutConfig
-from mcore_agentic.rollout.engines.base import RolloutEngine
+from mcore_agentic.rollout.engines.base import RolloutEngine, SamplingParams
 from mcore_agentic.rollout.loop_monitor import LoopStallMonitor
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
 from mcore_agentic.rollout.tokenization import ChatTokenizer, mismatch_summary
@@ -175,6 +175,23 @@ def trajectory_tensors(trajs: Sequence[Trajectory], *, pad_token_id: int) -> dic
             prompt_width=tensors["prompts"].shape[1], response_width=tensors["responses"].shape[1],
         )
     return tensors
+
+
+async def sample_rows(engine: RolloutEngine, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> Batch:
+    """One single-turn completion of each prompt (seed: its index), all concurrently, as rollout rows
+    (:func:`trajectory_tensors`, pad id 0; with ``routed_experts`` when the engine records routing): the engine's
+    samples without the agent loop, for benches and tests."""
+    outs = await asyncio.gather(*[engine.generate(list(p), SamplingParams(max_new_tokens=max_new_tokens, seed=i))
+                                  for i, p in enumerate(prompts)])
+    trajs = []
+    for prompt, out in zip(prompts, outs):
+        t = Trajectory()
+        t.set_prompt(list(prompt))
+        t.append(out.token_ids, sampled=True, log_probs=out.log_probs)
+        if out.routed_experts is not None:
+            t.record_routing(out.routed_experts)
+        trajs.append(t)
+    return Batch(tensors=trajectory_tensors(trajs, pad_token_id=0))
 
 
 def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token_id: int) -> Batch:

@@ -23,26 +23,11 @@ from tests.unit.models._hf_fixtures import make_tiny_hf
 
 def _rollout(path: str, prompts: list[list[int]]):
     """The engine's samples as rollout rows with ``routed_experts`` (bf16 engine, recorded routing)."""
-    from mcore_agentic.data.batch import Batch
-    from mcore_agentic.rollout.driver import trajectory_tensors
-    from mcore_agentic.rollout.engines.base import SamplingParams
+    from mcore_agentic.rollout.driver import sample_rows
     from mcore_agentic.rollout.engines.hf import HFEngine
-    from mcore_agentic.rollout.request import Trajectory
 
     engine = HFEngine.from_pretrained(path, dtype=torch.bfloat16, record_routing=True)
-
-    async def run():
-        return await asyncio.gather(*[engine.generate(p, SamplingParams(max_new_tokens=12, seed=i))
-                                      for i, p in enumerate(prompts)])
-
-    trajs = []
-    for prompt, out in zip(prompts, asyncio.run(run())):
-        t = Trajectory()
-        t.set_prompt(prompt)
-        t.append(out.token_ids, sampled=True, log_probs=out.log_probs)
-        t.record_routing(out.routed_experts)
-        trajs.append(t)
-    return Batch(tensors=trajectory_tensors(trajs, pad_token_id=0))
+    return asyncio.run(sample_rows(engine, prompts, max_new_tokens=12))
 
 
 def _body(rank: int, world_size: int, path: str) -> bytes:
