@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers.hf import redraw_weights
+
 VOCAB = 500  # not a multiple of 128: exercises vocabulary padding
 
 
@@ -43,13 +45,7 @@ def make_tiny_hf(
         raise ValueError(arch)
     config.architectures = [arch]
     torch.manual_seed(seed)
-    model = getattr(transformers, arch)(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            else:
-                param.copy_(0.15 * torch.randn_like(param))
+    model = redraw_weights(getattr(transformers, arch)(config).eval(), 0.15)
     model.save_pretrained(str(path), safe_serialization=True)
     return path
 

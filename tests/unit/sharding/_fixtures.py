@@ -8,21 +8,14 @@ from typing import Any
 import torch
 
 from mcore_agentic.data.batch import Batch
+from tests.helpers.hf import redraw_weights, tiny_qwen2_config
 
 VOCAB = 300  # not a multiple of 128: Megatron pads the vocabulary, which the export must remove
 PROMPT, RESPONSE = 5, 8
 
 
 def hf_config(*, tied: bool = False, layers: int = 2) -> Any:
-    import transformers
-
-    config = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
-        tie_word_embeddings=tied, torch_dtype="float32", use_sliding_window=False,
-    )
-    config.architectures = ["Qwen2ForCausalLM"]
-    return config
+    return tiny_qwen2_config(vocab=VOCAB, layers=layers, max_positions=64, tied=tied)
 
 
 def random_model(config: Any, seed: int) -> torch.nn.Module:
@@ -31,13 +24,7 @@ def random_model(config: Any, seed: int) -> torch.nn.Module:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = transformers.Qwen2ForCausalLM(config).eval()
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.copy_(1.0 + 0.2 * torch.randn_like(param))
-                else:
-                    param.copy_(0.1 * torch.randn_like(param))
+        model = redraw_weights(transformers.Qwen2ForCausalLM(config).eval(), 0.1)
     return model
 
 

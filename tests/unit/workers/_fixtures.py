@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from mcore_agentic.data.batch import Batch
+from tests.helpers.hf import redraw_weights, tiny_qwen2_config
 
 VOCAB = 500  # not a multiple of 128: Megatron pads the vocabulary, which log-probs must exclude
 PROMPT, RESPONSE = 6, 10
@@ -17,20 +18,9 @@ def make_tiny_hf(path: Path, *, seed: int = 0, layers: int = 2, max_positions: i
     """A random ``layers``-layer Qwen2 (hidden 64, GQA 4/2) saved as safetensors; weights scaled to carry signal."""
     import transformers
 
-    config = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=max_positions, rms_norm_eps=1e-6, rope_theta=10000.0,
-        tie_word_embeddings=False, torch_dtype="float32", use_sliding_window=False,
-    )
-    config.architectures = ["Qwen2ForCausalLM"]
+    config = tiny_qwen2_config(vocab=VOCAB, layers=layers, max_positions=max_positions)
     torch.manual_seed(seed)
-    model = transformers.Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            else:
-                param.copy_(0.1 * torch.randn_like(param))
+    model = redraw_weights(transformers.Qwen2ForCausalLM(config).eval(), 0.1)
     model.save_pretrained(str(path), safe_serialization=True)
     return path
 
