@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,6 +60,22 @@ def hf_logits(path: Path, input_ids: torch.Tensor) -> torch.Tensor:
     ).eval()
     with torch.no_grad():
         return model(input_ids=input_ids).logits
+
+
+def eval_chunks(path: str | Path, par: Any) -> tuple[Any, list[Any]]:
+    """``(bridge, chunks)``: the checkpoint's Megatron model chunks for the parallel layout ``par`` (parallel state
+    already initialised), in eval mode, with the checkpoint's weights."""
+    from mcore_agentic.models.hf_io import load_hf_config
+    from mcore_agentic.models.registry import get_bridge
+
+    hf_config = load_hf_config(path)
+    bridge = get_bridge(hf_config)
+    tcfg = bridge.transformer_config(hf_config, par)
+    chunks = bridge.build_model(hf_config, tcfg)
+    for chunk in chunks:
+        chunk.eval()
+    bridge.load_hf_weights(chunks, path)
+    return bridge, chunks
 
 
 def pack(obj: object) -> bytes:

@@ -14,7 +14,7 @@ import torch
 
 from mcore_agentic.parallel.config import ParallelConfig
 from tests.helpers.distributed import run_distributed
-from tests.unit.models._hf_fixtures import VOCAB, hf_logits, make_tiny_hf, pack, unpack
+from tests.unit.models._hf_fixtures import VOCAB, eval_chunks, hf_logits, make_tiny_hf, pack, unpack
 
 TOL = 1e-4
 BATCH, SEQ = 2, 8
@@ -65,21 +65,13 @@ def _forward_logits(chunks: list, input_ids: torch.Tensor, par: ParallelConfig) 
 
 def _logits_body(rank: int, world_size: int, par: ParallelConfig, cases: list[tuple[str, str, torch.Tensor]]) -> dict:
     import megatron_patches
-    from mcore_agentic.models.hf_io import load_hf_config
-    from mcore_agentic.models.registry import get_bridge
     from mcore_agentic.parallel.layout import initialize_parallel
 
     megatron_patches.apply()
     initialize_parallel(par, seed=1234)
     out = {}
     for arch, path, input_ids in cases:
-        hf_config = load_hf_config(path)
-        bridge = get_bridge(hf_config)
-        tcfg = bridge.transformer_config(hf_config, par)
-        chunks = bridge.build_model(hf_config, tcfg)
-        for chunk in chunks:
-            chunk.eval()
-        bridge.load_hf_weights(chunks, path)
+        bridge, chunks = eval_chunks(path, par)
         logits = _forward_logits(chunks, input_ids, par)
         if logits is not None:
             assert logits.shape[-1] == bridge.padded_vocab_size(par.tensor_model_parallel_size)

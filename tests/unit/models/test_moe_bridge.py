@@ -15,7 +15,7 @@ import torch
 
 from mcore_agentic.parallel.config import ParallelConfig
 from tests.helpers.distributed import run_distributed
-from tests.unit.models._hf_fixtures import VOCAB, hf_logits, make_tiny_hf, pack, unpack
+from tests.unit.models._hf_fixtures import VOCAB, eval_chunks, hf_logits, make_tiny_hf, pack, unpack
 from tests.unit.models.test_megatron_vs_hf_logits import _forward_logits
 
 ARCH = "Qwen3MoeForCausalLM"
@@ -25,18 +25,10 @@ TOL = 1e-4
 def _layout(par: ParallelConfig, path: str, input_ids: torch.Tensor) -> dict:
     from safetensors.torch import load_file
 
-    from mcore_agentic.models.hf_io import load_hf_config
-    from mcore_agentic.models.registry import get_bridge
     from mcore_agentic.parallel.layout import initialize_parallel
 
     initialize_parallel(par, seed=1234)
-    hf_config = load_hf_config(path)
-    bridge = get_bridge(hf_config)
-    tcfg = bridge.transformer_config(hf_config, par)
-    chunks = bridge.build_model(hf_config, tcfg)
-    for chunk in chunks:
-        chunk.eval()
-    bridge.load_hf_weights(chunks, path)
+    bridge, chunks = eval_chunks(path, par)
     experts = sorted(name for name in bridge.local_params(chunks) if bridge.is_expert(name))
     logits = _forward_logits(chunks, input_ids, par)
     exported = dict(bridge.export_hf_weights(chunks))
