@@ -16,6 +16,7 @@ from mcore_agentic.data.synthetic import DATA_SOURCE, ideal_conversation, make_r
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rewards.tool_arith import compute_score
 from mcore_agentic.tools.calculator import CalculatorTool
+from tests.helpers.nested import apply_changes
 
 
 def _row(**changes):
@@ -30,16 +31,7 @@ def _row(**changes):
             "interaction_kwargs": {"name": "gsm8k", "ground_truth": "5"},
         },
     }
-    for key, value in changes.items():
-        target, _, leaf = key.rpartition("__")
-        node = row
-        for part in target.split("__") if target else []:
-            node = node[part]
-        if value is _DELETE:
-            del node[leaf]
-        else:
-            node[leaf] = value
-    return row
+    return apply_changes(row, changes, delete=_DELETE)
 
 
 _DELETE = object()

@@ -11,6 +11,7 @@ from mcore_agentic.tools.executor import LocalExecutor
 from mcore_agentic.tools.gsm8k import GSM8KTool
 from mcore_agentic.tools.registry import load_tools
 from mcore_agentic.utils.errors import ConfigError
+from tests.helpers.nested import apply_changes
 
 REPO = Path(__file__).resolve().parents[3]
 GOOD = {
@@ -55,17 +56,7 @@ class SyncTool:
 
 
 def _entry(**changes):
-    entry = copy.deepcopy(GOOD)
-    for dotted, value in changes.items():
-        node = entry
-        *path, last = dotted.split("__")
-        for key in path:
-            node = node[key]
-        if value is KeyError:
-            del node[last]
-        else:
-            node[last] = value
-    return entry
+    return apply_changes(copy.deepcopy(GOOD), changes, delete=KeyError)
 
 
 def test_shipped_yaml_files_load():
