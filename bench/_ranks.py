@@ -6,6 +6,14 @@ import os
 import sys
 
 
+def require_device(device: str) -> None:
+    """Exit with a message when ``--device cuda`` is asked for and torch sees no GPU (before any re-launch)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no GPU")
+
+
 def relaunched(script: str, argv: list[str] | None, nproc: int = 2) -> bool:
     """Outside torchrun: run ``script`` under torchrun with ``nproc`` ranks and return True (the caller returns)."""
     if "WORLD_SIZE" in os.environ:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._ranks import init_cpu_ranks, relaunched  # noqa: E402
+from bench._ranks import init_cpu_ranks, relaunched, require_device  # noqa: E402
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "GH200": 989.0, "B200": 2250.0, "A100": 312.0}
 """Dense bf16 peak TFLOP/s by GPU name (substring of ``torch.cuda.get_device_name()``), for MFU."""
@@ -162,8 +162,7 @@ def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> list[dict[str
 
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no GPU")
+    require_device(a.device)
     if relaunched(__file__, argv, nproc=a.ranks):
         return
     init_cpu_ranks()  # on CUDA: nccl, this rank's GPU; the CPU patches are inert there

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._ranks import relaunched  # noqa: E402
+from bench._ranks import relaunched, require_device  # noqa: E402
 
 MB = 1024 * 1024
 
@@ -117,8 +117,7 @@ def _raw_all_gather(local_bytes: int, chunk_bytes: int, group, device: str = "cp
 
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no GPU")
+    require_device(a.device)
     if relaunched(__file__, argv, nproc=a.ranks):
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
