@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from mcore_agentic.data.batch import Batch
+from tests.helpers.batches import padded_rows
 from tests.helpers.hf import redraw_weights, tiny_qwen2_config
 
 VOCAB = 300  # not a multiple of 128: Megatron pads the vocabulary, which the export must remove
@@ -36,28 +37,15 @@ def save_checkpoint(path: Path, *, tied: bool = False, seed: int = 0, layers: in
 def make_batch(n: int = 8, *, seed: int = 0) -> Batch:
     """Left-padded prompts ++ right-padded responses, a tool-result hole in the loss mask, random advantages."""
     g = torch.Generator().manual_seed(seed)
-    prompts = torch.zeros(n, PROMPT, dtype=torch.long)
-    responses = torch.zeros(n, RESPONSE, dtype=torch.long)
-    pmask = torch.zeros(n, PROMPT, dtype=torch.long)
-    rmask = torch.zeros(n, RESPONSE, dtype=torch.long)
-    for i in range(n):
-        p = int(torch.randint(1, PROMPT + 1, (1,), generator=g))
-        r = int(torch.randint(3, RESPONSE + 1, (1,), generator=g))
-        prompts[i, PROMPT - p :] = torch.randint(1, VOCAB, (p,), generator=g)
-        pmask[i, PROMPT - p :] = 1
-        responses[i, :r] = torch.randint(1, VOCAB, (r,), generator=g)
-        rmask[i, :r] = 1
-    loss_mask = rmask.clone()
-    loss_mask[::2, 1:2] = 0
-    attention_mask = torch.cat([pmask, rmask], 1)
+    rows = padded_rows(g, n, prompt_width=PROMPT, response_width=RESPONSE, vocab=VOCAB, min_response=3, hole=slice(1, 2))
     return Batch(
         tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": attention_mask,
-            "response_mask": loss_mask,
-            "advantages": torch.randn(n, RESPONSE, generator=g) * loss_mask,
+            "prompts": rows.prompts,
+            "responses": rows.responses,
+            "input_ids": torch.cat([rows.prompts, rows.responses], 1),
+            "attention_mask": rows.attention_mask,
+            "response_mask": rows.loss_mask,
+            "advantages": torch.randn(n, RESPONSE, generator=g) * rows.loss_mask,
         }
     )
 

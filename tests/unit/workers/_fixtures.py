@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from mcore_agentic.data.batch import Batch
+from tests.helpers.batches import padded_rows
 from tests.helpers.hf import redraw_weights, tiny_qwen2_config
 
 VOCAB = 500  # not a multiple of 128: Megatron pads the vocabulary, which log-probs must exclude
@@ -32,25 +33,14 @@ def make_batch(n: int = 8, *, seed: int = 0, response_lengths: list[int] | None 
     by default they are random in ``[2, RESPONSE]``."""
     g = torch.Generator().manual_seed(seed)
     width = max(response_lengths) if response_lengths else RESPONSE
-    prompts = torch.zeros(n, PROMPT, dtype=torch.long)
-    responses = torch.zeros(n, width, dtype=torch.long)
-    pmask = torch.zeros(n, PROMPT, dtype=torch.long)
-    rmask = torch.zeros(n, width, dtype=torch.long)
-    for i in range(n):
-        p = int(torch.randint(1, PROMPT + 1, (1,), generator=g))
-        r = response_lengths[i] if response_lengths else int(torch.randint(2, RESPONSE + 1, (1,), generator=g))
-        prompts[i, PROMPT - p :] = torch.randint(1, VOCAB, (p,), generator=g)
-        pmask[i, PROMPT - p :] = 1
-        responses[i, :r] = torch.randint(1, VOCAB, (r,), generator=g)
-        rmask[i, :r] = 1
-    loss_mask = rmask.clone()
-    loss_mask[::2, 1:3] = 0  # a "tool result" inside the response: attended to, not trained on
-    attention_mask = torch.cat([pmask, rmask], 1)
+    rows = padded_rows(g, n, prompt_width=PROMPT, response_width=width, vocab=VOCAB, min_response=2,
+                       hole=slice(1, 3), response_lengths=response_lengths)
+    loss_mask, attention_mask = rows.loss_mask, rows.attention_mask
     return Batch(
         tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], 1),
+            "prompts": rows.prompts,
+            "responses": rows.responses,
+            "input_ids": torch.cat([rows.prompts, rows.responses], 1),
             "attention_mask": attention_mask,
             "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
             "response_mask": loss_mask,
