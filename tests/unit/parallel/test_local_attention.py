@@ -156,12 +156,17 @@ def results() -> list[dict[str, Any]]:
     return [T.unpack(r) for r in run_distributed(_cp_body, 2)]
 
 
-@pytest.mark.parametrize("what", ["out", "dq", "dk", "dv"])
-def test_cp2_matches_full_attention(results, what):
+def _assert_every_rank_close(results: list[dict[str, Any]], case: str, what: str) -> None:
+    """Every rank's ``(got, want)`` of ``results[rank][case][what]``: same shape, equal to 1e-5."""
     for rank, res in enumerate(results):
-        got, want = res["cp2"][what]
+        got, want = res[case][what]
         assert got is not None and got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m, r=rank: f"rank {r} {what}: {m}")
+
+
+@pytest.mark.parametrize("what", ["out", "dq", "dk", "dv"])
+def test_cp2_matches_full_attention(results, what):
+    _assert_every_rank_close(results, "cp2", what)
 
 
 def test_cp_ranks_hold_different_rows(results):
@@ -181,7 +186,4 @@ def test_cp1_equals_megatron_dot_product_attention(results):
 
 @pytest.mark.parametrize("what", ["out", "dq", "dk", "dv"])
 def test_packed_rows_match_per_row_attention_at_cp2(results, what):
-    for rank, res in enumerate(results):
-        got, want = res["packed"][what]
-        assert got is not None and got.shape == want.shape
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m, r=rank: f"rank {r} {what}: {m}")
+    _assert_every_rank_close(results, "packed", what)
