@@ -53,6 +53,7 @@ from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.driver import generate_sequences_sync, mismatch_line
 from mcore_agentic.rollout.failures import FailureReport, summarize_failures
 from mcore_agentic.rollout.tokenization import ChatTokenizer
+from mcore_agentic.tools.schema import openai_schemas
 from mcore_agentic.utils.timing import PhaseTimer
 
 logger = logging.getLogger(__name__)
@@ -414,7 +415,7 @@ class Feed:
     # -------------------------------------------------------------------------------- state
     def tool_schemas(self) -> list[dict] | None:
         """The tools' OpenAI schemas (what prompts show the model), or None without tools."""
-        return [t.get_openai_tool_schema() for t in self.roller.tools.values()] or None
+        return openai_schemas(self.roller.tools)
 
     def loader_state(self) -> dict[str, Any]:
         return self.prompts.loader.state_dict()

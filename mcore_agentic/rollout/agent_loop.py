@@ -62,6 +62,7 @@ from mcore_agentic.tools.base import (
     format_traceback,
     safe_execute,
 )
+from mcore_agentic.tools.schema import openai_schemas
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class AgentSession:
             instance_id = await call_tool(tool, "create", instance_id=req.request_id, **(kwargs.get("create_kwargs") or {}))
             self.instances[name] = _ToolInstance(tool, instance_id, kwargs)
         in_prompt = self.mt.tool_schemas_in_prompt
-        self.schemas = ([t.get_openai_tool_schema() for t in selected.values()] or None) if in_prompt else None
+        self.schemas = openai_schemas(selected) if in_prompt else None
         self.argument_schemas = {name: parameters_schema(tool) for name, tool in selected.items()}
         if req.interaction_kwargs and self.mt.enable:
             if not ctx.interactions:

@@ -98,8 +98,7 @@ class RolloutBuffer:
         chosen = [g for g in self.groups if g.complete][:count]
         if len(chosen) < count:
             raise ValueError(f"{count} complete groups wanted, {len(chosen)} in the buffer")
-        ids = {id(g) for g in chosen}
-        self.groups = [g for g in self.groups if id(g) not in ids]
+        self.remove(chosen)
         return [s.req for g in chosen for s in g.sessions]
 
     def remove(self, groups: Sequence[BufferedGroup]) -> None:

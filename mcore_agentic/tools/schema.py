@@ -1,4 +1,5 @@
-"""JSON-schema hygiene for tool schemas: null-valued keywords, as verl's pydantic dumps write them, dropped.
+"""JSON-schema hygiene for tool schemas (null-valued keywords, as verl's pydantic dumps write them, dropped), and
+the tools' schemas as a prompt shows them (:func:`openai_schemas`).
 
 verl serialises ``OpenAIFunctionPropertySchema`` with every optional field, so its tool
 schemas carry ``"enum": null``, ``"items": null`` or ``"description": null``. Null is
@@ -44,3 +45,8 @@ def _dropped(schema: Any) -> Any:
     if isinstance(schema, list):
         return [_dropped(item) for item in schema]
     return schema
+
+
+def openai_schemas(tools: Any) -> list[dict] | None:
+    """The schemas a chat template renders for ``tools`` (a name -> tool mapping), in order; None without tools."""
+    return [t.get_openai_tool_schema() for t in tools.values()] or None

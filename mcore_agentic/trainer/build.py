@@ -133,15 +133,12 @@ def build_tools(cfg: RLConfig) -> tuple[dict[str, Any], dict[str, Any], Any]:
     return tools, interactions, executor
 
 
-def tool_schemas(tools: dict[str, Any]) -> list[dict] | None:
-    return [t.get_openai_tool_schema() for t in tools.values()] or None
-
-
 def build_datasets(cfg: RLConfig, tokenizer: Any, tools: dict[str, Any]) -> tuple[Any, Any]:
     """Training and validation datasets (overlong prompts filtered with the tools' schemas in the prompt)."""
     from mcore_agentic.data.dataset import load_datasets
+    from mcore_agentic.tools.schema import openai_schemas
 
-    schemas = tool_schemas(tools) if cfg.rollout.multi_turn.tool_schemas_in_prompt else None
+    schemas = openai_schemas(tools) if cfg.rollout.multi_turn.tool_schemas_in_prompt else None
     train, val = load_datasets(cfg.data, tokenizer=tokenizer, tool_schemas=schemas)
     for dataset in (train, val):
         line = _dropped_line(dataset)
