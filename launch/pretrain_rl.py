@@ -388,16 +388,9 @@ def _let_rank0_report(rank: int, timeout_s: float = 10.0) -> None:
     that rank 0 never reaches costs the others ``timeout_s``, never a hang."""
     import datetime
 
-    import torch.distributed as dist
-
-    key = "mcore_agentic/config_error_reported"
-    try:
-        store = dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
-    except Exception:  # noqa: BLE001 -- no store: fall back to a short pause
-        store = None
-    if store is None:
-        if rank != 0:
-            time.sleep(2.0)
+    key = f"mcore_agentic/error_reported/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    store = _job_store(timeout_s)
+    if store is None:  # a single process, nothing to wait for
         return
     try:
         if rank == 0:
@@ -406,6 +399,24 @@ def _let_rank0_report(rank: int, timeout_s: float = 10.0) -> None:
             store.wait([key], datetime.timedelta(seconds=timeout_s))
     except Exception:  # noqa: BLE001 -- rank 0 gone or never there: exit anyway
         pass
+
+
+def _job_store(timeout_s: float) -> Any:
+    """The job's key-value store: the process group's once it is up; before that (a config error found while
+    loading the config) a client of the store torchrun's agent serves at ``MASTER_ADDR:MASTER_PORT``."""
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            return dist.distributed_c10d._get_default_store()
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                 timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception:  # noqa: BLE001 -- no store reachable: exit without waiting
+        return None
+    return None
 
 
 def _shutdown(destroy_parallel: Any) -> None:
