@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.endpoint.source import AgentSource
 from mcore_agentic.feed.distribute import (
     VERSION_FIELDS,
     StepPlan,
@@ -175,6 +176,16 @@ class Roller:
     def __post_init__(self) -> None:
         self.cfg = self.settings.rollout
         self.chat = ChatTokenizer(self.tokenizer)
+        self.source: AgentSource | None = None
+        """On a leader with ``rollout.agent`` set: agent programs through the session endpoint roll out."""
+        if self.cfg.agent.enabled and self.leads:
+            self.source = AgentSource(self.cfg, self.engine, self.chat, version=self.version)
+
+    def roll(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> Batch:
+        """``rows`` rolled out ``cfg.n`` times each on this leader: by the agent program or the built-in loop."""
+        if self.source is not None:
+            return self.source.roll_out(rows, cfg)
+        return generate_sequences_sync(rows, self.engine, self.tools, self.interactions, cfg, self.chat, self.executor)
 
     @property
     def leads(self) -> bool:
@@ -346,8 +357,7 @@ class Feed:
         parts = [rows[i : i + chunk] for i in range(0, len(rows), chunk)]
         batches = []
         if r.leads:
-            batches = [generate_sequences_sync(part, r.engine, r.tools, r.interactions, val_cfg, r.chat, r.executor)
-                       for part in parts]
+            batches = [r.roll(part, val_cfg) for part in parts]
         scored = [score_rollout(b, r.reward_fn, r.tokenizer, [row.get("extra_info") or {} for row in part])
                   for b, part in zip(batches, parts)]
         return Validation(step, scored)
@@ -438,6 +448,8 @@ class Feed:
                 self.schedule.close()
         finally:
             r = self.roller
+            if r.source is not None:
+                r.source.close()
             if r.executor is not None:
                 r.executor.shutdown()
             # vLLM tears down its process groups on shutdown: do it while the trainer's world still exists

@@ -15,7 +15,6 @@ from typing import Any
 from mcore_agentic.data.batch import Batch, concat_rollouts
 from mcore_agentic.feed.dynamic_sampling import group_rows, informative
 from mcore_agentic.feed.rounds import Collected, Rows, allocate
-from mcore_agentic.rollout.driver import generate_sequences_sync
 
 
 @dataclass
@@ -100,7 +99,7 @@ class FreshRounds:
             return 0, 0, 0
         local_rows = r.placement.split_rows(rows)
         cfg = r.sampling(step, batch)
-        rolled = generate_sequences_sync(local_rows, r.engine, r.tools, r.interactions, cfg, r.chat, r.executor)
+        rolled = r.roll(local_rows, cfg)
         self.stall_s = max(self.stall_s, float(rolled.info.get("rollout/event_loop_max_stall_s", 0.0)))
         scored = r.score(rolled, [row.get("extra_info") or {} for row in local_rows for _ in range(cfg.n)])
         self.generated.append(scored)

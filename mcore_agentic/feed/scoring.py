@@ -44,8 +44,8 @@ def score_rollout(
     """``batch`` plus ``seq_scores`` [B], ``truncated`` [B] (1: the response budget cut it) and meta
     ``rule_score``/``acc``/``overlong_penalty``.
 
-    score = rule reward of ``data_source`` + the request's tool rewards + its interaction's final
-    score + the over-long penalty (``overlong_buffer`` enabled: DAPO's linear penalty over the last
+    score = rule reward of ``data_source`` (or the rollout source's own reward, ``source_reward``) + the request's
+    tool rewards + its interaction's final score + the over-long penalty (``overlong_buffer`` enabled: DAPO's linear penalty over the last
     ``len`` tokens of ``max_response_length``, on the response's real length). ``acc`` is 1 when the
     rule reward reaches 1.0 (the rule's "correct"), or the rule's own ``acc`` when it returns a dict
     with one. A failed request scores 0. ``extra_infos``: each row's ``extra_info`` (the dataset's),
@@ -59,7 +59,11 @@ def score_rollout(
     scores, rules, accs, penalties = [], [], [], []
     for i, text in enumerate(texts):
         extra = (batch["request_metrics"][i] or {})
-        result = reward_fn(batch["data_source"][i], text, batch["ground_truth"][i], dict(extra_infos[i] or {}))
+        given = batch["source_reward"][i] if "source_reward" in batch.meta else None
+        if given is not None:  # the rollout source's own reward (an agent program's)
+            result: Any = float(given)
+        else:
+            result = reward_fn(batch["data_source"][i], text, batch["ground_truth"][i], dict(extra_infos[i] or {}))
         rule = score_of(result)
         acc = float(result["acc"]) if isinstance(result, dict) and "acc" in result else float(rule >= 1.0)
         interaction = extra.get("interaction_final_score") or 0.0

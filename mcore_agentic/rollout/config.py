@@ -136,6 +136,59 @@ class PartialRolloutConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """An agent program as the rollout source (``rollout.agent.*``, docs/agents.md): instead of the built-in loop,
+    each of a prompt's ``rollout.n`` samples runs the program against its own session of the token-exact endpoint
+    (OpenAI Chat Completions / Responses, Anthropic Messages) on this rollout leader.
+
+    Set one of ``entrypoint`` (``module:function``, called as ``await fn(base_url=..., api_key=..., row=...)``;
+    ``anthropic_base_url`` and ``session_id`` too if it takes them; returns a reward or a dict of reward parts) or
+    ``command`` (run per sample with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL``,
+    ``ANTHROPIC_API_KEY`` and ``MCORE_AGENTIC_ROW`` (a JSON file of the row) set and the row's JSON on stdin; its
+    last stdout line is its reward, a number or a JSON object). A program that raises, exits non-zero, outlives
+    ``timeout_s`` or returns something else fails its sample (trains on nothing, counted), never the step."""
+
+    entrypoint: str | None = None
+    command: str | None = None
+    """A shell-free command line, split like a shell would (``shlex``)."""
+    timeout_s: float = 600.0
+    """Seconds one sample's program may run; then it is cancelled (a command: its process group is killed)."""
+    max_concurrent: int = 64
+    """Programs running at once on a leader."""
+    reward: Literal["program", "reward_fn"] = "program"
+    """``program``: what the program returns (plus what it posts to the session's ``/reward`` route);
+    ``reward_fn``: the configured reward function over the trained sample's response, as for the built-in loop."""
+    host: str = "127.0.0.1"
+    """Where the endpoint listens; loopback by default (the programs run on this machine)."""
+    port: int = 0
+    """0 takes a free port per leader."""
+    max_request_bytes: int = 4 * 2**20
+    max_messages: int = 512
+    max_samples_per_session: int = 64
+    """Forks one session may make; past it, requests get HTTP 429."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.entrypoint is not None or self.command is not None
+
+    def __post_init__(self) -> None:
+        p = "rollout.agent."
+        require(not (self.entrypoint and self.command), p + "entrypoint",
+                "set entrypoint or command, not both")
+        require(self.entrypoint is None or (":" in self.entrypoint and all(self.entrypoint.split(":", 1))),
+                p + "entrypoint", f"must be 'module:function', got {self.entrypoint!r}")
+        require(self.timeout_s > 0, p + "timeout_s", f"must be positive seconds, got {self.timeout_s}")
+        require(self.max_concurrent >= 1, p + "max_concurrent", f"must be >= 1, got {self.max_concurrent}")
+        require(self.reward in ("program", "reward_fn"), p + "reward",
+                f"got {self.reward!r}; use 'program' or 'reward_fn'")
+        require(0 <= self.port < 65536, p + "port", f"must be 0 (a free port) or a port number, got {self.port}")
+        require(self.max_request_bytes >= 1024, p + "max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}")
+        require(self.max_messages >= 2, p + "max_messages", f"must be >= 2, got {self.max_messages}")
+        require(self.max_samples_per_session >= 1, p + "max_samples_per_session",
+                f"must be >= 1, got {self.max_samples_per_session}")
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """Sampling and engine settings for generating trajectories (``rollout.*``)."""
 
@@ -178,6 +231,8 @@ class RolloutConfig:
     """Tool calls and interactions."""
     partial_rollout: PartialRolloutConfig = field(default_factory=PartialRolloutConfig)
     """Pause long requests at a per-step turn budget and resume them next step (``rollout.partial_rollout.*``)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """An agent program as the rollout source, through the session endpoint (``rollout.agent.*``)."""
 
     def __post_init__(self) -> None:
         require(self.name in ENGINES, "rollout.name", f"unknown engine {self.name!r}; use one of {list(ENGINES)}")
@@ -208,6 +263,18 @@ class RolloutConfig:
             "rollout.tensor_model_parallel_size",
             f"={self.tensor_model_parallel_size} but rollout.name=vllm runs one engine per rank (TP=1) in this "
             "version: set 1, or use rollout.name=sglang for a tensor-parallel engine on GPUs",
+        )
+        require(
+            not (self.agent.enabled and self.partial_rollout.enable),
+            "rollout.partial_rollout.enable",
+            "an agent program (rollout.agent) cannot be paused between steps in this version (its next request would "
+            "have to wait a step): set rollout.partial_rollout.enable=false",
+        )
+        require(
+            not (self.agent.enabled and (self.multi_turn.tool_config_path or self.multi_turn.interaction_config_path)),
+            "rollout.multi_turn.tool_config_path",
+            "an agent program (rollout.agent) runs its own tools and users: unset rollout.multi_turn.tool_config_path "
+            "and interaction_config_path",
         )
         require(
             0 < self.gpu_memory_utilization <= 1,

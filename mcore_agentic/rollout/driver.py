@@ -12,7 +12,8 @@ right-padded, ``input_ids``/``attention_mask``/``position_ids`` [B, P+R], with
 ``B = len(rows) * n``, ``P <= rollout.prompt_length``, ``R <= rollout.response_length``;
 per-sample meta ``messages`` (the final conversation), ``uid`` (shared by a prompt's ``n`` samples),
 ``data_source``, ``ground_truth`` (``reward_model.ground_truth``), ``tool_rewards`` (float: every
-tool's step rewards plus its ``calc_reward``), ``interaction_scores`` (list of turn scores),
+tool's step rewards plus its ``calc_reward``), ``interaction_scores`` (list of turn scores), ``source_reward``
+(an agent program's reward, or None),
 ``num_turns`` (assistant + interaction turns), ``finish_reason`` (stop | length | tool_calls |
 aborted), ``request_metrics`` (dict: counters, timings, state, error, error_type, error_traceback,
 per-tool rewards), ``tool_log`` (per call: turn, name, arguments, result, error, seconds, error_type,
@@ -214,6 +215,7 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
         "ground_truth": [r.ground_truth for r in requests],
         "tool_rewards": [r.total_tool_reward for r in requests],
         "interaction_scores": [list(r.interaction_scores) for r in requests],
+        "source_reward": [r.source_reward for r in requests],
         "num_turns": [r.metrics.assistant_turns + r.metrics.user_turns for r in requests],
         "finish_reason": [r.finish_reason.value if r.finish_reason else "aborted" for r in requests],
         "request_metrics": [_request_metrics(r) for r in requests],

@@ -75,6 +75,14 @@ class RequestMetrics:
     generate_seconds: float = 0.0
     tool_seconds: float = 0.0
     latency_seconds: float = 0.0
+    agent_samples: int = 0
+    """An agent program's episode (``rollout.agent``): the samples its session made (1 without a fork)."""
+    agent_fork_reasons: dict[str, int] = field(default_factory=dict)
+    """Its forks by reason (``start`` excluded; see ``endpoint/session.py``)."""
+    agent_malformed_calls: int = 0
+    """Tool calls the endpoint could not return as calls (malformed, or to a tool the request did not offer)."""
+    agent_program_failed: int = 0
+    agent_timed_out: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -221,6 +229,9 @@ class RolloutRequest:
     interaction_scores: list[float] = field(default_factory=list)
     """Turn scores returned by the interaction, in order."""
     interaction_final_score: float | None = None
+    source_reward: float | None = None
+    """The reward the rollout source gave the request (an agent program's, ``rollout.agent.reward=program``): it
+    stands in for the reward function's (None: the reward function scores the request)."""
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     sanity_check_diffs: list[dict[str, str]] = field(default_factory=list)
     tool_log: list[dict[str, Any]] = field(default_factory=list)

@@ -28,7 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "rewards": set(),
     "rollout": {"tools", "interactions", "data"},
     "sharding": {"models", "parallel"},  # collectives go through parallel.comm
-    "feed": {"data", "parallel", "algorithms", "rollout", "tools", "rewards"},  # the rollout side of a step: schedules, scoring, exchange, dumps
+    "endpoint": {"rollout", "tools", "data"},  # the session endpoint: agent programs as a rollout source
+    "feed": {"data", "parallel", "algorithms", "rollout", "tools", "rewards", "endpoint"},  # the rollout side of a step: schedules, scoring, exchange, dumps
     "trainer": {"config", "data", "models", "parallel", "workers", "algorithms", "rollout", "tools", "interactions",
                 "rewards", "sharding", "feed"},
     "inspect": {"feed"},  # reads the dump format (feed.rollout_dump)

@@ -1,0 +1,221 @@
+"""The endpoint's HTTP face: per-session OpenAI and Anthropic routes on a FastAPI app, served by uvicorn.
+
+Routes, under each session's base ``/sessions/{id}``:
+
+* ``POST /v1/chat/completions`` (OpenAI Chat Completions), ``POST /v1/responses`` (OpenAI Responses),
+  ``POST /v1/messages`` (Anthropic Messages), each whole or streamed (server-sent events);
+* ``GET /v1/models``;
+* ``POST /reward`` — ``{"reward": float}`` adds to the session's reward (an agent's per-turn rewards);
+* ``GET /samples`` — the session's samples (ids, text pieces, loss mask, log-probs, fork reasons).
+
+Security: the server binds to loopback unless told otherwise. Every session has its own random token, sent as
+``Authorization: Bearer`` (OpenAI clients) or ``x-api-key`` (Anthropic clients); a token opens only its own
+session, and an unknown session answers exactly like a wrong token (401), so ids cannot be probed. No route
+lists sessions. Bodies are capped (413 before the body is read past the cap); malformed JSON, wrong types and
+unknown fields get a 4xx in the calling API's error shape; an unexpected error is logged and answered 500 in
+that shape, never taking the server down. The standalone server (:mod:`.serve`) adds ``POST /sessions`` behind
+its own admin token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from mcore_agentic.endpoint import anthropic_messages, openai_chat, responses
+from mcore_agentic.endpoint.session import Session
+from mcore_agentic.endpoint.turn import ApiError
+
+logger = logging.getLogger(__name__)
+
+MODEL_NAME = "policy"
+"""The model id ``/v1/models`` lists; requests may name any model."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_request_bytes: int = 4 * 2**20
+    """Largest request body."""
+
+
+class SessionRegistry:
+    """The live sessions of an endpoint, by id; thread-safe (the rollout adds, the server reads)."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def add(self, session: Session) -> None:
+        with self._lock:
+            if session.id in self._sessions:
+                raise ValueError(f"session {session.id} exists")
+            self._sessions[session.id] = session
+
+    def remove(self, session_id: str) -> Session | None:
+        with self._lock:
+            return self._sessions.pop(session_id, None)
+
+    def authorised(self, session_id: str, token: str | None) -> Session:
+        """The session ``token`` opens; 401 for a wrong token and for an unknown session alike."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+        expected = session.token if session is not None else secrets.token_urlsafe(32)
+        if token is None or not secrets.compare_digest(token.encode(), expected.encode()) or session is None:
+            raise ApiError(401, "invalid API key for this session", type="authentication_error", code="invalid_api_key")
+        return session
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+
+def request_token(headers: Any) -> str | None:
+    """The bearer token (OpenAI clients) or ``x-api-key`` (Anthropic clients) of a request."""
+    auth = headers.get("authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return headers.get("x-api-key")
+
+
+def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Callable[[Any], None] | None = None) -> Any:
+    """The FastAPI app serving ``registry``'s sessions. ``admin``: the standalone server's extra routes."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    app = FastAPI(title="mcore-agentic session endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.counts = {"errors_4xx": 0, "errors_5xx": 0}
+
+    async def read_json(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limits.max_request_bytes):
+            raise ApiError(413, f"request body over the endpoint's limit of {limits.max_request_bytes} bytes",
+                           type="request_too_large")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limits.max_request_bytes:
+                raise ApiError(413, f"request body over the endpoint's limit of {limits.max_request_bytes} bytes",
+                               type="request_too_large")
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+
+    def error(api: ModuleType, exc: ApiError) -> JSONResponse:
+        app.state.counts["errors_4xx" if exc.status < 500 else "errors_5xx"] += 1
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(api.error_body(exc), status_code=exc.status, headers=headers)
+
+    async def turn(api: ModuleType, session_id: str, request: Request) -> Any:
+        try:
+            session = registry.authorised(session_id, request_token(request.headers))
+            parsed = api.parse_request(await read_json(request))
+            result = await session.complete(parsed)
+        except ApiError as exc:
+            return error(api, exc)
+        except Exception as exc:  # noqa: BLE001 -- one request's failure is its own, never the server's
+            logger.exception("session %s: %s failed", session_id, api.__name__.rsplit(".", 1)[-1])
+            return error(api, ApiError(500, f"internal error: {type(exc).__name__}", type="api_error"))
+        if parsed.stream:
+            return StreamingResponse(_frames(api.stream_events(result, parsed)), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return JSONResponse(api.response_body(result, parsed))
+
+    @app.post("/sessions/{session_id}/v1/chat/completions")
+    async def chat_completions(session_id: str, request: Request) -> Any:
+        return await turn(openai_chat, session_id, request)
+
+    @app.post("/sessions/{session_id}/v1/responses")
+    async def create_response(session_id: str, request: Request) -> Any:
+        return await turn(responses, session_id, request)
+
+    @app.post("/sessions/{session_id}/v1/messages")
+    async def messages(session_id: str, request: Request) -> Any:
+        return await turn(anthropic_messages, session_id, request)
+
+    @app.get("/sessions/{session_id}/v1/models")
+    async def models(session_id: str, request: Request) -> Any:
+        try:
+            registry.authorised(session_id, request_token(request.headers))
+        except ApiError as exc:
+            return error(openai_chat, exc)
+        return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0,
+                                            "owned_by": "mcore-agentic"}]}
+
+    @app.post("/sessions/{session_id}/reward")
+    async def reward(session_id: str, request: Request) -> Any:
+        try:
+            session = registry.authorised(session_id, request_token(request.headers))
+            body = await read_json(request)
+            if not isinstance(body, dict) or set(body) != {"reward"}:
+                raise ApiError(400, 'the body must be {"reward": <number>}', param="reward")
+            value = body["reward"]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
+                raise ApiError(400, f"reward must be a finite number, got {value!r}", param="reward")
+        except ApiError as exc:
+            return error(openai_chat, exc)
+        session.reward = (session.reward or 0.0) + float(value)
+        session.counts["rewards"] += 1
+        return {"session_id": session_id, "reward": session.reward}
+
+    @app.get("/sessions/{session_id}/samples")
+    async def samples(session_id: str, request: Request) -> Any:
+        try:
+            session = registry.authorised(session_id, request_token(request.headers))
+        except ApiError as exc:
+            return error(openai_chat, exc)
+        return session.summary()
+
+    if admin is not None:
+        admin(app)
+    return app
+
+
+async def _frames(events: Iterator[str]) -> AsyncIterator[bytes]:
+    for frame in events:
+        yield frame.encode()
+        await asyncio.sleep(0)  # a disconnected client cancels the stream here
+
+
+class EndpointServer:
+    """Serves an app with uvicorn on a thread of its own (its own event loop), so the rollout's event loop and a
+    program that blocks it never stall the endpoint. ``port=0`` takes a free port; :attr:`url` says which."""
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0):
+        import socket
+
+        import uvicorn
+
+        self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = host, self._socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30,
+                                limit_concurrency=4096)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name="agent-endpoint", daemon=True)
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the agent endpoint failed to start on {host}:{self.port}")
+            self._thread.join(0.01)
+
+    def _run(self) -> None:
+        asyncio.run(self._server.serve(sockets=[self._socket]))
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()

@@ -1,0 +1,427 @@
+"""One agent episode behind the endpoint: token-exact samples from the messages a client sends.
+
+A client (an agent program) sends the whole conversation with every request. The session keeps, per
+*sample*, the exact ids it fed and sampled (a :class:`~mcore_agentic.rollout.request.Trajectory`), the
+messages as the chat template renders them (our assistant turns as sampled) and the messages as the client
+should echo them back (:attr:`Sample.echo`). Each request is matched against the samples:
+
+* **extension** — the request's messages start with a sample's whole echo (compared as a client may
+  rewrite them: arguments JSON re-serialised, ``content`` null vs ``""``, content parts, reordered keys,
+  whitespace around the model's text, extra fields, tool-call ids) and add messages after our last turn: only
+  the new messages are delta-tokenized (:class:`~mcore_agentic.rollout.tokenization.ConversationTokenizer`,
+  the built-in loop's own path) and the engine continues from the sample's exact ids. No fork.
+* **fork** — no sample extends: a new sample starts from the render of the request's messages, its earlier
+  assistant turns now prompt (loss mask 0). Sampled text is never re-tokenized into a sample's trained ids.
+  The reason is counted: ``start`` (the first request), ``tools_changed``, ``thinking_dropped`` (the client
+  sent our turn back without its reasoning), ``retried`` (the request re-sends a prefix of a sample's
+  history: a retry or a branch), ``rewritten`` (a message differs: an edit, a compaction, a truncation),
+  ``concurrent`` (the sample it extends has a request in flight).
+
+Every sample's loss mask covers exactly the tokens the engine sampled for it; :meth:`Session.samples` hands
+them to the trainer (or, standalone, to the samples route).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcore_agentic.endpoint.turn import ApiError, TokenLogprob, ToolCallOut, TurnFinish, TurnRequest, TurnResult
+from mcore_agentic.rollout.agent_loop import assistant_message
+from mcore_agentic.rollout.engines.base import RolloutEngine, SamplingParams
+from mcore_agentic.rollout.request import Trajectory
+from mcore_agentic.rollout.tokenization import ChatTokenizer, ConversationTokenizer, TokenizationPath
+from mcore_agentic.rollout.tool_call import ToolCall, ToolCallError, ToolCallParser
+
+FORK_REASONS: tuple[str, ...] = ("start", "tools_changed", "thinking_dropped", "retried", "rewritten", "concurrent")
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What every session of an endpoint shares: length budgets and sampling."""
+
+    prompt_length: int
+    """Longest first prompt of a sample (a fork's prompt holds the whole conversation so far)."""
+    response_length: int
+    """Token budget of a sample after its prompt: every assistant turn and environment message."""
+    max_model_len: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    honor_client_sampling: bool = False
+    """False (training): the policy's sampling settings, whatever the client asks (its log-probs must be the
+    policy's); the client's temperature/top_p are ignored and counted. True (standalone): the client's."""
+    max_messages: int = 512
+    """Most messages a request may carry."""
+    max_samples: int = 64
+    """Most samples (forks) one session may hold; a request past it gets HTTP 429."""
+
+
+@dataclass
+class Sample:
+    """One token-exact sample of a session: the ids the engine fed and sampled, in order."""
+
+    index: int
+    fork_reason: str
+    tools: list[dict[str, Any]] | None
+    tools_key: str
+    messages: list[dict[str, Any]]
+    """As the template renders them: the client's environment messages, our assistant turns as sampled."""
+    echo: list[tuple[Any, ...]]
+    """Each message as the client should send it back (:func:`message_key`)."""
+    tokens: ConversationTokenizer
+    trajectory: Trajectory
+    num_prompt_messages: int
+    last_text: str | None = None
+    """The last sampled turn decoded, stop token included (None after an environment message)."""
+    last_eot: bool = False
+    turns: int = 0
+    last_generation: int = -1
+    """The session's generation count when this sample last sampled (the latest sample is the episode's row)."""
+    finish_reason: TurnFinish | None = None
+    busy: bool = False
+    malformed_calls: int = 0
+    tokenization_paths: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def awaiting_environment(self) -> bool:
+        """Whether the sample ends with a turn we sampled, so a request may extend it."""
+        return self.turns > 0 and bool(self.echo) and self.echo[-1][0] == "assistant"
+
+
+class Session:
+    """One agent episode (see the module docstring). Thread-compatible with one event loop: every request of a
+    session runs on the endpoint's loop."""
+
+    def __init__(self, session_id: str, *, engine: RolloutEngine, chat: ChatTokenizer, parser: ToolCallParser,
+                 settings: SessionSettings, version: Callable[[], int] = lambda: 0, seed: int | None = None,
+                 token: str | None = None, data: dict[str, Any] | None = None):
+        self.id = session_id
+        self.token = token or secrets.token_urlsafe(32)
+        self.engine = engine
+        self.chat = chat
+        self.parser = parser
+        self.settings = settings
+        self.version = version
+        self.seed = seed
+        self.data = dict(data or {})
+        """The dataset row this session serves (training), for the samples route and the reward."""
+        self.samples: list[Sample] = []
+        self.forks: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter()
+        self.responses: dict[str, list[dict[str, Any]]] = {}
+        """Responses API: each response's whole conversation (input + output), for ``previous_response_id``."""
+        self.generations = 0
+        self.closed = False
+        self.thinking = "</think>" in str(getattr(chat.tokenizer, "chat_template", "") or "")
+        self.created = time.time()
+        self.reward: float | None = None
+        """A reward the agent reported through the session's reward route (its sum), or None."""
+
+    # ------------------------------------------------------------------------------------------- a turn
+    async def complete(self, request: TurnRequest) -> TurnResult:
+        """Sample the assistant turn ``request`` asks for, on the sample it extends or on a new one."""
+        if self.closed:
+            raise ApiError(409, f"session {self.id} is closed: its episode has ended", code="session_closed")
+        messages = self._conversation(request)
+        if len(messages) > self.settings.max_messages:
+            raise ApiError(400, f"{len(messages)} messages exceed the endpoint's limit of {self.settings.max_messages}",
+                           param="messages")
+        if messages[-1]["role"] == "assistant":
+            raise ApiError(400, "the last message is the assistant's: a prefilled assistant turn is not supported; "
+                                "end with a user or tool message", param="messages")
+        self.counts["requests"] += 1
+        sample, new = self._match(messages, request.tools)  # no await inside: atomic on the loop
+        sample.busy = True
+        try:
+            return await self._turn(sample, messages, new, request)
+        except BaseException:
+            if sample.turns == 0:  # a new sample that never sampled: nothing to keep
+                self.samples.remove(sample)
+                self.forks[sample.fork_reason] -= 1
+            raise
+        finally:
+            sample.busy = False
+
+    def _conversation(self, request: TurnRequest) -> list[dict[str, Any]]:
+        """The request's whole conversation: a Responses request's earlier one first, its instructions as system."""
+        messages = list(request.messages)
+        if request.previous_response_id is not None:
+            earlier = self.responses.get(request.previous_response_id)
+            if earlier is None:
+                raise ApiError(404, f"previous_response_id {request.previous_response_id!r} is not a response of this "
+                                    "session", param="previous_response_id", type="not_found_error")
+            messages = [m for m in earlier if m["role"] != "system"] + messages
+        if request.instructions:
+            messages = [{"role": "system", "content": request.instructions}, *messages]
+        if not messages:
+            raise ApiError(400, "the request has no messages", param="messages")
+        return messages
+
+    def _match(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> tuple[Sample, int]:
+        """The sample the request extends and the index of its first new message, or a new sample (a fork)."""
+        keys = [message_key(m) for m in messages]
+        tkey = tools_key(tools)
+        extends: list[Sample] = []
+        reasons = ["start"]  # why each sample does not extend; the latest sample's reason names the fork
+        for s in self.samples:
+            n = len(s.echo)
+            if s.tools_key != tkey:
+                reasons.append("tools_changed")
+            elif len(keys) > n and keys[:n] == s.echo and s.awaiting_environment:
+                if not s.busy:
+                    extends.append(s)
+                    continue
+                reasons.append("concurrent")
+            else:
+                reasons.append(_mismatch_reason(keys, s.echo))
+        if extends:
+            best = max(extends, key=lambda s: len(s.echo))
+            return best, len(best.echo)
+        if len(self.samples) >= self.settings.max_samples:
+            raise ApiError(429, f"session {self.id} already holds {len(self.samples)} samples (forks), the limit: "
+                                "send history back as the endpoint returned it", type="rate_limit_error")
+        sample = self._fork(messages, tools, reasons[-1])
+        return sample, len(messages)
+
+    def _fork(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, reason: str) -> Sample:
+        rendered = [renderable(m) for m in messages]
+        tokens = self.chat.conversation(rendered, tools=tools or None)
+        prompt = tokens.prompt_ids
+        if len(prompt) > self.settings.prompt_length:
+            raise ApiError(400, f"the conversation renders to {len(prompt)} prompt tokens, over the "
+                                f"endpoint's prompt length {self.settings.prompt_length} (a new sample starts from "
+                                f"the whole conversation: it was {reason})", param="messages",
+                           code="context_length_exceeded")
+        trajectory = Trajectory()
+        trajectory.set_prompt(prompt)
+        sample = Sample(index=len(self.samples), fork_reason=reason, tools=tools or None, tools_key=tools_key(tools),
+                        messages=rendered, echo=[message_key(m) for m in messages], tokens=tokens,
+                        trajectory=trajectory, num_prompt_messages=len(messages))
+        self.samples.append(sample)
+        self.forks[reason] += 1
+        return sample
+
+    async def _turn(self, sample: Sample, messages: list[dict[str, Any]], start: int, request: TurnRequest) -> TurnResult:
+        s, chat, traj = self.settings, self.chat, sample.trajectory
+        if start < len(messages) and sample.turns > 0:  # an extension: the environment's new messages, as a delta
+            new = [renderable(m) for m in messages[start:]]
+            sample.messages.extend(new)
+            segment = sample.tokens.env_segment(list(sample.messages), len(sample.messages) - len(new),
+                                                sampled_text=sample.last_text if sample.last_eot else None,
+                                                sampled_eot=sample.last_eot)
+            sample.tokenization_paths[segment.path.value] += 1
+            if segment.path is TokenizationPath.FULL_CONTEXT:
+                self.counts["tokenization_full_context"] += 1
+            sample.echo.extend(message_key(m) for m in messages[start:])
+            traj.append(segment.ids, sampled=False)
+        room = min(s.response_length - traj.response_len, s.max_model_len - len(traj))
+        if room <= 0:
+            traj.truncate(min(s.max_model_len, traj.prompt_len + s.response_length))
+            sample.finish_reason = "length"
+            raise ApiError(400, f"the sample has no room left: {traj.response_len} response tokens of "
+                                f"{s.response_length} (the endpoint's response length)", param="messages",
+                           code="context_length_exceeded")
+        budget = room if request.max_tokens is None else min(room, request.max_tokens)
+        out = await self.engine.generate(list(traj.ids), self._sampling(request, budget))
+        self.generations += 1
+        sample.last_generation = self.generations
+        if out.finish_reason == "abort":
+            raise ApiError(503, "the engine aborted this generation (its weights are being updated); retry",
+                           type="api_error")
+        ids, log_probs = list(out.token_ids[:budget]), list(out.log_probs[:budget])
+        stop_text = None
+        if request.stop:
+            ids, stop_text = _cut_at_stop(chat, ids, request.stop)
+            log_probs = log_probs[: len(ids)]
+        context = len(traj)
+        traj.append(ids, sampled=True, log_probs=log_probs, version=self.version())
+        if out.routed_experts is not None:
+            prompt_rows = len(out.routed_experts) - max(len(out.token_ids) - 1, 0)
+            traj.record_routing(out.routed_experts[:prompt_rows])
+            traj.record_routing(out.routed_experts[prompt_rows:], start=context)
+        sample.turns += 1
+        ended = stop_text is None and bool(ids) and ids[-1] in chat.stop_token_ids
+        text = chat.decode(ids[:-1] if ended else ids)
+        sample.last_text = text + chat.decode(ids[-1:]) if ended else text
+        sample.tokens.sampled(sample.last_text)
+        sample.last_eot = ended and ids[-1] == chat.eot_id
+        return self._result(sample, messages, text, ids, log_probs, request, stop_text,
+                            hit_length=out.finish_reason == "length" or len(out.token_ids) > budget)
+
+    def _sampling(self, request: TurnRequest, budget: int) -> SamplingParams:
+        s = self.settings
+        temperature, top_p = s.temperature, s.top_p
+        if s.honor_client_sampling:
+            temperature = s.temperature if request.temperature is None else request.temperature
+            top_p = s.top_p if request.top_p is None else request.top_p
+        elif (request.temperature is not None and request.temperature != s.temperature) or (
+                request.top_p is not None and request.top_p != s.top_p):
+            self.counts["client_sampling_ignored"] += 1
+        seed = None if self.seed is None else (self.seed * 1_000_003 + self.generations) % (1 << 62)
+        return SamplingParams(max_new_tokens=budget, stop_token_ids=self.chat.stop_token_ids, temperature=temperature,
+                              top_p=top_p, top_k=s.top_k, seed=seed)
+
+    def _result(self, sample: Sample, messages: list[dict[str, Any]], text: str, ids: list[int], log_probs: list[float], request: TurnRequest,
+                stop_text: str | None, *, hit_length: bool) -> TurnResult:
+        """The client's view of the turn; records the template's and the client's message of it."""
+        reasoning, visible = split_reasoning(text) if self.thinking else (None, text)
+        if stop_text is not None:
+            visible = visible[: visible.find(stop_text)] if stop_text in visible else visible
+        calls: list[ToolCall | ToolCallError] = []
+        content = visible
+        if request.tools and request.tool_choice != "none" and stop_text is None:
+            names = {t["function"]["name"] for t in request.tools}
+            schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in request.tools}
+            content, parsed = self.parser.parse(visible, schemas=schemas)
+            for c in parsed:
+                if isinstance(c, ToolCall) and c.name not in names:
+                    c = ToolCallError(raw=c.raw, message=f"unknown tool {c.name!r}", name=c.name)
+                calls.append(c)
+        bad = sum(isinstance(c, ToolCallError) for c in calls)
+        sample.malformed_calls += bad
+        self.counts["malformed_calls"] += bad
+        valid = [c for c in calls if isinstance(c, ToolCall)]
+        # The parser's content matters only when text and calls interleave (assistant_message); the template's
+        # message keeps the reasoning in front of it.
+        internal = assistant_message(text, text[: len(text) - len(visible)] + content, calls)
+        shown = assistant_message(visible, content, calls)
+        sample.messages.append(internal)
+        out_calls = [ToolCallOut(c.id, c.name, json.dumps(c.arguments, ensure_ascii=False)) for c in valid]
+        client = {"role": "assistant", "content": shown["content"],
+                  "tool_calls": [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in out_calls]}
+        if reasoning is not None:
+            client["reasoning_content"] = reasoning
+        sample.echo.append(message_key(client))
+        finish: TurnFinish
+        if stop_text is not None:
+            finish = "stop_sequence"
+        elif hit_length:
+            finish = "length"
+        elif valid:
+            finish = "tool_calls"
+        else:
+            finish = "stop"
+        sample.finish_reason = finish
+        lp = None
+        if request.logprobs:
+            lp = [TokenLogprob(chat_piece, float(p), list(chat_piece.encode("utf-8", "replace")))
+                  for chat_piece, p in zip(self._pieces(ids), log_probs)]
+        result = TurnResult(content=shown["content"], reasoning=reasoning, tool_calls=out_calls, finish_reason=finish,
+                            prompt_tokens=len(sample.trajectory) - len(ids), completion_tokens=len(ids),
+                            model=request.model, stop_sequence=stop_text, logprobs=lp)
+        self.responses[result.id] = [*messages, client]
+        return result
+
+    def _pieces(self, ids: Sequence[int]) -> list[str]:
+        return [self.chat.decode([i]) for i in ids]
+
+    # ----------------------------------------------------------------------------------------- reporting
+    def summary(self) -> dict[str, Any]:
+        """The session's samples as plain data: ids, text pieces, loss mask, log-probs, fork reasons."""
+        out = []
+        for s in self.samples:
+            t = s.trajectory
+            out.append({
+                "index": s.index, "fork_reason": s.fork_reason, "turns": s.turns, "finish_reason": s.finish_reason,
+                "prompt_len": t.prompt_len, "ids": list(t.ids), "loss_mask": list(t.loss_mask),
+                "log_probs": list(t.log_probs), "weight_versions": list(t.versions),
+                "pieces": self._pieces(t.ids), "messages": s.messages, "malformed_calls": s.malformed_calls,
+                "tokenization_paths": dict(s.tokenization_paths),
+            })
+        return {"session_id": self.id, "samples": out, "forks": dict(self.forks), "counts": dict(self.counts),
+                "reward": self.reward}
+
+
+# ----------------------------------------------------------------------------------------- messages
+def renderable(message: dict[str, Any]) -> dict[str, Any]:
+    """A common-form message as chat templates take it: tool-call arguments as objects (JSON text parsed)."""
+    out = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "tool_call_id",
+                                                     "reasoning_content", "name")}
+    if out.get("content") is None:
+        out["content"] = ""
+    if message.get("tool_calls"):
+        out["tool_calls"] = [{"id": c.get("id"), "type": "function",
+                              "function": {"name": c["function"]["name"],
+                                           "arguments": _arguments(c["function"].get("arguments"))}}
+                             for c in message["tool_calls"]]
+    elif "tool_calls" in out:
+        del out["tool_calls"]
+    if not out.get("reasoning_content"):
+        out.pop("reasoning_content", None)
+    return out
+
+
+def message_key(message: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a message must stay the same for a request to extend a sample: the role, the text (the model's
+    edge-stripped), the calls' names and parsed arguments (not their ids or JSON spelling), the reasoning."""
+    role = message.get("role")
+    content = message.get("content") or ""
+    if role == "assistant":
+        calls = tuple((c["function"]["name"], _canonical_json(_arguments(c["function"].get("arguments"))))
+                      for c in message.get("tool_calls") or [])
+        reasoning = (message.get("reasoning_content") or "").strip()
+        return ("assistant", content.strip(), calls, reasoning)
+    return (role, content)
+
+
+def tools_key(tools: list[dict[str, Any]] | None) -> str:
+    return _canonical_json(tools or [])
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """``(reasoning, visible)`` of a thinking template's turn: the text before ``</think>`` (without the opening
+    tag) and what follows it; ``(None, text)`` when the turn has no ``</think>``."""
+    end = text.find("</think>")
+    if end < 0:
+        return None, text
+    head = text[:end]
+    start = head.find("<think>")
+    reasoning = head[start + len("<think>"):] if start >= 0 else head
+    return reasoning.strip("\n"), text[end + len("</think>"):].lstrip("\n")
+
+
+def _mismatch_reason(keys: list[tuple[Any, ...]], echo: list[tuple[Any, ...]]) -> str:
+    for a, b in zip(keys, echo):
+        if a == b:
+            continue
+        if a[0] == b[0] == "assistant" and a[1:3] == b[1:3] and b[3] and not a[3]:
+            return "thinking_dropped"
+        return "rewritten"
+    return "retried" if len(keys) <= len(echo) else "rewritten"
+
+
+def _cut_at_stop(chat: ChatTokenizer, ids: list[int], stops: Sequence[str]) -> tuple[list[int], str | None]:
+    """The sampled ids up to the token that completes the first stop string (and that string), or all of them."""
+    text = chat.decode(ids)
+    found = [(text.find(s), s) for s in stops if s and s in text]
+    if not found:
+        return ids, None
+    _pos, stop = min(found)
+    lo, hi = 1, len(ids)  # the fewest tokens whose text holds the stop string (monotone in the count)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if stop in chat.decode(ids[:mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return ids[:lo], stop
+
+
+def _arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments if arguments is not None else {}
+
+
+def _canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))

@@ -1,0 +1,177 @@
+"""Agent programs as a rollout source: each sample runs the program against its own endpoint session.
+
+On a rollout leader, :class:`AgentSource` serves the endpoint (one server for the run, on its own thread) and
+rolls out a batch of rows: ``rollout.n`` sessions per row, each driven by one run of the agent program
+(:mod:`.programs`), at most ``rollout.agent.max_concurrent`` at once. When a program ends its session closes
+and becomes one training row, like a built-in loop request:
+
+* the row is the session's **last sample** (the one its latest turn extended): its exact ids, loss mask,
+  log-probs and weight versions, and its messages; earlier samples of a forked session are counted
+  (``agent/untrained_samples``) and stay visible through the samples route while the session lives. Training
+  every sample of an episode needs groups that count episodes, not rows (turn-level credit, issue 33);
+* the reward is the program's (plus what it posted to ``/reward``), or the reward function's over the row
+  (``rollout.agent.reward``);
+* the end-of-trajectory sanity check compares the row with a full render of its messages, as for the loop;
+* a program that fails, times out, returns no reward, or never made a request fails its row (trains on nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from mcore_agentic.data.batch import Batch
+from mcore_agentic.endpoint.programs import ProgramOutcome, SessionAccess, load_entrypoint, run_program
+from mcore_agentic.endpoint.server import EndpointServer, Limits, SessionRegistry, build_app
+from mcore_agentic.endpoint.session import Sample, Session, SessionSettings
+from mcore_agentic.rollout.config import RolloutConfig
+from mcore_agentic.rollout.driver import build_requests, finish_batch, run_sync
+from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
+from mcore_agentic.rollout.tokenization import ChatTokenizer
+from mcore_agentic.rollout.tool_parser import get_tool_parser
+
+logger = logging.getLogger(__name__)
+
+_FINISH = {"stop": FinishReason.STOP, "stop_sequence": FinishReason.STOP, "length": FinishReason.LENGTH,
+           "tool_calls": FinishReason.TOOL_CALLS}
+
+
+def session_settings(cfg: RolloutConfig, *, honor_client_sampling: bool = False) -> SessionSettings:
+    """The sessions' budgets and sampling from the rollout config."""
+    a = cfg.agent
+    return SessionSettings(prompt_length=cfg.prompt_length, response_length=cfg.response_length,
+                           max_model_len=cfg.effective_max_model_len, temperature=cfg.temperature, top_p=cfg.top_p,
+                           top_k=cfg.top_k, honor_client_sampling=honor_client_sampling, max_messages=a.max_messages,
+                           max_samples=a.max_samples_per_session)
+
+
+class AgentSource:
+    """A rollout leader's agent-program rollouts through the endpoint (module docstring)."""
+
+    def __init__(self, cfg: RolloutConfig, engine: Any, chat: ChatTokenizer, *, version: Callable[[], int]):
+        self.cfg = cfg
+        self.engine = engine
+        self.chat = chat
+        self.version = version
+        self.parser = get_tool_parser(cfg.multi_turn.format)
+        a = cfg.agent
+        self.entry = load_entrypoint(a.entrypoint) if a.entrypoint else None
+        self.registry = SessionRegistry()
+        self.server: EndpointServer | None = None
+
+    @property
+    def url(self) -> str:
+        """The endpoint's root URL (the server starts on first use)."""
+        if self.server is None:
+            a = self.cfg.agent
+            app = build_app(self.registry, Limits(max_request_bytes=a.max_request_bytes))
+            self.server = EndpointServer(app, host=a.host, port=a.port)
+            logger.info("agent endpoint serving on %s", self.server.url)
+        return self.server.url
+
+    def roll_out(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> Batch:
+        """Every row ``cfg.n`` times through the agent program; the collated batch (as the built-in loop's)."""
+        return run_sync(self._roll_out(rows, cfg), self.engine)
+
+    async def _roll_out(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> Batch:
+        requests = build_requests(rows, cfg)  # ids, groups, seeds and data exactly as the built-in loop's
+        gate = asyncio.Semaphore(cfg.agent.max_concurrent)
+        settings = session_settings(cfg)
+        started = time.perf_counter()
+        row_of = [rows[i // cfg.n] for i in range(len(requests))]
+        await asyncio.gather(*(self._episode(r, dict(row), settings, gate) for r, row in zip(requests, row_of)))
+        batch = finish_batch(requests, cfg, self.chat)
+        batch.info["rollout/agent_seconds"] = time.perf_counter() - started
+        return batch
+
+    async def _episode(self, req: RolloutRequest, row: dict[str, Any], settings: SessionSettings,
+                       gate: asyncio.Semaphore) -> None:
+        session = Session(uuid.uuid4().hex, engine=self.engine, chat=self.chat, parser=self.parser,
+                          settings=settings, version=self.version, seed=req.seed, data=row)
+        base = f"{self.url}/sessions/{session.id}"
+        access = SessionAccess(base_url=f"{base}/v1", anthropic_base_url=base, api_key=session.token,
+                               session_id=session.id)
+        async with gate:
+            self.registry.add(session)
+            req.transition(RequestState.RUNNING)
+            try:
+                outcome = await run_program(self.entry, self.cfg.agent.command, access, row, self.cfg.agent.timeout_s)
+            finally:
+                session.closed = True
+                self.registry.remove(session.id)
+            await _settled(session)
+        self._finish(req, session, outcome)
+
+    def _finish(self, req: RolloutRequest, session: Session, outcome: ProgramOutcome) -> None:
+        """The session's last sample as ``req``'s row, rewarded, checked and ended."""
+        m = req.metrics
+        sampled = [s for s in session.samples if s.turns > 0]
+        m.agent_samples = len(sampled)
+        m.agent_fork_reasons = {k: v for k, v in session.forks.items() if v and k != "start"}
+        m.agent_malformed_calls = sum(s.malformed_calls for s in sampled)
+        m.agent_timed_out = int(outcome.timed_out)
+        sample = max(sampled, key=lambda s: s.last_generation, default=None)
+        if sample is None:
+            req.trajectory = _prompt_only(self.chat, req.messages, self.cfg.prompt_length)
+            if outcome.error is None:
+                outcome = ProgramOutcome(error="the agent program made no request to its session",
+                                         error_type="NoRequest")
+        else:
+            self._take(req, sample)
+        reward = outcome.reward
+        if session.reward is not None:
+            reward = (reward or 0.0) + session.reward
+        if outcome.error is None and self.cfg.agent.reward == "program" and reward is None:
+            outcome = ProgramOutcome(error="the agent program returned no reward and posted none "
+                                           "(rollout.agent.reward=program)", error_type="NoReward")
+        if outcome.error is not None:
+            m.agent_program_failed = 1
+            req.fail(outcome.error, error_type=outcome.error_type, traceback=outcome.traceback)
+            return
+        if self.cfg.agent.reward == "program":
+            req.source_reward = reward
+        assert sample is not None
+        req.complete(_FINISH.get(sample.finish_reason or "stop", FinishReason.STOP))
+
+    def _take(self, req: RolloutRequest, sample: Sample) -> None:
+        req.trajectory = copy.deepcopy(sample.trajectory)
+        req.messages = copy.deepcopy(sample.messages)
+        m = req.metrics
+        m.assistant_turns = sample.turns
+        m.tool_calls = sum(len(msg.get("tool_calls") or []) for msg in sample.messages if msg.get("role") == "assistant")
+        m.tokenization_full_context = sample.tokenization_paths.get("full_context", 0)
+        m.template_drift = sample.tokenization_paths.get("two_renders", 0)
+        m.template_fallback = sample.tokenization_paths.get("base_fallback", 0)
+        mode = self.cfg.multi_turn.tokenization_sanity_check_mode
+        if mode != "disable":
+            traj = req.trajectory
+            diffs = self.chat.check_trajectory(
+                traj.ids, traj.loss_mask, sample.messages, tools=sample.tools,
+                num_prompt_messages=sample.num_prompt_messages, used_fallback=sample.tokens.used_fallback, mode=mode,
+                truncated=sample.finish_reason == "length", ids_text=sample.tokens.text)
+            m.sanity_check_mismatch = int(bool(diffs))
+            req.sanity_check_diffs = diffs
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+async def _settled(session: Session, wait_s: float = 30.0) -> None:
+    """Wait (bounded) until no request of a closed session is still sampling: its samples are final then."""
+    deadline = time.monotonic() + wait_s
+    while any(s.busy for s in session.samples) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def _prompt_only(chat: ChatTokenizer, messages: list[dict[str, Any]], prompt_length: int) -> Trajectory:
+    """A row for a session that never sampled: its prompt (cut to fit), nothing to train."""
+    traj = Trajectory()
+    traj.set_prompt(chat.prompt_ids(messages, tools=None)[-prompt_length:])
+    return traj
