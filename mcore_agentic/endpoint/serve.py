@@ -18,6 +18,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
 from mcore_agentic.endpoint.server import EndpointServer, Limits, SessionRegistry, build_app, request_token
 from mcore_agentic.endpoint.session import Session, SessionSettings
 from mcore_agentic.endpoint.turn import ApiError
@@ -38,9 +41,6 @@ def session_admin(registry: SessionRegistry, factory: Any, admin_token: str, max
     """The standalone server's ``POST /sessions`` (admin token only) and ``DELETE /sessions/{id}`` (its own token)."""
 
     def install(app: Any) -> None:
-        from fastapi import Request
-        from fastapi.responses import JSONResponse
-
         def refuse(exc: ApiError) -> JSONResponse:
             return JSONResponse({"error": {"message": exc.message, "type": exc.type, "param": exc.param,
                                            "code": exc.code}}, status_code=exc.status)

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
 from mcore_agentic.endpoint import anthropic_messages, openai_chat, responses
 from mcore_agentic.endpoint.session import Session
 from mcore_agentic.endpoint.turn import ApiError
@@ -86,9 +89,6 @@ def request_token(headers: Any) -> str | None:
 
 def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Callable[[Any], None] | None = None) -> Any:
     """The FastAPI app serving ``registry``'s sessions. ``admin``: the standalone server's extra routes."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
-
     app = FastAPI(title="mcore-agentic session endpoint", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.counts = {"errors_4xx": 0, "errors_5xx": 0}
 

@@ -60,6 +60,9 @@ class SessionSettings:
     """Most messages a request may carry."""
     max_samples: int = 64
     """Most samples (forks) one session may hold; a request past it gets HTTP 429."""
+    tools_in_prompt: bool = True
+    """False (``rollout.multi_turn.tool_schemas_in_prompt=false``): the template gets no tool list, for a model
+    fine-tuned on its tools; the request's tools still decide which calls are parsed."""
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Sample:
     index: int
     fork_reason: str
     tools: list[dict[str, Any]] | None
+    """The tool list the template renders (None: no tool section)."""
     tools_key: str
     messages: list[dict[str, Any]]
     """As the template renders them: the client's environment messages, our assistant turns as sampled."""
@@ -85,6 +89,9 @@ class Sample:
     """The session's generation count when this sample last sampled (the latest sample is the episode's row)."""
     finish_reason: TurnFinish | None = None
     busy: bool = False
+    exhausted: bool = False
+    """A request found no room left in the sample's budget (it got ``context_length_exceeded``): the episode
+    ended by length, as the built-in loop's would, whatever the program does next."""
     malformed_calls: int = 0
     tokenization_paths: Counter[str] = field(default_factory=Counter)
 
@@ -191,7 +198,8 @@ class Session:
 
     def _fork(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, reason: str) -> Sample:
         rendered = [renderable(m) for m in messages]
-        tokens = self.chat.conversation(rendered, tools=tools or None)
+        in_prompt = (tools or None) if self.settings.tools_in_prompt else None
+        tokens = self.chat.conversation(rendered, tools=in_prompt)
         prompt = tokens.prompt_ids
         if len(prompt) > self.settings.prompt_length:
             raise ApiError(400, f"the conversation renders to {len(prompt)} prompt tokens, over the "
@@ -200,7 +208,7 @@ class Session:
                            code="context_length_exceeded")
         trajectory = Trajectory()
         trajectory.set_prompt(prompt)
-        sample = Sample(index=len(self.samples), fork_reason=reason, tools=tools or None, tools_key=tools_key(tools),
+        sample = Sample(index=len(self.samples), fork_reason=reason, tools=in_prompt, tools_key=tools_key(tools),
                         messages=rendered, echo=[message_key(m) for m in messages], tokens=tokens,
                         trajectory=trajectory, num_prompt_messages=len(messages))
         self.samples.append(sample)
@@ -224,6 +232,7 @@ class Session:
         if room <= 0:
             traj.truncate(min(s.max_model_len, traj.prompt_len + s.response_length))
             sample.finish_reason = "length"
+            sample.exhausted = True
             raise ApiError(400, f"the sample has no room left: {traj.response_len} response tokens of "
                                 f"{s.response_length} (the endpoint's response length)", param="messages",
                            code="context_length_exceeded")

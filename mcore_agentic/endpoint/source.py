@@ -12,7 +12,9 @@ and becomes one training row, like a built-in loop request:
 * the reward is the program's (plus what it posted to ``/reward``), or the reward function's over the row
   (``rollout.agent.reward``);
 * the end-of-trajectory sanity check compares the row with a full render of its messages, as for the loop;
-* a program that fails, times out, returns no reward, or never made a request fails its row (trains on nothing).
+* a program that fails, times out, returns no reward, or never made a request fails its row (trains on nothing);
+  but one that stops because the endpoint answered ``context_length_exceeded`` (the sample's budget is spent)
+  leaves a row truncated by length, reward 0 plus what it posted, as the built-in loop ends such a request.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def session_settings(cfg: RolloutConfig, *, honor_client_sampling: bool = False)
     return SessionSettings(prompt_length=cfg.prompt_length, response_length=cfg.response_length,
                            max_model_len=cfg.effective_max_model_len, temperature=cfg.temperature, top_p=cfg.top_p,
                            top_k=cfg.top_k, honor_client_sampling=honor_client_sampling, max_messages=a.max_messages,
-                           max_samples=a.max_samples_per_session)
+                           max_samples=a.max_samples_per_session,
+                           tools_in_prompt=cfg.multi_turn.tool_schemas_in_prompt)
 
 
 class AgentSource:
@@ -123,6 +126,10 @@ class AgentSource:
                                          error_type="NoRequest")
         else:
             self._take(req, sample)
+        if sample is not None and sample.exhausted and outcome.error is not None:
+            # The endpoint ran out of budget and the program gave up on the 400: a truncated episode, not a fault
+            # (the built-in loop ends such a request by length and trains it).
+            outcome = ProgramOutcome(reward=0.0)
         reward = outcome.reward
         if session.reward is not None:
             reward = (reward or 0.0) + session.reward

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from mcore_agentic.data.batch import Batch
-from mcore_agentic.endpoint.source import AgentSource
 from mcore_agentic.feed.distribute import (
     VERSION_FIELDS,
     StepPlan,
@@ -176,9 +175,12 @@ class Roller:
     def __post_init__(self) -> None:
         self.cfg = self.settings.rollout
         self.chat = ChatTokenizer(self.tokenizer)
-        self.source: AgentSource | None = None
-        """On a leader with ``rollout.agent`` set: agent programs through the session endpoint roll out."""
+        self.source: Any = None
+        """On a leader with ``rollout.agent`` set: agent programs through the session endpoint roll out
+        (:class:`~mcore_agentic.endpoint.source.AgentSource`; imported only then: it serves HTTP)."""
         if self.cfg.agent.enabled and self.leads:
+            from mcore_agentic.endpoint.source import AgentSource
+
             self.source = AgentSource(self.cfg, self.engine, self.chat, version=self.version)
 
     def roll(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> Batch:

@@ -149,6 +149,7 @@ class AgentConfig:
     ``timeout_s`` or returns something else fails its sample (trains on nothing, counted), never the step."""
 
     entrypoint: str | None = None
+    """``module:function`` or ``path/to/file.py:function`` (relative to the working directory)."""
     command: str | None = None
     """A shell-free command line, split like a shell would (``shlex``)."""
     timeout_s: float = 600.0
@@ -175,8 +176,8 @@ class AgentConfig:
         p = "rollout.agent."
         require(not (self.entrypoint and self.command), p + "entrypoint",
                 "set entrypoint or command, not both")
-        require(self.entrypoint is None or (":" in self.entrypoint and all(self.entrypoint.split(":", 1))),
-                p + "entrypoint", f"must be 'module:function', got {self.entrypoint!r}")
+        require(self.entrypoint is None or (":" in self.entrypoint and all(self.entrypoint.rsplit(":", 1))),
+                p + "entrypoint", f"must be 'module:function' or 'path/to/file.py:function', got {self.entrypoint!r}")
         require(self.timeout_s > 0, p + "timeout_s", f"must be positive seconds, got {self.timeout_s}")
         require(self.max_concurrent >= 1, p + "max_concurrent", f"must be >= 1, got {self.max_concurrent}")
         require(self.reward in ("program", "reward_fn"), p + "reward",

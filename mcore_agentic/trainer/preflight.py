@@ -167,7 +167,8 @@ def check_rows(cfg: Any, tools: dict[str, dict] | None, interactions: set[str] |
                 f"configures {sorted(interactions)}, but rows of {where} ask for {unknown} "
                 "(extra_info.interaction_kwargs.name): add them or fix the data"))
     wanted = sorted({name for r in rows for name in (r.get("extra_info", {}).get("tools_kwargs") or {})})
-    unknown_tools = [n for n in wanted if n not in tools]
+    # An agent program runs its own tools (rollout.agent): the rows' tools_kwargs are its data, not the loop's.
+    unknown_tools = [] if cfg.rollout.agent.enabled else [n for n in wanted if n not in tools]
     if unknown_tools:
         problems.append(ConfigError(
             "rollout.multi_turn.tool_config_path",

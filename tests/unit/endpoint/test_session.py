@@ -178,7 +178,7 @@ def test_samples_are_exact_and_forks_minimal(tokenizers, template):
         expected_forks = 1
         behaviours = [rng.choice(BEHAVIOURS) for _ in range(7)]
 
-        async def run() -> None:
+        async def run(session: Session, behaviours: list[str], rng: random.Random) -> None:
             nonlocal history, expected_forks
             returned: list[tuple] = []  # what the session would take as an extension: the last request + its reply
             for behaviour in behaviours:
@@ -189,7 +189,7 @@ def test_samples_are_exact_and_forks_minimal(tokenizers, template):
                 returned = [*sent, message_key(_client_echo(result))]
                 history, _rewrites = _act(behaviour, history, result, rng)
 
-        asyncio.run(run())
+        asyncio.run(run(session, behaviours, rng))
         assert sum(session.forks.values()) == expected_forks, (behaviours, dict(session.forks))
         by_prompt = {}
         for prompt, out in engine.calls:

@@ -1,0 +1,171 @@
+"""Agent programs as a rollout source: rows like the built-in loop's, rewards from the program, failures contained.
+
+A real :class:`AgentSource` (uvicorn on loopback, the openai client inside the programs) on a scripted engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import pytest
+
+from mcore_agentic.endpoint.source import AgentSource
+from mcore_agentic.feed.scoring import score_rollout
+from mcore_agentic.models.tokenizer import load_qwen_tokenizer
+from mcore_agentic.rollout.config import AgentConfig, MultiTurnConfig, RolloutConfig
+from mcore_agentic.rollout.driver import generate_sequences, run_sync
+from mcore_agentic.rollout.tokenization import ChatTokenizer
+from mcore_agentic.utils.errors import ConfigError
+from tests.unit.rollout.scripted import AddTool, ScriptedEngine, call
+
+SCRIPTS = {"Q-add": [call("add", a=2, b=3), "The answer is 5."]}
+ADD = AddTool().get_openai_tool_schema()
+ROWS = [{"prompt": [{"role": "system", "content": "You can use tools."}, {"role": "user", "content": f"Q-add {i}"}],
+         "data_source": "test", "reward_model": {"ground_truth": "5"}} for i in range(2)]
+
+
+async def _converse(base_url: str, api_key: str, row: dict[str, Any], *, rewrite: bool = False) -> list[dict]:
+    from openai import AsyncOpenAI
+
+    messages = list(row["prompt"])
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        while True:
+            reply = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
+            message = reply.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                return messages
+            for c in message.tool_calls:
+                args = json.loads(c.function.arguments)
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": str(args["a"] + args["b"])})
+            if rewrite:  # compaction: the system prompt is dropped
+                messages = messages[1:]
+
+
+async def agent_ok(base_url: str, api_key: str, row: dict[str, Any]) -> dict[str, float]:
+    messages = await _converse(base_url, api_key, row)
+    return {"score": float("5" in messages[-1]["content"]), "format": 0.5}
+
+
+async def agent_compacts(base_url: str, api_key: str, row: dict[str, Any]) -> float:
+    await _converse(base_url, api_key, row, rewrite=True)
+    return 1.0
+
+
+async def agent_posts_reward(base_url: str, api_key: str, row: dict[str, Any]) -> None:
+    import httpx
+
+    await _converse(base_url, api_key, row)
+    root = base_url.rsplit("/v1", 1)[0]
+    async with httpx.AsyncClient() as client:
+        for value in (0.25, 0.5):
+            r = await client.post(f"{root}/reward", json={"reward": value}, headers={"Authorization": f"Bearer {api_key}"})
+            r.raise_for_status()
+
+
+async def agent_raises(base_url: str, api_key: str, row: dict[str, Any]) -> float:
+    await _converse(base_url, api_key, row)
+    raise RuntimeError("the harness crashed")
+
+
+async def agent_hangs(base_url: str, api_key: str, row: dict[str, Any]) -> float:
+    await asyncio.sleep(3600)
+    return 1.0
+
+
+def agent_returns_garbage(base_url: str, api_key: str, row: dict[str, Any]) -> str:  # a blocking (sync) program
+    return "great job"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_qwen_tokenizer("qwen2_5", vocab_size=4096)
+
+
+def _roll(tok: Any, entrypoint: str | None = None, n: int = 2, **agent: Any):
+    cfg = RolloutConfig(prompt_length=512, response_length=512, n=n, seed=7,
+                        multi_turn=MultiTurnConfig(max_assistant_turns=5),
+                        agent=AgentConfig(entrypoint=entrypoint, **agent))
+    source = AgentSource(cfg, ScriptedEngine(tok, SCRIPTS), ChatTokenizer(tok), version=lambda: 3)
+    try:
+        return source.roll_out(ROWS, cfg), cfg
+    finally:
+        source.close()
+
+
+def test_program_rows_equal_the_built_in_loops_and_carry_the_programs_reward(tok):
+    batch, cfg = _roll(tok, "tests.unit.endpoint.test_source:agent_ok")
+    loop_cfg = RolloutConfig(prompt_length=512, response_length=512, n=2, seed=7,
+                             multi_turn=MultiTurnConfig(max_assistant_turns=5))
+    loop = run_sync(generate_sequences(ROWS, ScriptedEngine(tok, SCRIPTS), {"add": AddTool()}, None, loop_cfg, tok))
+    assert batch["input_ids"].tolist() == loop["input_ids"].tolist()
+    assert batch["response_mask"].tolist() == loop["response_mask"].tolist()
+    assert batch["rollout_log_probs"].tolist() == loop["rollout_log_probs"].tolist()
+    assert len(set(batch["uid"])) == 2 and batch["uid"][0] == batch["uid"][1]  # rollout.n sessions per prompt
+    assert batch["source_reward"] == [1.0] * 4
+    assert [m["agent_samples"] for m in batch["request_metrics"]] == [1] * 4
+    assert all(m["sanity_check_mismatch"] == 0 for m in batch["request_metrics"])
+    versions = batch["rollout_log_probs"]  # the weight version each sampled token records is the source's
+    assert versions.shape[0] == 4
+    scored = score_rollout(batch, lambda *a: 0.0, tok, [{}] * 4)
+    assert scored["seq_scores"].tolist() == [1.0] * 4  # the program's reward, not the reward function's
+
+
+def test_a_forked_episode_trains_its_last_sample(tok):
+    batch, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_compacts", n=1)
+    for m, messages in zip(batch["request_metrics"], batch["messages"]):
+        assert m["agent_samples"] == 2 and m["agent_fork_reasons"] == {"rewritten": 1}
+        assert m["state"] == "completed" and m["sanity_check_mismatch"] == 0
+        assert messages[-1]["content"] == "The answer is 5."
+        assert messages[0]["role"] == "user"  # the compacted history is the row's prompt
+
+
+def test_rewards_posted_to_the_session_add_up(tok):
+    batch, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_posts_reward", n=1)
+    assert batch["source_reward"] == [0.75, 0.75]
+
+
+@pytest.mark.parametrize("entry,kind", [("agent_raises", "RuntimeError"), ("agent_returns_garbage", "BadReward"),
+                                        ("agent_hangs", "TimeoutError")])
+def test_a_failing_program_fails_its_row_not_the_rollout(tok, entry, kind):
+    batch, _ = _roll(tok, f"tests.unit.endpoint.test_source:{entry}", n=1, timeout_s=1.0)
+    assert [m["state"] for m in batch["request_metrics"]] == ["failed", "failed"]
+    assert [m["error_type"] for m in batch["request_metrics"]] == [kind, kind]
+    assert batch["response_mask"].sum() == 0  # trains on nothing
+    if entry == "agent_hangs":
+        assert [m["agent_timed_out"] for m in batch["request_metrics"]] == [1, 1]
+
+
+def test_a_command_program_gets_the_endpoint_in_its_environment(tok, tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(  # only the openai client: a command is its own process, it imports no trainer code
+        "import json, os, sys\n"
+        "from openai import OpenAI\n"
+        "row = json.load(open(os.environ['MCORE_AGENTIC_ROW']))\n"
+        "assert row == json.load(sys.stdin)\n"
+        "client = OpenAI(base_url=os.environ['OPENAI_BASE_URL'], api_key=os.environ['OPENAI_API_KEY'], max_retries=0)\n"
+        f"tools = [{ADD!r}]\n"
+        "messages = list(row['prompt'])\n"
+        "while True:\n"
+        "    m = client.chat.completions.create(model='p', messages=messages, tools=tools).choices[0].message\n"
+        "    messages.append(m.model_dump(exclude_none=True))\n"
+        "    if not m.tool_calls:\n"
+        "        break\n"
+        "    for c in m.tool_calls:\n"
+        "        a = json.loads(c.function.arguments)\n"
+        "        messages.append({'role': 'tool', 'tool_call_id': c.id, 'content': str(a['a'] + a['b'])})\n"
+        "print('log lines may come first')\n"
+        "print(json.dumps({'score': 1.0}))\n"
+    )
+    batch, _ = _roll(tok, None, n=1, command=f"{sys.executable} {script}")
+    assert [m["state"] for m in batch["request_metrics"]] == ["completed", "completed"]
+    assert batch["source_reward"] == [1.0, 1.0]
+
+
+def test_an_entrypoint_that_cannot_load_is_one_line(tok):
+    with pytest.raises(ConfigError) as e:
+        _roll(tok, "tests.unit.endpoint.test_source:nope")
+    assert "rollout.agent.entrypoint" in str(e.value)
