@@ -86,6 +86,26 @@ class TurnEngine:
     def flush_cache(self) -> None: ...
 
 
+async def lean_program(base_url: str, api_key: str, row: dict[str, Any]) -> float:
+    """The same agent program over a plain ``httpx`` client: JSON in, JSON out."""
+    import httpx
+
+    messages = list(row["prompt"])
+    headers = {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=60) as client:
+        while True:
+            sent = time.perf_counter()
+            r = await client.post("/chat/completions", json={"model": "policy", "messages": messages, "tools": [LOOKUP]})
+            CLIENT_LATENCIES.append(time.perf_counter() - sent)
+            message = r.json()["choices"][0]["message"]
+            messages.append({k: v for k, v in message.items() if v is not None})
+            if not message.get("tool_calls"):
+                return 1.0
+            for call in message["tool_calls"]:
+                key = json.loads(call["function"]["arguments"])["key"]
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"value of {key}"})
+
+
 async def program(base_url: str, api_key: str, row: dict[str, Any]) -> float:
     """The agent program: the plain openai client, its own loop and tool."""
     from openai import AsyncOpenAI
@@ -122,29 +142,47 @@ def main() -> None:
     loop_batch = run_sync(generate_sequences(rows, engine, {"lookup": LookupTool()}, None, cfg, tok))
     loop_s = time.perf_counter() - started
 
-    engine = TurnEngine(tok, args.turns, args.gen_ms / 1000)
-    cfg = RolloutConfig(**base, agent=AgentConfig(entrypoint="bench.agent_endpoint:program", max_concurrent=args.sessions))
-    source = AgentSource(cfg, engine, ChatTokenizer(tok), version=lambda: 0)
-    _ = source.url  # the server starts once per run, not per rollout
-    started = time.perf_counter()
-    endpoint_batch = source.roll_out(rows, cfg)
-    endpoint_s = time.perf_counter() - started
-    source.close()
-
-    same = (torch.equal(loop_batch["input_ids"], endpoint_batch["input_ids"])
-            and torch.equal(loop_batch["response_mask"], endpoint_batch["response_mask"]))
-    failed = sum(m.get("state") == "failed" for m in endpoint_batch["request_metrics"])
-    engine_s = statistics.median(engine.durations)  # a fixed sleep per call: the same for every request
-    added = sorted(1000 * (c - engine_s) for c in CLIENT_LATENCIES)
     n = len(rows)
-    print(f"sessions={n} turns={args.turns} engine {args.gen_ms:.0f} ms/call; trajectories identical: {same}; "
-          f"failed: {failed}")
-    print(f"{'mode':>14} {'wall s':>8} {'traj/s':>8}")
-    print(f"{'built-in loop':>14} {loop_s:>8.2f} {n / loop_s:>8.1f}")
-    print(f"{'endpoint':>14} {endpoint_s:>8.2f} {n / endpoint_s:>8.1f}")
-    print(f"ratio endpoint / built-in loop: {loop_s / endpoint_s:.2f}x trajectories/s")
-    print(f"added latency per request: p50 {statistics.median(added):.1f} ms, "
-          f"p99 {added[min(len(added) - 1, int(0.99 * len(added)))]:.1f} ms ({len(added)} requests)")
+    print(f"sessions={n} turns={args.turns} engine {args.gen_ms:.0f} ms/call")
+    print(f"{'mode':>26} {'wall s':>7} {'traj/s':>7} {'ratio':>6} {'same':>5} {'added p50/p99 ms':>17} "
+          f"{'server CPU ms/req':>17} {'client CPU ms/req':>17}")
+    print(f"{'built-in loop':>26} {loop_s:>7.2f} {n / loop_s:>7.1f} {1.0:>6.2f}")
+    for label, entry in (("endpoint, httpx client", "lean_program"), ("endpoint, openai client", "program")):
+        CLIENT_LATENCIES.clear()
+        engine = TurnEngine(tok, args.turns, args.gen_ms / 1000)
+        cfg = RolloutConfig(**base, agent=AgentConfig(entrypoint=f"__main__:{entry}", max_concurrent=args.sessions))
+        source = AgentSource(cfg, engine, ChatTokenizer(tok), version=lambda: 0)
+        _ = source.url  # the server starts once per run, not per rollout
+        server_cpu = _thread_cpu(source.server._thread)
+        started, main_cpu = time.perf_counter(), time.thread_time()
+        batch = source.roll_out(rows, cfg)
+        wall, client_cpu = time.perf_counter() - started, time.thread_time() - main_cpu
+        server_cpu = _thread_cpu(source.server._thread) - server_cpu
+        source.close()
+        same = (torch.equal(loop_batch["input_ids"], batch["input_ids"])
+                and torch.equal(loop_batch["response_mask"], batch["response_mask"])
+                and not any(m.get("state") == "failed" for m in batch["request_metrics"]))
+        engine_s = statistics.median(engine.durations)  # a fixed sleep per call: the same for every request
+        added = sorted(1000 * (c - engine_s) for c in CLIENT_LATENCIES)
+        p99 = added[min(len(added) - 1, int(0.99 * len(added)))]
+        requests = len(CLIENT_LATENCIES)
+        print(f"{label:>26} {wall:>7.2f} {n / wall:>7.1f} {loop_s / wall:>6.2f} {str(same):>5} "
+              f"{statistics.median(added):>8.1f}/{p99:<8.1f} {1000 * server_cpu / requests:>17.2f} "
+              f"{1000 * client_cpu / requests:>17.2f}")
+    print("ratio: trajectories/s vs the built-in loop; same: trajectories identical to the loop's; server CPU: the "
+          "endpoint thread (HTTP, matching, tokenization); client CPU: the programs (same process, same GIL)")
+
+
+def _thread_cpu(thread: Any) -> float:
+    """CPU seconds a thread has used (Linux: its /proc stat), 0 where unreadable."""
+    import os
+
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 if __name__ == "__main__":
