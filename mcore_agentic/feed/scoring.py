@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.endpoint.session import FORK_REASONS
 from mcore_agentic.parallel.stats import Stats
 from mcore_agentic.rewards import score_of
 from mcore_agentic.rewards.config import OverlongBufferConfig
@@ -112,12 +113,22 @@ def rollout_stats(batches: Sequence[Batch]) -> Stats:
     st.add("failed", [float(m.get("state") == "failed") for m in rm])
     st.add("truncated", [float(b["finish_reason"][i] == "length") for b, i in rows])
     st.add("overlong", [float((b.meta.get("overlong_penalty") or [0.0] * len(b))[i]) for b, i in rows])
+    # Agent programs (rollout.agent): episodes, their samples and forks by reason, the program's faults.
+    agent = [m for m in rm if m.get("agent_samples", 0) or m.get("agent_program_failed", 0)]
+    st.add("agent_episodes", [1.0] * len(agent))
+    st.add("agent_samples", [m.get("agent_samples", 0) for m in agent])
+    for reason in FORK_REASONS[1:]:
+        st.add(f"agent_fork_{reason}", [(m.get("agent_fork_reasons") or {}).get(reason, 0) for m in agent])
+    st.add("agent_malformed_calls", [m.get("agent_malformed_calls", 0) for m in agent])
+    st.add("agent_program_failed", [m.get("agent_program_failed", 0) for m in agent])
+    st.add("agent_timed_out", [m.get("agent_timed_out", 0) for m in agent])
     return st
 
 
 def rollout_metrics(st: Stats) -> dict[str, float]:
-    """Reward, accuracy, turns, tool calls/errors, sanity-check mismatches and failures from :func:`rollout_stats`."""
-    return {
+    """Reward, accuracy, turns, tool calls/errors, sanity-check mismatches and failures from :func:`rollout_stats`
+    (and, when agent programs rolled out, ``agent/*``)."""
+    return {**_agent_metrics(st),
         "rollout/num_sequences": st.count("score"),
         "reward/mean": st.mean("score"),
         "reward/max": st.max("score"),
@@ -141,3 +152,21 @@ def rollout_metrics(st: Stats) -> dict[str, float]:
         "rollout/truncated": st.mean("truncated"),
         "reward/overlong_penalty_mean": st.mean("overlong"),
     }
+
+
+def _agent_metrics(st: Stats) -> dict[str, float]:
+    """Agent programs' episodes: samples per episode, forks by reason, samples not trained, faults (none without)."""
+    if not st.total("agent_episodes"):
+        return {}
+    out = {
+        "agent/episodes": st.total("agent_episodes"),
+        "agent/samples_per_episode": st.mean("agent_samples"),
+        "agent/untrained_samples": st.total("agent_samples") - st.total("agent_episodes")
+        + st.total("agent_program_failed"),
+        "agent/forks": sum(st.total(f"agent_fork_{r}") for r in FORK_REASONS[1:]),
+        "agent/malformed_calls": st.total("agent_malformed_calls"),
+        "agent/program_failures": st.total("agent_program_failed"),
+        "agent/timeouts": st.total("agent_timed_out"),
+    }
+    out.update({f"agent/fork_{r}": st.total(f"agent_fork_{r}") for r in FORK_REASONS[1:]})
+    return out

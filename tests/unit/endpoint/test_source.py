@@ -169,3 +169,37 @@ def test_an_entrypoint_that_cannot_load_is_one_line(tok):
     with pytest.raises(ConfigError) as e:
         _roll(tok, "tests.unit.endpoint.test_source:nope")
     assert "rollout.agent.entrypoint" in str(e.value)
+
+
+def test_agent_metrics_count_episodes_samples_forks_and_faults(tok):
+    from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats
+
+    forked, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_compacts", n=1)
+    failed, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_raises", n=1)
+    batches = [score_rollout(b, lambda *a: 0.0, tok, [{}] * len(b)) for b in (forked, failed)]
+    m = rollout_metrics(rollout_stats(batches))
+    assert m["agent/episodes"] == 4 and m["agent/samples_per_episode"] == 1.5  # 2 + 2 + 1 + 1 samples
+    assert m["agent/fork_rewritten"] == 2 and m["agent/forks"] == 2
+    assert m["agent/program_failures"] == 2
+    assert m["agent/untrained_samples"] == 4  # one forked-away sample per compacted episode, both failed ones
+    loop = run_sync(generate_sequences(ROWS, ScriptedEngine(tok, SCRIPTS), {"add": AddTool()}, None,
+                                       RolloutConfig(prompt_length=512, response_length=512), tok))
+    loop = score_rollout(loop, lambda *a: 0.0, tok, [{}] * len(loop))
+    assert not any(k.startswith("agent/") for k in rollout_metrics(rollout_stats([loop])))
+
+
+def test_routing_is_recorded_per_sample_as_the_loop_records_it(tok):
+    cfg = RolloutConfig(prompt_length=512, response_length=512, n=1, seed=7,
+                        multi_turn=MultiTurnConfig(max_assistant_turns=5),
+                        agent=AgentConfig(entrypoint="tests.unit.endpoint.test_source:agent_ok"))
+    source = AgentSource(cfg, ScriptedEngine(tok, SCRIPTS, routing=True), ChatTokenizer(tok), version=lambda: 0)
+    try:
+        batch = source.roll_out(ROWS, cfg)
+    finally:
+        source.close()
+    loop_cfg = RolloutConfig(prompt_length=512, response_length=512, n=1, seed=7,
+                             multi_turn=MultiTurnConfig(max_assistant_turns=5))
+    loop = run_sync(generate_sequences(ROWS, ScriptedEngine(tok, SCRIPTS, routing=True), {"add": AddTool()}, None,
+                                       loop_cfg, tok))
+    assert batch["routed_experts"].shape == loop["routed_experts"].shape
+    assert (batch["routed_experts"][..., 0] == loop["routed_experts"][..., 0]).all()  # token ids and positions
