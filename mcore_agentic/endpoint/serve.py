@@ -42,8 +42,9 @@ def session_admin(registry: SessionRegistry, factory: Any, admin_token: str, max
 
     def install(app: Any) -> None:
         def refuse(exc: ApiError) -> JSONResponse:
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
             return JSONResponse({"error": {"message": exc.message, "type": exc.type, "param": exc.param,
-                                           "code": exc.code}}, status_code=exc.status)
+                                           "code": exc.code}}, status_code=exc.status, headers=headers)
 
         @app.post("/sessions")
         async def open_session(request: Request) -> Any:

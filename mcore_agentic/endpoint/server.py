@@ -107,6 +107,15 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
             return json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ApiError(400, "the body's JSON is nested too deeply") from None
+
+    def failure(api: ModuleType, session_id: str, exc: Exception) -> JSONResponse:
+        """An :class:`ApiError` as itself; anything else logged and answered 500, in the API's shape."""
+        if isinstance(exc, ApiError):
+            return error(api, exc)
+        logger.exception("session %s: %s failed", session_id, api.__name__.rsplit(".", 1)[-1], exc_info=exc)
+        return error(api, ApiError(500, f"internal error: {type(exc).__name__}", type="api_error"))
 
     def error(api: ModuleType, exc: ApiError) -> JSONResponse:
         app.state.counts["errors_4xx" if exc.status < 500 else "errors_5xx"] += 1
@@ -117,12 +126,10 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
         try:
             session = registry.authorised(session_id, request_token(request.headers))
             parsed = api.parse_request(await read_json(request))
+            check_tool_choice(parsed)
             result = await session.complete(parsed)
-        except ApiError as exc:
-            return error(api, exc)
         except Exception as exc:  # noqa: BLE001 -- one request's failure is its own, never the server's
-            logger.exception("session %s: %s failed", session_id, api.__name__.rsplit(".", 1)[-1])
-            return error(api, ApiError(500, f"internal error: {type(exc).__name__}", type="api_error"))
+            return failure(api, session_id, exc)
         if parsed.stream:
             return StreamingResponse(_frames(api.stream_events(result, parsed)), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -144,8 +151,8 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
     async def models(session_id: str, request: Request) -> Any:
         try:
             registry.authorised(session_id, request_token(request.headers))
-        except ApiError as exc:
-            return error(openai_chat, exc)
+        except Exception as exc:  # noqa: BLE001
+            return failure(openai_chat, session_id, exc)
         return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0,
                                             "owned_by": "mcore-agentic"}]}
 
@@ -159,8 +166,8 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
             value = body["reward"]
             if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
                 raise ApiError(400, f"reward must be a finite number, got {value!r}", param="reward")
-        except ApiError as exc:
-            return error(openai_chat, exc)
+        except Exception as exc:  # noqa: BLE001
+            return failure(openai_chat, session_id, exc)
         session.reward = (session.reward or 0.0) + float(value)
         session.counts["rewards"] += 1
         return {"session_id": session_id, "reward": session.reward}
@@ -169,13 +176,24 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
     async def samples(session_id: str, request: Request) -> Any:
         try:
             session = registry.authorised(session_id, request_token(request.headers))
-        except ApiError as exc:
-            return error(openai_chat, exc)
-        return session.summary()
+            return session.summary()
+        except Exception as exc:  # noqa: BLE001
+            return failure(openai_chat, session_id, exc)
 
     if admin is not None:
         admin(app)
     return app
+
+
+def check_tool_choice(request: Any) -> None:
+    """A ``tool_choice`` naming one tool must name one the request offers; ``required`` needs tools (OpenAI and
+    Anthropic refuse both the same way)."""
+    names = {t["function"]["name"] for t in request.tools or []}
+    if request.tool_choice == "required" and not names:
+        raise ApiError(400, "tool_choice requires a tool call but the request offers no tools", param="tool_choice")
+    if request.tool_choice not in ("auto", "none", "required") and request.tool_choice not in names:
+        raise ApiError(400, f"tool_choice names {request.tool_choice!r}, which is not among the request's tools "
+                            f"{sorted(names)}", param="tool_choice")
 
 
 async def _frames(events: Iterator[str]) -> AsyncIterator[bytes]:

@@ -38,6 +38,8 @@ from mcore_agentic.rollout.request import Trajectory
 from mcore_agentic.rollout.tokenization import ChatTokenizer, ConversationTokenizer, TokenizationPath
 from mcore_agentic.rollout.tool_call import ToolCall, ToolCallError, ToolCallParser
 
+MAX_STORED_RESPONSES = 64
+"""Responses a session keeps for ``previous_response_id`` (the latest ones)."""
 FORK_REASONS: tuple[str, ...] = ("start", "tools_changed", "thinking_dropped", "retried", "rewritten", "concurrent")
 
 
@@ -325,7 +327,9 @@ class Session:
         result = TurnResult(content=shown["content"], reasoning=reasoning, tool_calls=out_calls, finish_reason=finish,
                             prompt_tokens=len(sample.trajectory) - len(ids), completion_tokens=len(ids),
                             model=request.model, stop_sequence=stop_text, logprobs=lp)
-        self.responses[result.id] = [*messages, client]
+        self.responses[result.id] = [*messages, client]  # the messages themselves are shared, not copied
+        while len(self.responses) > MAX_STORED_RESPONSES:  # bounded: a long session keeps its latest responses
+            del self.responses[next(iter(self.responses))]
         return result
 
     def _pieces(self, ids: Sequence[int]) -> list[str]:
