@@ -88,14 +88,20 @@ def serve(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from mcore_agentic.rollout.config import RolloutConfig
     from mcore_agentic.rollout.engines import build_engine
 
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    vocab = getattr(AutoConfig.from_pretrained(args.model), "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        parser.exit(2, f"error: --model: the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
+                       f"{vocab}: its special tokens would index past the embedding; export the model with its own "
+                       "tokenizer\n")
     cfg = RolloutConfig(name=args.engine, prompt_length=args.prompt_length, response_length=args.response_length)
     engine = build_engine(cfg, _Model(args.model, args.dtype), device=args.device, seed=args.seed)
-    chat = ChatTokenizer(AutoTokenizer.from_pretrained(args.model))
+    chat = ChatTokenizer(tokenizer)
     settings = SessionSettings(prompt_length=cfg.prompt_length, response_length=cfg.response_length,
                                max_model_len=cfg.effective_max_model_len, honor_client_sampling=True)
     tool_parser = get_tool_parser(args.tool_format)
