@@ -23,7 +23,7 @@ from typing import Any
 
 from anthropic.types import message_create_params as _params
 
-from .api_fields import (
+from mcore_agentic.endpoint.api_fields import (
     TEXT_JOIN,
     as_dict,
     assistant_message,
@@ -45,7 +45,7 @@ from .api_fields import (
     sse,
     tool_call,
 )
-from .turn import ApiError, TurnRequest, TurnResult
+from mcore_agentic.endpoint.turn import ApiError, TurnRequest, TurnResult
 
 KNOWN_FIELDS = client_fields(
     _params.MessageCreateParamsBase, _params.MessageCreateParamsStreaming, _params.MessageCreateParamsNonStreaming,

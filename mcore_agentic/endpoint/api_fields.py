@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .turn import ApiError
+from mcore_agentic.endpoint.turn import ApiError
 
 TEXT_JOIN = "\n"
 """Separator between the text parts of one content list (as vLLM joins them); one part stays as it is."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from openai.types.chat import completion_create_params as _params
 
-from .api_fields import (
+from mcore_agentic.endpoint.api_fields import (
     as_dict,
     assistant_message,
     bad,
@@ -38,7 +38,7 @@ from .api_fields import (
     sse,
     tool_call,
 )
-from .turn import ApiError, TurnRequest, TurnResult
+from mcore_agentic.endpoint.turn import ApiError, TurnRequest, TurnResult
 
 KNOWN_FIELDS = client_fields(
     _params.CompletionCreateParamsBase, _params.CompletionCreateParamsStreaming,

@@ -25,7 +25,7 @@ from typing import Any
 
 from openai.types.responses import response_create_params as _params
 
-from .api_fields import (
+from mcore_agentic.endpoint.api_fields import (
     as_dict,
     assistant_message,
     bad,
@@ -47,7 +47,7 @@ from .api_fields import (
     sse,
     tool_call,
 )
-from .turn import ApiError, TurnRequest, TurnResult
+from mcore_agentic.endpoint.turn import ApiError, TurnRequest, TurnResult
 
 KNOWN_FIELDS = client_fields(
     _params.ResponseCreateParamsBase, _params.ResponseCreateParamsStreaming, _params.ResponseCreateParamsNonStreaming,
