@@ -135,28 +135,32 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
                                      headers={"Cache-Control": "no-cache"})
         return JSONResponse(api.response_body(result, parsed))
 
-    @app.post("/sessions/{session_id}/v1/chat/completions")
+    def route(path: str, method: str, handler: Callable[[str, Request], Any]) -> None:
+        """A plain Starlette route: FastAPI's dependency solving costs more per request than the rest of a
+        turn's HTTP handling, and these handlers read only the path's session id and the raw request."""
+
+        async def endpoint(request: Request) -> Any:
+            return await handler(request.path_params["session_id"], request)
+
+        app.add_route(path, endpoint, methods=[method])
+
     async def chat_completions(session_id: str, request: Request) -> Any:
         return await turn(openai_chat, session_id, request)
 
-    @app.post("/sessions/{session_id}/v1/responses")
     async def create_response(session_id: str, request: Request) -> Any:
         return await turn(responses, session_id, request)
 
-    @app.post("/sessions/{session_id}/v1/messages")
     async def messages(session_id: str, request: Request) -> Any:
         return await turn(anthropic_messages, session_id, request)
 
-    @app.get("/sessions/{session_id}/v1/models")
     async def models(session_id: str, request: Request) -> Any:
         try:
             registry.authorised(session_id, request_token(request.headers))
         except Exception as exc:  # noqa: BLE001
             return failure(openai_chat, session_id, exc)
-        return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0,
-                                            "owned_by": "mcore-agentic"}]}
+        return JSONResponse({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0,
+                                                         "owned_by": "mcore-agentic"}]})
 
-    @app.post("/sessions/{session_id}/reward")
     async def reward(session_id: str, request: Request) -> Any:
         try:
             session = registry.authorised(session_id, request_token(request.headers))
@@ -170,15 +174,22 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
             return failure(openai_chat, session_id, exc)
         session.reward = (session.reward or 0.0) + float(value)
         session.counts["rewards"] += 1
-        return {"session_id": session_id, "reward": session.reward}
+        return JSONResponse({"session_id": session_id, "reward": session.reward})
 
-    @app.get("/sessions/{session_id}/samples")
     async def samples(session_id: str, request: Request) -> Any:
         try:
             session = registry.authorised(session_id, request_token(request.headers))
-            return session.summary()
+            return JSONResponse(session.summary())
         except Exception as exc:  # noqa: BLE001
             return failure(openai_chat, session_id, exc)
+
+    base = "/sessions/{session_id}"
+    route(f"{base}/v1/chat/completions", "POST", chat_completions)
+    route(f"{base}/v1/responses", "POST", create_response)
+    route(f"{base}/v1/messages", "POST", messages)
+    route(f"{base}/v1/models", "GET", models)
+    route(f"{base}/reward", "POST", reward)
+    route(f"{base}/samples", "GET", samples)
 
     if admin is not None:
         admin(app)
