@@ -101,6 +101,8 @@ SCHEMA = pa.schema(
         ("tool_seconds", pa.float64()),
         ("latency_seconds", pa.float64()),
         ("sanity_check_mismatch", pa.bool_()),
+        ("agent_samples", pa.int32()),
+        ("agent_forks", pa.string()),
     ]
 )
 """One row per trajectory. Trainer-side columns (``old_log_probs`` ... ``values``) are null in ``val``
@@ -213,6 +215,9 @@ def trajectory_records(
                 "tool_seconds": float(rm.get("tool_seconds", 0.0)),
                 "latency_seconds": float(rm.get("latency_seconds", 0.0)),
                 "sanity_check_mismatch": bool(rm.get("sanity_check_mismatch", 0)),
+                # an agent program's episode (rollout.agent): its samples and forks by reason; null otherwise
+                "agent_samples": int(rm["agent_samples"]) if rm.get("agent_samples") else None,
+                "agent_forks": json.dumps(rm.get("agent_fork_reasons") or {}) if rm.get("agent_samples") else None,
             }
         )
     return records

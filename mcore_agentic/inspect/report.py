@@ -95,6 +95,9 @@ def _trajectory(r: dict[str, Any]) -> dict[str, Any]:
             for c in r["tool_calls"]
         ],
         "toolErrors": sum(bool(c["error"]) for c in r["tool_calls"]),
+        # an agent program's episode: its samples and forks (dumps before issue 32 have no such columns)
+        "agentSamples": r.get("agent_samples"),
+        "agentForks": r.get("agent_forks"),
     }
 
 
@@ -227,6 +230,8 @@ function renderTrajectory(t, index) {
   head.append(`${t.split} step ${t.step} · group ${t.group} row ${t.row} · reward ${fmt(t.reward)}` +
     (parts ? ` (${parts})` : "") + ` · acc ${fmt(t.acc, 0)} · finish ${t.finish} · ${t.turns} turns · ` +
     `weights v${t.wv} · ${fmt(t.latency, 2)} s`);
+  if (t.agentSamples) head.append(el("span", {class: t.agentSamples > 1 ? "bad" : "muted"},
+    ` · agent episode: ${t.agentSamples} sample(s), forks ${t.agentForks}`));
   if (t.state === "failed") head.append(el("span", {class: "bad"}, ` · FAILED: ${t.error}`));
   if (t.gt !== null) head.append(el("span", {class: "muted"}, ` · ground truth ${t.gt}`));
   box.append(head);

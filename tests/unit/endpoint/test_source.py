@@ -203,3 +203,13 @@ def test_routing_is_recorded_per_sample_as_the_loop_records_it(tok):
                                        loop_cfg, tok))
     assert batch["routed_experts"].shape == loop["routed_experts"].shape
     assert (batch["routed_experts"][..., 0] == loop["routed_experts"][..., 0]).all()  # token ids and positions
+
+
+def test_dumps_carry_an_episodes_samples_and_forks(tok):
+    from mcore_agentic.feed.rollout_dump import trajectory_table
+
+    batch, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_compacts", n=1)
+    scored = score_rollout(batch, lambda *a: 0.0, tok, [{}] * len(batch))
+    table = trajectory_table(scored, [0, 1], step=1, split="train", group=0, weight_version=0, tokenizer=tok)
+    assert table.column("agent_samples").to_pylist() == [2, 2]
+    assert [json.loads(f) for f in table.column("agent_forks").to_pylist()] == [{"rewritten": 1}] * 2
