@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from mcore_agentic.endpoint.turn import ApiError
+from mcore_agentic.rollout.tool_call import json_type  # the JSON names of types, for messages
 
 TEXT_JOIN = "\n"
 """Separator between the text parts of one content list (as vLLM joins them); one part stays as it is."""
@@ -23,25 +24,6 @@ DELTA_CHARS = 16
 """Most characters in one streamed text delta."""
 
 _MISSING = object()
-
-
-def json_type(value: Any) -> str:
-    """The JSON name of ``value``'s type, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
 
 
 def bad(path: str, message: str, *, status: int = 400) -> ApiError:
