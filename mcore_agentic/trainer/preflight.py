@@ -177,6 +177,30 @@ def check_rows(cfg: Any, tools: dict[str, dict] | None, interactions: set[str] |
     return problems
 
 
+def check_agent(cfg: Any) -> list[ConfigError]:
+    """``rollout.agent``: the entry point loads and is callable; the command's program exists."""
+    import shlex
+    import shutil
+
+    from mcore_agentic.endpoint.programs import load_entrypoint
+
+    a = cfg.rollout.agent
+    problems: list[ConfigError] = []
+    if a.entrypoint:
+        _collect(problems, lambda: load_entrypoint(a.entrypoint), "rollout.agent.entrypoint")
+    if a.command:
+        try:
+            argv = shlex.split(a.command)
+        except ValueError as exc:
+            return [ConfigError("rollout.agent.command", f"cannot be split like a shell line: {exc}")]
+        if not argv:
+            problems.append(ConfigError("rollout.agent.command", "is empty: set a command line or unset it"))
+        elif shutil.which(argv[0]) is None:
+            problems.append(ConfigError("rollout.agent.command", f"{argv[0]!r} is not an executable on PATH or a "
+                                                                 "path to one"))
+    return problems
+
+
 def preflight(
     cfg: Any, world_size: int, *, local_world_size: int | None = None, dirs: Sequence[Path] = (), light: bool = False,
 ) -> list[ConfigError]:
@@ -212,6 +236,7 @@ def preflight(
         plugins = _collect(problems, lambda: check_plugins(cfg), "rollout.multi_turn.tool_config_path")
     if "reward.custom_reward_function" not in absent:
         _collect(problems, lambda: build_reward_fn(cfg.reward), "reward.custom_reward_function")
+    problems += check_agent(cfg)
     if not absent & {"data.train_files", "data.val_files"}:
         tools, interactions = plugins if plugins is not None else (None, None)
         problems += check_rows(cfg, tools, interactions)

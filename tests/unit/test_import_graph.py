@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "endpoint": {"rollout", "tools", "data"},  # the session endpoint: agent programs as a rollout source
     "feed": {"data", "parallel", "algorithms", "rollout", "tools", "rewards", "endpoint"},  # the rollout side of a step: schedules, scoring, exchange, dumps
     "trainer": {"config", "data", "models", "parallel", "workers", "algorithms", "rollout", "tools", "interactions",
-                "rewards", "sharding", "feed"},
+                "rewards", "sharding", "feed", "endpoint"},  # endpoint: the pre-flight loads an agent's entry point
     "inspect": {"feed"},  # reads the dump format (feed.rollout_dump)
     "megatron_patches": set(),  # megatron-core and torch only; applied by launch/ and tests
 }

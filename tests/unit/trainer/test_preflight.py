@@ -84,3 +84,15 @@ def test_prompts_that_cannot_fit_are_found_before_any_model_is_built(tmp_path):
     ensure_model(cfg)  # the tiny checkpoint, for its tokenizer
     problems = [str(p) for p in preflight(cfg, 2, dirs=search_dirs())]
     assert len(problems) == 2 and all(p.startswith("data.max_prompt_length: =64 drops all") for p in problems), problems
+
+
+def test_an_agent_program_that_cannot_start_is_one_line_and_its_rows_tools_are_its_own(tmp_path):
+    base = ["trainer.device=cpu", "rollout.multi_turn.tool_config_path=null", "trainer.logger=[jsonl]"]
+    cfg = load_config(compose("default_tiny", [*base, "rollout.agent.entrypoint=examples/no_such_agent.py:run"]))
+    problems = preflight(cfg, 2, dirs=search_dirs())
+    assert [p.field for p in problems] == ["rollout.agent.entrypoint"], problems  # not the rows' read_meter
+    cfg = load_config(compose("default_tiny", [*base, "rollout.agent.command=no-such-agent-binary --x"]))
+    assert [str(p) for p in preflight(cfg, 2, dirs=search_dirs())] == [
+        "rollout.agent.command: 'no-such-agent-binary' is not an executable on PATH or a path to one"]
+    cfg = load_config(compose("default_tiny", [*base, f"rollout.agent.entrypoint={REPO_ROOT}/examples/meter_agent.py:run"]))
+    assert preflight(cfg, 2, dirs=search_dirs()) == []
