@@ -460,7 +460,7 @@ def test_a_hung_async_program_times_out():
 
     started = time.monotonic()
     outcome = _run(hang, timeout_s=0.5)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 5  # the hour-long program is cut at its timeout (slack for a loaded CI)
     assert outcome.timed_out and outcome.reward is None and outcome.error_type == "TimeoutError"
     assert "timeout_s=0.5" in outcome.error
 
@@ -485,8 +485,8 @@ def test_a_hung_command_times_out_and_its_process_group_is_killed(tmp_path):
             f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
             "time.sleep(60)\n")
     started = time.monotonic()
-    outcome = _run(command=shlex.join([sys.executable, "-S", "-c", code]), timeout_s=1.0)
-    assert time.monotonic() - started < 3
+    outcome = _run(command=shlex.join([sys.executable, "-S", "-c", code]), timeout_s=3.0)  # time to write its pids
+    assert time.monotonic() - started < 10
     assert outcome.timed_out and outcome.error_type == "TimeoutError"
     pid, child = map(int, pids.read_text().split())
     assert _gone(pid)
