@@ -90,7 +90,6 @@ def request_token(headers: Any) -> str | None:
 def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Callable[[Any], None] | None = None) -> Any:
     """The FastAPI app serving ``registry``'s sessions. ``admin``: the standalone server's extra routes."""
     app = FastAPI(title="mcore-agentic session endpoint", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.counts = {"errors_4xx": 0, "errors_5xx": 0}
 
     async def read_json(request: Request) -> Any:
         declared = request.headers.get("content-length")
@@ -118,7 +117,6 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
         return error(api, ApiError(500, f"internal error: {type(exc).__name__}", type="api_error"))
 
     def error(api: ModuleType, exc: ApiError) -> JSONResponse:
-        app.state.counts["errors_4xx" if exc.status < 500 else "errors_5xx"] += 1
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse(api.error_body(exc), status_code=exc.status, headers=headers)
 

@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mcore_agentic.endpoint.turn import ApiError, TokenLogprob, ToolCallOut, TurnFinish, TurnRequest, TurnResult
 from mcore_agentic.rollout.agent_loop import assistant_message
 from mcore_agentic.rollout.engines.base import RolloutEngine, SamplingParams
 from mcore_agentic.rollout.request import Trajectory
-from mcore_agentic.rollout.tokenization import ChatTokenizer, ConversationTokenizer, TokenizationPath
+from mcore_agentic.rollout.tokenization import ChatTokenizer, ConversationTokenizer
 from mcore_agentic.rollout.tool_call import ToolCall, ToolCallError, ToolCallParser
 
 MAX_STORED_RESPONSES = 64
@@ -95,7 +94,6 @@ class Sample:
     """A request found no room left in the sample's budget (it got ``context_length_exceeded``): the episode
     ended by length, as the built-in loop's would, whatever the program does next."""
     malformed_calls: int = 0
-    tokenization_paths: Counter[str] = field(default_factory=Counter)
 
     @property
     def awaiting_environment(self) -> bool:
@@ -109,7 +107,7 @@ class Session:
 
     def __init__(self, session_id: str, *, engine: RolloutEngine, chat: ChatTokenizer, parser: ToolCallParser,
                  settings: SessionSettings, version: Callable[[], int] = lambda: 0, seed: int | None = None,
-                 token: str | None = None, data: dict[str, Any] | None = None):
+                 token: str | None = None):
         self.id = session_id
         self.token = token or secrets.token_urlsafe(32)
         self.engine = engine
@@ -118,8 +116,6 @@ class Session:
         self.settings = settings
         self.version = version
         self.seed = seed
-        self.data = dict(data or {})
-        """The dataset row this session serves (training), for the samples route and the reward."""
         self.samples: list[Sample] = []
         self.forks: Counter[str] = Counter()
         self.counts: Counter[str] = Counter()
@@ -128,7 +124,6 @@ class Session:
         self.generations = 0
         self.closed = False
         self.thinking = "</think>" in str(getattr(chat.tokenizer, "chat_template", "") or "")
-        self.created = time.time()
         self.reward: float | None = None
         """A reward the agent reported through the session's reward route (its sum), or None."""
 
@@ -145,10 +140,11 @@ class Session:
             raise ApiError(400, "the last message is the assistant's: a prefilled assistant turn is not supported; "
                                 "end with a user or tool message", param="messages")
         self.counts["requests"] += 1
-        sample, new = self._match(messages, request.tools)  # no await inside: atomic on the loop
+        keys = [message_key(m) for m in messages]
+        sample, new = self._match(messages, keys, request.tools)  # no await inside: atomic on the loop
         sample.busy = True
         try:
-            return await self._turn(sample, messages, new, request)
+            return await self._turn(sample, messages, keys, new, request)
         except BaseException:
             if sample.turns == 0:  # a new sample that never sampled: nothing to keep
                 self.samples.remove(sample)
@@ -172,9 +168,10 @@ class Session:
             raise ApiError(400, "the request has no messages", param="messages")
         return messages
 
-    def _match(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> tuple[Sample, int]:
-        """The sample the request extends and the index of its first new message, or a new sample (a fork)."""
-        keys = [message_key(m) for m in messages]
+    def _match(self, messages: list[dict[str, Any]], keys: list[tuple[Any, ...]],
+               tools: list[dict[str, Any]] | None) -> tuple[Sample, int]:
+        """The sample the request extends and the index of its first new message, or a new sample (a fork);
+        ``keys`` are the messages' :func:`message_key`."""
         tkey = tools_key(tools)
         extends: list[Sample] = []
         reasons = ["start"]  # why each sample does not extend; the latest sample's reason names the fork
@@ -195,10 +192,11 @@ class Session:
         if len(self.samples) >= self.settings.max_samples:
             raise ApiError(429, f"session {self.id} already holds {len(self.samples)} samples (forks), the limit: "
                                 "send history back as the endpoint returned it", type="rate_limit_error")
-        sample = self._fork(messages, tools, reasons[-1])
+        sample = self._fork(messages, keys, tools, reasons[-1])
         return sample, len(messages)
 
-    def _fork(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, reason: str) -> Sample:
+    def _fork(self, messages: list[dict[str, Any]], keys: list[tuple[Any, ...]], tools: list[dict[str, Any]] | None,
+              reason: str) -> Sample:
         rendered = [renderable(m) for m in messages]
         in_prompt = (tools or None) if self.settings.tools_in_prompt else None
         tokens = self.chat.conversation(rendered, tools=in_prompt)
@@ -211,13 +209,14 @@ class Session:
         trajectory = Trajectory()
         trajectory.set_prompt(prompt)
         sample = Sample(index=len(self.samples), fork_reason=reason, tools=in_prompt, tools_key=tools_key(tools),
-                        messages=rendered, echo=[message_key(m) for m in messages], tokens=tokens,
+                        messages=rendered, echo=list(keys), tokens=tokens,
                         trajectory=trajectory, num_prompt_messages=len(messages))
         self.samples.append(sample)
         self.forks[reason] += 1
         return sample
 
-    async def _turn(self, sample: Sample, messages: list[dict[str, Any]], start: int, request: TurnRequest) -> TurnResult:
+    async def _turn(self, sample: Sample, messages: list[dict[str, Any]], keys: list[tuple[Any, ...]], start: int,
+                    request: TurnRequest) -> TurnResult:
         s, chat, traj = self.settings, self.chat, sample.trajectory
         if start < len(messages) and sample.turns > 0:  # an extension: the environment's new messages, as a delta
             new = [renderable(m) for m in messages[start:]]
@@ -225,10 +224,7 @@ class Session:
             segment = sample.tokens.env_segment(list(sample.messages), len(sample.messages) - len(new),
                                                 sampled_text=sample.last_text if sample.last_eot else None,
                                                 sampled_eot=sample.last_eot)
-            sample.tokenization_paths[segment.path.value] += 1
-            if segment.path is TokenizationPath.FULL_CONTEXT:
-                self.counts["tokenization_full_context"] += 1
-            sample.echo.extend(message_key(m) for m in messages[start:])
+            sample.echo.extend(keys[start:])
             traj.append(segment.ids, sampled=False)
         room = min(s.response_length - traj.response_len, s.max_model_len - len(traj))
         if room <= 0:
@@ -346,7 +342,7 @@ class Session:
                 "prompt_len": t.prompt_len, "ids": list(t.ids), "loss_mask": list(t.loss_mask),
                 "log_probs": list(t.log_probs), "weight_versions": list(t.versions),
                 "pieces": self._pieces(t.ids), "messages": s.messages, "malformed_calls": s.malformed_calls,
-                "tokenization_paths": dict(s.tokenization_paths),
+                "tokenization_paths": {str(k): v for k, v in s.tokens.paths.items()},
             })
         return {"session_id": self.id, "samples": out, "forks": dict(self.forks), "counts": dict(self.counts),
                 "reward": self.reward}

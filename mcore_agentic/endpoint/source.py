@@ -34,7 +34,7 @@ from mcore_agentic.endpoint.session import Sample, Session, SessionSettings
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.driver import build_requests, finish_batch, run_sync
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
-from mcore_agentic.rollout.tokenization import ChatTokenizer
+from mcore_agentic.rollout.tokenization import ChatTokenizer, TokenizationPath
 from mcore_agentic.rollout.tool_parser import get_tool_parser
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class AgentSource:
     async def _episode(self, req: RolloutRequest, row: dict[str, Any], settings: SessionSettings,
                        gate: asyncio.Semaphore) -> None:
         session = Session(uuid.uuid4().hex, engine=self.engine, chat=self.chat, parser=self.parser,
-                          settings=settings, version=self.version, seed=req.seed, data=row)
+                          settings=settings, version=self.version, seed=req.seed)
         base = f"{self.url}/sessions/{session.id}"
         access = SessionAccess(base_url=f"{base}/v1", anthropic_base_url=base, api_key=session.token,
                                session_id=session.id)
@@ -151,9 +151,10 @@ class AgentSource:
         m = req.metrics
         m.assistant_turns = sample.turns
         m.tool_calls = sum(len(msg.get("tool_calls") or []) for msg in sample.messages if msg.get("role") == "assistant")
-        m.tokenization_full_context = sample.tokenization_paths.get("full_context", 0)
-        m.template_drift = sample.tokenization_paths.get("two_renders", 0)
-        m.template_fallback = sample.tokenization_paths.get("base_fallback", 0)
+        paths = sample.tokens.paths  # how each of the sample's environment deltas was tokenized
+        m.tokenization_full_context = paths[TokenizationPath.FULL_CONTEXT]
+        m.template_drift = paths[TokenizationPath.TWO_RENDERS]
+        m.template_fallback = paths[TokenizationPath.BASE_FALLBACK]
         mode = self.cfg.multi_turn.tokenization_sanity_check_mode
         if mode != "disable":
             traj = req.trajectory
