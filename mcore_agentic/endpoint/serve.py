@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import secrets
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -101,6 +102,9 @@ def serve(argv: list[str] | None = None) -> None:
                        "tokenizer\n")
     cfg = RolloutConfig(name=args.engine, prompt_length=args.prompt_length, response_length=args.response_length)
     engine = build_engine(cfg, _Model(args.model, args.dtype), device=args.device, seed=args.seed)
+    bound = getattr(engine, "event_loop", None)  # SGLang: its loop must run for the sessions' calls (engine_call)
+    if bound is not None and not bound.is_running():
+        threading.Thread(target=bound.run_forever, name="engine-loop", daemon=True).start()
     chat = ChatTokenizer(tokenizer)
     settings = SessionSettings(prompt_length=cfg.prompt_length, response_length=cfg.response_length,
                                max_model_len=cfg.effective_max_model_len, honor_client_sampling=True)

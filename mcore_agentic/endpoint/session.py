@@ -23,6 +23,7 @@ them to the trainer (or, standalone, to the samples route).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections import Counter
@@ -235,7 +236,7 @@ class Session:
                                 f"{s.response_length} (the endpoint's response length)", param="messages",
                            code="context_length_exceeded")
         budget = room if request.max_tokens is None else min(room, request.max_tokens)
-        out = await self.engine.generate(list(traj.ids), self._sampling(request, budget))
+        out = await engine_call(self.engine, list(traj.ids), self._sampling(request, budget))
         self.generations += 1
         sample.last_generation = self.generations
         if out.finish_reason == "abort":
@@ -346,6 +347,16 @@ class Session:
             })
         return {"session_id": self.id, "samples": out, "forks": dict(self.forks), "counts": dict(self.counts),
                 "reward": self.reward}
+
+
+async def engine_call(engine: RolloutEngine, prompt_ids: list[int], params: SamplingParams) -> Any:
+    """``engine.generate`` from the endpoint's own event loop. An engine bound to one loop (``engine.event_loop``:
+    SGLang's request handler lives on the loop of its first request) gets the call on that loop, which the rollout
+    runs (``driver.run_sync``) or, standalone, a thread of its own (:mod:`.serve`)."""
+    bound = getattr(engine, "event_loop", None)
+    if bound is None or bound is asyncio.get_running_loop():
+        return await engine.generate(prompt_ids, params)
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(engine.generate(prompt_ids, params), bound))
 
 
 # ----------------------------------------------------------------------------------------- messages

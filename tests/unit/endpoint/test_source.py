@@ -213,3 +213,31 @@ def test_dumps_carry_an_episodes_samples_and_forks(tok):
     table = trajectory_table(scored, [0, 1], step=1, split="train", group=0, weight_version=0, tokenizer=tok)
     assert table.column("agent_samples").to_pylist() == [2, 2]
     assert [json.loads(f) for f in table.column("agent_forks").to_pylist()] == [{"rewritten": 1}] * 2
+
+
+class LoopBoundEngine(ScriptedEngine):
+    """An engine whose async machinery lives on one event loop (as SGLang's does): a call from any other loop
+    would hang or fail there, so this one refuses it."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self.event_loop = asyncio.new_event_loop()
+
+    async def generate(self, prompt_ids, params):
+        assert asyncio.get_running_loop() is self.event_loop, "called off the engine's own loop"
+        return await super().generate(prompt_ids, params)
+
+
+def test_an_engine_bound_to_its_loop_is_called_on_it_from_the_endpoints_thread(tok):
+    cfg = RolloutConfig(prompt_length=512, response_length=512, n=1, seed=7,
+                        multi_turn=MultiTurnConfig(max_assistant_turns=5),
+                        agent=AgentConfig(entrypoint="tests.unit.endpoint.test_source:agent_ok"))
+    engine = LoopBoundEngine(tok, SCRIPTS)
+    source = AgentSource(cfg, engine, ChatTokenizer(tok), version=lambda: 0)
+    try:
+        batch = source.roll_out(ROWS, cfg)  # the rollout runs the engine's loop (driver.run_sync)
+    finally:
+        source.close()
+        engine.event_loop.close()
+    assert [m["state"] for m in batch["request_metrics"]] == ["completed", "completed"]
+    assert engine.calls == 4
