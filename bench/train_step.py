@@ -51,6 +51,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layouts", default="1,2", help="comma-separated TP sizes to compare (first is the baseline)")
     p.add_argument("--packing", choices=["packed", "padded", "both"], default="packed",
                    help="packed (THD) micro-batches, padded [rows, longest] ones, or both in turn")
+    p.add_argument("--attention", choices=["fused", "eager", "both"], default="fused",
+                   help="the local spec's core attention: fused kernels on CUDA (SDPA, varlen flash), the eager "
+                        "einsum path, or both in turn (the eager rows are the baseline of the fused ones)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--ranks", type=int, default=2, help="ranks torchrun starts when this script relaunches itself")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="model.dtype")
@@ -138,9 +141,15 @@ def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> list[dict[str
         dist.barrier()
         return (time.perf_counter() - t) / a.steps
 
+    from mcore_agentic.parallel.local_attention import LocalDotProductAttention
+
     rows = []
     params = sum(p.numel() for p in actor.engine.chunks[0].parameters())
-    for packing in (["packed", "padded"] if a.packing == "both" else [a.packing]):
+    fused_devices = LocalDotProductAttention.fused_devices
+    attentions = ["eager", "fused"] if a.attention == "both" else [a.attention]
+    for attention, packing in [(att, pk) for att in attentions
+                               for pk in (["packed", "padded"] if a.packing == "both" else [a.packing])]:
+        LocalDotProductAttention.fused_devices = fused_devices if attention == "fused" else ()
         actor.batching = dataclasses.replace(actor.batching, pack=packing == "packed")
         batch = full.chunk(layout.data_parallel_size)[layout.dp_rank]  # each replica trains its rows
         if cuda:
@@ -149,12 +158,14 @@ def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> list[dict[str
         actor.update_policy(batch)
         fwd = timed(lambda batch=batch: actor.compute_log_prob(batch))
         upd = timed(lambda batch=batch: actor.update_policy(batch))
-        row = {"tp": tp, "dp": layout.data_parallel_size, "packing": packing, "params_per_rank": params,
+        row = {"tp": tp, "dp": layout.data_parallel_size, "packing": packing, "attention": attention,
+               "params_per_rank": params,
                "tokens": tokens, "fwd_s": fwd, "upd_s": upd, "fwd_tok_s": tokens / fwd, "upd_tok_s": tokens / upd,
                "fwd_tflops": fwd_flops / fwd / 1e12, "upd_tflops": 3 * fwd_flops / upd / 1e12}
         if cuda:
             row["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
         rows.append(row)
+    LocalDotProductAttention.fused_devices = fused_devices
     actor = None  # free this layout's model before the next one is built
     destroy_parallel()
     return rows
@@ -190,15 +201,16 @@ def main(argv: list[str] | None = None) -> None:
               f"batch {a.batch} x {a.prompt}+{a.response} tokens (responses from {a.min_response_frac:.2f}x), "
               f"{rows[0]['tokens']:,} real tokens, micro {a.micro}/rank, {world} {backend} ranks, {a.dtype}, "
               f"{a.steps} timed steps" + (f", MFU over {peak:.0f} TFLOP/s per GPU" if peak else ""))
-        print(f"{'TP':>3} {'DP':>3} {'packing':>7} {'log-prob s':>11} {'log-prob tok/s':>15} "
+        print(f"{'TP':>3} {'DP':>3} {'packing':>7} {'attention':>9} {'log-prob s':>11} {'log-prob tok/s':>15} "
               f"{'update s':>9} {'update tok/s':>13}" + (f" {'fwd MFU':>8} {'upd MFU':>8}" if peak else ""))
         for r in rows:
-            print(f"{r['tp']:>3} {r['dp']:>3} {r['packing']:>7} {r['fwd_s']:>11.3f} {r['fwd_tok_s']:>15.1f} "
+            print(f"{r['tp']:>3} {r['dp']:>3} {r['packing']:>7} {r['attention']:>9} {r['fwd_s']:>11.3f} {r['fwd_tok_s']:>15.1f} "
                   f"{r['upd_s']:>9.3f} {r['upd_tok_s']:>13.1f}"
                   + (f" {r['fwd_mfu']:>8.3f} {r['upd_mfu']:>8.3f}" if peak else ""))
         base = rows[0]
         for r in rows[1:]:
-            print(f"TP={r['tp']} {r['packing']} / TP={base['tp']} {base['packing']} throughput: "
+            print(f"TP={r['tp']} {r['packing']} {r['attention']} / TP={base['tp']} {base['packing']} "
+                  f"{base['attention']} throughput: "
                   f"log-prob {r['fwd_tok_s'] / base['fwd_tok_s']:.2f}x, update {r['upd_tok_s'] / base['upd_tok_s']:.2f}x")
         if a.json:
             facts = {"device": where, "world_size": world, "backend": backend, "dtype": a.dtype, "preset": a.preset,

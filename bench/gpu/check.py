@@ -101,7 +101,9 @@ def gpu_tests_cmd(ctx: Ctx) -> list[str]:
             *gpu_test_files()]
 
 
-def train_step_cmd(name: str, shape: tuple[str, ...] = ()) -> Callable[[Ctx], list[str]]:
+def train_step_cmd(name: str, shape: tuple[str, ...] = (), attention: str = "both") -> Callable[[Ctx], list[str]]:
+    """``attention``: the local spec's fused kernels, the eager path, or both (the eager rows are the baseline)."""
+
     def cmd(ctx: Ctx) -> list[str]:
         cuda = ctx.device == "cuda"
         sizes = (["--batch", "64", "--prompt", "128", "--response", "896", "--micro", "8", "--steps", "3"] if cuda
@@ -109,7 +111,7 @@ def train_step_cmd(name: str, shape: tuple[str, ...] = ()) -> Callable[[Ctx], li
                        "--steps", "1"])
         return [ctx.python, "bench/train_step.py", "--device", ctx.device, "--ranks", "1", "--layouts", "1",
                 "--dtype", "bfloat16" if cuda else "float32", "--packing", "both", "--min-response-frac", "0.25",
-                *sizes, *(shape if cuda else ()), "--json", str(ctx.work / f"{name}.json")]
+                "--attention", attention, *sizes, *(shape if cuda else ()), "--json", str(ctx.work / f"{name}.json")]
 
     return cmd
 
@@ -189,7 +191,7 @@ def json_figures(name: str, keys: tuple[str, ...]) -> Callable[[Ctx, str], dict[
     return figures
 
 
-TRAIN_KEYS = ("packing", "tokens", "fwd_tok_s", "upd_tok_s", "fwd_mfu", "upd_mfu", "fwd_s", "upd_s", "peak_mem_gb",
+TRAIN_KEYS = ("packing", "attention", "tokens", "fwd_tok_s", "upd_tok_s", "fwd_mfu", "upd_mfu", "fwd_s", "upd_s", "peak_mem_gb",
               "params_per_rank")
 SYNC_KEYS = ("bucket_mb", "buckets", "seconds", "raw", "export_gb_s", "raw_gb_s", "export_over_raw", "peak", "bound")
 
@@ -204,12 +206,12 @@ STEPS: list[Step] = [
          "weight sync, engine-vs-trainer log-prob gap, NVML per phase", 180, 60, job_cmd("default_job"),
          job_figures("default_job")),
     Step("gpu_tests", "pytest -m gpu (the GPU-marked tests)", 150, 30, gpu_tests_cmd, pytest_figures),
-    Step("train_step_100m", "actor log-prob and update throughput and MFU, 100m preset, packed vs padded", 120, 45,
-         train_step_cmd("train_step_100m"), json_figures("train_step_100m", TRAIN_KEYS)),
+    Step("train_step_100m", "actor log-prob and update throughput and MFU, 100m preset, packed vs padded, the "
+         "local spec's fused attention vs its eager path", 150, 60, train_step_cmd("train_step_100m"), json_figures("train_step_100m", TRAIN_KEYS)),
     Step("weight_sync", "weight-sync export of a 1.3B model on CUDA: GB/s vs a raw copy of the same bytes", 120, 40,
          weight_sync_cmd, json_figures("weight_sync", SYNC_KEYS)),
-    Step("train_step_0p5b", "actor throughput and MFU, a Qwen3-0.6B-shaped body (16k vocab), packed vs padded",
-         180, 90, train_step_cmd("train_step_0p5b", QWEN3_06B_BODY), json_figures("train_step_0p5b", TRAIN_KEYS)),
+    Step("train_step_0p5b", "actor throughput and MFU, a Qwen3-0.6B-shaped body (16k vocab), packed vs padded, "
+         "fused attention", 180, 60, train_step_cmd("train_step_0p5b", QWEN3_06B_BODY, "fused"), json_figures("train_step_0p5b", TRAIN_KEYS)),
     Step("offload_job", "the default job with actor param/grad/optimizer offload: gpu/freed_gb/* and sharding "
          "offload metrics", 150, 60, job_cmd("offload_job", OFFLOAD), job_figures("offload_job")),
 ]
@@ -382,7 +384,8 @@ def _brief(figures: dict[str, Any], limit: int = 7) -> str:
     if "rows" in figures:
         parts = []
         for r in figures["rows"]:
-            label = r.get("packing") or f"{r.get('bucket_mb')} MiB"
+            label = (" ".join(str(r[k]) for k in ("packing", "attention") if r.get(k))
+                     or f"{r.get('bucket_mb')} MiB")
             vals = [f"{k}={r[k]:.3g}" for k in ("fwd_tok_s", "upd_tok_s", "fwd_mfu", "upd_mfu", "peak_mem_gb",
                                                  "export_gb_s", "raw_gb_s") if isinstance(r.get(k), (int, float))]
             parts.append(f"{label}: {' '.join(vals)}")

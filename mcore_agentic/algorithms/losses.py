@@ -100,8 +100,11 @@ def agg_loss(
 
 
 def _clamp_denominator(denom: int | float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    # An empty batch has a zero numerator; dividing by 1 gives 0 instead of NaN.
-    return torch.as_tensor(denom, dtype=like.dtype, device=like.device).clamp(min=1)
+    # An empty batch has a zero numerator; dividing by 1 gives 0 instead of NaN. A host number becomes a
+    # device fill (a kernel), never a host-to-device copy: that copy synchronises the GPU on every micro-batch.
+    if isinstance(denom, torch.Tensor):
+        return denom.to(dtype=like.dtype, device=like.device).clamp(min=1)
+    return like.new_full((), max(float(denom), 1.0))
 
 
 @dataclass(frozen=True)

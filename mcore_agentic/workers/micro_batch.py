@@ -117,12 +117,18 @@ def build_micro_batch(
     )
 
 
+def _can_pin() -> bool:
+    """Whether host memory can be page-locked here (a CUDA runtime is present)."""
+    return torch.cuda.is_available()
+
+
 def _copy(t: Any, device: torch.device) -> Any:
     """``t`` on ``device``: from pinned memory and non-blocking when it goes from the host to a real GPU."""
     if not isinstance(t, torch.Tensor) or t.device == device:
         return t
-    if t.device.type == "cpu" and device.type == "cuda" and torch.cuda.is_available():
-        t = t.pin_memory()
+    if t.device.type == "cpu" and device.type == "cuda" and _can_pin():
+        # pin_memory refuses views whose elements share memory (an expanded position row): copy those first.
+        t = (t if t.is_contiguous() else t.contiguous()).pin_memory()
     return t.to(device, non_blocking=True)
 
 
@@ -153,6 +159,13 @@ def to_device(mb: MicroBatch, device: torch.device, *, offsets_on_device: bool =
             params, cu_seqlens_q=packed.cu_seqlens_real, cu_seqlens_kv=packed.cu_seqlens_real,
             cu_seqlens_q_padded=padded, cu_seqlens_kv_padded=padded,
         )
+    elif params is not None:  # host offsets, and the padded ones once on the device for the varlen kernel
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        from mcore_agentic.parallel.local_attention import LocalPackedSeqParams
+
+        fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(PackedSeqParams)}
+        params = LocalPackedSeqParams(**fields, cu_seqlens_device=packed.cu_seqlens)
     # The loss's fields (old log-probs, advantages, masks...); routed experts already live in ``routing``.
     data = Batch(
         tensors={k: move(v) for k, v in mb.data.tensors.items() if k not in TOKEN_FIELDS},

@@ -7,7 +7,9 @@ Two stand-ins for a GPU, each for what it can check on a CPU-only torch:
   forward and the loss read there. (Its CUDA tensors cannot be sliced or recorded by autograd without CUDA.)
 * the ``meta`` device runs the whole last-stage computation: a host tensor meeting a device one raises, and so does
   a host read of a device value (``.tolist()``, ``.item()``, ``float()``) — the two ways the first GPU step would
-  have crashed or stalled on a per-row sync.
+  have crashed or stalled on a per-row sync. :class:`_NoHostToDevice` adds the third, which the first GPU run found
+  (``torch.as_tensor(18, device=cuda)`` in the loss normaliser, under ``set_sync_debug_mode("error")``): host data
+  becoming a device tensor after the one copy is a synchronous copy from pageable memory on every micro-batch.
 """
 
 from __future__ import annotations
@@ -15,17 +17,51 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
 
 from mcore_agentic.algorithms.advantages import compute_grpo_outcome_advantage
 from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
 from mcore_agentic.algorithms.losses import loss_normalisers
 from mcore_agentic.algorithms.objective import actor_objective, critic_objective
 from mcore_agentic.parallel.vocab_parallel import vocab_parallel_log_probs_and_entropy
+from mcore_agentic.workers import micro_batch
 from mcore_agentic.workers.micro_batch import build_micro_batch, merge_outputs, post_process, sum_metrics, to_device
 from tests.unit.workers._fixtures import PROMPT, VOCAB, make_batch
 
 CUDA = torch.device("cuda", 0)
 META = torch.device("meta")
+
+
+class _NoHostToDevice(TorchFunctionMode):
+    """Refuses host data becoming a device tensor: ``torch.tensor`` / ``as_tensor`` / ``scalar_tensor`` given a
+    device, and ``.to`` / ``.cuda`` / ``.copy_`` from a host tensor to a device one. Fills (``full``, ``new_full``,
+    ``zeros``) are kernels and pass."""
+
+    _MAKERS = (torch.tensor, torch.as_tensor, torch.scalar_tensor)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self._MAKERS:
+            dev = kwargs.get("device")
+            data = args[0] if args else kwargs.get("data")
+            on_device = isinstance(data, torch.Tensor) and data.device.type != "cpu"
+            if dev is not None and torch.device(dev).type != "cpu" and not on_device:
+                raise AssertionError(f"host data copied to {dev} by {func.__name__}")
+        elif func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.copy_):
+            src = args[1] if func is torch.Tensor.copy_ else args[0]
+            dst = args[0].device if func is torch.Tensor.copy_ else _target_device(args[1:], kwargs)
+            if isinstance(src, torch.Tensor) and src.device.type == "cpu" and dst is not None and dst.type != "cpu":
+                raise AssertionError(f"a host tensor {tuple(src.shape)} copied to {dst} by {func.__name__}")
+        return func(*args, **kwargs)
+
+
+def _target_device(args: tuple, kwargs: dict) -> torch.device | None:
+    for a in (*args, kwargs.get("device")):
+        if isinstance(a, torch.Tensor):
+            return a.device
+        if isinstance(a, (str, torch.device)):
+            return torch.device(a)
+    return None
 
 
 def _host_rows(n: int = 4):
@@ -109,6 +145,9 @@ def test_a_micro_batch_goes_to_cuda_in_one_copy(pack: bool):
             local = to_device(mb, CUDA, offsets_on_device=False)
         assert [k for k in _on(local, CUDA) if not k.startswith("params.")] == []
         assert local.packed_seq_params.cu_seqlens_q.device.type == "cpu"
+        # ... and the padded offsets once on the device, for the varlen attention kernel
+        assert local.packed_seq_params.cu_seqlens_device.device == CUDA
+        assert local.packed_seq_params.cu_seqlens_device.dtype == torch.int32
 
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "padded"])
@@ -118,15 +157,49 @@ def test_a_micro_batch_trains_on_the_device_without_host_syncs(pack: bool):
     norms = loss_normalisers(rows["response_mask"])
     dev = to_device(mb, META)
     assert _on(dev, META) == []
-    loss, metrics, logits = _actor_pass(dev, norms, META)
-    assert loss.device == META and all(v.device == META for v in metrics.values())
-    loss.backward()
-    assert logits.grad.device == META
-    values = torch.randn(*dev.tokens.shape, 1, device=META)
-    vloss, _, _ = post_process(
-        dev, lambda out, m: {"values": out.squeeze(-1)}, _critic_loss(norms), False, values, cp_size=1, cp_group=None
-    )
+    with _NoHostToDevice():
+        loss, metrics, logits = _actor_pass(dev, norms, META)
+        assert loss.device == META and all(v.device == META for v in metrics.values())
+        loss.backward()
+        assert logits.grad.device == META
+        values = torch.randn(*dev.tokens.shape, 1, device=META)
+        vloss, _, _ = post_process(
+            dev, lambda out, m: {"values": out.squeeze(-1)}, _critic_loss(norms), False, values, cp_size=1,
+            cp_group=None,
+        )
     assert vloss.device == META
+
+
+def test_the_host_to_device_guard_can_fail():
+    with _NoHostToDevice(), pytest.raises(AssertionError, match="as_tensor"):
+        torch.as_tensor(18, dtype=torch.float32, device=META)  # what the loss normaliser did before the GPU run
+    with _NoHostToDevice(), pytest.raises(AssertionError, match="host tensor"):
+        torch.ones(2).to(META)
+    with _NoHostToDevice():
+        torch.ones(2, device=META).new_full((), 18.0)
+
+
+def test_a_broadcast_row_is_pinned_after_a_copy(monkeypatch):
+    """``pin_memory`` refuses a tensor whose elements share memory (a position row expanded over the batch): the
+    first GPU run's packed benchmark died on it. Pinning is CUDA-only, so the stand-in refuses exactly what the real
+    one does (``torch._debug_has_internal_overlap`` is the check torch runs)."""
+    pinned: list[torch.Tensor] = []
+
+    def pin(t: torch.Tensor) -> torch.Tensor:
+        if torch._debug_has_internal_overlap(t) == 1:  # MemOverlap::Yes
+            raise RuntimeError("more than one element of the written-to tensor refers to a single memory location")
+        pinned.append(t)
+        return t
+
+    monkeypatch.setattr(micro_batch, "_can_pin", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        pin(torch.arange(4).expand(3, 4))  # the stand-in can fail
+    for pack in (True, False):
+        mb = _micro_batch(_host_rows(), pack)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            dev = to_device(mb, CUDA)
+        assert _on(dev, CUDA) == [] and pinned
 
 
 def test_a_forward_only_pass_returns_host_outputs_for_the_experience_path():
