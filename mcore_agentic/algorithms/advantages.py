@@ -1,4 +1,5 @@
-"""Advantage estimators (GAE, GRPO, RLOO, REINFORCE++, REINFORCE++-baseline) on multi-turn loss masks.
+"""Advantage estimators (GAE, GRPO, RLOO, REINFORCE++, REINFORCE++-baseline, turn-level GRPO) on multi-turn loss
+masks.
 
 All tensors are ``[B, R]`` over the response region; ``response_mask`` is 1 only on
 tokens the policy sampled. Tool results, user turns and padding *inside* the
@@ -19,6 +20,12 @@ Outcome estimators (GRPO, RLOO, REINFORCE++-baseline) use the per-sequence score
 ``sum(token_level_rewards * mask)`` and compare sequences that share a prompt
 (``index``: one uid per sequence). A group of one has no baseline and gets advantage 0.
 Sequences without sampled tokens (failed or aborted requests) are left out of their group.
+
+Turns (``grpo_turn``, :func:`turn_spans`): a turn is a maximal run of sampled tokens. Between two assistant turns the
+chat template's own tokens (end of turn, the tool or user message, the next header) are masked, so the runs of a
+row's mask are its assistant turns, found in the response layout wherever the rows sit (packing and CP splitting
+happen later, on copies). A turn's reward is the sum of the token-level rewards over its tokens: the per-turn
+rewards (``algorithm.turn_rewards``) sit on each turn's last sampled token, the outcome on the row's last one.
 """
 
 from __future__ import annotations
@@ -34,11 +41,13 @@ __all__ = [
     "compute_advantage",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_turn_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_rloo_outcome_advantage",
     "group_ids",
     "place_sequence_rewards",
+    "turn_spans",
 ]
 
 Index = Sequence[Hashable] | torch.Tensor
@@ -261,6 +270,93 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return adv, adv
 
 
+def turn_spans(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sampled token's turn and each row's turn count: ``(turn [B, R], counts [B])``.
+
+    ``turn`` is the 0-based index of the maximal run of sampled tokens the token belongs to (-1 on masked tokens);
+    ``counts`` how many runs the row has (0 for a row that sampled nothing)."""
+    valid = response_mask.bool()
+    previous = torch.nn.functional.pad(valid[:, :-1], (1, 0), value=False)
+    starts = valid & ~previous
+    turn = torch.cumsum(starts.long(), dim=-1) - 1
+    return torch.where(valid, turn, torch.full_like(turn, -1)), starts.sum(-1)
+
+
+@torch.no_grad()
+def compute_grpo_turn_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Index,
+    gamma: float = 1.0,
+    *,
+    num_groups: int | None = None,
+    reduce: Reduce | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn-level, critic-free: each turn's discounted return-to-go minus the leave-one-out group mean of the
+    returns-to-go *at the same turn index*; ``(advantages, returns)``, both broadcast over each turn's tokens.
+
+    With ``r_{i,k}`` the reward of row ``i``'s turn ``k`` (the sum of its tokens' rewards) and ``K_i`` its turn
+    count: ``G_{i,k} = sum_{m=k}^{K_i-1} gamma^(m-k) r_{i,m}``, and
+    ``A_{i,k} = G_{i,k} - mean{ G_{j,k} : j != i in the group, K_j > k }`` (baseline 0 when no other row of the
+    group reached turn ``k``: then ``A = G``; a row whose group has no other row that acted gets 0, as in GRPO).
+
+    Why this baseline is unbiased when the policy decides when the episode ends. The gradient of the expected
+    return is ``E[sum_k grad log pi(a_{i,k} | s_{i,k}) (G_{i,k} - b_{i,k})]`` for any ``b_{i,k}`` that does not
+    depend on row ``i``'s actions from turn ``k`` on. The other rows of the group are independent samples, so any
+    function of them qualifies: which of them reached turn ``k``, and their returns there, say nothing about
+    whether row ``i`` continues. Leaving row ``i`` out matters: a mean that includes it scales the term of turn
+    ``k`` by ``(n_k - 1) / n_k``, with ``n_k`` the rows at turn ``k`` — a different weight per turn index, which
+    reweights late turns against early ones. The tempting construction (MT-GRPO-style, verl RFC #7244) normalises
+    each turn's *reward* per turn index and sums the normalised rewards from ``k`` to the row's own last turn: its
+    baseline ``sum_{m=k}^{K_i-1} mean_m(r)`` has as many terms as row ``i`` chose to take, an action-dependent
+    baseline whose expected effect is a bonus of minus the intermediate rewards' group mean on every "take
+    another turn" decision. ``tests/unit/algorithms/test_turn_credit_unbiased.py`` computes both estimators'
+    expectations exactly on a small continue-or-stop MDP.
+
+    No division by a standard deviation: a per-turn-index std would reweight turns the same way (the
+    ``norm_adv_by_std_in_grpo`` switch belongs to ``grpo``). Rows without sampled tokens are left out.
+    """
+    turn, counts = turn_spans(response_mask)
+    batch = response_mask.shape[0]
+    dtype = torch.float64
+    rewards = torch.where(response_mask.bool(), token_level_rewards.to(dtype), torch.zeros((), dtype=dtype))
+    width = int(counts.max()) if batch else 0
+    # Every replica needs the same [groups, turns] shape for the all-reduce: the sum of the replicas' widths
+    # bounds the widest of them, and needs no collective other than a sum.
+    if reduce is not None:
+        width = int(reduce(torch.tensor([float(width)], dtype=dtype))[0])
+    per_turn = torch.zeros(batch, width + 1, dtype=dtype, device=rewards.device)  # column `width`: masked tokens
+    slot = torch.where(turn >= 0, turn, torch.full_like(turn, width))
+    per_turn.scatter_add_(1, slot, rewards)
+    per_turn = per_turn[:, :width]
+    reached = torch.arange(width, device=rewards.device).unsqueeze(0) < counts.unsqueeze(1)  # [B, K]
+    returns_to_go = torch.zeros_like(per_turn)
+    running = torch.zeros(batch, dtype=dtype, device=rewards.device)
+    for k in reversed(range(width)):
+        running = torch.where(reached[:, k], per_turn[:, k] + gamma * running, running)
+        returns_to_go[:, k] = torch.where(reached[:, k], running, torch.zeros_like(running))
+    gid, num_groups = _groups(index, batch, rewards.device, num_groups)
+    acted = (counts > 0).to(dtype).unsqueeze(1)
+    # [groups, turns + 1]: returns-to-go and rows per turn index, and (last column) rows that acted at all.
+    sums = torch.zeros(num_groups, width + 1, dtype=dtype, device=rewards.device)
+    sums.index_add_(0, gid, torch.cat([returns_to_go, torch.zeros_like(acted)], dim=1))
+    seen = torch.zeros_like(sums).index_add_(0, gid, torch.cat([reached.to(dtype), acted], dim=1))
+    if reduce is not None:
+        sums, seen = reduce(torch.stack([sums, seen])).unbind(0)
+    others = seen[gid, :width] - reached.to(dtype)
+    baseline = torch.where(others > 0, (sums[gid, :width] - returns_to_go) / others.clamp(min=1),
+                           torch.zeros_like(returns_to_go))
+    # A group with no other row that acted has no baseline at all: 0, as for every group estimator here.
+    alone = (seen[gid, width] - acted.squeeze(1)) <= 0
+    turn_adv = torch.where(reached & ~alone.unsqueeze(1), returns_to_go - baseline, torch.zeros_like(returns_to_go))
+
+    def spread(per_row_turn: torch.Tensor) -> torch.Tensor:
+        padded = torch.nn.functional.pad(per_row_turn, (0, 1))  # the extra column reads 0 on masked tokens
+        return padded.gather(1, slot.clamp(max=width)).to(token_level_rewards.dtype)
+
+    return spread(turn_adv), spread(returns_to_go)
+
+
 def compute_advantage(
     cfg: AlgorithmConfig,
     token_level_rewards: torch.Tensor,
@@ -293,4 +389,6 @@ def compute_advantage(
         )
     if cfg.adv_estimator == "rloo":
         return compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **groups)
+    if cfg.adv_estimator == "grpo_turn":
+        return compute_grpo_turn_advantage(token_level_rewards, response_mask, index, cfg.gamma, **groups)
     return compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, **groups)

@@ -14,7 +14,7 @@ from typing import Any
 
 from mcore_agentic.utils.errors import ConfigError, require
 
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_turn")
 # "kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3"; a trailing "+" (e.g. "k3+") keeps the
 # estimator's value but takes the gradient of k2 (straight-through), as in verl.
 KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -163,9 +163,12 @@ class AlgorithmConfig:
     """The ``algorithm`` group: advantage estimator, discounting, KL in the reward."""
 
     adv_estimator: str = "gae"
-    """One of ``gae`` (needs a critic), ``grpo``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``."""
+    """One of ``gae`` (needs a critic), ``grpo``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``,
+    ``grpo_turn`` (critic-free, turn-level: each turn's return-to-go against the other rows' at the same turn
+    index, unbiased when the policy decides when to stop; docs/algorithms.md)."""
     gamma: float = 1.0
-    """Discount per *sampled* token (GAE, REINFORCE++); environment tokens are not time steps."""
+    """Discount per *sampled* token (GAE, REINFORCE++), per *turn* (``grpo_turn``); environment tokens are not
+    time steps."""
     lam: float = 1.0
     """GAE lambda (bias/variance trade-off); 1.0 = Monte-Carlo returns minus values."""
     norm_adv_by_std_in_grpo: bool = True
@@ -182,6 +185,14 @@ class AlgorithmConfig:
     """Rollout-training mismatch correction of the policy loss (``algorithm.rollout_correction.*``)."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """Dynamic sampling: drop prompt groups without reward variance, over-sample to refill (``algorithm.filter_groups.*``)."""
+    turn_rewards: bool = False
+    """Keep each turn's reward at the turn it belongs to (its last sampled token) instead of adding it to the
+    episode's score on the last token: a tool's step rewards (``execute``) at the turn that called it, an
+    interaction's turn score at the turn it answered. The episode's own rewards (the reward function, a tool's
+    ``calc_reward``, the interaction's final score, the over-long penalty) stay on the last turn. Read by every
+    estimator that looks at token positions (``gae``, ``reinforce_plus_plus``, ``grpo_turn``); the outcome
+    estimators sum the row either way. With it, the interaction's turn scores count in the reward (without it
+    they are passed to the reward function, as in verl)."""
     overlong_filtering: bool = False
     """Exclude truncated responses (``finish_reason == length``: the response budget ran out) from the policy loss;
     they still count in their group's baseline. NeMo-RL's name; DAPO's over-long filtering."""
@@ -213,7 +224,7 @@ class AlgorithmConfig:
     @property
     def needs_groups(self) -> bool:
         """True when advantages compare the responses of one prompt (``index``/uid needed, n > 1)."""
-        return self.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline")
+        return self.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_turn")
 
 
 @dataclass(frozen=True)

@@ -40,10 +40,12 @@ from mcore_agentic.data.balance import partition
 from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
 from mcore_agentic.parallel import comm
 
-__all__ = ["RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
+__all__ = ["RESPONSE_FIELDS", "TURN_FIELDS", "RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
 
 RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout_log_probs": torch.float32}
 """Per-response-token tensors that travel with a row (besides its token ids)."""
+TURN_FIELDS: dict[str, torch.dtype] = {"turn_rewards": torch.float32}
+"""With ``algorithm.turn_rewards``: each turn's reward on its last sampled token travels with the row."""
 ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long, "truncated": torch.long}
 """Per-row scalars that travel with it."""
 VERSION_FIELDS: dict[str, torch.dtype] = {**ROW_FIELDS, "weight_version": torch.long}
@@ -174,13 +176,14 @@ def _routing_int64s(tokens: int, routing_shape: tuple[int, ...] | None) -> int:
 
 
 def _row_sizes(
-    shapes: RowShapes, row: int, routing_shape: tuple[int, ...] | None = None, row_fields: Mapping[str, torch.dtype] = ROW_FIELDS
+    shapes: RowShapes, row: int, routing_shape: tuple[int, ...] | None = None, row_fields: Mapping[str, torch.dtype] = ROW_FIELDS,
+    response_fields: Mapping[str, torch.dtype] = RESPONSE_FIELDS,
 ) -> tuple[int, int]:
     """(int64 values, float32 values) one row carries: its ids, then its response and row fields, then its routing."""
     p, r = shapes.prompt[row], shapes.response[row]
-    ints = p + r + r * _count(RESPONSE_FIELDS, torch.long) + _count(row_fields, torch.long)
+    ints = p + r + r * _count(response_fields, torch.long) + _count(row_fields, torch.long)
     ints += _routing_int64s(p + r, routing_shape)
-    return ints, r * _count(RESPONSE_FIELDS, torch.float32) + _count(row_fields, torch.float32)
+    return ints, r * _count(response_fields, torch.float32) + _count(row_fields, torch.float32)
 
 
 def _routing_as_int64(values: torch.Tensor) -> torch.Tensor:
@@ -193,7 +196,7 @@ def _routing_as_int64(values: torch.Tensor) -> torch.Tensor:
 
 def _pack(
     local: Batch, rows: Sequence[int], shapes: RowShapes, routing_shape: tuple[int, ...] | None = None,
-    row_fields: Mapping[str, torch.dtype] = ROW_FIELDS,
+    row_fields: Mapping[str, torch.dtype] = ROW_FIELDS, response_fields: Mapping[str, torch.dtype] = RESPONSE_FIELDS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This leader's ``rows`` (global ids) as one int64 and one float32 buffer, row after row."""
     width = local["prompts"].shape[1]
@@ -203,7 +206,7 @@ def _pack(
         i = shapes.local_index(row)
         p, r = shapes.prompt[row], shapes.response[row]
         ints += [local["prompts"][i, width - p :], local["responses"][i, :r]]
-        for name, dtype in RESPONSE_FIELDS.items():
+        for name, dtype in response_fields.items():
             (ints if dtype == torch.long else floats).append(local[name][i, :r].to(dtype))
         for name, dtype in row_fields.items():
             (ints if dtype == torch.long else floats).append(local[name][i : i + 1].to(dtype))
@@ -216,6 +219,7 @@ def _pack(
 def _unpack(
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]], rows: Sequence[int], shapes: RowShapes, pad_token_id: int,
     routing_shape: tuple[int, ...] | None = None, row_fields: Mapping[str, torch.dtype] = ROW_FIELDS,
+    response_fields: Mapping[str, torch.dtype] = RESPONSE_FIELDS,
 ) -> Batch:
     cursor = {src: [0, 0] for src in buffers}
 
@@ -227,7 +231,7 @@ def _unpack(
         return piece
 
     prompts, responses = [], []
-    response_fields: dict[str, list[torch.Tensor]] = {k: [] for k in RESPONSE_FIELDS}
+    per_token: dict[str, list[torch.Tensor]] = {k: [] for k in response_fields}
     per_row: dict[str, list[torch.Tensor]] = {k: [] for k in row_fields}
     routing: list[torch.Tensor] = []
     for row in rows:
@@ -235,8 +239,8 @@ def _unpack(
         p, r = shapes.prompt[row], shapes.response[row]
         prompts.append(take(src, torch.long, p))
         responses.append(take(src, torch.long, r))
-        for name, dtype in RESPONSE_FIELDS.items():
-            response_fields[name].append(take(src, dtype, r))
+        for name, dtype in response_fields.items():
+            per_token[name].append(take(src, dtype, r))
         for name, dtype in row_fields.items():
             per_row[name].append(take(src, dtype, 1))
         if routing_shape:
@@ -244,7 +248,7 @@ def _unpack(
             routing.append(packed[: (p + r) * math.prod(routing_shape)].reshape(p + r, *routing_shape))
     tensors = build_rollout_layout(
         prompts, responses, pad_token_id=pad_token_id,
-        response_fields={k: (v, RESPONSE_FIELDS[k]) for k, v in response_fields.items()},
+        response_fields={k: (v, response_fields[k]) for k, v in per_token.items()},
     )
     tensors.update({k: torch.cat(v) if v else torch.zeros(0, dtype=row_fields[k]) for k, v in per_row.items()})
     if routing_shape and rows:
@@ -257,14 +261,15 @@ def _unpack(
 
 def exchange_rows(
     local: Batch | None, plan: StepPlan, layout: Any, pad_token_id: int, routing_shape: tuple[int, ...] | None = None,
-    row_fields: Mapping[str, torch.dtype] = ROW_FIELDS,
+    row_fields: Mapping[str, torch.dtype] = ROW_FIELDS, *, response_fields: Mapping[str, torch.dtype] = RESPONSE_FIELDS,
 ) -> Batch:
     """This rank's replica's rows (``plan.replicas[layout.dp_rank]``, in that order) as a padded :class:`Batch`.
 
     Collective over the world: leaders send, each replica's first rank receives, then broadcasts
     to its replica. Only int64/float32 tensors move; their sizes come from ``plan.shapes``.
     ``routing_shape``: ``(moe_layers, top_k)`` when the rows carry ``routed_experts`` (every rank passes it);
-    ``row_fields``: the per-row scalars that travel (every rank passes the same).
+    ``row_fields``: the per-row scalars that travel, ``response_fields`` the per-response-token tensors (every
+    rank passes the same).
     """
     shapes = plan.shapes
     me = dist.get_rank() if dist.is_initialized() else 0
@@ -280,7 +285,7 @@ def exchange_rows(
             own = [r for r in rows if shapes.source(r) == me]
             if not own:
                 continue
-            ints, floats = _pack(local, own, shapes, routing_shape, row_fields)
+            ints, floats = _pack(local, own, shapes, routing_shape, row_fields, response_fields)
             if firsts[d] == me:
                 buffers[me] = (ints, floats)
                 continue
@@ -290,7 +295,7 @@ def exchange_rows(
     # Receives: at this replica's first rank, one pair of buffers per leader that has rows here.
     sizes: dict[int, list[int]] = {}
     for row in mine:
-        n_int, n_float = _row_sizes(shapes, row, routing_shape, row_fields)
+        n_int, n_float = _row_sizes(shapes, row, routing_shape, row_fields, response_fields)
         acc = sizes.setdefault(shapes.source(row), [0, 0])
         acc[0] += n_int
         acc[1] += n_float
@@ -321,7 +326,7 @@ def exchange_rows(
             buffers[s] = (flat_int[at[0] : at[0] + sizes[s][0]], flat_float[at[1] : at[1] + sizes[s][1]])
             at[0] += sizes[s][0]
             at[1] += sizes[s][1]
-    return _unpack(buffers, mine, shapes, pad_token_id, routing_shape, row_fields)
+    return _unpack(buffers, mine, shapes, pad_token_id, routing_shape, row_fields, response_fields)
 
 
 def return_rows(

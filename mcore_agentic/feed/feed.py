@@ -34,6 +34,8 @@ import torch
 
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed.distribute import (
+    RESPONSE_FIELDS,
+    TURN_FIELDS,
     VERSION_FIELDS,
     StepPlan,
     exchange_rows,
@@ -89,6 +91,9 @@ class ReplicaRows:
     under partial rollouts."""
     routed_experts: torch.Tensor | None = None
     """[B, P+R, moe_layers, top_k] int16, the experts the engine chose per token (``actor.moe.routing_replay``)."""
+    turn_rewards: torch.Tensor | None = None
+    """[B, R] float32, each assistant turn's own reward on its last sampled token (``algorithm.turn_rewards``); the
+    rest of ``seq_scores`` is the episode's."""
 
     def __len__(self) -> int:
         return int(self.prompts.shape[0])
@@ -153,6 +158,8 @@ class FeedSettings:
     """``algorithm.filter_groups.metric`` when it is enabled."""
     max_num_gen_batches: int = 0
     dumps: DumpSettings | None = None
+    turn_rewards: bool = False
+    """``algorithm.turn_rewards``: scoring keeps each turn's reward at its turn, and the rows carry it."""
 
 
 @dataclass
@@ -205,7 +212,8 @@ class Roller:
         s = self.settings
         with self.timer.phase("reward"):
             return score_rollout(batch, self.reward_fn, self.tokenizer, extra_infos,
-                                 overlong_buffer=s.overlong_buffer, max_response_length=s.max_response_length)
+                                 overlong_buffer=s.overlong_buffer, max_response_length=s.max_response_length,
+                                 turn_rewards=s.turn_rewards)
 
 
 @dataclass
@@ -325,7 +333,8 @@ class Feed:
             shapes, self.layout.data_parallel_size, mini_batch_sizes=s.mini_batch_sizes,
             seed=s.plan_seed + rollout.step * SEED_STRIDE if s.plan_seed is not None else None,
         )
-        batch = exchange_rows(local, plan, self.layout, self.pad_id, self.routing_shape, VERSION_FIELDS)
+        batch = exchange_rows(local, plan, self.layout, self.pad_id, self.routing_shape, VERSION_FIELDS,
+                              response_fields={**RESPONSE_FIELDS, **(TURN_FIELDS if s.turn_rewards else {})})
         metrics = {**rollout_metrics(stats), **rollout.metrics}
         return StepRows(ReplicaRows.from_batch(batch), s.sequences_per_step, metrics, rollout.step,
                         receipt=_Receipt(local, plan, rollout.version))
@@ -360,7 +369,8 @@ class Feed:
         batches = []
         if r.leads:
             batches = [r.roll(part, val_cfg) for part in parts]
-        scored = [score_rollout(b, r.reward_fn, r.tokenizer, [row.get("extra_info") or {} for row in part])
+        scored = [score_rollout(b, r.reward_fn, r.tokenizer, [row.get("extra_info") or {} for row in part],
+                                turn_rewards=s.turn_rewards)
                   for b, part in zip(batches, parts)]
         return Validation(step, scored)
 

@@ -103,10 +103,15 @@ SCHEMA = pa.schema(
         ("sanity_check_mismatch", pa.bool_()),
         ("agent_samples", pa.int32()),
         ("agent_forks", pa.string()),
+        ("turn_ends", pa.list_(pa.int32())),
+        ("turn_rewards", pa.list_(pa.float32())),
     ]
 )
 """One row per trajectory. Trainer-side columns (``old_log_probs`` ... ``values``) are null in ``val``
-dumps and where the run has no such model; all per-token lists run over the response."""
+dumps and where the run has no such model; all per-token lists run over the response. ``turn_ends`` and
+``turn_rewards``: per assistant turn, the response index of its last sampled token (-1: none) and its own
+reward (its tools' step rewards plus the interaction's score of the reply to it), whether or not
+``algorithm.turn_rewards`` placed it there."""
 
 
 def select_rows(n: int, *, fraction: float, max_rows: int | None, seed: int) -> list[int]:
@@ -218,6 +223,10 @@ def trajectory_records(
                 # an agent program's episode (rollout.agent): its samples and forks by reason; null otherwise
                 "agent_samples": int(rm["agent_samples"]) if rm.get("agent_samples") else None,
                 "agent_forks": json.dumps(rm.get("agent_fork_reasons") or {}) if rm.get("agent_samples") else None,
+                "turn_ends": list((batch.meta.get("turn_ends") or [[]] * len(batch))[i] or []),
+                "turn_rewards": [float(a) + float(b) for a, b in zip(
+                    (batch.meta.get("turn_tool_rewards") or [[]] * len(batch))[i] or [],
+                    (batch.meta.get("turn_interaction_scores") or [[]] * len(batch))[i] or [])],
             }
         )
     return records

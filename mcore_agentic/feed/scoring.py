@@ -41,6 +41,7 @@ def score_rollout(
     *,
     overlong_buffer: OverlongBufferConfig | None = None,
     max_response_length: int | None = None,
+    turn_rewards: bool = False,
 ) -> Batch:
     """``batch`` plus ``seq_scores`` [B], ``truncated`` [B] (1: the response budget cut it) and meta
     ``rule_score``/``acc``/``overlong_penalty``.
@@ -51,6 +52,13 @@ def score_rollout(
     rule reward reaches 1.0 (the rule's "correct"), or the rule's own ``acc`` when it returns a dict
     with one. A failed request scores 0. ``extra_infos``: each row's ``extra_info`` (the dataset's),
     passed to the reward function as verl does.
+
+    ``turn_rewards`` (``algorithm.turn_rewards``): the score also counts the interaction's turn scores and the
+    reward function's per-turn form (a dict result's ``turn_rewards``: one number per assistant turn, besides its
+    ``score``), and ``turn_rewards`` [B, R] holds each assistant turn's own part — its tools' step rewards, the
+    turn score of the reply to it, the reward function's number for it — on that turn's last sampled token
+    (:func:`turn_reward_tensor`); the rest of the score (the reward function's ``score``, ``calc_reward``, the
+    final interaction score, the penalty) is the episode's, which the experience puts on the last sampled token.
     """
     texts = response_texts(batch, tokenizer)
     penalise = overlong_buffer is not None and overlong_buffer.enable
@@ -58,6 +66,7 @@ def score_rollout(
         raise ValueError("the over-long penalty needs max_response_length")
     lengths = batch["attention_mask"][:, batch["prompts"].shape[1] :].sum(1).tolist()
     scores, rules, accs, penalties = [], [], [], []
+    fn_turns: list[list[float]] = []
     for i, text in enumerate(texts):
         extra = (batch["request_metrics"][i] or {})
         given = batch["source_reward"][i] if "source_reward" in batch.meta else None
@@ -75,6 +84,10 @@ def score_rollout(
                 int(lengths[i]), max_response_length, overlong_buffer.len, overlong_buffer.penalty_factor
             )
         total = rule + float(batch["tool_rewards"][i] or 0.0) + float(interaction) + penalty
+        if turn_rewards:
+            own = result.get("turn_rewards") if isinstance(result, dict) else None
+            fn_turns.append([float(v) for v in own or ()])
+            total += sum(batch["turn_interaction_scores"][i] or ()) + sum(fn_turns[-1])
         if extra.get("state") == "failed":
             total, acc, penalty = 0.0, 0.0, 0.0
         scores.append(total)
@@ -82,10 +95,32 @@ def score_rollout(
         accs.append(acc)
         penalties.append(penalty)
     truncated = [int(reason == "length") for reason in batch["finish_reason"]]
-    return batch.update(
-        {"seq_scores": torch.tensor(scores, dtype=torch.float32), "truncated": torch.tensor(truncated, dtype=torch.long)},
-        meta={"rule_score": rules, "acc": accs, "overlong_penalty": penalties},
-    )
+    tensors = {"seq_scores": torch.tensor(scores, dtype=torch.float32),
+               "truncated": torch.tensor(truncated, dtype=torch.long)}
+    if turn_rewards:
+        tensors["turn_rewards"] = turn_reward_tensor(batch, fn_turns)
+    return batch.update(tensors, meta={"rule_score": rules, "acc": accs, "overlong_penalty": penalties})
+
+
+def turn_reward_tensor(batch: Batch, from_reward_fn: Sequence[Sequence[float]] | None = None) -> torch.Tensor:
+    """``[B, R]``: each assistant turn's reward (its tools' step rewards, the interaction's score of the reply to
+    it and, from ``from_reward_fn``, the reward function's ``turn_rewards`` for it) on the turn's last sampled
+    token; 0 elsewhere, and everywhere on a failed request's row. A turn that sampled nothing, or a reward for a
+    turn the row does not have, has no token: it stays with the episode's (the last sampled token)."""
+    out = torch.zeros(batch["responses"].shape, dtype=torch.float32)
+    width = out.shape[1]
+    for i in range(len(batch)):
+        if (batch["request_metrics"][i] or {}).get("state") == "failed":
+            continue
+        ends = list(batch["turn_ends"][i] or ())
+        parts = [batch["turn_tool_rewards"][i] or (), batch["turn_interaction_scores"][i] or ()]
+        if from_reward_fn is not None:
+            parts.append(from_reward_fn[i])
+        for part in parts:
+            for end, value in zip(ends, part):
+                if 0 <= end < width:
+                    out[i, end] += float(value)
+    return out
 
 
 

@@ -226,6 +226,7 @@ class AgentSession:
             req.metrics.assistant_turns += 1
             ids, log_probs = out.token_ids[:budget], out.log_probs[:budget]
             traj.append(ids, sampled=True, log_probs=log_probs, version=self.ctx.weight_version)
+            req.start_turn()
             if out.routed_experts is not None:
                 # Rows of the prompt the engine fed (when it was the trajectory itself), then of the sampled ids.
                 prompt_rows = len(out.routed_experts) - max(len(out.token_ids) - 1, 0)
@@ -269,6 +270,8 @@ class AgentSession:
             )
             req.metrics.user_turns += 1
             req.interaction_scores.append(float(score))
+            if req.turn_interaction_scores:
+                req.turn_interaction_scores[-1] += float(score)
             if terminate or req.metrics.assistant_turns >= mt.max_assistant_turns:
                 return FinishReason.STOP
             if not await self._append_env([{"role": "user", "content": str(reply)}], sampled_eot, sampled_text):
@@ -368,6 +371,8 @@ class AgentSession:
             self.req.metrics.tool_errors += int(response.is_error)
             if name in self.instances:
                 self.req.tool_rewards[name] = self.req.tool_rewards.get(name, 0.0) + float(response.reward)
+                if self.req.turn_tool_rewards:
+                    self.req.turn_tool_rewards[-1] += float(response.reward)
             content = _clip(response.text, self.mt.max_tool_response_length)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
             error_type = response.error_type or ("tool_error" if response.is_error else None)

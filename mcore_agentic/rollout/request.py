@@ -229,6 +229,12 @@ class RolloutRequest:
     interaction_scores: list[float] = field(default_factory=list)
     """Turn scores returned by the interaction, in order."""
     interaction_final_score: float | None = None
+    turn_ends: list[int] = field(default_factory=list)
+    """Per assistant turn, in order: the response index of its last sampled token (-1: it sampled nothing)."""
+    turn_tool_rewards: list[float] = field(default_factory=list)
+    """Per assistant turn: the step rewards (``execute``) of the tool calls it made (also in ``tool_rewards``)."""
+    turn_interaction_scores: list[float] = field(default_factory=list)
+    """Per assistant turn: the interaction's turn score of the reply that followed it (0.0: none)."""
     source_reward: float | None = None
     """The reward the rollout source gave the request (an agent program's, ``rollout.agent.reward=program``): it
     stands in for the reward function's (None: the reward function scores the request)."""
@@ -277,6 +283,15 @@ class RolloutRequest:
     @property
     def done(self) -> bool:
         return self.state in (RequestState.COMPLETED, RequestState.FAILED)
+
+    def start_turn(self) -> None:
+        """Record a new assistant turn that ended at the trajectory's current end (call after its tokens went in)."""
+        traj = self.trajectory
+        end = traj.response_len - 1
+        sampled = end >= 0 and traj.loss_mask[traj.prompt_len + end] == 1
+        self.turn_ends.append(end if sampled else -1)
+        self.turn_tool_rewards.append(0.0)
+        self.turn_interaction_scores.append(0.0)
 
     @property
     def total_tool_reward(self) -> float:

@@ -363,6 +363,7 @@ def feed_settings(cfg: RLConfig, sizes: BatchSizes) -> Any:
         overlong_buffer=cfg.reward.overlong_buffer,
         val_batch_size=cfg.data.val_batch_size,
         filter_metric=fg.metric if fg.enable else None,
+        turn_rewards=cfg.algorithm.turn_rewards,
         max_num_gen_batches=fg.max_num_gen_batches,
         dumps=dumps,
     )

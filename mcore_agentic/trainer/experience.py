@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from mcore_agentic.algorithms.advantages import Reduce, compute_advantage, place_sequence_rewards
+from mcore_agentic.algorithms.advantages import Reduce, compute_advantage, place_sequence_rewards, turn_spans
 from mcore_agentic.algorithms.config import AlgorithmConfig
 from mcore_agentic.algorithms.kl import apply_kl_penalty
 from mcore_agentic.data.batch import Batch
@@ -32,7 +32,11 @@ def compute_experience(
     (:func:`mcore_agentic.feed.distribute.tag_groups`), else groups come from ``uid``.
     """
     mask = batch["response_mask"]
-    scores = place_sequence_rewards(batch["seq_scores"], mask)
+    if "turn_rewards" in batch:  # algorithm.turn_rewards: each turn's part at its turn, the episode's at the end
+        turns = torch.where(mask.bool(), batch["turn_rewards"], torch.zeros((), dtype=batch["turn_rewards"].dtype))
+        scores = place_sequence_rewards(batch["seq_scores"] - turns.sum(-1), mask) + turns
+    else:
+        scores = place_sequence_rewards(batch["seq_scores"], mask)
     metrics: dict[str, float] = {}
     if algo.use_kl_in_reward:
         kl = apply_kl_penalty(scores, batch["old_log_probs"], batch["ref_log_probs"], mask, kl_ctrl, algo.kl_penalty)
@@ -54,7 +58,40 @@ def compute_experience(
     out = batch.update(
         {"token_level_scores": scores, "token_level_rewards": rewards, "advantages": advantages, "returns": returns}
     )
+    if "turn_rewards" in batch or algo.adv_estimator == "grpo_turn":
+        metrics.update(turn_metrics(scores, advantages, mask, reduce=reduce))
     return out, metrics
+
+
+TURN_METRIC_TURNS = 8
+"""Turn indices the per-turn metrics report (``turn/*/0`` .. ``turn/*/7``)."""
+
+
+def turn_metrics(
+    scores: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *, reduce: Reduce | None = None,
+    turns: int = TURN_METRIC_TURNS,
+) -> dict[str, float]:
+    """By turn index (the first ``turns``): rows that reached it, the mean reward of the turn (its tokens' scores
+    summed) and the mean advantage of its tokens; over every replica's rows (``reduce``)."""
+    turn, _ = turn_spans(mask)
+    valid = mask.bool()
+    sums = torch.zeros(4, turns, dtype=torch.float64)
+    for k in range(turns):
+        at = valid & (turn == k)
+        rows = at.any(-1)
+        sums[0, k] = rows.sum()
+        sums[1, k] = (scores * at).sum(-1)[rows].double().sum()
+        sums[2, k] = advantages[at].double().sum()
+        sums[3, k] = at.sum()
+    if reduce is not None:
+        sums = reduce(sums)
+    out: dict[str, float] = {}
+    for k in range(turns):
+        if sums[0, k] > 0:
+            out[f"turn/rows/{k}"] = float(sums[0, k])
+            out[f"turn/reward_mean/{k}"] = float(sums[1, k] / sums[0, k])
+            out[f"turn/advantage_mean/{k}"] = float(sums[2, k] / sums[3, k].clamp(min=1))
+    return out
 
 
 def rollout_vs_train_metrics(batch: Batch, group: Any = None) -> dict[str, float]:

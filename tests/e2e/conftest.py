@@ -23,8 +23,9 @@ class DumpRun:
 
 @pytest.fixture(scope="session")
 def default_job_dump(tmp_path_factory: pytest.TempPathFactory) -> DumpRun:
-    """Two RL steps of the default job on 2 gloo ranks (DP=2, two rollout engines) with every step's rows and
-    the step-2 validation dumped, and the rows each rank's actor update trained on recorded."""
+    """Two RL steps of the default job on 2 gloo ranks (DP=2, two rollout engines), turn-level credit
+    (``grpo_turn``, ``algorithm.turn_rewards``), with every step's rows and the step-2 validation dumped, and the
+    rows each rank's actor update trained on recorded."""
     tmp = tmp_path_factory.mktemp("default_job_dump")
     records = tmp / "trained"
     records.mkdir()
@@ -32,6 +33,9 @@ def default_job_dump(tmp_path_factory: pytest.TempPathFactory) -> DumpRun:
     extra = [
         "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
         "trainer.logger=[console,jsonl]", f"trainer.rollout_data_dir={tmp / 'dump'}", "trainer.rollout_data_freq=1",
+        # Turn-level credit through the whole path: per-turn rewards in the row exchange, the hand-off, the
+        # experience and the dumps (the dump test compares the advantages the trainer trained on).
+        "algorithm.adv_estimator=grpo_turn", "algorithm.turn_rewards=true",
     ]
     # A warm start long enough that the policy calls the tool: the dump then holds tool calls and results.
     # With the step-0 validation (the default job's baseline) as the default job has it.

@@ -81,6 +81,10 @@ def test_dump_rows_carry_conversation_rewards_and_tool_calls(default_job_dump) -
             assert call["result"] == msg["content"] and call["seconds"] >= 0.0
             assert call["error"] == call["result"].startswith("Error")
     assert len(train) == 16 and all(r["response_tokens"] for r in train)
+    for r in train:  # one turn end per assistant turn, each on its turn's last sampled token
+        mask = r["response_mask"] + [0]
+        runs = [i for i in range(len(mask) - 1) if mask[i] == 1 and mask[i + 1] == 0]
+        assert [e for e in r["turn_ends"] if e >= 0] == runs and len(r["turn_rewards"]) == len(r["turn_ends"])
     # The warm-started policy reads the meter: its calls and the replies it read are in the dump.
     read = [(r, c) for r in table for c in r["tool_calls"] if not c["error"]]
     assert read, "the warm-started policy read no meter in 32 rollouts"

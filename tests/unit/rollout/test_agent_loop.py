@@ -87,6 +87,9 @@ def test_tool_call_round_trip_masks_and_rewards(tokenizer):
     assert [m["role"] for m in req.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert req.messages[2]["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 2, "b": 3}}
     assert req.tool_rewards == {"add": pytest.approx(1.1)}  # step 0.1 + calc_reward 1.0
+    # per turn: the step reward at the turn that called the tool, each turn's end at its last sampled token
+    assert req.turn_tool_rewards == [pytest.approx(0.1), 0.0]
+    assert req.turn_ends == [b - 1 - t.prompt_len for _, b in spans]
     assert req.metrics.tool_calls == 1 and req.metrics.tool_errors == 0
     assert req.metrics.sanity_check_mismatch == 0, req.sanity_check_diffs
     assert AddTool.created == ["r0"] and AddTool.released == ["r0"]
@@ -206,6 +209,8 @@ def test_interaction_turns(tokenizer):
     (req,), _ = _run(tokenizer, [req], script, interactions={"teacher": teacher}, cfg=_cfg(max_user_turns=5))
     assert req.state is RequestState.COMPLETED and req.finish_reason is FinishReason.STOP, req.error
     assert req.interaction_scores == [0.0, 0.0, 1.0]
+    assert req.turn_interaction_scores == [0.0, 0.0, 1.0]  # each reply's score at the turn it answered
+    assert req.turn_ends == [b - 1 - req.trajectory.prompt_len for _, b in _spans(req.trajectory.loss_mask)]
     assert req.interaction_final_score == 7.0
     assert [m["role"] for m in req.messages[2:]] == ["assistant", "user", "assistant", "user", "assistant"]
     assert len(_spans(req.trajectory.loss_mask)) == 3

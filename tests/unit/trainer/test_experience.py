@@ -194,12 +194,16 @@ def _experience_batch(seed: int = 2) -> Batch:
     )
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+@pytest.mark.parametrize("estimator", ["grpo", "gae", "grpo_turn"])
 @pytest.mark.parametrize("kl_type", [None, "fixed", "adaptive"])
 def test_compute_experience_on_two_replicas_matches_one_batch(estimator, kl_type):
     kl = KLControlConfig(type=kl_type or "fixed", kl_coef=0.2, target_kl=0.01, horizon=20)
-    algo = AlgorithmConfig(adv_estimator=estimator, use_kl_in_reward=kl_type is not None, kl_ctrl=kl)
+    algo = AlgorithmConfig(adv_estimator=estimator, use_kl_in_reward=kl_type is not None, kl_ctrl=kl,
+                           turn_rewards=estimator == "grpo_turn")
     batch = _experience_batch()
+    if algo.turn_rewards:  # per-turn rewards on some sampled tokens (what the scoring places at turn ends)
+        gen = torch.Generator().manual_seed(5)
+        batch = batch.update({"turn_rewards": 0.5 * torch.rand(B, R, generator=gen) * batch["response_mask"]})
     whole_ctrl = build_kl_controller(kl)
     want, want_metrics = compute_experience(batch, algo, whole_ctrl)
     ctrls = [build_kl_controller(kl) for _ in SPLIT]
