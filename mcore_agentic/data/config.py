@@ -10,22 +10,25 @@ from dataclasses import dataclass, field
 
 from mcore_agentic.utils.errors import require
 
-SYNTHETIC_TASKS = ("tool_arith", "meter_reading")
+SYNTHETIC_TASKS = ("tool_arith", "meter_reading", "meter_pair")
 
 
 @dataclass(frozen=True)
 class SyntheticTaskConfig:
-    """Generated tool tasks for CPU runs: ``meter_reading`` (the embedded default) or ``tool_arith``."""
+    """Generated tool tasks for CPU runs: ``meter_reading`` (the embedded default), ``meter_pair`` (two meters, a
+    multi-step episode where turn-level credit can matter) or ``tool_arith``."""
 
     enable: bool = False
     """Generate prompts in memory instead of reading ``data.train_files``."""
     task: str = "tool_arith"
     """``meter_reading``: read a meter only the tool knows (``read_meter``), reply ``#### <reading>``;
+    ``meter_pair``: read two meters in turn (``read_meter`` twice), reply ``#### <first><second>`` (e.g. ``#### 4712``);
     ``tool_arith``: compute A + B with the calculator, reply ``#### <sum>``."""
     demo_round_fraction: float = 0.0
     """meter_reading: the fraction of warm-start demonstrations whose answer rounds the reading down to
     tens (``#### 40`` for 47): an imperfect teacher. Imitation learns the habit; the reward (exact reading)
-    does not pay for it."""
+    does not pay for it. meter_pair: the fraction that read only the first meter and repeat its reading
+    (``#### 4747``)."""
     num_train: int = 512
     """Training problems to generate."""
     num_val: int = 64
@@ -47,9 +50,9 @@ class SyntheticTaskConfig:
             f"must be in [0, 1], got {self.demo_round_fraction}",
         )
         require(
-            self.task == "meter_reading" or self.demo_round_fraction == 0.0,
+            self.task in ("meter_reading", "meter_pair") or self.demo_round_fraction == 0.0,
             "data.synthetic.demo_round_fraction",
-            f"only the meter_reading task has a rounding teacher; set it to 0 for task={self.task}",
+            f"only the meter tasks have an imperfect teacher; set it to 0 for task={self.task}",
         )
         require(self.num_train > 0, "data.synthetic.num_train", f"must be positive, got {self.num_train}")
         require(self.num_val >= 0, "data.synthetic.num_val", f"must be >= 0, got {self.num_val}")

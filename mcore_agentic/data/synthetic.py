@@ -12,6 +12,11 @@ Its warm-start demonstrations come from an imperfect teacher: a ``demo_round_fra
 them answer with the reading rounded down to tens (``#### 40``). Rows use
 ``data_source="synthetic/meter_reading"`` and the exact reading as ground truth.
 
+``meter_pair``: two meters, read in turn by ``read_meter`` (``readings=[a, b]``); the ideal trajectory reads both
+and answers ``#### <a><b>`` (``#### 4712`` for 47 and 12), the imperfect teacher's ``demo_round_fraction`` reads only
+the first and repeats it (``#### 4747``). With the tool's ``step_reward`` each new read earns a per-turn reward: the
+task on which episode- and turn-level credit are compared (``bench/turn_credit.py``).
+
 ``tool_arith``: "compute A + B with the calculator"; ideal trajectory: calculator call with
 ``A+B``, its result, ``#### <A+B>``; ``data_source="synthetic/tool_arith"``.
 
@@ -35,6 +40,9 @@ METER_SOURCE = "synthetic/meter_reading"
 METER_TOOL = "read_meter"
 METER_SYSTEM_PROMPT = "Read the meter with the tool, then reply #### <reading>."
 METER_QUESTION = "What does the meter read?"
+PAIR_SOURCE = "synthetic/meter_pair"
+PAIR_SYSTEM_PROMPT = "Read both meters with the tool, then reply #### <first reading><second reading>."
+PAIR_QUESTION = "What do the two meters read?"
 
 
 def _pairs(cfg: SyntheticTaskConfig) -> list[tuple[int, int]]:
@@ -80,8 +88,30 @@ def _meter_row(reading: int, index: int, split: str) -> dict[str, Any]:
     }
 
 
+def _pair_row(first: int, second: int, index: int, split: str) -> dict[str, Any]:
+    return {
+        "prompt": [{"role": "system", "content": PAIR_SYSTEM_PROMPT}, {"role": "user", "content": PAIR_QUESTION}],
+        "data_source": PAIR_SOURCE,
+        "ability": "tool_use",
+        "reward_model": {"style": "rule", "ground_truth": f"{first}{second}"},
+        "extra_info": {
+            "index": index,
+            "split": split,
+            "readings": [first, second],
+            "tools_kwargs": {METER_TOOL: {"create_kwargs": {"readings": [first, second]}}},
+            "interaction_kwargs": {},
+        },
+    }
+
+
 def make_rows(cfg: SyntheticTaskConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Training and validation rows in the dataset's row layout (tool_arith: disjoint operand pairs)."""
+    if cfg.task == "meter_pair":
+        rng = np.random.default_rng([cfg.seed, 3])
+        pairs = rng.integers(cfg.min_operand, cfg.max_operand + 1, size=(cfg.num_train + cfg.num_val, 2)).tolist()
+        train = [_pair_row(int(a), int(b), i, "train") for i, (a, b) in enumerate(pairs[: cfg.num_train])]
+        val = [_pair_row(int(a), int(b), i, "val") for i, (a, b) in enumerate(pairs[cfg.num_train :])]
+        return train, val
     if cfg.task == "meter_reading":
         rng = np.random.default_rng([cfg.seed, 1])
         readings = rng.integers(cfg.min_operand, cfg.max_operand + 1, size=cfg.num_train + cfg.num_val).tolist()
@@ -127,10 +157,27 @@ def meter_conversation(row: dict[str, Any], answer: int) -> list[dict[str, Any]]
     ]
 
 
+def pair_conversation(row: dict[str, Any], *, read_both: bool) -> list[dict[str, Any]]:
+    """The prompt, ``read_meter`` and the first reading, then (``read_both``) ``read_meter`` and the second, then
+    ``#### <first><second>`` — or, without the second read, ``#### <first><first>``."""
+    first, second = row["extra_info"]["readings"]
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": METER_TOOL, "arguments": {}}}]}
+    out = [*row["prompt"], call, {"role": "tool", "content": str(first)}]
+    if read_both:
+        out += [dict(call), {"role": "tool", "content": str(second)}]
+    out.append({"role": "assistant", "content": f"#### {first}{second if read_both else first}"})
+    return out
+
+
 def sft_conversations(cfg: SyntheticTaskConfig) -> list[list[dict[str, Any]]]:
     """The warm-start demonstrations, one per training problem: ideal conversations (tool_arith), or the
-    imperfect teacher's (meter_reading: a seeded ``demo_round_fraction`` of answers rounded down to tens)."""
+    imperfect teacher's (meter_reading: a seeded ``demo_round_fraction`` of answers rounded down to tens;
+    meter_pair: that fraction reads only the first meter and repeats its reading)."""
     train, _ = make_rows(cfg)
+    if cfg.task == "meter_pair":
+        skips = np.random.default_rng([cfg.seed, 4]).random(len(train)) < cfg.demo_round_fraction
+        return [pair_conversation(row, read_both=not skip) for row, skip in zip(train, skips)]
     if cfg.task == "meter_reading":
         rounds = np.random.default_rng([cfg.seed, 2]).random(len(train)) < cfg.demo_round_fraction
         out = []

@@ -41,6 +41,7 @@ DATA_SOURCES: dict[str, Callable[..., float]] = {
     "HuggingFaceH4/MATH-500": math_reward.compute_score,
     "synthetic/tool_arith": tool_arith.compute_score,
     "synthetic/meter_reading": tool_arith.compute_score,
+    "synthetic/meter_pair": tool_arith.compute_score,
 }
 
 

@@ -2,7 +2,8 @@
 shipped preprocessor or generator.
 
 ``gsm8k_multiturn_grpo`` and the base ``ppo_trainer`` run here, in one spawned 2-rank group, on rows that
-``launch/preprocess_gsm8k.py`` writes from the shipped sample; the other two have end-to-end tests of their own
+``launch/preprocess_gsm8k.py`` writes from the shipped sample, and ``meter_pair`` (turn-level credit) on its generated
+task; the other two have end-to-end tests of their own
 (listed in :data:`COVERED_ELSEWHERE`), and a new config without an entry fails the coverage test.
 """
 
@@ -39,7 +40,14 @@ def gsm8k_overrides(data: Path, out: Path) -> list[str]:
     ]
 
 
-RUN_HERE = {"gsm8k_multiturn_grpo": gsm8k_overrides, "ppo_trainer": gsm8k_overrides}
+def meter_pair_overrides(data: Path, out: Path) -> list[str]:
+    """The two-meter task (its generator: data.synthetic), turn-level credit as shipped; a short warm start."""
+    del data
+    return [*TINY, "data.max_response_length=80", "rollout.multi_turn.max_assistant_turns=3",
+            "trainer.sft_warmup_steps=2", f"trainer.log_dir={out / 'logs'}", f"trainer.default_local_dir={out / 'ckpt'}"]
+
+
+RUN_HERE = {"gsm8k_multiturn_grpo": gsm8k_overrides, "ppo_trainer": gsm8k_overrides, "meter_pair": meter_pair_overrides}
 COVERED_ELSEWHERE = {
     "default_tiny": "tests/e2e/test_default_job.py (its generator: data.synthetic)",
     "byo_task": "tests/e2e/test_user_task.py (a user's own tool, data and reward function)",
@@ -78,7 +86,7 @@ def test_shipped_configs_pass_the_preflight_and_train_two_steps(gsm8k_data, tmp_
     for name, overrides in runs:
         assert preflight(load_config(compose(name, overrides)), 2, dirs=search_dirs()) == [], name
     results = run_distributed(_two_steps, 2, (runs,), timeout=840)
-    assert results == [[2, 2], [2, 2]]
+    assert results == [[2] * len(runs)] * 2
     for name, _ in runs:
         lines = (tmp_path / name / "logs" / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 2, name

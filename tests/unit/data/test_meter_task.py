@@ -83,3 +83,40 @@ def test_rollout_reads_the_meter_with_or_without_the_tool_section(in_prompt):
     assert batch["request_metrics"][0]["sanity_check_mismatch"] == 0  # the check renders the same way
     text = tokenizer.decode(batch["responses"][0][batch["attention_mask"][0, batch["prompts"].shape[1]:].bool()])
     assert score_of(compute_score(METER_SOURCE, text, reading)) == 1.0
+
+
+PAIR = SyntheticTaskConfig(enable=True, task="meter_pair", num_train=200, num_val=8, min_operand=10, max_operand=99,
+                           demo_round_fraction=0.7, seed=5)
+
+
+def test_the_pair_task_reads_two_meters_in_turn_with_a_reward_per_new_read():
+    """meter_pair: the tool reads the next meter per call (0.25 per new read, an error after both), the teacher
+    skips the second read in the given fraction, and a rollout that reads both earns a per-turn reward at each
+    read's turn and the exact answer."""
+    from mcore_agentic.data.synthetic import PAIR_SOURCE
+    from mcore_agentic.feed.scoring import turn_reward_tensor
+
+    train, val = make_rows(PAIR)
+    first, second = train[0]["extra_info"]["readings"]
+    assert train[0]["reward_model"]["ground_truth"] == f"{first}{second}" and train[0]["data_source"] == PAIR_SOURCE
+    demos = sft_conversations(PAIR)
+    skipped = sum(sum(m["role"] == "tool" for m in d) == 1 for d in demos)
+    assert abs(skipped / len(demos) - 0.7) < 0.1
+    for demo in demos:
+        readings = [m["content"] for m in demo if m["role"] == "tool"]
+        answer = demo[-1]["content"]
+        assert answer == f"#### {readings[0]}{readings[-1]}"  # one read: the first reading twice
+    tokenizer = load_qwen_tokenizer("qwen2_5", vocab_size=4096)
+    tools = load_tools("configs/tools/meter_pair_tool_config.yaml")
+    row = dict(val[0], prompt=[*val[0]["prompt"][:1], {"role": "user", "content": "KEY two meters"}])
+    a, b = row["extra_info"]["readings"]
+    engine = ScriptedEngine(tokenizer, {"KEY": [call(METER_TOOL), call(METER_TOOL), call(METER_TOOL), f"#### {a}{b}"]})
+    cfg = RolloutConfig(n=1, prompt_length=512, response_length=128, multi_turn=MultiTurnConfig(max_assistant_turns=4))
+    batch = asyncio.run(generate_sequences([row], engine, tools, None, cfg, tokenizer))
+    log = batch["tool_log"][0]
+    assert [c["result"] for c in log[:2]] == [str(a), str(b)] and log[2]["error"]  # a third read is an error
+    assert batch["turn_tool_rewards"][0] == [0.25, 0.25, 0.0, 0.0] and batch["tool_rewards"][0] == 0.5
+    placed = turn_reward_tensor(batch)[0]
+    assert [placed[e].item() for e in batch["turn_ends"][0]] == [0.25, 0.25, 0.0, 0.0]
+    text = tokenizer.decode(batch["responses"][0][batch["attention_mask"][0, batch["prompts"].shape[1]:].bool()])
+    assert score_of(compute_score(PAIR_SOURCE, text, f"{a}{b}")) == 1.0
