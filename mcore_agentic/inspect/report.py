@@ -98,6 +98,9 @@ def _trajectory(r: dict[str, Any]) -> dict[str, Any]:
         # an agent program's episode: its samples and forks (dumps before issue 32 have no such columns)
         "agentSamples": r.get("agent_samples"),
         "agentForks": r.get("agent_forks"),
+        # each assistant turn's last sampled token and its own reward (dumps before issue 33 have neither)
+        "turnEnds": r.get("turn_ends") or [],
+        "turnRewards": [_r(x) for x in r.get("turn_rewards") or []],
     }
 
 
@@ -188,6 +191,7 @@ background:#f4f5f8;padding:.4em;margin:0;max-height:14em;overflow:auto}
 .tok.policy{background:#d9ecff;color:#0b3d91}
 .tok.env{background:#eeeeee;color:#555}
 .tok.gap{outline:2px solid #e8590c;background:#ffe3cc}
+.tok.turnend{border-right:3px solid #2b8a3e}
 .tok:hover{filter:brightness(.85)}
 .calls td{text-align:left;vertical-align:top;font:12px ui-monospace,Menlo,Consolas,monospace;max-width:40em;white-space:pre-wrap}
 .calls tr.err td{color:#b3261e}
@@ -243,10 +247,13 @@ function renderTrajectory(t, index) {
     const gap = t.gap[i];
     let cls = "tok " + (t.mask[i] ? "policy" : "env");
     if (gap !== null && gap > DATA.gapThreshold) cls += " gap";
+    const turn = t.turnEnds.indexOf(i);
+    if (turn >= 0) cls += " turnend";
     const s = el("span", {class: cls, "data-i": i}, t.toks[i]);
     s.title = `id ${t.ids[i]} · ${t.mask[i] ? "policy" : "environment"}` +
       (t.mask[i] ? ` · rollout lp ${fmt(t.rlp[i], 4)} · trainer lp ${fmt(t.tlp ? t.tlp[i] : null, 4)}` +
-       ` · |Δ| ${gap === null ? "–" : gap.toPrecision(3)}` : "") + ` · advantage ${fmt(t.adv ? t.adv[i] : null, 4)}`;
+       ` · |Δ| ${gap === null ? "–" : gap.toPrecision(3)}` : "") + ` · advantage ${fmt(t.adv ? t.adv[i] : null, 4)}` +
+      (turn >= 0 ? ` · end of turn ${turn + 1}, its reward ${fmt(t.turnRewards[turn], 3)}` : "");
     tokens.append(s);
   }
   box.append(tokens);

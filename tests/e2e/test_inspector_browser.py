@@ -53,11 +53,13 @@ class _Dom(HTMLParser):
         if tag == "div" and "traj" in classes:
             self.current = a["id"]
             self.trajs[self.current] = {"hidden": "hidden" in classes, "policy": 0, "env": 0, "gap": 0, "calls": 0,
+                                        "turnend": 0,
                                         "split": a["data-split"], "step": int(a["data-step"])}
         if tag == "span" and "tok" in classes and self.current is not None:
             t = self.trajs[self.current]
             t["policy" if "policy" in classes else "env"] += 1
             t["gap"] += "gap" in classes
+            t["turnend"] += "turnend" in classes
         if tag == "tr" and "call" in classes and self.current is not None:
             self.trajs[self.current]["calls"] += 1
 
@@ -87,6 +89,7 @@ def test_report_renders_every_token_with_its_mask_class(default_job_dump, tmp_pa
         assert (t["split"], t["step"]) == (r["split"], r["step"])
         assert t["policy"] == sum(r["response_mask"]) and t["env"] == len(r["response_mask"]) - sum(r["response_mask"])
         assert t["calls"] == len(r["tool_calls"])
+        assert t["turnend"] == sum(e >= 0 for e in r["turn_ends"])  # each assistant turn's end is marked
     assert sum(t["env"] for t in dom.trajs.values()) > 0, "no environment-added token in the whole dump"
     # val rows have no trainer log-probs: nothing can be flagged there
     assert all(t["gap"] == 0 for t in dom.trajs.values() if t["split"] == "val")
