@@ -308,10 +308,10 @@ def compute_grpo_turn_advantage(
     ``k`` by ``(n_k - 1) / n_k``, with ``n_k`` the rows at turn ``k`` — a different weight per turn index, which
     reweights late turns against early ones. The tempting construction (MT-GRPO-style, verl RFC #7244) normalises
     each turn's *reward* per turn index and sums the normalised rewards from ``k`` to the row's own last turn: its
-    baseline ``sum_{m=k}^{K_i-1} mean_m(r)`` has as many terms as row ``i`` chose to take, an action-dependent
-    baseline whose expected effect is a bonus of minus the intermediate rewards' group mean on every "take
-    another turn" decision. ``tests/unit/algorithms/test_turn_credit_unbiased.py`` computes both estimators'
-    expectations exactly on a small continue-or-stop MDP.
+    baseline ``sum_{m=k}^{K_i-1} mean_m(r)`` has as many terms as row ``i`` chose to take: an action-dependent
+    baseline. Its later terms cancel the value of continuing, so the "take another turn" decision is credited with
+    the immediate reward difference only (a hidden length bias). ``tests/unit/algorithms/test_turn_credit_unbiased.py``
+    computes each construction's expectation exactly on a small continue-or-stop MDP.
 
     No division by a standard deviation: a per-turn-index std would reweight turns the same way (the
     ``norm_adv_by_std_in_grpo`` switch belongs to ``grpo``). Rows without sampled tokens are left out.
