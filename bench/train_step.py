@@ -54,6 +54,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attention", choices=["fused", "eager", "both"], default="fused",
                    help="the local spec's core attention: fused kernels on CUDA (SDPA, varlen flash), the eager "
                         "einsum path, or both in turn (the eager rows are the baseline of the fused ones)")
+    p.add_argument("--profile", action="store_true",
+                   help="after each row's timing, print torch.profiler's top operators of one log-prob pass (rank 0): "
+                        "where a packed forward spends its time (kernels, launches, host syncs)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--ranks", type=int, default=2, help="ranks torchrun starts when this script relaunches itself")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="model.dtype")
@@ -158,6 +161,8 @@ def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> list[dict[str
         actor.update_policy(batch)
         fwd = timed(lambda batch=batch: actor.compute_log_prob(batch))
         upd = timed(lambda batch=batch: actor.update_policy(batch))
+        if a.profile:
+            _profile(lambda batch=batch: actor.compute_log_prob(batch), f"{packing}, {attention} attention", cuda)
         row = {"tp": tp, "dp": layout.data_parallel_size, "packing": packing, "attention": attention,
                "params_per_rank": params,
                "tokens": tokens, "fwd_s": fwd, "upd_s": upd, "fwd_tok_s": tokens / fwd, "upd_tok_s": tokens / upd,
@@ -169,6 +174,30 @@ def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> list[dict[str
     actor = None  # free this layout's model before the next one is built
     destroy_parallel()
     return rows
+
+
+def _profile(fn, label: str, cuda: bool, rows: int = 25) -> None:
+    """One call of ``fn`` under torch.profiler; rank 0 prints the top ``rows`` operators by self time and the
+    device-to-host copies and synchronisations it counted."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    if dist.get_rank() != 0:
+        return
+    events = prof.key_averages()
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    syncs = {e.key: e.count for e in events if any(k in e.key for k in ("Memcpy DtoH", "cudaStreamSynchronize",
+                                                                       "cudaDeviceSynchronize", "aten::item",
+                                                                       "aten::_local_scalar_dense"))}
+    print(f"\nprofile of one log-prob pass ({label}): host syncs and device-to-host copies {syncs}")
+    print(events.table(sort_by=sort, row_limit=rows))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -101,8 +101,10 @@ def gpu_tests_cmd(ctx: Ctx) -> list[str]:
             *gpu_test_files()]
 
 
-def train_step_cmd(name: str, shape: tuple[str, ...] = (), attention: str = "both") -> Callable[[Ctx], list[str]]:
-    """``attention``: the local spec's fused kernels, the eager path, or both (the eager rows are the baseline)."""
+def train_step_cmd(name: str, shape: tuple[str, ...] = (), attention: str = "both",
+                   profile: bool = False) -> Callable[[Ctx], list[str]]:
+    """``attention``: the local spec's fused kernels, the eager path, or both (the eager rows are the baseline);
+    ``profile``: the bench also prints torch.profiler's top operators of one log-prob pass per row (in the log)."""
 
     def cmd(ctx: Ctx) -> list[str]:
         cuda = ctx.device == "cuda"
@@ -111,7 +113,8 @@ def train_step_cmd(name: str, shape: tuple[str, ...] = (), attention: str = "bot
                        "--steps", "1"])
         return [ctx.python, "bench/train_step.py", "--device", ctx.device, "--ranks", "1", "--layouts", "1",
                 "--dtype", "bfloat16" if cuda else "float32", "--packing", "both", "--min-response-frac", "0.25",
-                "--attention", attention, *sizes, *(shape if cuda else ()), "--json", str(ctx.work / f"{name}.json")]
+                "--attention", attention, *(["--profile"] if profile else []), *sizes, *(shape if cuda else ()),
+                "--json", str(ctx.work / f"{name}.json")]
 
     return cmd
 
@@ -211,7 +214,8 @@ STEPS: list[Step] = [
     Step("weight_sync", "weight-sync export of a 1.3B model on CUDA: GB/s vs a raw copy of the same bytes", 120, 40,
          weight_sync_cmd, json_figures("weight_sync", SYNC_KEYS)),
     Step("train_step_0p5b", "actor throughput and MFU, a Qwen3-0.6B-shaped body (16k vocab), packed vs padded, "
-         "fused attention", 180, 60, train_step_cmd("train_step_0p5b", QWEN3_06B_BODY, "fused"), json_figures("train_step_0p5b", TRAIN_KEYS)),
+         "fused attention; torch.profiler's top operators of one log-prob pass each (in the log)", 180, 60,
+         train_step_cmd("train_step_0p5b", QWEN3_06B_BODY, "fused", profile=True), json_figures("train_step_0p5b", TRAIN_KEYS)),
     Step("offload_job", "the default job with actor param/grad/optimizer offload: gpu/freed_gb/* and sharding "
          "offload metrics", 150, 60, job_cmd("offload_job", OFFLOAD), job_figures("offload_job")),
 ]
