@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -80,6 +81,12 @@ def _varlen_attn() -> Callable[..., Tensor] | None:
     return varlen_attn
 
 
+@functools.lru_cache(maxsize=8)
+def _parameters(fn: Callable[..., Tensor]) -> frozenset[str]:
+    """``fn``'s parameter names, read once (the call is built in every layer of every micro-batch)."""
+    return frozenset(inspect.signature(fn).parameters)
+
+
 def varlen_causal(
     fn: Callable[..., Tensor], query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_len: int,
     scale: float, causal: bool,
@@ -87,7 +94,7 @@ def varlen_causal(
     """``fn`` (``varlen_attn``) on packed ``query`` [t, np, hn], ``key``/``value`` [t, ng, hn]: its signature has
     changed across torch releases (``is_causal`` and no scale or GQA in 2.9-2.10; ``window_size``, ``scale`` and
     ``enable_gqa`` later), so the call is built from the one it has."""
-    params = inspect.signature(fn).parameters
+    params = _parameters(fn)
     kwargs: dict[str, Any] = {}
     if "window_size" in params:
         kwargs["window_size"] = (-1, 0) if causal else (-1, -1)

@@ -5,8 +5,6 @@ the per-turn rewards across turns. The unbiasedness argument is measured in ``te
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -73,31 +71,19 @@ def test_grpo_turn_on_single_turn_rows_is_rloo():
 
 
 def test_grpo_turn_over_replicas_equals_one_batch():
-    """Rows split over two replicas, each in its own thread, with ``reduce`` an all-reduce between the threads: each
-    replica gets exactly the one-batch advantages of its rows (the turn width agreed by a sum included)."""
+    """Rows split over two replicas (threads with a real summing all-reduce, ``test_experience``'s) give each
+    replica exactly the one-batch advantages of its rows (the turn width agreed by a sum included)."""
+    from tests.unit.trainer.test_experience import _simulated_replicas
+
     full, _ = compute_grpo_turn_advantage(_rewards(), MASK, [0, 0, 0], num_groups=1)
-    barrier = threading.Barrier(2)
-    slots: list[torch.Tensor | None] = [None, None]
     parts = [slice(0, 1), slice(1, 3)]
-    out: list[torch.Tensor | None] = [None, None]
 
-    def replica(me: int) -> None:
-        def reduce(t: torch.Tensor) -> torch.Tensor:
-            slots[me] = t.clone()
-            barrier.wait()
-            total = slots[0] + slots[1]
-            barrier.wait()
-            return total
-
-        rows = parts[me]
+    def replica(rows: slice):
         n = rows.stop - rows.start
-        out[me] = compute_grpo_turn_advantage(_rewards()[rows], MASK[rows], [0] * n, num_groups=1, reduce=reduce)[0]
+        return lambda reduce: compute_grpo_turn_advantage(
+            _rewards()[rows], MASK[rows], [0] * n, num_groups=1, reduce=reduce)[0]
 
-    threads = [threading.Thread(target=replica, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    out = _simulated_replicas([replica(rows) for rows in parts])
     torch.testing.assert_close(out[0], full[0:1])
     torch.testing.assert_close(out[1], full[1:3])
 
