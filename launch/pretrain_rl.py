@@ -387,18 +387,27 @@ def _let_rank0_report(rank: int, timeout_s: float = 10.0) -> None:
     one exits, and a rank 0 a moment behind would be killed before it says what is wrong. Bounded: an error
     that rank 0 never reaches costs the others ``timeout_s``, never a hang."""
     import datetime
+    import time
 
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # a single process, nothing to wait for
+        return
+    deadline = time.monotonic() + timeout_s
     key = f"mcore_agentic/error_reported/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     store = _job_store(timeout_s)
-    if store is None:  # a single process, nothing to wait for
-        return
     try:
         if rank == 0:
-            store.set(key, "1")
-        else:
+            if store is not None:
+                store.set(key, "1")
+            return
+        if store is not None:
             store.wait([key], datetime.timedelta(seconds=timeout_s))
-    except Exception:  # noqa: BLE001 -- rank 0 gone or never there: exit anyway
+            return
+    except Exception:  # noqa: BLE001 -- the store failed us: fall back to waiting out the bound below
         pass
+    # No store to wait on (or it raised at once; seen on a loaded CI machine, where this rank then exited before
+    # rank 0 printed and torchrun killed it): wait out the bound. Rank 0's exit ends this wait early, as torchrun
+    # then stops this rank.
+    time.sleep(max(0.0, deadline - time.monotonic()))
 
 
 def _job_store(timeout_s: float) -> Any:
