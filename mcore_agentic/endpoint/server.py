@@ -5,7 +5,8 @@ Routes, under each session's base ``/sessions/{id}``:
 * ``POST /v1/chat/completions`` (OpenAI Chat Completions), ``POST /v1/responses`` (OpenAI Responses),
   ``POST /v1/messages`` (Anthropic Messages), each whole or streamed (server-sent events);
 * ``GET /v1/models``;
-* ``POST /reward`` — ``{"reward": float}`` adds to the session's reward (an agent's per-turn rewards);
+* ``POST /reward`` — ``{"reward": float}`` adds to the session's reward; ``{"reward": float, "turn": id}`` also
+  makes it the own reward of the turn that returned response ``id`` (or ``"latest"``: the last turn sampled);
 * ``GET /samples`` — the session's samples (ids, text pieces, loss mask, log-probs, fork reasons).
 
 Security: the server binds to loopback unless told otherwise. Every session has its own random token, sent as
@@ -163,15 +164,17 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
         try:
             session = registry.authorised(session_id, request_token(request.headers))
             body = await read_json(request)
-            if not isinstance(body, dict) or set(body) != {"reward"}:
-                raise ApiError(400, 'the body must be {"reward": <number>}', param="reward")
-            value = body["reward"]
+            if not isinstance(body, dict) or "reward" not in body or not set(body) <= {"reward", "turn"}:
+                raise ApiError(400, 'the body must be {"reward": <number>} or {"reward": <number>, "turn": '
+                                    '<response id or "latest">}', param="reward")
+            value, turn = body["reward"], body.get("turn")
             if isinstance(value, bool) or not isinstance(value, int | float) or value != value or abs(value) == float("inf"):
                 raise ApiError(400, f"reward must be a finite number, got {value!r}", param="reward")
+            if turn is not None and (not isinstance(turn, str) or not turn or len(turn) > 256):
+                raise ApiError(400, f'turn must be a response id or "latest", got {str(turn)[:64]!r}', param="turn")
+            session.post_reward(float(value), turn)
         except Exception as exc:  # noqa: BLE001
             return failure(openai_chat, session_id, exc)
-        session.reward = (session.reward or 0.0) + float(value)
-        session.counts["rewards"] += 1
         return JSONResponse({"session_id": session_id, "reward": session.reward})
 
     async def samples(session_id: str, request: Request) -> Any:

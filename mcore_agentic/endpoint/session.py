@@ -28,7 +28,7 @@ import json
 import secrets
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mcore_agentic.endpoint.turn import ApiError, TokenLogprob, ToolCallOut, TurnFinish, TurnRequest, TurnResult
@@ -95,6 +95,10 @@ class Sample:
     """A request found no room left in the sample's budget (it got ``context_length_exceeded``): the episode
     ended by length, as the built-in loop's would, whatever the program does next."""
     malformed_calls: int = 0
+    turn_ends: list[int] = field(default_factory=list)
+    """Per assistant turn of the sample: the response index of its last sampled token (-1: it sampled nothing)."""
+    turn_rewards: list[float] = field(default_factory=list)
+    """Per assistant turn of the sample: the rewards the agent posted for it (``/reward`` with ``turn``)."""
 
     @property
     def awaiting_environment(self) -> bool:
@@ -126,7 +130,10 @@ class Session:
         self.closed = False
         self.thinking = "</think>" in str(getattr(chat.tokenizer, "chat_template", "") or "")
         self.reward: float | None = None
-        """A reward the agent reported through the session's reward route (its sum), or None."""
+        """A reward the agent reported through the session's reward route (its sum, per-turn posts included), or None."""
+        self.turn_refs: dict[str, tuple[Sample, int]] = {}
+        """Each response's sample and the sample's turn it sampled (``/reward`` with ``turn``), by response id."""
+        self.latest_turn: tuple[Sample, int] | None = None
 
     # ------------------------------------------------------------------------------------------- a turn
     async def complete(self, request: TurnRequest) -> TurnResult:
@@ -249,6 +256,8 @@ class Session:
             log_probs = log_probs[: len(ids)]
         context = len(traj)
         traj.append(ids, sampled=True, log_probs=log_probs, version=self.version())
+        sample.turn_ends.append(traj.response_len - 1 if ids else -1)
+        sample.turn_rewards.append(0.0)
         if out.routed_experts is not None:
             prompt_rows = len(out.routed_experts) - max(len(out.token_ids) - 1, 0)
             traj.record_routing(out.routed_experts[:prompt_rows])
@@ -325,6 +334,7 @@ class Session:
                             prompt_tokens=len(sample.trajectory) - len(ids), completion_tokens=len(ids),
                             model=request.model, stop_sequence=stop_text, logprobs=lp)
         self.responses[result.id] = [*messages, client]  # the messages themselves are shared, not copied
+        self.turn_refs[result.id] = self.latest_turn = (sample, sample.turns - 1)
         while len(self.responses) > MAX_STORED_RESPONSES:  # bounded: a long session keeps its latest responses
             del self.responses[next(iter(self.responses))]
         return result
@@ -332,9 +342,26 @@ class Session:
     def _pieces(self, ids: Sequence[int]) -> list[str]:
         return [self.chat.decode([i]) for i in ids]
 
+    # ----------------------------------------------------------------------------------------- rewards
+    def post_reward(self, value: float, turn: str | None = None) -> None:
+        """Add ``value`` to the episode's reward; with ``turn`` (a response id the client got — ``chatcmpl-…``,
+        ``resp_…``, ``msg_…`` — or ``"latest"``) it is also that turn's own reward, which ``algorithm.turn_rewards``
+        places on the turn's last sampled token."""
+        if turn is not None:
+            ref = self.latest_turn if turn == "latest" else self.turn_refs.get(_bare_id(turn))
+            if ref is None:
+                raise ApiError(404, f"turn {turn!r} is not a response of this session"
+                                    + (" (it has sampled no turn yet)" if turn == "latest" else ""),
+                               param="turn", type="not_found_error")
+            sample, k = ref
+            sample.turn_rewards[k] += value
+        self.reward = (self.reward or 0.0) + value
+        self.counts["rewards"] += 1
+
     # ----------------------------------------------------------------------------------------- reporting
     def summary(self) -> dict[str, Any]:
-        """The session's samples as plain data: ids, text pieces, loss mask, log-probs, fork reasons."""
+        """The session's samples as plain data: ids, text pieces, loss mask, log-probs, fork reasons, and per turn its
+        last sampled token's response index and the rewards posted for it."""
         out = []
         for s in self.samples:
             t = s.trajectory
@@ -344,6 +371,7 @@ class Session:
                 "log_probs": list(t.log_probs), "weight_versions": list(t.versions),
                 "pieces": self._pieces(t.ids), "messages": s.messages, "malformed_calls": s.malformed_calls,
                 "tokenization_paths": {str(k): v for k, v in s.tokens.paths.items()},
+                "turn_ends": list(s.turn_ends), "turn_rewards": list(s.turn_rewards),
             })
         return {"session_id": self.id, "samples": out, "forks": dict(self.forks), "counts": dict(self.counts),
                 "reward": self.reward}
@@ -393,6 +421,14 @@ def message_key(message: dict[str, Any]) -> tuple[Any, ...]:
 
 def tools_key(tools: list[dict[str, Any]] | None) -> str:
     return _canonical_json(tools or [])
+
+
+def _bare_id(response_id: str) -> str:
+    """The session's id of a response from the id a client got (any of the three APIs' prefixes)."""
+    for prefix in ("chatcmpl-", "resp_", "msg_"):
+        if response_id.startswith(prefix):
+            return response_id[len(prefix):]
+    return response_id
 
 
 def split_reasoning(text: str) -> tuple[str | None, str]:

@@ -10,7 +10,9 @@ and becomes one training row, like a built-in loop request:
   (``agent/untrained_samples``) and stay visible through the samples route while the session lives. Training
   every sample of an episode needs groups that count episodes, not rows (turn-level credit, issue 33);
 * the reward is the program's (plus what it posted to ``/reward``), or the reward function's over the row
-  (``rollout.agent.reward``);
+  (``rollout.agent.reward``); a post that names a turn of the trained sample is also that turn's own reward
+  (``algorithm.turn_rewards`` places it on the turn's last sampled token); one naming a turn of an untrained
+  sample counts in the episode's reward only;
 * the end-of-trajectory sanity check compares the row with a full render of its messages, as for the loop;
 * a program that fails, times out, returns no reward, or never made a request fails its row (trains on nothing);
   but one that stops because the endpoint answered ``context_length_exceeded`` (the sample's budget is spent)
@@ -148,6 +150,12 @@ class AgentSource:
     def _take(self, req: RolloutRequest, sample: Sample) -> None:
         req.trajectory = copy.deepcopy(sample.trajectory)
         req.messages = copy.deepcopy(sample.messages)
+        length = req.trajectory.response_len
+        req.turn_ends = [e if e < length else -1 for e in sample.turn_ends]
+        req.turn_tool_rewards = [0.0] * sample.turns  # the program's tools are its own: their rewards are its posts
+        req.turn_interaction_scores = [0.0] * sample.turns
+        if self.cfg.agent.reward == "program":
+            req.turn_source_rewards = list(sample.turn_rewards)
         m = req.metrics
         m.assistant_turns = sample.turns
         m.tool_calls = sum(len(msg.get("tool_calls") or []) for msg in sample.messages if msg.get("role") == "assistant")

@@ -110,7 +110,8 @@ SCHEMA = pa.schema(
 """One row per trajectory. Trainer-side columns (``old_log_probs`` ... ``values``) are null in ``val``
 dumps and where the run has no such model; all per-token lists run over the response. ``turn_ends`` and
 ``turn_rewards``: per assistant turn, the response index of its last sampled token (-1: none) and its own
-reward (its tools' step rewards plus the interaction's score of the reply to it), whether or not
+reward (its tools' step rewards, the interaction's score of the reply to it, an agent program's reward posted for
+it), whether or not
 ``algorithm.turn_rewards`` placed it there."""
 
 
@@ -224,12 +225,21 @@ def trajectory_records(
                 "agent_samples": int(rm["agent_samples"]) if rm.get("agent_samples") else None,
                 "agent_forks": json.dumps(rm.get("agent_fork_reasons") or {}) if rm.get("agent_samples") else None,
                 "turn_ends": list((batch.meta.get("turn_ends") or [[]] * len(batch))[i] or []),
-                "turn_rewards": [float(a) + float(b) for a, b in zip(
-                    (batch.meta.get("turn_tool_rewards") or [[]] * len(batch))[i] or [],
-                    (batch.meta.get("turn_interaction_scores") or [[]] * len(batch))[i] or [])],
+                "turn_rewards": _turn_rewards(batch, i),
             }
         )
     return records
+
+
+def _turn_rewards(batch: Batch, i: int) -> list[float]:
+    """Row ``i``'s reward per assistant turn from the rollout (tool step rewards, interaction turn scores, an agent
+    program's per-turn posts), one number per entry of ``turn_ends``."""
+    turns = len((batch.meta.get("turn_ends") or [[]] * len(batch))[i] or [])
+    out = [0.0] * turns
+    for key in ("turn_tool_rewards", "turn_interaction_scores", "turn_source_rewards"):
+        for k, value in enumerate(((batch.meta.get(key) or [[]] * len(batch))[i] or [])[:turns]):
+            out[k] += float(value)
+    return out
 
 
 def dump_path(root: str | os.PathLike, split: str, step: int, group: int) -> Path:

@@ -56,7 +56,8 @@ def score_rollout(
     ``turn_rewards`` (``algorithm.turn_rewards``): the score also counts the interaction's turn scores and the
     reward function's per-turn form (a dict result's ``turn_rewards``: one number per assistant turn, besides its
     ``score``), and ``turn_rewards`` [B, R] holds each assistant turn's own part — its tools' step rewards, the
-    turn score of the reply to it, the reward function's number for it — on that turn's last sampled token
+    turn score of the reply to it, the agent program's reward posted for it (already in ``source_reward``), the
+    reward function's number for it — on that turn's last sampled token
     (:func:`turn_reward_tensor`); the rest of the score (the reward function's ``score``, ``calc_reward``, the
     final interaction score, the penalty) is the episode's, which the experience puts on the last sampled token.
     """
@@ -104,7 +105,8 @@ def score_rollout(
 
 def turn_reward_tensor(batch: Batch, from_reward_fn: Sequence[Sequence[float]] | None = None) -> torch.Tensor:
     """``[B, R]``: each assistant turn's reward (its tools' step rewards, the interaction's score of the reply to
-    it and, from ``from_reward_fn``, the reward function's ``turn_rewards`` for it) on the turn's last sampled
+    it, the rollout source's reward for it — an agent program's posts — and, from ``from_reward_fn``, the reward
+    function's ``turn_rewards`` for it) on the turn's last sampled
     token; 0 elsewhere, and everywhere on a failed request's row. A turn that sampled nothing, or a reward for a
     turn the row does not have, has no token: it stays with the episode's (the last sampled token)."""
     out = torch.zeros(batch["responses"].shape, dtype=torch.float32)
@@ -113,7 +115,8 @@ def turn_reward_tensor(batch: Batch, from_reward_fn: Sequence[Sequence[float]] |
         if (batch["request_metrics"][i] or {}).get("state") == "failed":
             continue
         ends = list(batch["turn_ends"][i] or ())
-        parts = [batch["turn_tool_rewards"][i] or (), batch["turn_interaction_scores"][i] or ()]
+        parts = [batch["turn_tool_rewards"][i] or (), batch["turn_interaction_scores"][i] or (),
+                 (batch.meta.get("turn_source_rewards") or [()] * len(batch))[i] or ()]
         if from_reward_fn is not None:
             parts.append(from_reward_fn[i])
         for part in parts:

@@ -14,7 +14,7 @@ per-sample meta ``messages`` (the final conversation), ``uid`` (shared by a prom
 ``data_source``, ``ground_truth`` (``reward_model.ground_truth``), ``tool_rewards`` (float: every
 tool's step rewards plus its ``calc_reward``), ``interaction_scores`` (list of turn scores), ``source_reward``
 (an agent program's reward, or None), per assistant turn ``turn_ends`` (the response index of its last sampled
-token, -1: none), ``turn_tool_rewards`` and ``turn_interaction_scores`` (what algorithm.turn_rewards places there),
+token, -1: none), ``turn_tool_rewards``, ``turn_interaction_scores`` and ``turn_source_rewards`` (what algorithm.turn_rewards places there),
 ``num_turns`` (assistant + interaction turns), ``finish_reason`` (stop | length | tool_calls |
 aborted), ``request_metrics`` (dict: counters, timings, state, error, error_type, error_traceback,
 per-tool rewards), ``tool_log`` (per call: turn, name, arguments, result, error, seconds, error_type,
@@ -219,6 +219,7 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
         "turn_ends": [list(r.turn_ends) for r in requests],
         "turn_tool_rewards": [list(r.turn_tool_rewards) for r in requests],
         "turn_interaction_scores": [list(r.turn_interaction_scores) for r in requests],
+        "turn_source_rewards": [list(r.turn_source_rewards) for r in requests],
         "source_reward": [r.source_reward for r in requests],
         "num_turns": [r.metrics.assistant_turns + r.metrics.user_turns for r in requests],
         "finish_reason": [r.finish_reason.value if r.finish_reason else "aborted" for r in requests],

@@ -235,6 +235,9 @@ class RolloutRequest:
     """Per assistant turn: the step rewards (``execute``) of the tool calls it made (also in ``tool_rewards``)."""
     turn_interaction_scores: list[float] = field(default_factory=list)
     """Per assistant turn: the interaction's turn score of the reply that followed it (0.0: none)."""
+    turn_source_rewards: list[float] = field(default_factory=list)
+    """Per assistant turn: the reward the rollout source gave that turn (an agent program's ``/reward`` posts naming
+    it; empty for the built-in loop). Already counted in ``source_reward``: this says which turn earned it."""
     source_reward: float | None = None
     """The reward the rollout source gave the request (an agent program's, ``rollout.agent.reward=program``): it
     stands in for the reward function's (None: the reward function scores the request)."""

@@ -27,13 +27,16 @@ ROWS = [{"prompt": [{"role": "system", "content": "You can use tools."}, {"role"
          "data_source": "test", "reward_model": {"ground_truth": "5"}} for i in range(2)]
 
 
-async def _converse(base_url: str, api_key: str, row: dict[str, Any], *, rewrite: bool = False) -> list[dict]:
+async def _converse(base_url: str, api_key: str, row: dict[str, Any], *, rewrite: bool = False,
+                    reply_ids: list[str] | None = None) -> list[dict]:
     from openai import AsyncOpenAI
 
     messages = list(row["prompt"])
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
         while True:
             reply = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
+            if reply_ids is not None:
+                reply_ids.append(reply.id)
             message = reply.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
             if not message.tool_calls:
@@ -64,6 +67,23 @@ async def agent_posts_reward(base_url: str, api_key: str, row: dict[str, Any]) -
         for value in (0.25, 0.5):
             r = await client.post(f"{root}/reward", json={"reward": value}, headers={"Authorization": f"Bearer {api_key}"})
             r.raise_for_status()
+
+
+async def agent_rewards_turns(base_url: str, api_key: str, row: dict[str, Any]) -> float:
+    """Rewards its first turn by the id the client got and its last as ``latest``; its episode reward is 1."""
+    import httpx
+
+    ids: list[str] = []
+    await _converse(base_url, api_key, row, reply_ids=ids)
+    root, auth = base_url.rsplit("/v1", 1)[0], {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient() as client:
+        for body in ({"reward": 0.25, "turn": ids[0]}, {"reward": 0.5, "turn": "latest"}, {"reward": 0.125}):
+            (await client.post(f"{root}/reward", json=body, headers=auth)).raise_for_status()
+        bad = await client.post(f"{root}/reward", json={"reward": 1.0, "turn": "chatcmpl-nosuch"}, headers=auth)
+        assert bad.status_code == 404 and bad.json()["error"]["param"] == "turn", bad.text
+        bad = await client.post(f"{root}/reward", json={"reward": 1.0, "turn": 3}, headers=auth)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "turn", bad.text
+    return 1.0
 
 
 async def agent_raises(base_url: str, api_key: str, row: dict[str, Any]) -> float:
@@ -126,6 +146,23 @@ def test_a_forked_episode_trains_its_last_sample(tok):
 def test_rewards_posted_to_the_session_add_up(tok):
     batch, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_posts_reward", n=1)
     assert batch["source_reward"] == [0.75, 0.75]
+
+
+def test_rewards_posted_for_a_turn_reach_that_turns_last_sampled_token(tok):
+    batch, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_rewards_turns", n=1)
+    loop_cfg = RolloutConfig(prompt_length=512, response_length=512, n=1, seed=7,
+                             multi_turn=MultiTurnConfig(max_assistant_turns=5))
+    loop = run_sync(generate_sequences(ROWS, ScriptedEngine(tok, SCRIPTS), {"add": AddTool()}, None, loop_cfg, tok))
+    assert batch["turn_ends"] == loop["turn_ends"]  # the program's turns end where the built-in loop's do
+    assert batch["source_reward"] == [1.875, 1.875]  # every post adds up; failed posts touch nothing
+    assert batch["turn_source_rewards"] == [[0.25, 0.5], [0.25, 0.5]]
+    scored = score_rollout(batch, lambda *a: 0.0, tok, [{}] * 2, turn_rewards=True)
+    assert scored["seq_scores"].tolist() == [1.875, 1.875]  # the per-turn parts are counted once
+    for i, (first, last) in enumerate(batch["turn_ends"]):
+        placed = scored["turn_rewards"][i]
+        assert placed[first].item() == 0.25 and placed[last].item() == 0.5 and placed.sum().item() == 0.75
+        mask = batch["response_mask"][i]
+        assert mask[first] == 1 and mask[last] == 1 and mask[first + 1] == 0  # each turn's last sampled token
 
 
 @pytest.mark.parametrize("entry,kind", [("agent_raises", "RuntimeError"), ("agent_returns_garbage", "BadReward"),

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from mcore_agentic.algorithms.advantages import compute_grpo_turn_advantage
 from mcore_agentic.data.batch import Batch
 from tests.helpers.batches import padded_rows
 from tests.helpers.hf import redraw_weights, tiny_qwen2_config
@@ -36,6 +37,11 @@ def make_batch(n: int = 8, *, seed: int = 0, response_lengths: list[int] | None 
     rows = padded_rows(g, n, prompt_width=PROMPT, response_width=width, vocab=VOCAB, min_response=2,
                        hole=slice(1, 3), response_lengths=response_lengths)
     loss_mask, attention_mask = rows.loss_mask, rows.attention_mask
+    # Advantages with turn structure (the tool-result hole splits the even rows into two turns): grpo_turn's over
+    # random per-token rewards (O(1) per row), groups of two rows, plus per-token noise so a misaligned token still
+    # shows. Every layout of test_workers_parallel then trains turn-level credit against the TP=1 reference.
+    token_rewards = torch.randn(n, width, generator=g) * loss_mask / loss_mask.sum(1, keepdim=True).clamp(min=1).sqrt()
+    turn_level, _ = compute_grpo_turn_advantage(token_rewards, loss_mask, [str(i // 2) for i in range(n)])
     return Batch(
         tensors={
             "prompts": rows.prompts,
@@ -44,7 +50,7 @@ def make_batch(n: int = 8, *, seed: int = 0, response_lengths: list[int] | None 
             "attention_mask": attention_mask,
             "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
             "response_mask": loss_mask,
-            "advantages": torch.randn(n, width, generator=g) * loss_mask,
+            "advantages": (turn_level + 0.5 * torch.randn(n, width, generator=g)) * loss_mask,
             "returns": torch.randn(n, width, generator=g) * loss_mask,
         }
     )
