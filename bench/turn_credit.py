@@ -8,7 +8,9 @@ demonstrations. Each arm trains the same warm-started job with only its credit a
   the outcome summed), compared with the group's other rows;
 * ``turn``: ``algorithm.adv_estimator=grpo_turn algorithm.turn_rewards=true`` — each turn sees its own
   return-to-go (its read reward, later ones and the outcome), compared with the other rows' at the same turn;
-* ``grpo`` (``--arms`` to add it): the default's estimator, std-normalised, episode-level.
+* ``grpo`` (``--arms`` to add it): the default's estimator, std-normalised, episode-level;
+* ``gigpo`` (``--arms``): ``algorithm.adv_estimator=gigpo algorithm.turn_rewards=true`` — ``rloo`` plus a step-level
+  advantage over turns that acted from the same observation (the prompt, or the same meter reading).
 
 ``rloo`` is the episode-level form of ``grpo_turn`` (the two agree on single-turn rows), so the first two arms
 differ in credit assignment alone. Each run is ``torchrun --nproc_per_node 2 launch/pretrain_rl.py --config-name
@@ -37,6 +39,7 @@ ARMS = {
     "episode": ["algorithm.adv_estimator=rloo", "algorithm.turn_rewards=false"],
     "turn": ["algorithm.adv_estimator=grpo_turn", "algorithm.turn_rewards=true"],
     "grpo": ["algorithm.adv_estimator=grpo", "algorithm.turn_rewards=false"],
+    "gigpo": ["algorithm.adv_estimator=gigpo", "algorithm.turn_rewards=true"],
 }
 
 

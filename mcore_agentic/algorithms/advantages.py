@@ -31,6 +31,7 @@ rewards (``algorithm.turn_rewards``) sit on each turn's last sampled token, the 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -41,6 +42,7 @@ __all__ = [
     "compute_advantage",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "compute_gigpo_advantage",
     "compute_grpo_turn_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
@@ -316,29 +318,13 @@ def compute_grpo_turn_advantage(
     No division by a standard deviation: a per-turn-index std would reweight turns the same way (the
     ``norm_adv_by_std_in_grpo`` switch belongs to ``grpo``). Rows without sampled tokens are left out.
     """
-    turn, counts = turn_spans(response_mask)
-    batch = response_mask.shape[0]
-    dtype = torch.float64
-    rewards = torch.where(response_mask.bool(), token_level_rewards.to(dtype), torch.zeros((), dtype=dtype))
-    width = int(counts.max()) if batch else 0
-    # Every replica needs the same [groups, turns] shape for the all-reduce: the sum of the replicas' widths
-    # bounds the widest of them, and needs no collective other than a sum.
-    if reduce is not None:
-        width = int(reduce(torch.tensor([float(width)], dtype=dtype))[0])
-    per_turn = torch.zeros(batch, width + 1, dtype=dtype, device=rewards.device)  # column `width`: masked tokens
-    slot = torch.where(turn >= 0, turn, torch.full_like(turn, width))
-    per_turn.scatter_add_(1, slot, rewards)
-    per_turn = per_turn[:, :width]
-    reached = torch.arange(width, device=rewards.device).unsqueeze(0) < counts.unsqueeze(1)  # [B, K]
-    returns_to_go = torch.zeros_like(per_turn)
-    running = torch.zeros(batch, dtype=dtype, device=rewards.device)
-    for k in reversed(range(width)):
-        running = torch.where(reached[:, k], per_turn[:, k] + gamma * running, running)
-        returns_to_go[:, k] = torch.where(reached[:, k], running, torch.zeros_like(running))
-    gid, num_groups = _groups(index, batch, rewards.device, num_groups)
+    turns = _turn_returns(token_level_rewards, response_mask, gamma, reduce)
+    batch, width, dtype, device = response_mask.shape[0], turns.width, torch.float64, response_mask.device
+    counts, reached, returns_to_go = turns.counts, turns.reached, turns.returns_to_go
+    gid, num_groups = _groups(index, batch, device, num_groups)
     acted = (counts > 0).to(dtype).unsqueeze(1)
     # [groups, turns + 1]: returns-to-go and rows per turn index, and (last column) rows that acted at all.
-    sums = torch.zeros(num_groups, width + 1, dtype=dtype, device=rewards.device)
+    sums = torch.zeros(num_groups, width + 1, dtype=dtype, device=device)
     sums.index_add_(0, gid, torch.cat([returns_to_go, torch.zeros_like(acted)], dim=1))
     seen = torch.zeros_like(sums).index_add_(0, gid, torch.cat([reached.to(dtype), acted], dim=1))
     if reduce is not None:
@@ -349,12 +335,137 @@ def compute_grpo_turn_advantage(
     # A group with no other row that acted has no baseline at all: 0, as for every group estimator here.
     alone = (seen[gid, width] - acted.squeeze(1)) <= 0
     turn_adv = torch.where(reached & ~alone.unsqueeze(1), returns_to_go - baseline, torch.zeros_like(returns_to_go))
+    return turns.spread(turn_adv, token_level_rewards.dtype), turns.spread(returns_to_go, token_level_rewards.dtype)
 
-    def spread(per_row_turn: torch.Tensor) -> torch.Tensor:
+
+@dataclass(frozen=True)
+class _TurnReturns:
+    """Per row and turn (``[B, width]``, width agreed over DP): reached, the discounted return-to-go; and each
+    token's column (``slot``: its turn, ``width`` on masked tokens)."""
+
+    slot: torch.Tensor
+    counts: torch.Tensor
+    width: int
+    reached: torch.Tensor
+    returns_to_go: torch.Tensor
+
+    def spread(self, per_row_turn: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``[B, width]`` per turn -> ``[B, R]`` on each turn's tokens (0 on masked tokens)."""
         padded = torch.nn.functional.pad(per_row_turn, (0, 1))  # the extra column reads 0 on masked tokens
-        return padded.gather(1, slot.clamp(max=width)).to(token_level_rewards.dtype)
+        return padded.gather(1, self.slot.clamp(max=self.width)).to(dtype)
 
-    return spread(turn_adv), spread(returns_to_go)
+    def per_turn(self, per_token: torch.Tensor) -> torch.Tensor:
+        """``[B, R]`` values constant over each turn -> ``[B, width]`` (the max over the turn's tokens; 0 if not
+        reached)."""
+        out = torch.zeros(per_token.shape[0], self.width + 1, dtype=per_token.dtype, device=per_token.device)
+        out.scatter_reduce_(1, self.slot, per_token, reduce="amax", include_self=True)
+        return out[:, : self.width]
+
+
+def _turn_returns(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float,
+                  reduce: Reduce | None) -> _TurnReturns:
+    turn, counts = turn_spans(response_mask)
+    batch, dtype, device = response_mask.shape[0], torch.float64, response_mask.device
+    rewards = torch.where(response_mask.bool(), token_level_rewards.to(dtype), torch.zeros((), dtype=dtype))
+    width = int(counts.max()) if batch else 0
+    # Every replica needs the same [groups, turns] shape for the all-reduce: the sum of the replicas' widths
+    # bounds the widest of them, and needs no collective other than a sum.
+    if reduce is not None:
+        width = int(reduce(torch.tensor([float(width)], dtype=dtype))[0])
+    per_turn = torch.zeros(batch, width + 1, dtype=dtype, device=device)  # column `width`: masked tokens
+    slot = torch.where(turn >= 0, turn, torch.full_like(turn, width))
+    per_turn.scatter_add_(1, slot, rewards)
+    per_turn = per_turn[:, :width]
+    reached = torch.arange(width, device=device).unsqueeze(0) < counts.unsqueeze(1)  # [B, K]
+    returns_to_go = torch.zeros_like(per_turn)
+    running = torch.zeros(batch, dtype=dtype, device=device)
+    for k in reversed(range(width)):
+        running = torch.where(reached[:, k], per_turn[:, k] + gamma * running, running)
+        returns_to_go[:, k] = torch.where(reached[:, k], running, torch.zeros_like(running))
+    return _TurnReturns(slot, counts, width, reached, returns_to_go)
+
+
+@torch.no_grad()
+def compute_gigpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    turn_states: torch.Tensor,
+    index: Index,
+    gamma: float = 1.0,
+    *,
+    step_advantage_w: float = 1.0,
+    mode: str = "mean_norm",
+    epsilon: float = 1e-6,
+    num_groups: int | None = None,
+    reduce: Reduce | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GiGPO (Feng et al. 2025, verl-agent): an episode-level group advantage plus ``step_advantage_w`` times a
+    step-level one; ``(advantages, returns)`` with ``returns`` each turn's return-to-go.
+
+    ``turn_states`` ``[B, R]`` (long): on every sampled token of a turn, 1 + the id of the state the turn acted
+    from, numbered per prompt group (:func:`mcore_agentic.feed.scoring.turn_state_tensor`); 0 elsewhere. Turns
+    of a group's rows with the same id form a *step group*; ``G`` is a turn's discounted return-to-go.
+
+    ``mean_norm`` (default): the episode part is ``rloo``; the step part of row ``i``'s turn ``k`` from state
+    ``s`` is ``G_{i,k} - mean{ G_{j,m} : j != i in the group, turn m of j acted from s }``, with baseline 0 when no
+    other row acted from ``s`` (as ``grpo_turn`` at a turn index no other row reached; a group with no other row
+    that acted gets 0). Both baselines are functions of the other, independent rows (and of the state, which the
+    turn's action does not affect), so each part is an unbiased policy-gradient estimate: their sum estimates
+    ``(1 + step_advantage_w)`` times the gradient (a scale, which the learning rate absorbs), whether or not the
+    policy decides when the episode ends. Other turns of row ``i`` from the same state (a loop) are left out
+    too: they depend on row ``i``'s actions. GiGPO itself gives a step group of one 0 instead; that multiplies
+    each turn's term by the chance that another row reaches its state — a weight per state, measured biased on
+    the continue-or-stop MDP of ``tests/unit/algorithms/test_turn_credit_unbiased.py``.
+
+    ``mean_std_norm`` is verl-agent's: the episode part ``grpo``'s ``(score - mean) / (std + epsilon)`` and the
+    step part ``(G - mean) / (std + epsilon)`` over the step group, the turn itself included, a step group of one
+    giving 0; the std division reweights groups, as in GRPO.
+    """
+    turns = _turn_returns(token_level_rewards, response_mask, gamma, reduce)
+    batch, dtype, device = response_mask.shape[0], torch.float64, response_mask.device
+    if mode == "mean_norm":
+        episode, _ = compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, num_groups=num_groups,
+                                                    reduce=reduce)
+    else:
+        episode, _ = compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon, True,
+                                                    num_groups=num_groups, reduce=reduce)
+    gid, num_groups = _groups(index, batch, device, num_groups)
+    state = turns.per_turn(torch.where(response_mask.bool(), turn_states.long(), torch.zeros_like(turn_states.long())))
+    reached = turns.reached & (state > 0)
+    state = torch.where(reached, state - 1, torch.zeros_like(state))
+    num_states = int(state.max()) + 1 if state.numel() else 1
+    if reduce is not None:  # one table shape on every replica: the sum bounds the largest
+        num_states = int(reduce(torch.tensor([float(num_states)], dtype=dtype))[0])
+    g, live = turns.returns_to_go, reached.to(dtype)
+    # Per row and state: its turns' returns-to-go (and squares) and how many; summed per (group, state) over DP.
+    own = torch.zeros(3, batch, num_states, dtype=dtype, device=device)
+    for j, values in enumerate((g * live, g * g * live, live)):
+        own[j].scatter_add_(1, state, values)
+    table = torch.zeros(3, num_groups, num_states, dtype=dtype, device=device)
+    table.index_add_(1, gid, own)
+    if reduce is not None:
+        table = reduce(table)
+    at = table[:, gid].gather(2, state.unsqueeze(0).expand(3, -1, -1))  # [3, B, width]: the turn's step group
+    if mode == "mean_norm":
+        mine = own.gather(2, state.unsqueeze(0).expand(3, -1, -1))
+        others = at[2] - mine[2]
+        baseline = torch.where(others > 0, (at[0] - mine[0]) / others.clamp(min=1), torch.zeros_like(g))
+        # A group with no other row that acted has no baseline at all: 0, as for every group estimator here.
+        acted = (turns.counts > 0).to(dtype)
+        group_acted = torch.zeros(num_groups, dtype=dtype, device=device).index_add_(0, gid, acted)
+        if reduce is not None:
+            group_acted = reduce(group_acted)
+        alone = (group_acted[gid] - acted) <= 0
+        step = torch.where(alone.unsqueeze(1), torch.zeros_like(g), g - baseline)
+    else:
+        n = at[2]
+        mean = at[0] / n.clamp(min=1)
+        var = (at[1] - n * mean * mean) / (n - 1).clamp(min=1)
+        step = torch.where(n > 1, (g - mean) / (var.clamp(min=0).sqrt() + epsilon), torch.zeros_like(g))
+    step = torch.where(reached, step, torch.zeros_like(step))
+    out_dtype = token_level_rewards.dtype
+    advantages = episode + step_advantage_w * turns.spread(step, out_dtype)
+    return advantages * response_mask, turns.spread(turns.returns_to_go, out_dtype)
 
 
 def compute_advantage(
@@ -366,10 +477,12 @@ def compute_advantage(
     index: Index | None = None,
     num_groups: int | None = None,
     reduce: Reduce | None = None,
+    turn_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch on ``cfg.adv_estimator``; returns ``(advantages, returns)``, both ``[B, R]``.
 
-    ``values`` is required for ``gae``; ``index`` (one uid per sequence) for the group estimators.
+    ``values`` is required for ``gae``; ``index`` (one uid per sequence) for the group estimators; ``turn_states``
+    for ``gigpo``.
     Rows spread over DP replicas: pass ``reduce`` (a sum over them) and ``index`` as step-wide
     integer group ids in ``[0, num_groups)``; whitening and group statistics then cover every
     replica's rows, and each replica gets exactly the single-batch result for its rows.
@@ -391,4 +504,12 @@ def compute_advantage(
         return compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **groups)
     if cfg.adv_estimator == "grpo_turn":
         return compute_grpo_turn_advantage(token_level_rewards, response_mask, index, cfg.gamma, **groups)
+    if cfg.adv_estimator == "gigpo":
+        if turn_states is None:
+            raise ValueError("algorithm.adv_estimator=gigpo needs turn_states= (each turn's state id; the feed adds "
+                             "them when scoring)")
+        g = cfg.gigpo
+        return compute_gigpo_advantage(token_level_rewards, response_mask, turn_states, index, cfg.gamma,
+                                       step_advantage_w=g.step_advantage_w, mode=g.mode, epsilon=cfg.grpo_epsilon,
+                                       **groups)
     return compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, **groups)

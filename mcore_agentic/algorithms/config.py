@@ -14,7 +14,9 @@ from typing import Any
 
 from mcore_agentic.utils.errors import ConfigError, require
 
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_turn")
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_turn", "gigpo")
+GIGPO_MODES = ("mean_norm", "mean_std_norm")
+GIGPO_STATES = ("observation", "history")
 # "kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3"; a trailing "+" (e.g. "k3+") keeps the
 # estimator's value but takes the gradient of k2 (straight-through), as in verl.
 KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -159,15 +161,41 @@ class FilterGroupsConfig:
 
 
 @dataclass(frozen=True)
+class GiGPOConfig:
+    """``adv_estimator=gigpo`` (group-in-group policy optimisation, verl-agent's ``algorithm.gigpo``): an episode-level
+    group advantage plus ``step_advantage_w`` times a step-level one, which compares the turns of a prompt group's
+    rows that acted from the same state (docs/algorithms.md)."""
+
+    step_advantage_w: float = 1.0
+    """Weight of the step-level advantage added to the episode-level one."""
+    mode: str = "mean_norm"
+    """``mean_norm``: episode part ``rloo`` (leave-one-out mean), step part each turn's return-to-go minus the mean of
+    the *other rows'* returns-to-go from the same state: unbiased when the policy decides when to stop, as
+    ``grpo_turn``. ``mean_std_norm``: verl-agent's — both parts centred on means that include the row and divided by
+    the std (``algorithm.grpo_epsilon`` added)."""
+    state: str = "observation"
+    """What makes two turns' states the same: ``observation`` (GiGPO's anchor states: the environment's tokens just
+    before the turn — the prompt for the first turn, else the tool results or user reply since the previous turn —
+    are identical) or ``history`` (everything before the turn is identical: the policy's exact input)."""
+
+    def __post_init__(self) -> None:
+        require(self.step_advantage_w >= 0, "algorithm.gigpo.step_advantage_w", f"must be >= 0, got {self.step_advantage_w}")
+        require(self.mode in GIGPO_MODES, "algorithm.gigpo.mode", f"{self.mode!r} is not one of {', '.join(GIGPO_MODES)}")
+        require(self.state in GIGPO_STATES, "algorithm.gigpo.state",
+                f"{self.state!r} is not one of {', '.join(GIGPO_STATES)}")
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     """The ``algorithm`` group: advantage estimator, discounting, KL in the reward."""
 
     adv_estimator: str = "gae"
     """One of ``gae`` (needs a critic), ``grpo``, ``rloo``, ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``,
     ``grpo_turn`` (critic-free, turn-level: each turn's return-to-go against the other rows' at the same turn
-    index, unbiased when the policy decides when to stop; docs/algorithms.md)."""
+    index, unbiased when the policy decides when to stop), ``gigpo`` (episode-level plus step-level advantages, the
+    step level over turns from the same state: ``algorithm.gigpo.*``); docs/algorithms.md."""
     gamma: float = 1.0
-    """Discount per *sampled* token (GAE, REINFORCE++), per *turn* (``grpo_turn``); environment tokens are not
+    """Discount per *sampled* token (GAE, REINFORCE++), per *turn* (``grpo_turn``, ``gigpo``); environment tokens are not
     time steps."""
     lam: float = 1.0
     """GAE lambda (bias/variance trade-off); 1.0 = Monte-Carlo returns minus values."""
@@ -185,6 +213,8 @@ class AlgorithmConfig:
     """Rollout-training mismatch correction of the policy loss (``algorithm.rollout_correction.*``)."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """Dynamic sampling: drop prompt groups without reward variance, over-sample to refill (``algorithm.filter_groups.*``)."""
+    gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)
+    """``adv_estimator=gigpo``'s settings (``algorithm.gigpo.*``)."""
     turn_rewards: bool = False
     """Keep each turn's reward at the turn it belongs to (its last sampled token) instead of adding it to the
     episode's score on the last token: a tool's step rewards (``execute``) at the turn that called it, an
@@ -203,6 +233,8 @@ class AlgorithmConfig:
         if isinstance(self.rollout_correction, Mapping):
             object.__setattr__(self, "rollout_correction", _from_mapping(
                 RolloutCorrectionConfig, self.rollout_correction, "algorithm.rollout_correction"))
+        if isinstance(self.gigpo, Mapping):
+            object.__setattr__(self, "gigpo", _from_mapping(GiGPOConfig, self.gigpo, "algorithm.gigpo"))
         if isinstance(self.filter_groups, Mapping):
             object.__setattr__(self, "filter_groups", _from_mapping(
                 FilterGroupsConfig, self.filter_groups, "algorithm.filter_groups"))
@@ -224,7 +256,7 @@ class AlgorithmConfig:
     @property
     def needs_groups(self) -> bool:
         """True when advantages compare the responses of one prompt (``index``/uid needed, n > 1)."""
-        return self.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_turn")
+        return self.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_turn", "gigpo")
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,14 @@ from mcore_agentic.data.balance import partition
 from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
 from mcore_agentic.parallel import comm
 
-__all__ = ["RESPONSE_FIELDS", "TURN_FIELDS", "RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
+__all__ = ["RESPONSE_FIELDS", "STATE_FIELDS", "TURN_FIELDS", "RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
 
 RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout_log_probs": torch.float32}
 """Per-response-token tensors that travel with a row (besides its token ids)."""
 TURN_FIELDS: dict[str, torch.dtype] = {"turn_rewards": torch.float32}
 """With ``algorithm.turn_rewards``: each turn's reward on its last sampled token travels with the row."""
+STATE_FIELDS: dict[str, torch.dtype] = {"turn_states": torch.long}
+"""With ``adv_estimator=gigpo``: each turn's state id (+1) on its sampled tokens travels with the row."""
 ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long, "truncated": torch.long}
 """Per-row scalars that travel with it."""
 VERSION_FIELDS: dict[str, torch.dtype] = {**ROW_FIELDS, "weight_version": torch.long}

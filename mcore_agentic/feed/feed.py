@@ -35,6 +35,7 @@ import torch
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed.distribute import (
     RESPONSE_FIELDS,
+    STATE_FIELDS,
     TURN_FIELDS,
     VERSION_FIELDS,
     StepPlan,
@@ -49,6 +50,7 @@ from mcore_agentic.feed.partial_rounds import PartialRounds
 from mcore_agentic.feed.rollout_dump import TRAINER_FIELDS, DumpWriter, dump_rows
 from mcore_agentic.feed.rounds import SEED_STRIDE, Collected, Prompts, allocation, rollout_seed, run_rounds
 from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats, score_rollout
+from mcore_agentic.feed.turn_states import turn_state_tensor
 from mcore_agentic.parallel import comm
 from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rollout.config import RolloutConfig
@@ -94,6 +96,8 @@ class ReplicaRows:
     turn_rewards: torch.Tensor | None = None
     """[B, R] float32, each assistant turn's own reward on its last sampled token (``algorithm.turn_rewards``); the
     rest of ``seq_scores`` is the episode's."""
+    turn_states: torch.Tensor | None = None
+    """[B, R] int64, 1 + the id of the state each turn acted from, on the turn's sampled tokens (``gigpo``)."""
 
     def __len__(self) -> int:
         return int(self.prompts.shape[0])
@@ -160,6 +164,8 @@ class FeedSettings:
     dumps: DumpSettings | None = None
     turn_rewards: bool = False
     """``algorithm.turn_rewards``: scoring keeps each turn's reward at its turn, and the rows carry it."""
+    turn_states: str | None = None
+    """``algorithm.gigpo.state`` with ``adv_estimator=gigpo``: scoring numbers each turn's state, and the rows carry it."""
 
 
 @dataclass
@@ -211,9 +217,12 @@ class Roller:
         """A training rollout scored (the over-long penalty included), timed as ``reward``."""
         s = self.settings
         with self.timer.phase("reward"):
-            return score_rollout(batch, self.reward_fn, self.tokenizer, extra_infos,
-                                 overlong_buffer=s.overlong_buffer, max_response_length=s.max_response_length,
-                                 turn_rewards=s.turn_rewards)
+            scored = score_rollout(batch, self.reward_fn, self.tokenizer, extra_infos,
+                                   overlong_buffer=s.overlong_buffer, max_response_length=s.max_response_length,
+                                   turn_rewards=s.turn_rewards)
+            if s.turn_states is not None:
+                scored = scored.update({"turn_states": turn_state_tensor(scored, s.turn_states)})
+            return scored
 
 
 @dataclass
@@ -334,7 +343,8 @@ class Feed:
             seed=s.plan_seed + rollout.step * SEED_STRIDE if s.plan_seed is not None else None,
         )
         batch = exchange_rows(local, plan, self.layout, self.pad_id, self.routing_shape, VERSION_FIELDS,
-                              response_fields={**RESPONSE_FIELDS, **(TURN_FIELDS if s.turn_rewards else {})})
+                              response_fields={**RESPONSE_FIELDS, **(TURN_FIELDS if s.turn_rewards else {}),
+                                               **(STATE_FIELDS if s.turn_states is not None else {})})
         metrics = {**rollout_metrics(stats), **rollout.metrics}
         return StepRows(ReplicaRows.from_batch(batch), s.sequences_per_step, metrics, rollout.step,
                         receipt=_Receipt(local, plan, rollout.version))

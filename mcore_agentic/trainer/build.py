@@ -364,6 +364,7 @@ def feed_settings(cfg: RLConfig, sizes: BatchSizes) -> Any:
         val_batch_size=cfg.data.val_batch_size,
         filter_metric=fg.metric if fg.enable else None,
         turn_rewards=cfg.algorithm.turn_rewards,
+        turn_states=cfg.algorithm.gigpo.state if cfg.algorithm.adv_estimator == "gigpo" else None,
         max_num_gen_batches=fg.max_num_gen_batches,
         dumps=dumps,
     )

@@ -53,12 +53,12 @@ def compute_experience(
     index = batch["group_index"] if num_groups is not None else batch["uid"]
     advantages, returns = compute_advantage(
         algo, rewards, mask, values=batch["values"] if "values" in batch else None, index=index,
-        num_groups=num_groups, reduce=reduce,
+        num_groups=num_groups, reduce=reduce, turn_states=batch["turn_states"] if "turn_states" in batch else None,
     )
     out = batch.update(
         {"token_level_scores": scores, "token_level_rewards": rewards, "advantages": advantages, "returns": returns}
     )
-    if "turn_rewards" in batch or algo.adv_estimator == "grpo_turn":
+    if "turn_rewards" in batch or algo.adv_estimator in ("grpo_turn", "gigpo"):
         metrics.update(turn_metrics(scores, advantages, mask, reduce=reduce))
     return out, metrics
 

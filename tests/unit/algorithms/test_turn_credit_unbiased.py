@@ -31,7 +31,11 @@ What each test shows:
   teaches to stop where continuing pays.
 * Including row ``i`` in its own baseline scales coordinate ``k`` by ``(1 - E[1/n_k])``, a different factor per turn
   index: biased too, also as predicted.
-* The unbiasedness check fails on both counter-examples, so it can fail.
+* ``gigpo`` in its ``mean_norm`` form (leave-one-out at both levels; step groups by observation, which on this MDP
+  lumps all turn indices together, or by history) estimates ``1 + step_advantage_w`` times the gradient exactly.
+* GiGPO's own convention for a step group of one (step advantage 0 rather than a zero baseline) weighs each turn's
+  term by the chance that another row reaches its state: biased, and the check says so.
+* The unbiasedness check fails on every counter-example, so it can fail.
 """
 
 from __future__ import annotations
@@ -42,7 +46,13 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from mcore_agentic.algorithms.advantages import compute_grpo_turn_advantage, group_ids, turn_spans
+from mcore_agentic.algorithms.advantages import (
+    compute_gigpo_advantage,
+    compute_grpo_turn_advantage,
+    compute_rloo_outcome_advantage,
+    group_ids,
+    turn_spans,
+)
 
 T = 4  # turns; the last one must stop
 C = (0.3, 0.5, 0.2)  # intermediate reward of continuing at turn t (t < T-1)
@@ -58,6 +68,23 @@ Estimator = Callable[[torch.Tensor, torch.Tensor, Sequence[int], float], torch.T
 
 def grpo_turn(rewards: torch.Tensor, mask: torch.Tensor, index: Sequence[int], gamma: float) -> torch.Tensor:
     return compute_grpo_turn_advantage(rewards, mask, index, gamma)[0]
+
+
+STEP_W = 0.5
+
+
+def gigpo(state: str) -> Estimator:
+    """``gigpo`` (``mean_norm``) over ``1 + STEP_W``: its two parts each estimate the gradient, so the sum estimates
+    ``1 + STEP_W`` times it. ``observation``: every turn of this MDP sees the same observation (one step group for
+    all turns of the group, whatever their index); ``history``: a turn's history is its index."""
+
+    def estimate(rewards: torch.Tensor, mask: torch.Tensor, index: Sequence[int], gamma: float) -> torch.Tensor:
+        turn, _ = turn_spans(mask)
+        states = mask.long() if state == "observation" else torch.where(turn >= 0, turn + 1, torch.zeros_like(turn))
+        adv = compute_gigpo_advantage(rewards, mask, states, index, gamma, step_advantage_w=STEP_W)[0]
+        return adv / (1 + STEP_W)
+
+    return estimate
 
 
 # --- the counter-examples, built in the test only --------------------------------------------------------------------
@@ -101,6 +128,19 @@ def include_self(rewards: torch.Tensor, mask: torch.Tensor, index: Sequence[int]
     turn, r, reached = _per_turn(rewards, mask)
     returns = (r * reached).flip(-1).cumsum(-1).flip(-1) * reached
     return _spread((returns - _group_mean_with_self(returns, reached, index)) * reached, turn)
+
+
+def gigpo_singletons_zero(rewards: torch.Tensor, mask: torch.Tensor, index: Sequence[int], gamma: float) -> torch.Tensor:
+    """GiGPO's convention for a step group of one (step advantage 0 instead of a zero baseline), with history states
+    (here: the turn index), over ``1 + STEP_W`` like :func:`gigpo`."""
+    turn, _, reached = _per_turn(rewards, mask)
+    gid, num_groups = group_ids(index, mask.shape[0])
+    live = reached.to(DTYPE)
+    seen = torch.zeros(num_groups, live.shape[1], dtype=DTYPE).index_add_(0, gid, live)
+    shared = _spread(((seen[gid] - live) > 0).to(DTYPE), turn)  # another row of the group acted at this turn index
+    step = compute_grpo_turn_advantage(rewards, mask, index, gamma)[0].to(DTYPE) * shared
+    episode = compute_rloo_outcome_advantage(rewards, mask, index)[0].to(DTYPE)
+    return (episode + STEP_W * step) / (1 + STEP_W)
 
 
 # --- the MDP ---------------------------------------------------------------------------------------------------------
@@ -210,6 +250,16 @@ def test_grpo_turn_is_unbiased_exactly(theta: tuple[float, ...], gamma: float, n
 
 
 @pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("state", ["observation", "history"])
+@pytest.mark.parametrize("theta", THETAS)
+def test_gigpo_mean_norm_is_unbiased_exactly(theta: tuple[float, ...], state: str, n: int) -> None:
+    """Its episode part uses the undiscounted score, so the check is at ``gamma = 1``. With ``observation`` states the
+    step groups mix turn indices: the baseline of turn ``k`` then averages other rows' turns of any index, which is
+    still a function of the other rows only."""
+    check_unbiased(gigpo(state), theta, 1.0, n)
+
+
+@pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("theta", THETAS)
 def test_per_turn_index_normalisation_is_biased_as_predicted(theta: tuple[float, ...], n: int) -> None:
     """MT-GRPO-style: ``A = G_k - sum_{m=k}^{K_i-1} mu_m`` with ``mu_m`` the group's mean reward at turn ``m``, self
@@ -249,7 +299,7 @@ def test_including_self_in_the_baseline_reweights_turns(theta: tuple[float, ...]
     assert float(cosine) < 0.995
 
 
-@pytest.mark.parametrize("estimator", [mt_grpo, include_self])
+@pytest.mark.parametrize("estimator", [mt_grpo, include_self, gigpo_singletons_zero])
 def test_the_unbiasedness_check_can_fail(estimator: Estimator) -> None:
     for theta in THETAS:
         with pytest.raises(AssertionError, match="E\\[g\\] - grad J"):

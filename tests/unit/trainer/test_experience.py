@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from mcore_agentic.algorithms.advantages import compute_advantage, group_ids, place_sequence_rewards
+from mcore_agentic.algorithms.advantages import compute_advantage, group_ids, place_sequence_rewards, turn_spans
 from mcore_agentic.algorithms.config import ADV_ESTIMATORS, AlgorithmConfig, KLControlConfig
 from mcore_agentic.algorithms.kl import build_kl_controller
 from mcore_agentic.data.batch import Batch
@@ -126,13 +126,21 @@ def _inputs(seed: int = 0):
     return rewards, mask, values
 
 
+def _states(mask: torch.Tensor, seed: int = 3) -> torch.Tensor:
+    """gigpo's turn states: per turn one of 3 ids (+1), so step groups span rows, turn indices and replicas."""
+    turn, _ = turn_spans(mask)
+    per_row_turn = torch.randint(0, 3, (mask.shape[0], mask.shape[1] + 1), generator=torch.Generator().manual_seed(seed))
+    return torch.where(turn >= 0, per_row_turn.gather(1, turn.clamp(min=0)) + 1, torch.zeros_like(turn))
+
+
 @pytest.mark.parametrize("estimator", ADV_ESTIMATORS)
 def test_integer_groups_and_an_identity_reduce_give_the_uid_result(estimator):
     cfg = AlgorithmConfig(adv_estimator=estimator, gamma=0.95, lam=0.9)
     rewards, mask, values = _inputs()
+    states = _states(mask)
     gid, num_groups = group_ids(UIDS, B)
     assert num_groups == 4
-    want = compute_advantage(cfg, rewards, mask, values=values, index=UIDS)
+    want = compute_advantage(cfg, rewards, mask, values=values, index=UIDS, turn_states=states)
     for kwargs in (
         dict(index=gid, num_groups=num_groups),
         dict(index=UIDS, reduce=lambda t: t),
@@ -141,7 +149,7 @@ def test_integer_groups_and_an_identity_reduce_give_the_uid_result(estimator):
         # Ids may leave room for groups this step does not have (another rollout group's prompts).
         dict(index=gid * 3 + 1, num_groups=12, reduce=lambda t: t),
     ):
-        got = compute_advantage(cfg, rewards, mask, values=values, **kwargs)
+        got = compute_advantage(cfg, rewards, mask, values=values, turn_states=states, **kwargs)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
     assert bool((want[0] != 0).any())
@@ -151,12 +159,14 @@ def test_integer_groups_and_an_identity_reduce_give_the_uid_result(estimator):
 def test_rows_spread_over_two_replicas_get_the_whole_batch_result(estimator):
     cfg = AlgorithmConfig(adv_estimator=estimator, gamma=0.95, lam=0.9)
     rewards, mask, values = _inputs(seed=1)
+    states = _states(mask)
     gid, num_groups = group_ids(UIDS, B)
-    want_adv, want_ret = compute_advantage(cfg, rewards, mask, values=values, index=UIDS)
+    want_adv, want_ret = compute_advantage(cfg, rewards, mask, values=values, index=UIDS, turn_states=states)
 
     def replica(rows):
         return lambda reduce: compute_advantage(
-            cfg, rewards[rows], mask[rows], values=values[rows], index=gid[rows], num_groups=num_groups, reduce=reduce
+            cfg, rewards[rows], mask[rows], values=values[rows], index=gid[rows], num_groups=num_groups, reduce=reduce,
+            turn_states=states[rows],
         )
 
     outs = _simulated_replicas([replica(rows) for rows in SPLIT])
@@ -165,7 +175,8 @@ def test_rows_spread_over_two_replicas_get_the_whole_batch_result(estimator):
         torch.testing.assert_close(ret, want_ret[rows], atol=1e-6, rtol=0)
     # Without the reduce, each replica would see only its own rows: a different answer (the test can fail).
     rows = SPLIT[0]
-    alone = compute_advantage(cfg, rewards[rows], mask[rows], values=values[rows], index=gid[rows], num_groups=num_groups)
+    alone = compute_advantage(cfg, rewards[rows], mask[rows], values=values[rows], index=gid[rows], num_groups=num_groups,
+                              turn_states=states[rows])
     assert not torch.allclose(alone[0], want_adv[rows], atol=1e-3)
 
 
@@ -194,16 +205,18 @@ def _experience_batch(seed: int = 2) -> Batch:
     )
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "gae", "grpo_turn"])
+@pytest.mark.parametrize("estimator", ["grpo", "gae", "grpo_turn", "gigpo"])
 @pytest.mark.parametrize("kl_type", [None, "fixed", "adaptive"])
 def test_compute_experience_on_two_replicas_matches_one_batch(estimator, kl_type):
     kl = KLControlConfig(type=kl_type or "fixed", kl_coef=0.2, target_kl=0.01, horizon=20)
     algo = AlgorithmConfig(adv_estimator=estimator, use_kl_in_reward=kl_type is not None, kl_ctrl=kl,
-                           turn_rewards=estimator == "grpo_turn")
+                           turn_rewards=estimator in ("grpo_turn", "gigpo"))
     batch = _experience_batch()
     if algo.turn_rewards:  # per-turn rewards on some sampled tokens (what the scoring places at turn ends)
         gen = torch.Generator().manual_seed(5)
         batch = batch.update({"turn_rewards": 0.5 * torch.rand(B, R, generator=gen) * batch["response_mask"]})
+    if estimator == "gigpo":
+        batch = batch.update({"turn_states": _states(batch["response_mask"])})
     whole_ctrl = build_kl_controller(kl)
     want, want_metrics = compute_experience(batch, algo, whole_ctrl)
     ctrls = [build_kl_controller(kl) for _ in SPLIT]
