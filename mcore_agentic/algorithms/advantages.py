@@ -42,6 +42,7 @@ __all__ = [
     "compute_advantage",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "Episodes",
     "compute_gigpo_advantage",
     "compute_grpo_turn_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
@@ -55,6 +56,9 @@ __all__ = [
 Index = Sequence[Hashable] | torch.Tensor
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 """Sum over the data-parallel replicas (an all-reduce), for rows spread over them; None: this batch is all."""
+Episodes = tuple[torch.Tensor, int]
+"""``(episode ids [B], number of episodes)``: rows that are samples of one episode share an id in
+``[0, number)`` (an agent episode whose session forked trains each sample; ids are step-wide over DP)."""
 
 
 def _groups(index: Index, batch_size: int, device: torch.device, num_groups: int | None) -> tuple[torch.Tensor, int]:
@@ -111,24 +115,44 @@ def group_ids(index: Index, batch_size: int, device: torch.device | None = None)
 
 
 def _group_stats(
-    scores: torch.Tensor, gid: torch.Tensor, num_groups: int, response_mask: torch.Tensor, reduce: Reduce | None = None
+    scores: torch.Tensor, gid: torch.Tensor, num_groups: int, response_mask: torch.Tensor, reduce: Reduce | None = None,
+    episodes: Episodes | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Per-sequence (group count, group sum, group mean, unbiased group std) over the group's sequences that
-    sampled at least one token; std is 0 for groups of one.
+    """Per-sequence (group count, group sum, group mean, unbiased group std, own) over the group's sequences that
+    sampled at least one token; std is 0 for groups of one. ``own`` is what the sequence adds to its group's sum
+    (its score), for a leave-one-out baseline.
 
     A sequence without sampled tokens (a failed or aborted request: its loss mask is all 0) took no action,
     so it neither trains nor moves its group's baseline. With ``reduce`` a group's rows may sit on several
     replicas: its counts and sums are all-reduced (``[num_groups]`` tensors, two collectives).
+
+    ``episodes`` (an agent episode that trains several samples, :class:`Episodes`): the statistics count episodes,
+    not rows — an episode's score is the mean of its acting samples' (they share it), each row weighs
+    ``1 / (its episode's acting rows)``, and ``own`` is the episode's score, so a leave-one-out baseline leaves the
+    whole episode out. One more collective (``[num_episodes]``).
     """
     reduce = reduce or (lambda t: t)
     acted = (response_mask.sum(dim=-1) > 0).to(scores.dtype)
-    counts = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, acted)
-    sums = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, scores * acted)
+    if episodes is None:
+        weight, own = acted, scores
+    else:
+        eid, num_episodes = episodes
+        dtype = torch.float64
+        per = torch.zeros(2, num_episodes, dtype=dtype, device=scores.device)
+        per.index_add_(1, eid, torch.stack([acted.to(dtype), (scores * acted).to(dtype)]))
+        rows, total = reduce(per).unbind(0)
+        own_e = total / rows.clamp(min=1)
+        weight = (acted.to(dtype) / rows[eid].clamp(min=1)).to(scores.dtype)
+        own = own_e[eid].to(scores.dtype)
+    counts = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, weight)
+    sums = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, own * weight)
     counts, sums = reduce(torch.stack([counts, sums])).unbind(0)
+    if episodes is not None:
+        counts = counts.round()  # whole episodes: the weights of an episode's rows sum to 1
     mean = sums / counts.clamp(min=1)
-    sq_dev = reduce(torch.zeros_like(sums).index_add_(0, gid, (scores - mean[gid]).square() * acted))
+    sq_dev = reduce(torch.zeros_like(sums).index_add_(0, gid, (own - mean[gid]).square() * weight))
     std = torch.sqrt(sq_dev / (counts - 1).clamp(min=1))
-    return counts[gid], sums[gid], mean[gid], std[gid]
+    return counts[gid], sums[gid], mean[gid], std[gid], own
 
 
 def _sequence_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -189,6 +213,7 @@ def compute_grpo_outcome_advantage(
     *,
     num_groups: int | None = None,
     reduce: Reduce | None = None,
+    episodes: Episodes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: ``(score - group_mean) / (group_std + epsilon)`` on every sampled token; ``(adv, adv)``.
 
@@ -197,7 +222,7 @@ def compute_grpo_outcome_advantage(
     """
     scores = _sequence_scores(token_level_rewards, response_mask)
     gid, num_groups = _groups(index, scores.shape[0], scores.device, num_groups)
-    counts, _, mean, std = _group_stats(scores, gid, num_groups, response_mask, reduce)
+    counts, _, mean, std, _ = _group_stats(scores, gid, num_groups, response_mask, reduce, episodes)
     adv = scores - mean
     if norm_adv_by_std_in_grpo:
         adv = adv / (std + epsilon)
@@ -214,12 +239,13 @@ def compute_rloo_outcome_advantage(
     *,
     num_groups: int | None = None,
     reduce: Reduce | None = None,
+    episodes: Episodes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al. 2024): ``score_i - mean_{j != i} score_j`` within the group; ``(adv, adv)``."""
     scores = _sequence_scores(token_level_rewards, response_mask)
     gid, num_groups = _groups(index, scores.shape[0], scores.device, num_groups)
-    counts, sums, _, _ = _group_stats(scores, gid, num_groups, response_mask, reduce)
-    baseline = (sums - scores) / (counts - 1).clamp(min=1)
+    counts, sums, _, _, own = _group_stats(scores, gid, num_groups, response_mask, reduce, episodes)
+    baseline = (sums - own) / (counts - 1).clamp(min=1)
     adv = torch.where(counts > 1, scores - baseline, torch.zeros_like(scores))
     adv = _broadcast(adv, response_mask)
     return adv, adv
@@ -257,6 +283,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     *,
     num_groups: int | None = None,
     reduce: Reduce | None = None,
+    episodes: Episodes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: score minus its group mean on every sampled token, then whitened over
     the batch's valid tokens (longer responses weigh more, as in verl); ``(adv, adv)``.
@@ -265,7 +292,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     """
     scores = _sequence_scores(token_level_rewards, response_mask)
     gid, num_groups = _groups(index, scores.shape[0], scores.device, num_groups)
-    counts, _, mean, _ = _group_stats(scores, gid, num_groups, response_mask, reduce)
+    counts, _, mean, _, _ = _group_stats(scores, gid, num_groups, response_mask, reduce, episodes)
     centred = torch.where(counts > 1, scores - mean, torch.zeros_like(scores))
     per_token = _broadcast(centred, response_mask)
     adv = torch.where(response_mask.bool(), _whiten(per_token, response_mask, reduce), torch.zeros_like(per_token))
@@ -478,11 +505,13 @@ def compute_advantage(
     num_groups: int | None = None,
     reduce: Reduce | None = None,
     turn_states: torch.Tensor | None = None,
+    episodes: Episodes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch on ``cfg.adv_estimator``; returns ``(advantages, returns)``, both ``[B, R]``.
 
     ``values`` is required for ``gae``; ``index`` (one uid per sequence) for the group estimators; ``turn_states``
-    for ``gigpo``.
+    for ``gigpo``. ``episodes``: rows that are samples of one episode (:data:`Episodes`); the outcome group
+    estimators then count episodes, not rows (``gae`` and ``reinforce_plus_plus`` have no group statistics).
     Rows spread over DP replicas: pass ``reduce`` (a sum over them) and ``index`` as step-wide
     integer group ids in ``[0, num_groups)``; whitening and group statistics then cover every
     replica's rows, and each replica gets exactly the single-batch result for its rows.
@@ -496,12 +525,16 @@ def compute_advantage(
     if index is None:
         raise ValueError(f"algorithm.adv_estimator={cfg.adv_estimator} needs index= (one prompt uid per sequence)")
     groups = dict(num_groups=num_groups, reduce=reduce)
+    if episodes is not None and cfg.adv_estimator in ("grpo_turn", "gigpo"):
+        raise ValueError(f"algorithm.adv_estimator={cfg.adv_estimator} does not take episodes of several samples yet: "
+                         "set rollout.agent.train_samples=last")
     if cfg.adv_estimator == "grpo":
         return compute_grpo_outcome_advantage(
-            token_level_rewards, response_mask, index, cfg.grpo_epsilon, cfg.norm_adv_by_std_in_grpo, **groups
+            token_level_rewards, response_mask, index, cfg.grpo_epsilon, cfg.norm_adv_by_std_in_grpo, **groups,
+            episodes=episodes,
         )
     if cfg.adv_estimator == "rloo":
-        return compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **groups)
+        return compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **groups, episodes=episodes)
     if cfg.adv_estimator == "grpo_turn":
         return compute_grpo_turn_advantage(token_level_rewards, response_mask, index, cfg.gamma, **groups)
     if cfg.adv_estimator == "gigpo":
@@ -512,4 +545,5 @@ def compute_advantage(
         return compute_gigpo_advantage(token_level_rewards, response_mask, turn_states, index, cfg.gamma,
                                        step_advantage_w=g.step_advantage_w, mode=g.mode, epsilon=cfg.grpo_epsilon,
                                        **groups)
-    return compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, **groups)
+    return compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, **groups,
+                                                                  episodes=episodes)

@@ -6,13 +6,14 @@ rolls out a batch of rows: ``rollout.n`` sessions per row, each driven by one ru
 and becomes one training row, like a built-in loop request:
 
 * the row is the session's **last sample** (the one its latest turn extended): its exact ids, loss mask,
-  log-probs and weight versions, and its messages; earlier samples of a forked session are counted
-  (``agent/untrained_samples``) and stay visible through the samples route while the session lives. Training
-  every sample of an episode needs groups that count episodes, not rows (turn-level credit, issue 33);
+  log-probs and weight versions, and its messages. A forked session's earlier samples (a compaction, an edit, a
+  retry) become rows of their own right before it (``rollout.agent.train_samples=all``, the default), in session
+  order, with the episode's reward; their episode fields (``episode_id``, ``episode_sample``,
+  ``episode_samples``) let group statistics count the episode once. With ``last`` they are only counted
+  (``agent/untrained_samples``);
 * the reward is the program's (plus what it posted to ``/reward``), or the reward function's over the row
   (``rollout.agent.reward``); a post that names a turn of the trained sample is also that turn's own reward
-  (``algorithm.turn_rewards`` places it on the turn's last sampled token); one naming a turn of an untrained
-  sample counts in the episode's reward only;
+  (``algorithm.turn_rewards`` places it on the turn's last sampled token), on whichever sample holds the turn;
 * the end-of-trajectory sanity check compares the row with a full render of its messages, as for the loop;
 * a program that fails, times out, returns no reward, or never made a request fails its row (trains on nothing);
   but one that stops because the endpoint answered ``context_length_exceeded`` (the sample's budget is spent)
@@ -89,13 +90,15 @@ class AgentSource:
         settings = session_settings(cfg)
         started = time.perf_counter()
         row_of = [rows[i // cfg.n] for i in range(len(requests))]
-        await asyncio.gather(*(self._episode(r, dict(row), settings, gate) for r, row in zip(requests, row_of)))
+        extras = await asyncio.gather(*(self._episode(r, dict(row), settings, gate) for r, row in zip(requests, row_of)))
+        # An episode's earlier samples (rollout.agent.train_samples=all) right before its last one, in session order.
+        requests = [r for req, more in zip(requests, extras) for r in (*more, req)]
         batch = finish_batch(requests, cfg, self.chat)
         batch.info["rollout/agent_seconds"] = time.perf_counter() - started
         return batch
 
     async def _episode(self, req: RolloutRequest, row: dict[str, Any], settings: SessionSettings,
-                       gate: asyncio.Semaphore) -> None:
+                       gate: asyncio.Semaphore) -> list[RolloutRequest]:
         session = Session(uuid.uuid4().hex, engine=self.engine, chat=self.chat, parser=self.parser,
                           settings=settings, version=self.version, seed=req.seed)
         base = f"{self.url}/sessions/{session.id}"
@@ -110,10 +113,11 @@ class AgentSource:
                 session.closed = True
                 self.registry.remove(session.id)
             await _settled(session)
-        self._finish(req, session, outcome)
+        return self._finish(req, session, outcome)
 
-    def _finish(self, req: RolloutRequest, session: Session, outcome: ProgramOutcome) -> None:
-        """The session's last sample as ``req``'s row, rewarded, checked and ended."""
+    def _finish(self, req: RolloutRequest, session: Session, outcome: ProgramOutcome) -> list[RolloutRequest]:
+        """The session's last sample as ``req``'s row, rewarded, checked and ended; with ``train_samples=all`` its
+        earlier samples as rows of their own (returned, in session order), sharing the episode's reward."""
         m = req.metrics
         sampled = [s for s in session.samples if s.turns > 0]
         m.agent_samples = len(sampled)
@@ -141,11 +145,29 @@ class AgentSource:
         if outcome.error is not None:
             m.agent_program_failed = 1
             req.fail(outcome.error, error_type=outcome.error_type, traceback=outcome.traceback)
-            return
-        if self.cfg.agent.reward == "program":
-            req.source_reward = reward
+            return []
         assert sample is not None
+        earlier = [s for s in sampled if s is not sample] if self.cfg.agent.train_samples == "all" else []
+        extras = [self._extra(req, s) for s in earlier]
+        for k, r in enumerate([*extras, req]):
+            r.episode_id, r.episode_sample, r.episode_samples = req.request_id, k, len(extras) + 1
+            if self.cfg.agent.reward == "program":
+                r.source_reward = reward
         req.complete(_FINISH.get(sample.finish_reason or "stop", FinishReason.STOP))
+        for r, s in zip(extras, earlier):
+            r.complete(_FINISH.get(s.finish_reason or "stop", FinishReason.STOP))
+        return extras
+
+    def _extra(self, req: RolloutRequest, sample: Sample) -> RolloutRequest:
+        """A row for an earlier sample of ``req``'s episode: the same prompt group, data and seed; its own tokens."""
+        extra = RolloutRequest(request_id=f"{req.request_id}/{sample.index}", uid=req.uid, messages=[],
+                               data_source=req.data_source, ground_truth=req.ground_truth,
+                               tools_kwargs=req.tools_kwargs, interaction_kwargs=req.interaction_kwargs,
+                               extra_info=req.extra_info, seed=req.seed)
+        extra.transition(RequestState.RUNNING)
+        self._take(extra, sample)
+        extra.metrics.agent_extra_sample = 1
+        return extra
 
     def _take(self, req: RolloutRequest, sample: Sample) -> None:
         req.trajectory = copy.deepcopy(sample.trajectory)

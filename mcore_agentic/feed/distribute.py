@@ -40,12 +40,14 @@ from mcore_agentic.data.balance import partition
 from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
 from mcore_agentic.parallel import comm
 
-__all__ = ["RESPONSE_FIELDS", "STATE_FIELDS", "TURN_FIELDS", "RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
+__all__ = ["EPISODE_FIELDS", "FILLER_VERSION", "RESPONSE_FIELDS", "STATE_FIELDS", "filler_rows", "gather_row_counts", "tag_episodes", "TURN_FIELDS", "RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
 
 RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout_log_probs": torch.float32}
 """Per-response-token tensors that travel with a row (besides its token ids)."""
 TURN_FIELDS: dict[str, torch.dtype] = {"turn_rewards": torch.float32}
 """With ``algorithm.turn_rewards``: each turn's reward on its last sampled token travels with the row."""
+EPISODE_FIELDS: dict[str, torch.dtype] = {"episode_index": torch.long}
+"""With agent episodes that train several samples: each row's step-wide episode id travels with it."""
 STATE_FIELDS: dict[str, torch.dtype] = {"turn_states": torch.long}
 """With ``adv_estimator=gigpo``: each turn's state id (+1) on its sampled tokens travels with the row."""
 ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long, "truncated": torch.long}
@@ -108,6 +110,55 @@ def tag_groups(local: Batch, first_row: int) -> Batch:
     """
     gid, _ = group_ids(local["uid"], len(local))
     return local.update({"group_index": gid + first_row})
+
+
+def tag_episodes(local: Batch, first_row: int) -> Batch:
+    """``local`` plus ``episode_index`` [B]: a step-wide integer id of each row's episode (its ``episode_id``; the
+    samples of an agent episode whose session forked share it), numbered like :func:`tag_groups`."""
+    eid, _ = group_ids(local["episode_id"], len(local))
+    return local.update({"episode_index": eid + first_row})
+
+
+def gather_row_counts(local: Batch | None, placement: Any) -> list[int]:
+    """Rows each rollout group holds this step (one all-gather of one integer per rank): an agent episode whose
+    session forked trains several samples, so a group's row count is known only after its rollout."""
+    mine = comm.host_zeros(1, dtype=torch.long)
+    if local is not None:
+        mine[0] = len(local)
+    table = comm.all_gather_host(mine)
+    return [int(table[g * placement.tensor_parallel_size][0]) for g in range(placement.num_groups)]
+
+
+FILLER_VERSION = -2
+"""The ``weight_version`` of a filler row (a real row that sampled nothing has -1)."""
+_ZEROED = ("response_mask", "rollout_log_probs", "turn_rewards", "turn_states", "seq_scores", "truncated")
+
+
+def filler_rows(local: Batch, count: int, pad_token_id: int) -> Batch:
+    """``count`` rows that train nothing, to append to ``local``: row 0's prompt with no response, a loss mask of 0,
+    score 0, a prompt group and an episode of their own (so no group statistic sees them) and weight version
+    :data:`FILLER_VERSION` (so no data metric counts them).
+
+    They make a step whose episodes trained several samples a multiple of the rows every mini-batch needs on every
+    replica; like a failed request's row they cost only their prompt's forward pass."""
+    rows = local.index([0] * count)
+    p = rows["prompts"].shape[1]
+    tensors: dict[str, torch.Tensor] = {"responses": torch.full_like(rows["responses"], pad_token_id)}
+    attention = rows["attention_mask"].clone()
+    attention[:, p:] = 0
+    tensors["attention_mask"] = attention
+    if "input_ids" in rows:
+        ids = rows["input_ids"].clone()
+        ids[:, p:] = pad_token_id
+        tensors["input_ids"] = ids
+    tensors.update({k: torch.zeros_like(rows[k]) for k in _ZEROED if k in rows})
+    names = [f"filler-{k}-{local['uid'][0]}" for k in range(count)]
+    meta: dict[str, list[Any]] = {"uid": names, "request_metrics": [{"state": "filler"}] * count}
+    if "episode_id" in rows.meta:
+        meta["episode_id"] = names
+    if "oldest_version" in rows.meta:
+        meta["oldest_version"] = [FILLER_VERSION] * count
+    return rows.update(tensors, meta=meta)
 
 
 def _real_lengths(local: Batch) -> torch.Tensor:

@@ -34,15 +34,19 @@ import torch
 
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed.distribute import (
+    EPISODE_FIELDS,
     RESPONSE_FIELDS,
     STATE_FIELDS,
     TURN_FIELDS,
     VERSION_FIELDS,
     StepPlan,
     exchange_rows,
+    filler_rows,
+    gather_row_counts,
     gather_shapes,
     plan_step,
     return_rows,
+    tag_episodes,
     tag_groups,
 )
 from mcore_agentic.feed.fresh_rounds import FreshRounds
@@ -89,8 +93,8 @@ class ReplicaRows:
     truncated: torch.Tensor
     """[B] int64, 1 where the response budget cut the row."""
     weight_version: torch.Tensor
-    """[B] int64, the oldest weight version that sampled the row's tokens (-1: none); older than the trainer's
-    under partial rollouts."""
+    """[B] int64, the oldest weight version that sampled the row's tokens (-1: none; -2: a filler row, which trains
+    nothing and no data metric counts); older than the trainer's under partial rollouts."""
     routed_experts: torch.Tensor | None = None
     """[B, P+R, moe_layers, top_k] int16, the experts the engine chose per token (``actor.moe.routing_replay``)."""
     turn_rewards: torch.Tensor | None = None
@@ -98,6 +102,9 @@ class ReplicaRows:
     rest of ``seq_scores`` is the episode's."""
     turn_states: torch.Tensor | None = None
     """[B, R] int64, 1 + the id of the state each turn acted from, on the turn's sampled tokens (``gigpo``)."""
+    episode_index: torch.Tensor | None = None
+    """[B] int64, a step-wide id of the row's episode, when agent episodes train every sample (rows that are samples
+    of one episode share it; ``rollout.agent.train_samples=all``)."""
 
     def __len__(self) -> int:
         return int(self.prompts.shape[0])
@@ -121,10 +128,13 @@ class StepRows:
 
     rows: ReplicaRows
     num_groups: int
-    """The step's prompt groups (``rows.group_index`` is below it)."""
+    """A bound on the step's prompt group ids (``rows.group_index`` and ``rows.episode_index`` are below it)."""
     metrics: dict[str, float]
     """The step's rollout metrics (``reward/*``, ``rollout/*``, the schedule's), reduced over the world."""
     step: int
+    num_rows: int = 0
+    """The step's rows over every replica: ``sequences_per_step``, or more when agent episodes trained several
+    samples (then a multiple of every mini-batch count times DP, filler rows included)."""
     receipt: Any = field(default=None, repr=False)
     """The feed's own: the step's plan and the leader's rows, for a dump step's return trip."""
 
@@ -166,6 +176,12 @@ class FeedSettings:
     """``algorithm.turn_rewards``: scoring keeps each turn's reward at its turn, and the rows carry it."""
     turn_states: str | None = None
     """``algorithm.gigpo.state`` with ``adv_estimator=gigpo``: scoring numbers each turn's state, and the rows carry it."""
+    episodes: bool = False
+    """Agent programs whose forked episodes train every sample (``rollout.agent.train_samples=all``): a step's rows
+    are counted after the rollout, and each carries its episode's id."""
+    row_multiple: int = 1
+    """With ``episodes``: the step's rows are padded (filler rows that train nothing) to a multiple of this — every
+    mini-batch count's least common multiple times DP, so each mini-batch splits evenly over the replicas."""
 
 
 @dataclass
@@ -242,6 +258,8 @@ class _Receipt:
     local: Batch | None
     plan: StepPlan
     version: int
+    real_rows: int = 0
+    """The leader's rows before any filler rows (they come last and are not dumped)."""
 
 
 @dataclass
@@ -332,22 +350,36 @@ class Feed:
         """Each replica's rows of the step, tensors only, and the step's rollout metrics (collective). The leaders'
         per-row objects never leave them."""
         s, r, c = self.settings, self.roller, rollout.collected
-        local = c.rows
+        local, counts, real_rows = c.rows, list(c.group_rows), len(c.rows) if c.rows is not None else 0
+        if s.episodes:  # agent episodes train every sample: a group's rows are known after its rollout
+            counts = gather_row_counts(local, r.placement)
+            fill = -sum(counts) % s.row_multiple
+            counts[0] += fill
+            if fill and r.placement.group_index == 0 and local is not None:
+                local = Batch.concat([local, filler_rows(local, fill, self.pad_id)])
+        first_row = sum(counts[: r.placement.group_index])
         if local is not None:
-            local = tag_groups(local, sum(c.group_rows[: r.placement.group_index]))
+            local = tag_groups(local, first_row)
+            if s.episodes:
+                local = tag_episodes(local, first_row)
             local = local.update({"weight_version": torch.tensor(local["oldest_version"], dtype=torch.long)})
         stats = rollout_stats(c.generated).reduce(world=True)
-        shapes = gather_shapes(local, r.placement, c.group_rows)
+        shapes = gather_shapes(local, r.placement, counts)
+        rows = sum(counts)  # the step's mini-batches stay as many; each holds its share of the rows
         plan = plan_step(
-            shapes, self.layout.data_parallel_size, mini_batch_sizes=s.mini_batch_sizes,
+            shapes, self.layout.data_parallel_size,
+            mini_batch_sizes=[rows * m // s.sequences_per_step for m in s.mini_batch_sizes],
             seed=s.plan_seed + rollout.step * SEED_STRIDE if s.plan_seed is not None else None,
         )
-        batch = exchange_rows(local, plan, self.layout, self.pad_id, self.routing_shape, VERSION_FIELDS,
+        batch = exchange_rows(local, plan, self.layout, self.pad_id, self.routing_shape,
+                              {**VERSION_FIELDS, **(EPISODE_FIELDS if s.episodes else {})},
                               response_fields={**RESPONSE_FIELDS, **(TURN_FIELDS if s.turn_rewards else {}),
                                                **(STATE_FIELDS if s.turn_states is not None else {})})
         metrics = {**rollout_metrics(stats), **rollout.metrics}
-        return StepRows(ReplicaRows.from_batch(batch), s.sequences_per_step, metrics, rollout.step,
-                        receipt=_Receipt(local, plan, rollout.version))
+        if s.episodes:
+            metrics["rollout/step_rows"] = float(rows)
+        return StepRows(ReplicaRows.from_batch(batch), rows, metrics, rollout.step, num_rows=rows,
+                        receipt=_Receipt(local, plan, rollout.version, real_rows))
 
     def give_back(self, step_rows: StepRows, batch: Batch) -> dict[str, float]:
         """On a dump step, the trainer's per-token values of ``batch`` (this replica's rows after the experience)
@@ -362,6 +394,9 @@ class Feed:
             returned = return_rows(batch, receipt.plan, self.layout, fields, len(local) if local is not None else None)
             if local is None or self.dump_writer is None:
                 return {}
+            if receipt.real_rows < len(local):  # filler rows are not trajectories
+                local = local.index(list(range(receipt.real_rows)))
+                returned = {k: v[: receipt.real_rows] for k, v in (returned or {}).items()}
             self._dump([local], "train", step, receipt.version, returned)
             return {"dump/dropped_rows": float(self.dump_writer.dropped_rows), "dump/failed": float(self.dump_writer.failed)}
 

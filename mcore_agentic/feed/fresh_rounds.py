@@ -101,7 +101,9 @@ class FreshRounds:
         cfg = r.sampling(step, batch)
         rolled = r.roll(local_rows, cfg)
         self.stall_s = max(self.stall_s, float(rolled.info.get("rollout/event_loop_max_stall_s", 0.0)))
-        scored = r.score(rolled, [row.get("extra_info") or {} for row in local_rows for _ in range(cfg.n)])
+        extra_infos = rolled.meta.get("extra_info") or [row.get("extra_info") or {} for row in local_rows
+                                                          for _ in range(cfg.n)]
+        scored = r.score(rolled, extra_infos)
         self.generated.append(scored)
         self.pool.add(scored)
         return self.pool.kept_groups, self.pool.spare_groups, 0

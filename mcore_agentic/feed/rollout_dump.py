@@ -103,6 +103,9 @@ SCHEMA = pa.schema(
         ("sanity_check_mismatch", pa.bool_()),
         ("agent_samples", pa.int32()),
         ("agent_forks", pa.string()),
+        ("episode_id", pa.string()),
+        ("episode_sample", pa.int32()),
+        ("episode_samples", pa.int32()),
         ("turn_ends", pa.list_(pa.int32())),
         ("turn_rewards", pa.list_(pa.float32())),
     ]
@@ -111,8 +114,8 @@ SCHEMA = pa.schema(
 dumps and where the run has no such model; all per-token lists run over the response. ``turn_ends`` and
 ``turn_rewards``: per assistant turn, the response index of its last sampled token (-1: none) and its own
 reward (its tools' step rewards, the interaction's score of the reply to it, an agent program's reward posted for
-it), whether or not
-``algorithm.turn_rewards`` placed it there."""
+it), whether or not ``algorithm.turn_rewards`` placed it there. ``episode_id``, ``episode_sample`` and
+``episode_samples``: the episode a row is a sample of (an agent episode whose session forked trains each sample)."""
 
 
 def select_rows(n: int, *, fraction: float, max_rows: int | None, seed: int) -> list[int]:
@@ -224,6 +227,10 @@ def trajectory_records(
                 # an agent program's episode (rollout.agent): its samples and forks by reason; null otherwise
                 "agent_samples": int(rm["agent_samples"]) if rm.get("agent_samples") else None,
                 "agent_forks": json.dumps(rm.get("agent_fork_reasons") or {}) if rm.get("agent_samples") else None,
+                # the episode a row is a sample of (an agent episode that forked trains several samples)
+                "episode_id": str((batch.meta.get("episode_id") or [None] * len(batch))[i] or batch["uid"][i]),
+                "episode_sample": int((batch.meta.get("episode_sample") or [0] * len(batch))[i]),
+                "episode_samples": int((batch.meta.get("episode_samples") or [1] * len(batch))[i]),
                 "turn_ends": list((batch.meta.get("turn_ends") or [[]] * len(batch))[i] or []),
                 "turn_rewards": _turn_rewards(batch, i),
             }

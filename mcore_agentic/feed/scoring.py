@@ -68,13 +68,24 @@ def score_rollout(
     lengths = batch["attention_mask"][:, batch["prompts"].shape[1] :].sum(1).tolist()
     scores, rules, accs, penalties = [], [], [], []
     fn_turns: list[list[float]] = []
-    for i, text in enumerate(texts):
+    judged = _episode_judges(batch)
+    results: dict[int, Any] = {}
+
+    def result_of(i: int) -> Any:
+        """Row ``i``'s reward: the source's, or the reward function's over its episode's last sample."""
+        j = judged[i]
+        if j not in results:
+            given = batch["source_reward"][j] if "source_reward" in batch.meta else None
+            if given is not None:  # the rollout source's own reward (an agent program's)
+                results[j] = float(given)
+            else:
+                results[j] = reward_fn(batch["data_source"][j], texts[j], batch["ground_truth"][j],
+                                       dict(extra_infos[j] or {}))
+        return results[j]
+
+    for i in range(len(texts)):
         extra = (batch["request_metrics"][i] or {})
-        given = batch["source_reward"][i] if "source_reward" in batch.meta else None
-        if given is not None:  # the rollout source's own reward (an agent program's)
-            result: Any = float(given)
-        else:
-            result = reward_fn(batch["data_source"][i], text, batch["ground_truth"][i], dict(extra_infos[i] or {}))
+        result = result_of(i)
         rule = score_of(result)
         acc = float(result["acc"]) if isinstance(result, dict) and "acc" in result else float(rule >= 1.0)
         interaction = extra.get("interaction_final_score") or 0.0
@@ -86,9 +97,9 @@ def score_rollout(
             )
         total = rule + float(batch["tool_rewards"][i] or 0.0) + float(interaction) + penalty
         if turn_rewards:
-            own = result.get("turn_rewards") if isinstance(result, dict) else None
-            fn_turns.append([float(v) for v in own or ()])
-            total += sum(batch["turn_interaction_scores"][i] or ()) + sum(fn_turns[-1])
+            own = [float(v) for v in (result.get("turn_rewards") or ())] if isinstance(result, dict) else []
+            fn_turns.append(own if judged[i] == i else [])  # an earlier sample's turns are not the ones it scored
+            total += sum(batch["turn_interaction_scores"][i] or ()) + sum(own)
         if extra.get("state") == "failed":
             total, acc, penalty = 0.0, 0.0, 0.0
         scores.append(total)
@@ -101,6 +112,16 @@ def score_rollout(
     if turn_rewards:
         tensors["turn_rewards"] = turn_reward_tensor(batch, fn_turns)
     return batch.update(tensors, meta={"rule_score": rules, "acc": accs, "overlong_penalty": penalties})
+
+
+def _episode_judges(batch: Batch) -> list[int]:
+    """For each row, the row whose response the reward judges: its episode's last sample (an agent episode that
+    trains several samples shares one reward), else itself."""
+    if "episode_id" not in batch.meta:
+        return list(range(len(batch)))
+    last = {e: i for i, (e, k, n) in enumerate(zip(batch["episode_id"], batch["episode_sample"],
+                                                    batch["episode_samples"])) if k == n - 1}
+    return [last.get(e, i) for i, e in enumerate(batch["episode_id"])]
 
 
 def turn_reward_tensor(batch: Batch, from_reward_fn: Sequence[Sequence[float]] | None = None) -> torch.Tensor:
@@ -130,7 +151,10 @@ def turn_reward_tensor(batch: Batch, from_reward_fn: Sequence[Sequence[float]] |
 def rollout_stats(batches: Sequence[Batch]) -> Stats:
     """Per-row rollout values of scored batches (none off a leader), under fixed names: reduce, then :func:`rollout_metrics`."""
     st = Stats()
-    rows = [(b, i) for b in batches for i in range(len(b))]
+    every = [(b, i) for b in batches for i in range(len(b))]
+    # An agent episode that trains several samples counts once, by its last sample's row (the episode's result).
+    rows = [(b, i) for b, i in every if not (b["request_metrics"][i] or {}).get("agent_extra_sample")]
+    st.add("agent_extra_samples", [1.0] * (len(every) - len(rows)))
     rm = [b["request_metrics"][i] or {} for b, i in rows]
     st.add("score", [float(b["seq_scores"][i]) for b, i in rows])
     st.add("acc", [b["acc"][i] for b, i in rows])
@@ -200,7 +224,9 @@ def _agent_metrics(st: Stats) -> dict[str, float]:
         "agent/episodes": st.total("agent_episodes"),
         "agent/samples_per_episode": st.mean("agent_samples"),
         "agent/untrained_samples": st.total("agent_samples") - st.total("agent_episodes")
-        + st.total("agent_program_failed"),
+        + st.total("agent_program_failed") - st.total("agent_extra_samples"),
+        "agent/trained_samples": st.total("agent_episodes") - st.total("agent_program_failed")
+        + st.total("agent_extra_samples"),
         "agent/forks": sum(st.total(f"agent_fork_{r}") for r in FORK_REASONS[1:]),
         "agent/malformed_calls": st.total("agent_malformed_calls"),
         "agent/program_failures": st.total("agent_program_failed"),

@@ -167,6 +167,10 @@ class AgentConfig:
     max_messages: int = 512
     max_samples_per_session: int = 64
     """Forks one session may make; past it, requests get HTTP 429."""
+    train_samples: Literal["all", "last"] = "all"
+    """Which samples of an episode whose session forked (a compaction, an edit, a retry) train: ``all`` (each its own
+    row, sharing the episode's reward; group statistics count episodes, not rows) or ``last`` (the one the program's
+    latest request extended; the others are counted as ``agent/untrained_samples``)."""
 
     @property
     def enabled(self) -> bool:
@@ -187,6 +191,8 @@ class AgentConfig:
         require(self.max_messages >= 2, p + "max_messages", f"must be >= 2, got {self.max_messages}")
         require(self.max_samples_per_session >= 1, p + "max_samples_per_session",
                 f"must be >= 1, got {self.max_samples_per_session}")
+        require(self.train_samples in ("all", "last"), p + "train_samples",
+                f"got {self.train_samples!r}; use 'all' or 'last'")
 
 
 @dataclass(frozen=True)

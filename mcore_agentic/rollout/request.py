@@ -83,6 +83,9 @@ class RequestMetrics:
     """Tool calls the endpoint could not return as calls (malformed, or to a tool the request did not offer)."""
     agent_program_failed: int = 0
     agent_timed_out: int = 0
+    agent_extra_sample: int = 0
+    """1 on a row that is an earlier sample of an agent episode which trains several (``rollout.agent.train_samples``
+    ``all``): the episode's statistics are its last sample's row's."""
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -238,6 +241,12 @@ class RolloutRequest:
     turn_source_rewards: list[float] = field(default_factory=list)
     """Per assistant turn: the reward the rollout source gave that turn (an agent program's ``/reward`` posts naming
     it; empty for the built-in loop). Already counted in ``source_reward``: this says which turn earned it."""
+    episode_id: str | None = None
+    """The episode this row is a sample of (None: its own, ``request_id``); rows of one episode share it."""
+    episode_sample: int = 0
+    """Which of its episode's trained samples the row is, in the order the session made them."""
+    episode_samples: int = 1
+    """How many samples of its episode train (several when an agent program's session forked)."""
     source_reward: float | None = None
     """The reward the rollout source gave the request (an agent program's, ``rollout.agent.reward=program``): it
     stands in for the reward function's (None: the reward function scores the request)."""

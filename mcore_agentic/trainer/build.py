@@ -9,6 +9,7 @@ Nothing here trains; nothing in the loop builds.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -365,6 +366,8 @@ def feed_settings(cfg: RLConfig, sizes: BatchSizes) -> Any:
         filter_metric=fg.metric if fg.enable else None,
         turn_rewards=cfg.algorithm.turn_rewards,
         turn_states=cfg.algorithm.gigpo.state if cfg.algorithm.adv_estimator == "gigpo" else None,
+        episodes=cfg.rollout.agent.enabled and cfg.rollout.agent.train_samples == "all",
+        row_multiple=math.lcm(*(sizes.sequences_per_step // m for m in minis)) * sizes.data_parallel_size,
         max_num_gen_batches=fg.max_num_gen_batches,
         dumps=dumps,
     )

@@ -21,6 +21,10 @@ from mcore_agentic.algorithms.kl import apply_kl_penalty
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel.stats import Stats
 
+FILLER_VERSION = -2
+"""A filler row's ``weight_version`` (``mcore_agentic.feed.distribute.FILLER_VERSION``; the trainer does not import
+the feed's submodules)."""
+
 
 def compute_experience(
     batch: Batch, algo: AlgorithmConfig, kl_ctrl: Any, *, reduce: Reduce | None = None, num_groups: int | None = None
@@ -29,7 +33,9 @@ def compute_experience(
 
     ``reduce`` sums over the DP replicas (None: ``batch`` is the whole step); ``num_groups``: the
     step's prompt groups when ``batch["group_index"]`` holds step-wide integer group ids
-    (:func:`mcore_agentic.feed.distribute.tag_groups`), else groups come from ``uid``.
+    (:func:`mcore_agentic.feed.distribute.tag_groups`), else groups come from ``uid``. With
+    ``batch["episode_index"]`` (agent episodes that train several samples; ids below ``num_groups`` too) the group
+    statistics count episodes, not rows.
     """
     mask = batch["response_mask"]
     if "turn_rewards" in batch:  # algorithm.turn_rewards: each turn's part at its turn, the episode's at the end
@@ -54,6 +60,7 @@ def compute_experience(
     advantages, returns = compute_advantage(
         algo, rewards, mask, values=batch["values"] if "values" in batch else None, index=index,
         num_groups=num_groups, reduce=reduce, turn_states=batch["turn_states"] if "turn_states" in batch else None,
+        episodes=(batch["episode_index"], num_groups) if "episode_index" in batch and num_groups is not None else None,
     )
     out = batch.update(
         {"token_level_scores": scores, "token_level_rewards": rewards, "advantages": advantages, "returns": returns}
@@ -125,6 +132,8 @@ def compute_data_metrics(batch: Batch, max_response_length: int | None = None, g
     """
     st = Stats()
     names: list[tuple[str, str]] = []
+    if "weight_version" in batch and bool((batch["weight_version"] == FILLER_VERSION).any()):
+        batch = batch.index((batch["weight_version"] != FILLER_VERSION).nonzero().flatten())  # filler rows: no data
     mask = batch["response_mask"].bool() if "response_mask" in batch else None
     for key, name in (("token_level_scores", "critic/score"), ("token_level_rewards", "critic/rewards")):
         if key in batch:

@@ -154,16 +154,25 @@ class RLTrainer:
             update_metrics = self.feed.give_back(fed, batch)  # a dump step: the trainer's values go to the leaders
             if c.critic is not None:
                 with t.phase("update_critic"):
-                    update_metrics.update(prefix("critic/", c.critic.update_critic(batch)))
+                    update_metrics.update(prefix("critic/", c.critic.update_critic(batch, **self.mini_batch(fed, "critic"))))
                     c.critic.offload()  # what critic.*_offload names stays off the device until the next step
             if c.critic is None or step > self.cfg.critic.warmup_steps:
                 with t.phase("update_actor"):
                     actor_batch, loss_metrics = self.actor_batch(batch)
                     update_metrics.update(loss_metrics)
-                    update_metrics.update(prefix("actor/", c.actor.update_policy(actor_batch)))
+                    update_metrics.update(prefix("actor/", c.actor.update_policy(actor_batch, **self.mini_batch(fed, "actor"))))
                 c.weight_sync.version.bump()  # the engine must resync before the next rollout
         extra = {**adv_metrics, **update_metrics, **sync}
         return self.step_metrics(batch, fed.metrics, extra, time.perf_counter() - start)
+
+    def mini_batch(self, fed: Any, role: str) -> dict[str, int]:
+        """The step's mini-batch size when its rows are not ``sequences_per_step`` (agent episodes that trained
+        several samples): as many mini-batches as configured, each holding its share; {} otherwise."""
+        sizes = self.c.sizes
+        if not fed.num_rows or fed.num_rows == sizes.sequences_per_step:
+            return {}
+        per_role = sizes.actor if role == "actor" else sizes.critic
+        return {"mini_batch_size": fed.num_rows // per_role.mini_batches_per_epoch}
 
     def actor_batch(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The actor's batch: truncated rows out of the policy loss under ``algorithm.overlong_filtering``, then

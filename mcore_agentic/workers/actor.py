@@ -92,15 +92,18 @@ class Actor:
 
         return loss_fn
 
-    def update_policy(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs over shuffled mini-batches; returns metrics averaged over the optimizer steps."""
+    def update_policy(self, batch: Batch, *, mini_batch_size: int | None = None) -> dict[str, float]:
+        """PPO epochs over shuffled mini-batches; returns metrics averaged over the optimizer steps.
+
+        ``mini_batch_size``: this step's (sequences over all replicas) when its rows are not the configured step's
+        (agent episodes that trained several samples: as many mini-batches, each holding its share)."""
         keys = MODEL_KEYS + ("old_log_probs", "advantages") + (("ref_log_probs",) if self.cfg.policy_loss.use_kl_loss else ())
         require_keys(batch, keys, "Actor.update_policy")
         seed = self.cfg.seed + self._updates  # each update shuffles differently, reproducibly
         self._updates += 1
         with self._routing(replay=self.cfg.moe.routing_replay == "rollout", measure=False):
             metrics = ppo_epochs(
-                self.engine, batch, mini_batch_size=self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
+                self.engine, batch, mini_batch_size=mini_batch_size or self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
                 shuffle=self.cfg.shuffle, seed=seed, head=log_prob_head(self.engine, self.temperature, True),
                 make_loss=self._ppo_loss_fn, batching=self.batching,
             )

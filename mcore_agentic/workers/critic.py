@@ -134,13 +134,16 @@ class Critic:
 
         return loss_fn
 
-    def update_critic(self, batch: Batch) -> dict[str, float]:
-        """Epochs over shuffled mini-batches of the clipped value loss; metrics averaged over steps."""
+    def update_critic(self, batch: Batch, *, mini_batch_size: int | None = None) -> dict[str, float]:
+        """Epochs over shuffled mini-batches of the clipped value loss; metrics averaged over steps.
+
+        ``mini_batch_size``: this step's (sequences over all replicas) when its rows are not the configured step's
+        (agent episodes that trained several samples: as many mini-batches, each holding its share)."""
         require_keys(batch, MODEL_KEYS + ("values", "returns"), "Critic.update_critic")
         seed = self.cfg.seed + self._updates  # each update shuffles differently, reproducibly
         self._updates += 1
         return ppo_epochs(
-            self.engine, batch, mini_batch_size=self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
+            self.engine, batch, mini_batch_size=mini_batch_size or self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
             shuffle=self.cfg.shuffle, seed=seed, head=self._head, make_loss=self._loss_fn,
             batching=self.batching,
         )

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mcore_agentic.endpoint.source import AgentSource
-from mcore_agentic.feed.scoring import score_rollout
+from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats, score_rollout
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rollout.config import AgentConfig, MultiTurnConfig, RolloutConfig
 from mcore_agentic.rollout.driver import generate_sequences, run_sync
@@ -134,13 +134,47 @@ def test_program_rows_equal_the_built_in_loops_and_carry_the_programs_reward(tok
     assert scored["seq_scores"].tolist() == [1.0] * 4  # the program's reward, not the reward function's
 
 
-def test_a_forked_episode_trains_its_last_sample(tok):
+def test_a_forked_episode_trains_every_sample_as_one_episode(tok):
     batch, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_compacts", n=1)
-    for m, messages in zip(batch["request_metrics"], batch["messages"]):
-        assert m["agent_samples"] == 2 and m["agent_fork_reasons"] == {"rewritten": 1}
+    assert len(batch) == 4  # two prompts, each an episode of two samples: the earlier one right before the last
+    assert batch["episode_sample"] == [0, 1, 0, 1] and batch["episode_samples"] == [2] * 4
+    assert batch["episode_id"][0] == batch["episode_id"][1] != batch["episode_id"][2] == batch["episode_id"][3]
+    assert batch["uid"][0] == batch["uid"][1] and batch["source_reward"] == [1.0] * 4
+    for i, (m, messages) in enumerate(zip(batch["request_metrics"], batch["messages"])):
         assert m["state"] == "completed" and m["sanity_check_mismatch"] == 0
-        assert messages[-1]["content"] == "The answer is 5."
-        assert messages[0]["role"] == "user"  # the compacted history is the row's prompt
+        assert int(batch["response_mask"][i].sum()) > 0  # every sample trains its own sampled tokens
+        if i % 2:  # the last sample: the compacted history is its prompt, its turn the answer
+            assert m["agent_samples"] == 2 and m["agent_fork_reasons"] == {"rewritten": 1}
+            assert messages[0]["role"] == "user" and messages[-1]["content"] == "The answer is 5."
+        else:  # the earlier sample: the system prompt, its turn the tool call
+            assert m["agent_extra_sample"] == 1
+            assert messages[0]["role"] == "system" and messages[-1]["tool_calls"]
+    scored = score_rollout(batch, lambda *a: 0.0, tok, [{}] * 4)
+    assert scored["seq_scores"].tolist() == [1.0] * 4
+    metrics = rollout_metrics(rollout_stats([scored]))
+    assert metrics["rollout/num_sequences"] == 2 and metrics["reward/mean"] == 1.0  # episodes, not rows
+    assert (metrics["agent/episodes"], metrics["agent/trained_samples"], metrics["agent/untrained_samples"]) == (2, 4, 0)
+
+
+def test_train_samples_last_trains_only_the_last_sample(tok):
+    batch, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_compacts", n=1, train_samples="last")
+    assert len(batch) == 2 and batch["episode_samples"] == [1, 1]
+    for m, messages in zip(batch["request_metrics"], batch["messages"]):
+        assert m["agent_samples"] == 2 and messages[-1]["content"] == "The answer is 5."
+    metrics = rollout_metrics(rollout_stats([score_rollout(batch, lambda *a: 0.0, tok, [{}] * 2)]))
+    assert (metrics["agent/trained_samples"], metrics["agent/untrained_samples"]) == (2, 2)
+
+
+def test_the_reward_function_judges_an_episode_by_its_last_sample(tok):
+    batch, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_compacts", n=1, reward="reward_fn")
+    judged: list[str] = []
+
+    def reward_fn(source, text, truth, extra):
+        judged.append(text)
+        return float("The answer is 5." in text)
+
+    scored = score_rollout(batch, reward_fn, tok, [{}] * 4)
+    assert len(judged) == 2 and scored["seq_scores"].tolist() == [1.0] * 4  # once per episode, shared by its samples
 
 
 def test_rewards_posted_to_the_session_add_up(tok):
@@ -218,7 +252,8 @@ def test_agent_metrics_count_episodes_samples_forks_and_faults(tok):
     assert m["agent/episodes"] == 4 and m["agent/samples_per_episode"] == 1.5  # 2 + 2 + 1 + 1 samples
     assert m["agent/fork_rewritten"] == 2 and m["agent/forks"] == 2
     assert m["agent/program_failures"] == 2
-    assert m["agent/untrained_samples"] == 4  # one forked-away sample per compacted episode, both failed ones
+    assert m["agent/untrained_samples"] == 2  # the failed episodes' samples (the forked ones train: train_samples=all)
+    assert m["agent/trained_samples"] == 4
     loop = run_sync(generate_sequences(ROWS, ScriptedEngine(tok, SCRIPTS), {"add": AddTool()}, None,
                                        RolloutConfig(prompt_length=512, response_length=512), tok))
     loop = score_rollout(loop, lambda *a: 0.0, tok, [{}] * len(loop))
@@ -247,9 +282,13 @@ def test_dumps_carry_an_episodes_samples_and_forks(tok):
 
     batch, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_compacts", n=1)
     scored = score_rollout(batch, lambda *a: 0.0, tok, [{}] * len(batch))
-    table = trajectory_table(scored, [0, 1], step=1, split="train", group=0, weight_version=0, tokenizer=tok)
-    assert table.column("agent_samples").to_pylist() == [2, 2]
-    assert [json.loads(f) for f in table.column("agent_forks").to_pylist()] == [{"rewritten": 1}] * 2
+    table = trajectory_table(scored, [0, 1, 3], step=1, split="train", group=0, weight_version=0, tokenizer=tok)
+    assert table.column("agent_samples").to_pylist() == [None, 2, 2]  # the episode's counts are on its last row
+    assert [json.loads(f) for f in table.column("agent_forks").to_pylist()[1:]] == [{"rewritten": 1}] * 2
+    ids = table.column("episode_id").to_pylist()
+    assert ids[0] == ids[1] != ids[2]
+    assert table.column("episode_sample").to_pylist() == [0, 1, 1]
+    assert table.column("episode_samples").to_pylist() == [2, 2, 2]
 
 
 class LoopBoundEngine(ScriptedEngine):

@@ -14,7 +14,20 @@ import torch
 
 from mcore_agentic.data.balance import partition_spread
 from mcore_agentic.data.batch import Batch, build_rollout_layout
-from mcore_agentic.feed.distribute import RowShapes, _pack, _unpack, deal_rows, gather_shapes, plan_step, tag_groups
+from mcore_agentic.feed.distribute import (
+    FILLER_VERSION,
+    RowShapes,
+    _pack,
+    _unpack,
+    deal_rows,
+    filler_rows,
+    gather_row_counts,
+    gather_shapes,
+    plan_step,
+    tag_episodes,
+    tag_groups,
+)
+from mcore_agentic.trainer import experience
 
 PAD = 7
 
@@ -302,3 +315,38 @@ def test_tag_groups_ids_are_unique_across_rollout_groups():
     assert len(set(flat)) == 6 and all(0 <= i < 3 * 4 for i in flat)
     assert tagged[0]["group_index"].dtype == torch.long
     assert tagged[1]["uid"] == uids and torch.equal(tagged[1]["x"], torch.zeros(4))  # the rest is kept
+
+
+# ----------------------------------------------------------------------------------- episodes of several samples
+def test_filler_rows_train_nothing_and_travel_like_any_row():
+    local, _, _ = _rollout(PROMPTS[:4], RESPONSES[:4])
+    local = local.update(meta={"episode_id": ["e0", "e0", "e1", "e2"], "oldest_version": [3, 3, 3, 3],
+                               "request_metrics": [{}] * 4})
+    fillers = filler_rows(local, 3, PAD)
+    assert len(fillers) == 3 and set(fillers.tensors) == set(local.tensors)
+    assert int(fillers["response_mask"].sum()) == 0 and float(fillers["seq_scores"].abs().sum()) == 0.0
+    p = local["prompts"].shape[1]
+    assert int(fillers["attention_mask"][:, p:].sum()) == 0  # no response at all
+    assert torch.equal(fillers["prompts"], local["prompts"][[0, 0, 0]])  # row 0's prompt
+    assert len(set(fillers["uid"]) | set(local["uid"])) == 7  # a prompt group and an episode of their own
+    assert len(set(fillers["episode_id"]) | set(local["episode_id"])) == 6
+    assert fillers["oldest_version"] == [FILLER_VERSION] * 3 == [experience.FILLER_VERSION] * 3
+    step = tag_episodes(tag_groups(Batch.concat([local, fillers]), 8), 8)
+    assert step["episode_index"].tolist() == [8, 8, 9, 10, 11, 12, 13]
+    shapes = _shapes_of([step])
+    assert shapes.response[4:] == [0, 0, 0]
+
+
+def test_row_counts_on_one_process():
+    local, _, _ = _rollout(PROMPTS, RESPONSES)
+    assert gather_row_counts(local, SimpleNamespace(tensor_parallel_size=1, num_groups=1)) == [6]
+
+
+def test_data_metrics_leave_filler_rows_out():
+    local, _, _ = _rollout(PROMPTS[:4], RESPONSES[:4])
+    local = local.update(meta={"episode_id": ["a", "b", "c", "d"], "oldest_version": [0] * 4, "request_metrics": [{}] * 4})
+    both = Batch.concat([local, filler_rows(local, 2, PAD)])
+    versions = torch.tensor(both["oldest_version"])
+    want = experience.compute_data_metrics(local.update({"weight_version": torch.zeros(4, dtype=torch.long)}))
+    got = experience.compute_data_metrics(both.update({"weight_version": versions}))
+    assert got == want

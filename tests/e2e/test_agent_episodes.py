@@ -1,0 +1,74 @@
+"""An agent program whose every episode forks trains every sample, end to end on 2 gloo ranks (DP=2).
+
+The program (``tests/e2e/_forking_agent.py``) drops the system message after the first tool result, so each episode
+that reads the meter has two samples. One RL step of the default job with ``grpo``: the step's rows are counted after
+the rollout and padded with filler rows to split evenly over mini-batches and replicas; the actor update trains each
+sample's own tokens, the fillers train nothing, and the advantages count episodes, not rows (checked against the
+dumped rewards by hand). The rows each rank's update received are recorded (``_record_trained_rows.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tests.e2e.test_default_job import ROOT, job_overrides
+
+
+@pytest.mark.timeout(420)
+def test_a_forking_agents_samples_all_train_as_episodes(tmp_path: Path) -> None:
+    records = tmp_path / "trained"
+    records.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RECORD_ROWS_DIR": str(records)}
+    extra = [
+        "trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
+        f"trainer.rollout_data_dir={tmp_path / 'dump'}", "trainer.rollout_data_freq=1",
+        "rollout.agent.entrypoint=tests/e2e/_forking_agent.py:run", "rollout.multi_turn.tool_config_path=null",
+        "data.max_prompt_length=160", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=false",
+    ]
+    overrides = [o if not o.startswith("trainer.sft_warmup_steps=") else "trainer.sft_warmup_steps=120"
+                 for o in job_overrides(tmp_path, extra)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "e2e" / "_record_trained_rows.py"), *overrides]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+    metrics = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    m = next(r for r in metrics if r.get("step") == 1 and "agent/trained_samples" in r)
+    episodes, trained, rows = m["agent/episodes"], m["agent/trained_samples"], m["rollout/step_rows"]
+    assert episodes == 8 and trained > episodes, m  # the warm-started policy reads the meter: episodes fork
+    assert rows % 4 == 0 and 0 <= rows - trained < 4  # 2 mini-batches x 2 replicas; fewer than 4 fillers
+
+    table = pq.read_table(sorted((tmp_path / "dump" / "train").glob("step_000001-*.parquet"))).to_pylist()
+    assert len(table) == trained  # every trained sample, no filler
+    by_episode: dict[str, list[dict]] = defaultdict(list)
+    for r in table:
+        by_episode[r["episode_id"]].append(r)
+    assert len(by_episode) == episodes
+    for samples in by_episode.values():
+        assert sorted(r["episode_sample"] for r in samples) == list(range(samples[0]["episode_samples"]))
+        assert len({r["reward"] for r in samples}) == 1  # the episode's reward, on each of its samples
+    # grpo without the std: each sample's advantage is its episode's reward minus the mean over its group's
+    # *episodes* (a two-sample episode counts once).
+    groups: dict[str, list[float]] = defaultdict(list)
+    for samples in by_episode.values():
+        groups[samples[0]["uid"]].append(samples[0]["reward"])
+    for r in table:
+        rewards = groups[r["uid"]]
+        want = r["reward"] - sum(rewards) / len(rewards) if len(rewards) > 1 else 0.0
+        got = {round(a, 5) for a, k in zip(r["advantages"], r["response_mask"]) if k}
+        assert got == {round(want, 5)}, (r["episode_id"], got, want)
+
+    updates = [torch.load(p) for p in sorted(records.glob("rank*-update0.pt"))]
+    assert len(updates) == 2 and {len(u["response_mask"]) for u in updates} == {rows // 2}  # equal shares
+    fillers = sum(int((u["response_mask"].sum(1) == 0).sum()) for u in updates)
+    failed = sum(r["state"] == "failed" for r in table)
+    assert fillers == rows - trained + failed  # filler rows and failed episodes train nothing, every sample trains
