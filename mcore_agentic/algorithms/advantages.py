@@ -43,6 +43,7 @@ __all__ = [
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
     "Episodes",
+    "TurnEpisodes",
     "compute_gigpo_advantage",
     "compute_grpo_turn_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
@@ -59,6 +60,16 @@ Reduce = Callable[[torch.Tensor], torch.Tensor]
 Episodes = tuple[torch.Tensor, int]
 """``(episode ids [B], number of episodes)``: rows that are samples of one episode share an id in
 ``[0, number)`` (an agent episode whose session forked trains each sample; ids are step-wide over DP)."""
+
+
+@dataclass(frozen=True)
+class TurnEpisodes:
+    """:data:`Episodes` for the turn-level estimators: the ids, their number, and each row's ``turn_offset`` [B] (the
+    episode's turn index of the row's first turn)."""
+
+    index: torch.Tensor
+    count: int
+    turn_offset: torch.Tensor
 
 
 def _groups(index: Index, batch_size: int, device: torch.device, num_groups: int | None) -> tuple[torch.Tensor, int]:
@@ -320,6 +331,7 @@ def compute_grpo_turn_advantage(
     *,
     num_groups: int | None = None,
     reduce: Reduce | None = None,
+    episodes: TurnEpisodes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn-level, critic-free: each turn's discounted return-to-go minus the leave-one-out group mean of the
     returns-to-go *at the same turn index*; ``(advantages, returns)``, both broadcast over each turn's tokens.
@@ -344,25 +356,62 @@ def compute_grpo_turn_advantage(
 
     No division by a standard deviation: a per-turn-index std would reweight turns the same way (the
     ``norm_adv_by_std_in_grpo`` switch belongs to ``grpo``). Rows without sampled tokens are left out.
+
+    ``episodes`` (:class:`TurnEpisodes`: samples of a forked agent episode as rows of their own): a row's turns
+    sit at its episode's turn indices (``turn_offset`` + its own), "the other rows" are the other *episodes*
+    (their samples at turn ``k``), and a group's acting episodes decide whether it has a baseline at all. A row's
+    returns-to-go sum its own turns' rewards and what its last token holds (the rest of the episode's).
     """
-    turns = _turn_returns(token_level_rewards, response_mask, gamma, reduce)
+    offset = episodes.turn_offset if episodes is not None else None
+    turns = _turn_returns(token_level_rewards, response_mask, gamma, reduce, offset)
     batch, width, dtype, device = response_mask.shape[0], turns.width, torch.float64, response_mask.device
     counts, reached, returns_to_go = turns.counts, turns.reached, turns.returns_to_go
     gid, num_groups = _groups(index, batch, device, num_groups)
-    acted = (counts > 0).to(dtype).unsqueeze(1)
-    # [groups, turns + 1]: returns-to-go and rows per turn index, and (last column) rows that acted at all.
-    sums = torch.zeros(num_groups, width + 1, dtype=dtype, device=device)
-    sums.index_add_(0, gid, torch.cat([returns_to_go, torch.zeros_like(acted)], dim=1))
-    seen = torch.zeros_like(sums).index_add_(0, gid, torch.cat([reached.to(dtype), acted], dim=1))
+    live = reached.to(dtype)
+    # [2, groups, turns]: returns-to-go and rows per turn index.
+    table = torch.zeros(2, num_groups, width, dtype=dtype, device=device)
+    table.index_add_(1, gid, torch.stack([returns_to_go, live]))
     if reduce is not None:
-        sums, seen = reduce(torch.stack([sums, seen])).unbind(0)
-    others = seen[gid, :width] - reached.to(dtype)
-    baseline = torch.where(others > 0, (sums[gid, :width] - returns_to_go) / others.clamp(min=1),
-                           torch.zeros_like(returns_to_go))
-    # A group with no other row that acted has no baseline at all: 0, as for every group estimator here.
-    alone = (seen[gid, width] - acted.squeeze(1)) <= 0
+        table = reduce(table)
+    own = torch.stack([returns_to_go, live])  # what the row (or, below, its whole episode) adds at each turn index
+    if episodes is not None:
+        own = _episode_tables(own, (episodes.index, episodes.count), reduce)
+    at = table[:, gid]
+    others = at[1] - own[1]
+    baseline = torch.where(others > 0, (at[0] - own[0]) / others.clamp(min=1), torch.zeros_like(returns_to_go))
+    # A group with no other episode that acted has no baseline at all: 0, as for every group estimator here.
+    group_acted, mine = _acting_episodes((counts > 0).to(dtype), gid, num_groups,
+                                         (episodes.index, episodes.count) if episodes is not None else None, reduce)
+    alone = (group_acted - mine) <= 0
     turn_adv = torch.where(reached & ~alone.unsqueeze(1), returns_to_go - baseline, torch.zeros_like(returns_to_go))
     return turns.spread(turn_adv, token_level_rewards.dtype), turns.spread(returns_to_go, token_level_rewards.dtype)
+
+
+def _episode_tables(values: torch.Tensor, episodes: Episodes, reduce: Reduce | None) -> torch.Tensor:
+    """``values`` ``[..., B, C]`` per row summed over each row's episode (all-reduced): ``[..., B, C]`` per row again
+    — what the row's whole episode contributes, to leave out of a leave-one-out baseline."""
+    eid, num_episodes = episodes
+    shape = (*values.shape[:-2], num_episodes, values.shape[-1])
+    table = torch.zeros(shape, dtype=values.dtype, device=values.device).index_add_(values.dim() - 2, eid, values)
+    if reduce is not None:
+        table = reduce(table)
+    return table.index_select(values.dim() - 2, eid)
+
+
+def _acting_episodes(acted: torch.Tensor, gid: torch.Tensor, num_groups: int, episodes: Episodes | None,
+                     reduce: Reduce | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the acting episodes of its group (a row is an episode without ``episodes``) and whether its own
+    episode acted; all-reduced."""
+    if episodes is None:
+        mine = acted
+    else:
+        rows = _episode_tables(acted.unsqueeze(1), episodes, reduce).squeeze(1)
+        mine = (rows > 0).to(acted.dtype)
+        acted = acted / rows.clamp(min=1)  # an episode's acting rows weigh 1 together
+    total = torch.zeros(num_groups, dtype=acted.dtype, device=acted.device).index_add_(0, gid, acted)
+    if reduce is not None:
+        total = reduce(total)
+    return total.round()[gid], mine
 
 
 @dataclass(frozen=True)
@@ -390,11 +439,15 @@ class _TurnReturns:
 
 
 def _turn_returns(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float,
-                  reduce: Reduce | None) -> _TurnReturns:
+                  reduce: Reduce | None, turn_offset: torch.Tensor | None = None) -> _TurnReturns:
+    """Columns are turn indices: the row's own (its runs of sampled tokens), shifted by ``turn_offset`` [B] — the
+    episode's turn index of the row's first turn, for a sample of a forked agent episode."""
     turn, counts = turn_spans(response_mask)
     batch, dtype, device = response_mask.shape[0], torch.float64, response_mask.device
+    offset = torch.zeros(batch, dtype=torch.long, device=device) if turn_offset is None else turn_offset.long()
+    turn = torch.where(turn >= 0, turn + offset.unsqueeze(1), turn)
     rewards = torch.where(response_mask.bool(), token_level_rewards.to(dtype), torch.zeros((), dtype=dtype))
-    width = int(counts.max()) if batch else 0
+    width = int((counts + offset).max()) if batch else 0
     # Every replica needs the same [groups, turns] shape for the all-reduce: the sum of the replicas' widths
     # bounds the widest of them, and needs no collective other than a sum.
     if reduce is not None:
@@ -403,7 +456,8 @@ def _turn_returns(token_level_rewards: torch.Tensor, response_mask: torch.Tensor
     slot = torch.where(turn >= 0, turn, torch.full_like(turn, width))
     per_turn.scatter_add_(1, slot, rewards)
     per_turn = per_turn[:, :width]
-    reached = torch.arange(width, device=device).unsqueeze(0) < counts.unsqueeze(1)  # [B, K]
+    columns = torch.arange(width, device=device).unsqueeze(0)
+    reached = (columns >= offset.unsqueeze(1)) & (columns < (offset + counts).unsqueeze(1))  # [B, K]
     returns_to_go = torch.zeros_like(per_turn)
     running = torch.zeros(batch, dtype=dtype, device=device)
     for k in reversed(range(width)):
@@ -425,6 +479,7 @@ def compute_gigpo_advantage(
     epsilon: float = 1e-6,
     num_groups: int | None = None,
     reduce: Reduce | None = None,
+    episodes: TurnEpisodes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GiGPO (Feng et al. 2025, verl-agent): an episode-level group advantage plus ``step_advantage_w`` times a
     step-level one; ``(advantages, returns)`` with ``returns`` each turn's return-to-go.
@@ -447,15 +502,20 @@ def compute_gigpo_advantage(
     ``mean_std_norm`` is verl-agent's: the episode part ``grpo``'s ``(score - mean) / (std + epsilon)`` and the
     step part ``(G - mean) / (std + epsilon)`` over the step group, the turn itself included, a step group of one
     giving 0; the std division reweights groups, as in GRPO.
+
+    ``episodes`` (samples of a forked agent episode as rows of their own): both levels count episodes — the
+    episode part as ``rloo``/``grpo`` do, the step part leaving out the row's whole episode (``mean_norm``).
     """
-    turns = _turn_returns(token_level_rewards, response_mask, gamma, reduce)
+    plain = (episodes.index, episodes.count) if episodes is not None else None
+    turns = _turn_returns(token_level_rewards, response_mask, gamma, reduce,
+                          episodes.turn_offset if episodes is not None else None)
     batch, dtype, device = response_mask.shape[0], torch.float64, response_mask.device
     if mode == "mean_norm":
         episode, _ = compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, num_groups=num_groups,
-                                                    reduce=reduce)
+                                                    reduce=reduce, episodes=plain)
     else:
         episode, _ = compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon, True,
-                                                    num_groups=num_groups, reduce=reduce)
+                                                    num_groups=num_groups, reduce=reduce, episodes=plain)
     gid, num_groups = _groups(index, batch, device, num_groups)
     state = turns.per_turn(torch.where(response_mask.bool(), turn_states.long(), torch.zeros_like(turn_states.long())))
     reached = turns.reached & (state > 0)
@@ -474,15 +534,13 @@ def compute_gigpo_advantage(
         table = reduce(table)
     at = table[:, gid].gather(2, state.unsqueeze(0).expand(3, -1, -1))  # [3, B, width]: the turn's step group
     if mode == "mean_norm":
-        mine = own.gather(2, state.unsqueeze(0).expand(3, -1, -1))
+        mine = (own if plain is None else _episode_tables(own, plain, reduce)).gather(
+            2, state.unsqueeze(0).expand(3, -1, -1))  # the row's (its episode's) own turns from the same state
         others = at[2] - mine[2]
         baseline = torch.where(others > 0, (at[0] - mine[0]) / others.clamp(min=1), torch.zeros_like(g))
-        # A group with no other row that acted has no baseline at all: 0, as for every group estimator here.
-        acted = (turns.counts > 0).to(dtype)
-        group_acted = torch.zeros(num_groups, dtype=dtype, device=device).index_add_(0, gid, acted)
-        if reduce is not None:
-            group_acted = reduce(group_acted)
-        alone = (group_acted[gid] - acted) <= 0
+        # A group with no other episode that acted has no baseline at all: 0, as for every group estimator here.
+        group_acted, acted = _acting_episodes((turns.counts > 0).to(dtype), gid, num_groups, plain, reduce)
+        alone = (group_acted - acted) <= 0
         step = torch.where(alone.unsqueeze(1), torch.zeros_like(g), g - baseline)
     else:
         n = at[2]
@@ -506,12 +564,14 @@ def compute_advantage(
     reduce: Reduce | None = None,
     turn_states: torch.Tensor | None = None,
     episodes: Episodes | None = None,
+    turn_offset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch on ``cfg.adv_estimator``; returns ``(advantages, returns)``, both ``[B, R]``.
 
     ``values`` is required for ``gae``; ``index`` (one uid per sequence) for the group estimators; ``turn_states``
-    for ``gigpo``. ``episodes``: rows that are samples of one episode (:data:`Episodes`); the outcome group
-    estimators then count episodes, not rows (``gae`` and ``reinforce_plus_plus`` have no group statistics).
+    for ``gigpo``. ``episodes``: rows that are samples of one episode (:data:`Episodes`); the group estimators then
+    count episodes, not rows (``gae`` and ``reinforce_plus_plus`` have no group statistics), the turn-level ones
+    numbering a row's turns from its ``turn_offset`` [B].
     Rows spread over DP replicas: pass ``reduce`` (a sum over them) and ``index`` as step-wide
     integer group ids in ``[0, num_groups)``; whitening and group statistics then cover every
     replica's rows, and each replica gets exactly the single-batch result for its rows.
@@ -525,9 +585,12 @@ def compute_advantage(
     if index is None:
         raise ValueError(f"algorithm.adv_estimator={cfg.adv_estimator} needs index= (one prompt uid per sequence)")
     groups = dict(num_groups=num_groups, reduce=reduce)
+    turn_episodes = None
     if episodes is not None and cfg.adv_estimator in ("grpo_turn", "gigpo"):
-        raise ValueError(f"algorithm.adv_estimator={cfg.adv_estimator} does not take episodes of several samples yet: "
-                         "set rollout.agent.train_samples=last")
+        if turn_offset is None:
+            raise ValueError(f"algorithm.adv_estimator={cfg.adv_estimator} with episodes of several samples needs "
+                             "turn_offset= (the episode's turn index of each row's first turn)")
+        turn_episodes = TurnEpisodes(episodes[0], episodes[1], turn_offset)
     if cfg.adv_estimator == "grpo":
         return compute_grpo_outcome_advantage(
             token_level_rewards, response_mask, index, cfg.grpo_epsilon, cfg.norm_adv_by_std_in_grpo, **groups,
@@ -536,7 +599,8 @@ def compute_advantage(
     if cfg.adv_estimator == "rloo":
         return compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **groups, episodes=episodes)
     if cfg.adv_estimator == "grpo_turn":
-        return compute_grpo_turn_advantage(token_level_rewards, response_mask, index, cfg.gamma, **groups)
+        return compute_grpo_turn_advantage(token_level_rewards, response_mask, index, cfg.gamma, **groups,
+                                           episodes=turn_episodes)
     if cfg.adv_estimator == "gigpo":
         if turn_states is None:
             raise ValueError("algorithm.adv_estimator=gigpo needs turn_states= (each turn's state id; the feed adds "
@@ -544,6 +608,6 @@ def compute_advantage(
         g = cfg.gigpo
         return compute_gigpo_advantage(token_level_rewards, response_mask, turn_states, index, cfg.gamma,
                                        step_advantage_w=g.step_advantage_w, mode=g.mode, epsilon=cfg.grpo_epsilon,
-                                       **groups)
+                                       **groups, episodes=turn_episodes)
     return compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, **groups,
                                                                   episodes=episodes)

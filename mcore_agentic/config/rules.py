@@ -335,15 +335,6 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
             f"=1 but algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares the samples of one prompt: "
             "set rollout.n to 2 or more (e.g. 8)",
         )
-    agent = cfg.rollout.agent
-    if agent.enabled and agent.train_samples == "all":
-        require(
-            cfg.algorithm.adv_estimator not in ("grpo_turn", "gigpo"),
-            "rollout.agent.train_samples",
-            f"=all trains every sample of a forked agent episode, which algorithm.adv_estimator="
-            f"{cfg.algorithm.adv_estimator} cannot number turns across yet: set rollout.agent.train_samples=last, or "
-            "use grpo, rloo or reinforce_plus_plus_baseline (they count episodes)",
-        )
     if cfg.algorithm.filter_groups.enable:
         require(
             cfg.rollout.n >= 2,

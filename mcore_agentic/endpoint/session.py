@@ -89,6 +89,9 @@ class Sample:
     turns: int = 0
     last_generation: int = -1
     """The session's generation count when this sample last sampled (the latest sample is the episode's row)."""
+    first_generation: int = -1
+    """The session's generation count at this sample's first turn: the turns the session sampled before it are
+    ``first_generation - 1`` (the episode's turn index of the sample's first turn)."""
     finish_reason: TurnFinish | None = None
     busy: bool = False
     exhausted: bool = False
@@ -246,6 +249,8 @@ class Session:
         out = await engine_call(self.engine, list(traj.ids), self._sampling(request, budget))
         self.generations += 1
         sample.last_generation = self.generations
+        if sample.first_generation < 0:
+            sample.first_generation = self.generations
         if out.finish_reason == "abort":
             raise ApiError(503, "the engine aborted this generation (its weights are being updated); retry",
                            type="api_error")

@@ -9,8 +9,8 @@ and becomes one training row, like a built-in loop request:
   log-probs and weight versions, and its messages. A forked session's earlier samples (a compaction, an edit, a
   retry) become rows of their own right before it (``rollout.agent.train_samples=all``, the default), in session
   order, with the episode's reward; their episode fields (``episode_id``, ``episode_sample``,
-  ``episode_samples``) let group statistics count the episode once. With ``last`` they are only counted
-  (``agent/untrained_samples``);
+  ``episode_samples``, ``turn_offset``) let group statistics count the episode once and number its turns. With
+  ``last`` they are only counted (``agent/untrained_samples``);
 * the reward is the program's (plus what it posted to ``/reward``), or the reward function's over the row
   (``rollout.agent.reward``); a post that names a turn of the trained sample is also that turn's own reward
   (``algorithm.turn_rewards`` places it on the turn's last sampled token), on whichever sample holds the turn;
@@ -172,6 +172,9 @@ class AgentSource:
     def _take(self, req: RolloutRequest, sample: Sample) -> None:
         req.trajectory = copy.deepcopy(sample.trajectory)
         req.messages = copy.deepcopy(sample.messages)
+        # The episode's turn index of the sample's first turn: every turn the session sampled before it (read by the
+        # turn-level estimators when every sample trains; under train_samples=last the row's turns count from 0).
+        req.turn_offset = max(sample.first_generation - 1, 0)
         length = req.trajectory.response_len
         req.turn_ends = [e if e < length else -1 for e in sample.turn_ends]
         req.turn_tool_rewards = [0.0] * sample.turns  # the program's tools are its own: their rewards are its posts

@@ -46,8 +46,9 @@ RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout
 """Per-response-token tensors that travel with a row (besides its token ids)."""
 TURN_FIELDS: dict[str, torch.dtype] = {"turn_rewards": torch.float32}
 """With ``algorithm.turn_rewards``: each turn's reward on its last sampled token travels with the row."""
-EPISODE_FIELDS: dict[str, torch.dtype] = {"episode_index": torch.long}
-"""With agent episodes that train several samples: each row's step-wide episode id travels with it."""
+EPISODE_FIELDS: dict[str, torch.dtype] = {"episode_index": torch.long, "turn_offset": torch.long}
+"""With agent episodes that train several samples: each row's step-wide episode id and the episode's turn index of
+its first turn travel with it."""
 STATE_FIELDS: dict[str, torch.dtype] = {"turn_states": torch.long}
 """With ``adv_estimator=gigpo``: each turn's state id (+1) on its sampled tokens travels with the row."""
 ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long, "truncated": torch.long}
@@ -114,9 +115,11 @@ def tag_groups(local: Batch, first_row: int) -> Batch:
 
 def tag_episodes(local: Batch, first_row: int) -> Batch:
     """``local`` plus ``episode_index`` [B]: a step-wide integer id of each row's episode (its ``episode_id``; the
-    samples of an agent episode whose session forked share it), numbered like :func:`tag_groups`."""
+    samples of an agent episode whose session forked share it), numbered like :func:`tag_groups`; and
+    ``turn_offset`` [B], the episode's turn index of each row's first turn."""
     eid, _ = group_ids(local["episode_id"], len(local))
-    return local.update({"episode_index": eid + first_row})
+    offsets = local.meta.get("turn_offset") or [0] * len(local)
+    return local.update({"episode_index": eid + first_row, "turn_offset": torch.tensor(offsets, dtype=torch.long)})
 
 
 def gather_row_counts(local: Batch | None, placement: Any) -> list[int]:
@@ -156,6 +159,8 @@ def filler_rows(local: Batch, count: int, pad_token_id: int) -> Batch:
     meta: dict[str, list[Any]] = {"uid": names, "request_metrics": [{"state": "filler"}] * count}
     if "episode_id" in rows.meta:
         meta["episode_id"] = names
+    if "turn_offset" in rows.meta:
+        meta["turn_offset"] = [0] * count
     if "oldest_version" in rows.meta:
         meta["oldest_version"] = [FILLER_VERSION] * count
     return rows.update(tensors, meta=meta)

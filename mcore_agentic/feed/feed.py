@@ -105,6 +105,9 @@ class ReplicaRows:
     episode_index: torch.Tensor | None = None
     """[B] int64, a step-wide id of the row's episode, when agent episodes train every sample (rows that are samples
     of one episode share it; ``rollout.agent.train_samples=all``)."""
+    turn_offset: torch.Tensor | None = None
+    """[B] int64, with ``episode_index``: the episode's turn index of the row's first turn (the turn-level
+    estimators number a sample's turns from it)."""
 
     def __len__(self) -> int:
         return int(self.prompts.shape[0])

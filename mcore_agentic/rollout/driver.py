@@ -15,8 +15,8 @@ per-sample meta ``messages`` (the final conversation), ``uid`` (shared by a prom
 tool's step rewards plus its ``calc_reward``), ``interaction_scores`` (list of turn scores), ``source_reward``
 (an agent program's reward, or None), per assistant turn ``turn_ends`` (the response index of its last sampled
 token, -1: none), ``turn_tool_rewards``, ``turn_interaction_scores`` and ``turn_source_rewards`` (what algorithm.turn_rewards places there),
-``episode_id``, ``episode_sample`` and ``episode_samples`` (the episode a row is a sample of; an agent episode that
-forked trains several), ``extra_info`` (the dataset row's), ``num_turns`` (assistant + interaction turns), ``finish_reason`` (stop | length | tool_calls |
+``episode_id``, ``episode_sample``, ``episode_samples`` and ``turn_offset`` (the episode a row is a sample of — an
+agent episode that forked trains several — and the episode's turn index of its first turn), ``extra_info`` (the dataset row's), ``num_turns`` (assistant + interaction turns), ``finish_reason`` (stop | length | tool_calls |
 aborted), ``request_metrics`` (dict: counters, timings, state, error, error_type, error_traceback,
 per-tool rewards), ``tool_log`` (per call: turn, name, arguments, result, error, seconds, error_type,
 traceback; see :attr:`RolloutRequest.tool_log`; :func:`~mcore_agentic.rollout.failures.summarize_failures`
@@ -225,6 +225,7 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
         "episode_id": [r.episode_id or r.request_id for r in requests],
         "episode_sample": [r.episode_sample for r in requests],
         "episode_samples": [r.episode_samples for r in requests],
+        "turn_offset": [r.turn_offset for r in requests],
         "extra_info": [r.extra_info for r in requests],
         "num_turns": [r.metrics.assistant_turns + r.metrics.user_turns for r in requests],
         "finish_reason": [r.finish_reason.value if r.finish_reason else "aborted" for r in requests],

@@ -247,6 +247,9 @@ class RolloutRequest:
     """Which of its episode's trained samples the row is, in the order the session made them."""
     episode_samples: int = 1
     """How many samples of its episode train (several when an agent program's session forked)."""
+    turn_offset: int = 0
+    """The episode's turn index of this row's first assistant turn: the turns its episode sampled before (in other
+    samples of a forked agent session); 0 for a row that is its whole episode."""
     source_reward: float | None = None
     """The reward the rollout source gave the request (an agent program's, ``rollout.agent.reward=program``): it
     stands in for the reward function's (None: the reward function scores the request)."""

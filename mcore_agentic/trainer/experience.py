@@ -61,12 +61,14 @@ def compute_experience(
         algo, rewards, mask, values=batch["values"] if "values" in batch else None, index=index,
         num_groups=num_groups, reduce=reduce, turn_states=batch["turn_states"] if "turn_states" in batch else None,
         episodes=(batch["episode_index"], num_groups) if "episode_index" in batch and num_groups is not None else None,
+        turn_offset=batch["turn_offset"] if "turn_offset" in batch else None,
     )
     out = batch.update(
         {"token_level_scores": scores, "token_level_rewards": rewards, "advantages": advantages, "returns": returns}
     )
     if "turn_rewards" in batch or algo.adv_estimator in ("grpo_turn", "gigpo"):
-        metrics.update(turn_metrics(scores, advantages, mask, reduce=reduce))
+        metrics.update(turn_metrics(scores, advantages, mask, reduce=reduce,
+                                    turn_offset=batch["turn_offset"] if "turn_offset" in batch else None))
     return out, metrics
 
 
@@ -76,11 +78,14 @@ TURN_METRIC_TURNS = 8
 
 def turn_metrics(
     scores: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *, reduce: Reduce | None = None,
-    turns: int = TURN_METRIC_TURNS,
+    turns: int = TURN_METRIC_TURNS, turn_offset: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """By turn index (the first ``turns``): rows that reached it, the mean reward of the turn (its tokens' scores
-    summed) and the mean advantage of its tokens; over every replica's rows (``reduce``)."""
+    """By turn index (the first ``turns``; a sample of a forked agent episode counts from its ``turn_offset``): rows
+    that reached it, the mean reward of the turn (its tokens' scores summed) and the mean advantage of its tokens;
+    over every replica's rows (``reduce``)."""
     turn, _ = turn_spans(mask)
+    if turn_offset is not None:
+        turn = torch.where(turn >= 0, turn + turn_offset.unsqueeze(1), turn)
     valid = mask.bool()
     sums = torch.zeros(4, turns, dtype=torch.float64)
     for k in range(turns):

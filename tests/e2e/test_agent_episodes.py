@@ -1,9 +1,10 @@
 """An agent program whose every episode forks trains every sample, end to end on 2 gloo ranks (DP=2).
 
 The program (``tests/e2e/_forking_agent.py``) drops the system message after the first tool result, so each episode
-that reads the meter has two samples. One RL step of the default job with ``grpo``: the step's rows are counted after
+that reads the meter has two samples. One RL step of the default job with ``grpo`` and with ``grpo_turn``: the step's rows are counted after
 the rollout and padded with filler rows to split evenly over mini-batches and replicas; the actor update trains each
-sample's own tokens, the fillers train nothing, and the advantages count episodes, not rows (checked against the
+sample's own tokens, the fillers train nothing, and the advantages count episodes, not rows — with ``grpo_turn`` at
+the episode's turn indices, a continuation sample's turns counting on from its earlier sample's (checked against the
 dumped rewards by hand). The rows each rank's update received are recorded (``_record_trained_rows.py``).
 """
 
@@ -23,8 +24,58 @@ import torch
 from tests.e2e.test_default_job import ROOT, job_overrides
 
 
+def _runs(mask: list[int]) -> list[list[int]]:
+    """The positions of each run of sampled tokens (each assistant turn)."""
+    runs: list[list[int]] = []
+    for i, k in enumerate(mask):
+        if k and (not i or not mask[i - 1]):
+            runs.append([])
+        if k:
+            runs[-1].append(i)
+    return runs
+
+
+def _grpo_want(table: list[dict], by_episode: dict[str, list[dict]]) -> dict[tuple[str, int], float]:
+    """grpo without the std: every turn of a sample gets its episode's reward minus the mean over its group's
+    episodes (a two-sample episode counts once)."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for samples in by_episode.values():
+        groups[samples[0]["uid"]].append(samples[0]["reward"])
+    out = {}
+    for r in table:
+        rewards = groups[r["uid"]]
+        for t in range(len(_runs(r["response_mask"]))):
+            out[(r["request_id"], t)] = r["reward"] - sum(rewards) / len(rewards) if len(rewards) > 1 else 0.0
+    return out
+
+
+def _grpo_turn_want(table: list[dict], by_episode: dict[str, list[dict]]) -> dict[tuple[str, int], float]:
+    """grpo_turn (gamma 1, the outcome on each sample's last token): a turn at the episode's turn index k (a sample's
+    turns count on from its earlier samples') gets the episode's reward minus the mean reward of the group's other
+    episodes that have a turn at k (0 if none; 0 in a group with no other acting episode)."""
+    at: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    index: dict[tuple[str, int], int] = {}
+    acting: dict[str, set[str]] = defaultdict(set)
+    for episode, samples in by_episode.items():
+        offset = 0
+        for r in sorted(samples, key=lambda r: r["episode_sample"]):
+            for t in range(len(_runs(r["response_mask"]))):
+                at[(r["uid"], offset + t)][episode] = r["reward"]
+                index[(r["request_id"], t)] = offset + t
+                acting[r["uid"]].add(episode)
+            offset += len(_runs(r["response_mask"]))
+    out = {}
+    for (request_id, t), k in index.items():
+        r = next(row for row in table if row["request_id"] == request_id)
+        others = [v for e, v in at[(r["uid"], k)].items() if e != r["episode_id"]]
+        alone = len(acting[r["uid"]]) <= 1
+        out[(request_id, t)] = 0.0 if alone else r["reward"] - (sum(others) / len(others) if others else 0.0)
+    return out
+
+
 @pytest.mark.timeout(420)
-def test_a_forking_agents_samples_all_train_as_episodes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("estimator", ["grpo", "grpo_turn"])
+def test_a_forking_agents_samples_all_train_as_episodes(tmp_path: Path, estimator: str) -> None:
     records = tmp_path / "trained"
     records.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RECORD_ROWS_DIR": str(records)}
@@ -32,7 +83,7 @@ def test_a_forking_agents_samples_all_train_as_episodes(tmp_path: Path) -> None:
         "trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
         f"trainer.rollout_data_dir={tmp_path / 'dump'}", "trainer.rollout_data_freq=1",
         "rollout.agent.entrypoint=tests/e2e/_forking_agent.py:run", "rollout.multi_turn.tool_config_path=null",
-        "data.max_prompt_length=160", "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=false",
+        "data.max_prompt_length=160", f"algorithm.adv_estimator={estimator}", "algorithm.norm_adv_by_std_in_grpo=false",
     ]
     overrides = [o if not o.startswith("trainer.sft_warmup_steps=") else "trainer.sft_warmup_steps=120"
                  for o in job_overrides(tmp_path, extra)]
@@ -56,16 +107,11 @@ def test_a_forking_agents_samples_all_train_as_episodes(tmp_path: Path) -> None:
     for samples in by_episode.values():
         assert sorted(r["episode_sample"] for r in samples) == list(range(samples[0]["episode_samples"]))
         assert len({r["reward"] for r in samples}) == 1  # the episode's reward, on each of its samples
-    # grpo without the std: each sample's advantage is its episode's reward minus the mean over its group's
-    # *episodes* (a two-sample episode counts once).
-    groups: dict[str, list[float]] = defaultdict(list)
-    for samples in by_episode.values():
-        groups[samples[0]["uid"]].append(samples[0]["reward"])
+    want = (_grpo_want if estimator == "grpo" else _grpo_turn_want)(table, by_episode)
     for r in table:
-        rewards = groups[r["uid"]]
-        want = r["reward"] - sum(rewards) / len(rewards) if len(rewards) > 1 else 0.0
-        got = {round(a, 5) for a, k in zip(r["advantages"], r["response_mask"]) if k}
-        assert got == {round(want, 5)}, (r["episode_id"], got, want)
+        for t, positions in enumerate(_runs(r["response_mask"])):
+            got = {round(r["advantages"][i], 5) for i in positions}
+            assert got == {round(want[(r["request_id"], t)], 5)}, (r["request_id"], t, got, want[(r["request_id"], t)])
 
     updates = [torch.load(p) for p in sorted(records.glob("rank*-update0.pt"))]
     assert len(updates) == 2 and {len(u["response_mask"]) for u in updates} == {rows // 2}  # equal shares

@@ -85,9 +85,81 @@ def test_an_episode_split_over_two_replicas_gets_the_whole_batch_result(estimato
         torch.testing.assert_close(got, want[rows], atol=1e-6, rtol=0)
 
 
+# --- turn level: a row's turns at its episode's turn indices ---------------------------------------------------------
+def _turn_rows(rows: list[list[tuple[int, float]]], width: int = 8):
+    """Rows of (state, reward) turns: one sampled token then one masked separator per turn."""
+    rewards = torch.zeros(len(rows), width, dtype=torch.float64)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    states = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        for t, (state, reward) in enumerate(row):
+            rewards[i, 2 * t], mask[i, 2 * t], states[i, 2 * t] = reward, 1, state
+    return rewards, mask, states
+
+
+def _turn_values(adv: torch.Tensor, rows) -> list[float]:
+    """Each turn's advantage (read on its sampled token), row after row."""
+    return [float(adv[i, 2 * t]) for i, row in enumerate(rows) for t in range(len(row))]
+
+
+def test_grpo_turn_compares_episodes_at_the_episodes_turn_index():
+    # Episode 0: row A (turns 0, 1) and row B (its continuation after a compaction: turn 2). Episode 1: row C
+    # (turns 0-2). Episode 2: row D (turn 0). gamma 1: A's returns 1.0, 0.9; B 1.0; C 0.5 x3; D 0.3.
+    rows = [[(1, 0.1), (1, 0.9)], [(1, 1.0)], [(1, 0.0), (1, 0.0), (1, 0.5)], [(1, 0.3)]]
+    rewards, mask, _ = _turn_rows(rows)
+    cfg = AlgorithmConfig(adv_estimator="grpo_turn")
+    adv, _ = compute_advantage(cfg, rewards, mask, index=["g"] * 4, episodes=(torch.tensor([0, 0, 1, 2]), 3),
+                               turn_offset=torch.tensor([0, 2, 0, 0]))
+    # index 0: A 1.0 - (0.5 + 0.3)/2, C 0.5 - (1.0 + 0.3)/2, D 0.3 - (1.0 + 0.5)/2; index 1: A 0.9 - 0.5, C -0.4;
+    # index 2: B 1.0 - 0.5 (C's), C 0.5 - 1.0 (B's: episode 0's turn 2).
+    assert _turn_values(adv, rows) == pytest.approx([0.6, 0.4, 0.5, -0.15, -0.4, -0.5, -0.45])
+
+
+def test_two_samples_of_one_episode_at_one_turn_index_leave_each_other_out():
+    # Concurrent samples: rows A (turns 0, 1) and A2 (offset 1) of episode 0 both act at turn index 1.
+    rows = [[(1, 0.0), (1, 1.0)], [(1, 0.6)], [(1, 0.0), (1, 0.2)]]
+    rewards, mask, _ = _turn_rows(rows)
+    cfg = AlgorithmConfig(adv_estimator="grpo_turn")
+    adv, _ = compute_advantage(cfg, rewards, mask, index=["g"] * 3, episodes=(torch.tensor([0, 0, 1]), 2),
+                               turn_offset=torch.tensor([0, 1, 0]))
+    # index 0: A 1.0 - 0.2, C 0.2 - 1.0; index 1: A 1.0 - 0.2 and A2 0.6 - 0.2 (only C is another episode), C
+    # 0.2 - (1.0 + 0.6)/2.
+    assert _turn_values(adv, rows) == pytest.approx([0.8, 0.8, 0.4, -0.8, -0.6])
+
+
+def test_gigpo_counts_episodes_at_both_levels():
+    # Row B retries from the state A's second turn acted from (s2): they are one episode (0) and leave each other
+    # out of that step group. Returns: A 1.0, 1.0; B 0.4; C 0.2, 0.2. Episode scores: episode 0 the mean of its
+    # samples' (1.0, 0.4) = 0.7, episode 1 0.2.
+    rows = [[(1, 0.0), (2, 1.0)], [(2, 0.4)], [(1, 0.0), (2, 0.2)]]
+    rewards, mask, states = _turn_rows(rows)
+    cfg = AlgorithmConfig(adv_estimator="gigpo")
+    adv, _ = compute_advantage(cfg, rewards, mask, index=["g"] * 3, episodes=(torch.tensor([0, 0, 1]), 2),
+                               turn_offset=torch.tensor([0, 2, 0]), turn_states=states)
+    # episode part (rloo over episodes): A 1.0 - 0.2, B 0.4 - 0.2, C 0.2 - 0.7. Step part: A at s1 1.0 - 0.2, at s2
+    # 1.0 - 0.2 (B left out), B at s2 0.4 - 0.2, C at s1 0.2 - 1.0, at s2 0.2 - (1.0 + 0.4)/2.
+    assert _turn_values(adv, rows) == pytest.approx([1.6, 1.6, 0.4, -1.3, -1.0])
+
+
 @pytest.mark.parametrize("estimator", ["grpo_turn", "gigpo"])
-def test_turn_level_estimators_refuse_episodes_of_several_samples(estimator):
-    rewards, mask = _rows()
-    with pytest.raises(ValueError, match="rollout.agent.train_samples=last"):
-        compute_advantage(AlgorithmConfig(adv_estimator=estimator), rewards, mask, index=UIDS,
-                          episodes=(EPISODES, 5), turn_states=mask)
+def test_turn_level_estimators_with_episodes_split_over_two_replicas(estimator):
+    from tests.unit.trainer.test_experience import _simulated_replicas
+
+    rows = [[(1, 0.1), (2, 0.9)], [(2, 1.0)], [(1, 0.0), (3, 0.0), (2, 0.5)], [(1, 0.3)], [(1, 0.2), (2, 0.1)],
+            [(1, 0.7)]]
+    rewards, mask, states = _turn_rows(rows)
+    uids = ["g", "g", "g", "g", "h", "h"]
+    gid = torch.tensor([0, 0, 0, 0, 1, 1])
+    episodes, offsets = torch.tensor([0, 0, 1, 2, 3, 4]), torch.tensor([0, 2, 0, 0, 0, 0])
+    cfg = AlgorithmConfig(adv_estimator=estimator)
+    want, _ = compute_advantage(cfg, rewards, mask, index=uids, episodes=(episodes, 5), turn_offset=offsets,
+                                turn_states=states)
+    parts = [[0, 2, 5], [1, 3, 4]]  # episode 0's samples on different replicas
+
+    def replica(r):
+        return lambda reduce: compute_advantage(cfg, rewards[r], mask[r], index=gid[r], num_groups=2, reduce=reduce,
+                                                episodes=(episodes[r], 5), turn_offset=offsets[r],
+                                                turn_states=states[r])[0]
+
+    for r, got in zip(parts, _simulated_replicas([replica(r) for r in parts])):
+        torch.testing.assert_close(got, want[r], atol=1e-6, rtol=0)

@@ -157,11 +157,3 @@ def test_fp32_with_transformer_engine_and_packed_rows_is_refused():
     assert refused(*cp, "model.use_remove_padding=false", "model.dtype=bfloat16") is None
     assert "use_remove_padding=false" not in refused(*cp)  # turning packing off would not help under CP
 
-
-def test_turn_level_estimators_need_one_sample_per_agent_episode():
-    agent = ["rollout.agent.entrypoint=examples/meter_agent.py:run", "rollout.multi_turn.tool_config_path=null"]
-    for estimator in ("grpo_turn", "gigpo"):
-        assert _field(2, *agent, f"algorithm.adv_estimator={estimator}") == "rollout.agent.train_samples"
-        validate(_cfg(*agent, f"algorithm.adv_estimator={estimator}", "rollout.agent.train_samples=last"), 2)
-    validate(_cfg(*agent, "algorithm.adv_estimator=rloo"), 2)  # outcome estimators count episodes
-    validate(_cfg("algorithm.adv_estimator=grpo_turn"), 2)  # the built-in loop: one sample per episode
