@@ -163,3 +163,16 @@ def test_turn_level_estimators_with_episodes_split_over_two_replicas(estimator):
 
     for r, got in zip(parts, _simulated_replicas([replica(r) for r in parts])):
         torch.testing.assert_close(got, want[r], atol=1e-6, rtol=0)
+
+
+def test_a_truncated_row_counts_at_the_turns_it_reached():
+    # Row T was cut by the response budget in its second turn: that turn is partial and carries the over-long
+    # penalty (-0.5) instead of an outcome. It is a row like any other at the turns it reached.
+    rows = [[(1, 0.2), (1, 0.8)], [(1, 0.2), (1, -0.5)], [(1, 0.3)]]
+    rewards, mask, _ = _turn_rows(rows)
+    mask[1, 3] = 1  # the cut turn: two tokens sampled before the budget ran out
+    adv, _ = compute_advantage(AlgorithmConfig(adv_estimator="grpo_turn"), rewards, mask, index=["g"] * 3)
+    # Returns: A 1.0, 0.8; T -0.3, -0.5; C 0.3. Index 0: A 1.0 - 0, T -0.3 - 0.65, C 0.3 - 0.35; index 1: A 0.8 + 0.5,
+    # T -0.5 - 0.8 (on both of its cut turn's tokens).
+    assert _turn_values(adv, rows) == pytest.approx([1.0, 1.3, -0.95, -1.3, -0.05])
+    assert float(adv[1, 3]) == pytest.approx(-1.3)
