@@ -233,8 +233,10 @@ def compute_grpo_outcome_advantage(
     """
     scores = _sequence_scores(token_level_rewards, response_mask)
     gid, num_groups = _groups(index, scores.shape[0], scores.device, num_groups)
-    counts, _, mean, std, _ = _group_stats(scores, gid, num_groups, response_mask, reduce, episodes)
-    adv = scores - mean
+    counts, _, mean, std, own = _group_stats(scores, gid, num_groups, response_mask, reduce, episodes)
+    # Over episodes, a row is its episode's score against theirs: samples of one episode may differ (a per-row
+    # over-long penalty, KL in the reward) by more than the episodes' std, which would blow the ratio up.
+    adv = (own if episodes is not None else scores) - mean
     if norm_adv_by_std_in_grpo:
         adv = adv / (std + epsilon)
     adv = torch.where(counts > 1, adv, torch.zeros_like(adv))
@@ -360,7 +362,8 @@ def compute_grpo_turn_advantage(
     ``episodes`` (:class:`TurnEpisodes`: samples of a forked agent episode as rows of their own): a row's turns
     sit at its episode's turn indices (``turn_offset`` + its own), "the other rows" are the other *episodes*
     (their samples at turn ``k``), and a group's acting episodes decide whether it has a baseline at all. A row's
-    returns-to-go sum its own turns' rewards and what its last token holds (the rest of the episode's).
+    returns-to-go sum its own turns' rewards and what its last token holds: the rest of the episode's reward,
+    including turn rewards other samples earned before it (its past: they add variance, not bias).
     """
     offset = episodes.turn_offset if episodes is not None else None
     turns = _turn_returns(token_level_rewards, response_mask, gamma, reduce, offset)
@@ -485,7 +488,7 @@ def compute_gigpo_advantage(
     step-level one; ``(advantages, returns)`` with ``returns`` each turn's return-to-go.
 
     ``turn_states`` ``[B, R]`` (long): on every sampled token of a turn, 1 + the id of the state the turn acted
-    from, numbered per prompt group (:func:`mcore_agentic.feed.scoring.turn_state_tensor`); 0 elsewhere. Turns
+    from, numbered per prompt group (:func:`mcore_agentic.feed.turn_states.turn_state_tensor`); 0 elsewhere. Turns
     of a group's rows with the same id form a *step group*; ``G`` is a turn's discounted return-to-go.
 
     ``mean_norm`` (default): the episode part is ``rloo``; the step part of row ``i``'s turn ``k`` from state

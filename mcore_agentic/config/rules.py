@@ -335,6 +335,15 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
             f"=1 but algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares the samples of one prompt: "
             "set rollout.n to 2 or more (e.g. 8)",
         )
+    agent = cfg.rollout.agent
+    if agent.enabled and agent.train_samples == "all" and cfg.actor.parallel.virtual_pipeline_model_parallel_size:
+        require(
+            cfg.model.use_remove_padding,
+            "rollout.agent.train_samples",
+            "=all gives a step as many rows as its episodes have samples, but virtual pipeline stages with padded "
+            "micro-batches need a fixed row count: set rollout.agent.train_samples=last, or "
+            "model.use_remove_padding=true (packed rows)",
+        )
     if cfg.algorithm.filter_groups.enable:
         require(
             cfg.rollout.n >= 2,

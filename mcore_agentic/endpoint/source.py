@@ -172,8 +172,8 @@ class AgentSource:
     def _take(self, req: RolloutRequest, sample: Sample) -> None:
         req.trajectory = copy.deepcopy(sample.trajectory)
         req.messages = copy.deepcopy(sample.messages)
-        # The episode's turn index of the sample's first turn: every turn the session sampled before it (read by the
-        # turn-level estimators when every sample trains; under train_samples=last the row's turns count from 0).
+        # The episode's turn index of the sample's first turn: every turn the session sampled before it. Only read
+        # when every sample trains (train_samples=all); under last the row's turns count from 0 whatever it says.
         req.turn_offset = max(sample.first_generation - 1, 0)
         length = req.trajectory.response_len
         req.turn_ends = [e if e < length else -1 for e in sample.turn_ends]

@@ -10,7 +10,7 @@ alone knows which rank leads a rollout group. A step, as the trainer calls it::
     feed.give_back(step_rows, batch)        # a dump step: the trainer's values go back to the leaders
 
 The hand-off is :class:`StepRows`: :class:`ReplicaRows` (this DP replica's rows, in training order: what crossed
-the wire, tensors only), the step's count of prompt groups (the group statistics' size) and the step's rollout
+the wire, tensors only), a bound on the step's group ids (its row count: the group statistics' size) and the step's rollout
 metrics, already reduced over the world. Its ``receipt`` is the feed's own (what a dump step needs to bring the
 trainer's values back to the leaders).
 
@@ -216,7 +216,8 @@ class Roller:
             self.source = AgentSource(self.cfg, self.engine, self.chat, version=self.version)
 
     def roll(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> Batch:
-        """``rows`` rolled out ``cfg.n`` times each on this leader: by the agent program or the built-in loop."""
+        """``rows`` rolled out ``cfg.n`` times each on this leader: by the agent program (a forked episode adds a row
+        per earlier sample) or the built-in loop."""
         if self.source is not None:
             return self.source.roll_out(rows, cfg)
         return generate_sequences_sync(rows, self.engine, self.tools, self.interactions, cfg, self.chat, self.executor)
@@ -357,8 +358,9 @@ class Feed:
         if s.episodes:  # agent episodes train every sample: a group's rows are known after its rollout
             counts = gather_row_counts(local, r.placement)
             fill = -sum(counts) % s.row_multiple
-            counts[0] += fill
-            if fill and r.placement.group_index == 0 and local is not None:
+            holder = next((g for g, n in enumerate(counts) if n), 0)  # the first group with rows (a filter may
+            counts[holder] += fill                                    # leave a group none) takes the fillers
+            if fill and r.placement.group_index == holder and local is not None:
                 local = Batch.concat([local, filler_rows(local, fill, self.pad_id)])
         first_row = sum(counts[: r.placement.group_index])
         if local is not None:
@@ -417,7 +419,9 @@ class Feed:
         batches = []
         if r.leads:
             batches = [r.roll(part, val_cfg) for part in parts]
-        scored = [score_rollout(b, r.reward_fn, r.tokenizer, [row.get("extra_info") or {} for row in part],
+        # A forked agent episode adds rows: each row's extra_info comes with it (the batch's meta).
+        scored = [score_rollout(b, r.reward_fn, r.tokenizer,
+                                b.meta.get("extra_info") or [row.get("extra_info") or {} for row in part],
                                 turn_rewards=s.turn_rewards)
                   for b, part in zip(batches, parts)]
         return Validation(step, scored)

@@ -151,19 +151,12 @@ def turn_reward_tensor(batch: Batch, from_reward_fn: Sequence[Sequence[float]] |
 def rollout_stats(batches: Sequence[Batch]) -> Stats:
     """Per-row rollout values of scored batches (none off a leader), under fixed names: reduce, then :func:`rollout_metrics`."""
     st = Stats()
+    # Per trained row: what its own tokens and tools did (every sample of an agent episode that trains several).
     every = [(b, i) for b in batches for i in range(len(b))]
-    # An agent episode that trains several samples counts once, by its last sample's row (the episode's result).
-    rows = [(b, i) for b, i in every if not (b["request_metrics"][i] or {}).get("agent_extra_sample")]
-    st.add("agent_extra_samples", [1.0] * (len(every) - len(rows)))
-    rm = [b["request_metrics"][i] or {} for b, i in rows]
-    st.add("score", [float(b["seq_scores"][i]) for b, i in rows])
-    st.add("acc", [b["acc"][i] for b, i in rows])
-    st.add("rule", [b["rule_score"][i] for b, i in rows])
-    st.add("turns", [b["num_turns"][i] for b, i in rows])
-    st.add("assistant_turns", [m.get("assistant_turns", 0) for m in rm])
+    rm = [b["request_metrics"][i] or {} for b, i in every]
     st.add("tool_calls", [m.get("tool_calls", 0) for m in rm])
     st.add("tool_errors", [m.get("tool_errors", 0) for m in rm])
-    logs = [(b.meta.get("tool_log") or [[]] * len(b))[i] or [] for b, i in rows]
+    logs = [(b.meta.get("tool_log") or [[]] * len(b))[i] or [] for b, i in every]
     faults = [sum(is_tool_fault(entry) for entry in log) for log in logs]
     st.add("tool_faults", faults)
     # A request that ran but whose every tool call failed inside the tool: it learned nothing about its task.
@@ -172,9 +165,18 @@ def rollout_stats(batches: Sequence[Batch]) -> Stats:
     st.add("mismatch", [m.get("sanity_check_mismatch", 0) for m in rm])
     st.add("drift", [m.get("template_drift", 0) for m in rm])
     st.add("full_context", [m.get("tokenization_full_context", 0) for m in rm])
+    st.add("truncated", [float(b["finish_reason"][i] == "length") for b, i in every])
+    st.add("overlong", [float((b.meta.get("overlong_penalty") or [0.0] * len(b))[i]) for b, i in every])
+    # Per episode: its result, counted once by its last sample's row.
+    rows = [(b, i) for b, i in every if not (b["request_metrics"][i] or {}).get("agent_extra_sample")]
+    st.add("agent_extra_samples", [1.0] * (len(every) - len(rows)))
+    rm = [b["request_metrics"][i] or {} for b, i in rows]
+    st.add("score", [float(b["seq_scores"][i]) for b, i in rows])
+    st.add("acc", [b["acc"][i] for b, i in rows])
+    st.add("rule", [b["rule_score"][i] for b, i in rows])
+    st.add("turns", [b["num_turns"][i] for b, i in rows])
+    st.add("assistant_turns", [m.get("assistant_turns", 0) for m in rm])
     st.add("failed", [float(m.get("state") == "failed") for m in rm])
-    st.add("truncated", [float(b["finish_reason"][i] == "length") for b, i in rows])
-    st.add("overlong", [float((b.meta.get("overlong_penalty") or [0.0] * len(b))[i]) for b, i in rows])
     # Agent programs (rollout.agent): episodes, their samples and forks by reason, the program's faults.
     agent = [m for m in rm if m.get("agent_samples", 0) or m.get("agent_program_failed", 0)]
     st.add("agent_episodes", [1.0] * len(agent))
@@ -189,7 +191,8 @@ def rollout_stats(batches: Sequence[Batch]) -> Stats:
 
 def rollout_metrics(st: Stats) -> dict[str, float]:
     """Reward, accuracy, turns, tool calls/errors, sanity-check mismatches and failures from :func:`rollout_stats`
-    (and, when agent programs rolled out, ``agent/*``)."""
+    (and, when agent programs rolled out, ``agent/*``). Rewards, turns and failures count episodes (an agent
+    episode that trains several samples once); tool calls, truncation and tokenization counts count trained rows."""
     return {**_agent_metrics(st),
         "rollout/num_sequences": st.count("score"),
         "reward/mean": st.mean("score"),

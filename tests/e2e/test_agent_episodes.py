@@ -85,14 +85,18 @@ def test_a_forking_agents_samples_all_train_as_episodes(tmp_path: Path, estimato
         "rollout.agent.entrypoint=tests/e2e/_forking_agent.py:run", "rollout.multi_turn.tool_config_path=null",
         "data.max_prompt_length=160", f"algorithm.adv_estimator={estimator}", "algorithm.norm_adv_by_std_in_grpo=false",
     ]
+    if estimator == "grpo_turn":  # the reward function judges each episode by its last sample, in validation too
+        extra += ["rollout.agent.reward=reward_fn", "trainer.val_before_train=true"]
     overrides = [o if not o.startswith("trainer.sft_warmup_steps=") else "trainer.sft_warmup_steps=120"
-                 for o in job_overrides(tmp_path, extra)]
+                 for o in job_overrides(tmp_path, extra) if o != "trainer.val_before_train=false"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "tests" / "e2e" / "_record_trained_rows.py"), *overrides]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
 
     metrics = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    if estimator == "grpo_turn":
+        assert "val/reward/accuracy" in next(r for r in metrics if r.get("step") == 0)
     m = next(r for r in metrics if r.get("step") == 1 and "agent/trained_samples" in r)
     episodes, trained, rows = m["agent/episodes"], m["agent/trained_samples"], m["rollout/step_rows"]
     assert episodes == 8 and trained > episodes, m  # the warm-started policy reads the meter: episodes fork

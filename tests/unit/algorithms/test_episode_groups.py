@@ -176,3 +176,14 @@ def test_a_truncated_row_counts_at_the_turns_it_reached():
     # T -0.5 - 0.8 (on both of its cut turn's tokens).
     assert _turn_values(adv, rows) == pytest.approx([1.0, 1.3, -0.95, -1.3, -0.05])
     assert float(adv[1, 3]) == pytest.approx(-1.3)
+
+
+def test_grpo_over_episodes_scores_each_row_by_its_episode():
+    # Two episodes of two samples, both rewarded 1; one sample of each also carries a per-row over-long penalty
+    # (-1). The episodes' scores are equal (0.5 each): std 0. A row's own score against that std would be +-0.5/eps.
+    mask = torch.ones(4, 2, dtype=torch.long)
+    rewards = torch.zeros(4, 2)
+    rewards[:, -1] = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    adv, _ = compute_advantage(AlgorithmConfig(adv_estimator="grpo"), rewards, mask, index=["g"] * 4,
+                               episodes=(torch.tensor([0, 0, 1, 1]), 2))
+    assert float(adv.abs().max()) == 0.0

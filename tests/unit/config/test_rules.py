@@ -157,3 +157,13 @@ def test_fp32_with_transformer_engine_and_packed_rows_is_refused():
     assert refused(*cp, "model.use_remove_padding=false", "model.dtype=bfloat16") is None
     assert "use_remove_padding=false" not in refused(*cp)  # turning packing off would not help under CP
 
+
+
+def test_agent_episodes_of_several_samples_need_packed_rows_under_vpp():
+    agent = ["rollout.agent.entrypoint=examples/meter_agent.py:run", "rollout.multi_turn.tool_config_path=null"]
+    vpp = ["actor.pipeline_model_parallel_size=2", "actor.virtual_pipeline_model_parallel_size=2",
+           "model.use_remove_padding=false"]
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(*agent, *vpp), 4)
+    assert info.value.field == "rollout.agent.train_samples"
+    assert "use_remove_padding=true" in str(info.value)
