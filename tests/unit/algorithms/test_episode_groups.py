@@ -8,6 +8,7 @@ import torch
 
 from mcore_agentic.algorithms.advantages import compute_advantage
 from mcore_agentic.algorithms.config import AlgorithmConfig
+from tests.unit.algorithms.test_gigpo import _rows as _turn_rows  # (state, reward) turns -> rows
 
 # One prompt group: episode 0 has two samples (rows 0 and 1, its score 1.0 on both), episode 1 one (0.0), episode 2
 # one (0.5). Row 4 is another group's only episode, of three samples. Row 7 failed: it sampled nothing.
@@ -86,17 +87,6 @@ def test_an_episode_split_over_two_replicas_gets_the_whole_batch_result(estimato
 
 
 # --- turn level: a row's turns at its episode's turn indices ---------------------------------------------------------
-def _turn_rows(rows: list[list[tuple[int, float]]], width: int = 8):
-    """Rows of (state, reward) turns: one sampled token then one masked separator per turn."""
-    rewards = torch.zeros(len(rows), width, dtype=torch.float64)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    states = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        for t, (state, reward) in enumerate(row):
-            rewards[i, 2 * t], mask[i, 2 * t], states[i, 2 * t] = reward, 1, state
-    return rewards, mask, states
-
-
 def _turn_values(adv: torch.Tensor, rows) -> list[float]:
     """Each turn's advantage (read on its sampled token), row after row."""
     return [float(adv[i, 2 * t]) for i, row in enumerate(rows) for t in range(len(row))]

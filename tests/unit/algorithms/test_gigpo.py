@@ -24,7 +24,8 @@ from mcore_agentic.utils.errors import ConfigError
 TURNS = [[(1, 0.5), (2, 1.0)], [(1, 0.0), (3, 0.0)], [(1, 0.2), (2, 0.3), (2, 0.1)]]
 
 
-def _rows(turns=TURNS, width: int = 6):
+def _rows(turns=TURNS, width: int = 8):
+    """Rows of (state, reward) turns: one sampled token then one masked separator per turn."""
     rewards = torch.zeros(len(turns), width, dtype=torch.float64)
     mask = torch.zeros(len(turns), width, dtype=torch.long)
     states = torch.zeros(len(turns), width, dtype=torch.long)
