@@ -482,6 +482,9 @@ def worker_main() -> None:
         if exit_file:
             Path(f"{exit_file}.rank{os.environ.get('RANK', '0')}").write_text(str(EXIT_CONFIG_ERROR))
             sys.exit(0)
+        # Under a bare torchrun, a rank that exits first gets the others killed: rank 0 must have said it first
+        # (this path missed it, and on a loaded machine rank 1's exit killed rank 0 before its line).
+        _let_rank0_report(int(os.environ.get("RANK", "0")))
         sys.exit(EXIT_CONFIG_ERROR)
     from omegaconf import OmegaConf
 
