@@ -40,6 +40,8 @@ ARMS = {
     "turn": ["algorithm.adv_estimator=grpo_turn", "algorithm.turn_rewards=true"],
     "grpo": ["algorithm.adv_estimator=grpo", "algorithm.turn_rewards=false"],
     "gigpo": ["algorithm.adv_estimator=gigpo", "algorithm.turn_rewards=true"],
+    # its step level at a quarter weight: the sum's scale 1.25 instead of 2 (is the default's step too large?)
+    "gigpo_w025": ["algorithm.adv_estimator=gigpo", "algorithm.turn_rewards=true", "algorithm.gigpo.step_advantage_w=0.25"],
 }
 
 
