@@ -147,14 +147,10 @@ def _group_stats(
     if episodes is None:
         weight, own = acted, scores
     else:
-        eid, num_episodes = episodes
-        dtype = torch.float64
-        per = torch.zeros(2, num_episodes, dtype=dtype, device=scores.device)
-        per.index_add_(1, eid, torch.stack([acted.to(dtype), (scores * acted).to(dtype)]))
-        rows, total = reduce(per).unbind(0)
-        own_e = total / rows.clamp(min=1)
-        weight = (acted.to(dtype) / rows[eid].clamp(min=1)).to(scores.dtype)
-        own = own_e[eid].to(scores.dtype)
+        per = torch.stack([acted, scores * acted], dim=1).to(torch.float64)
+        rows, total = _episode_tables(per, episodes, reduce).unbind(1)  # each row's episode: acting rows, score sum
+        weight = (acted / rows.clamp(min=1)).to(scores.dtype)
+        own = (total / rows.clamp(min=1)).to(scores.dtype)
     counts = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, weight)
     sums = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, own * weight)
     counts, sums = reduce(torch.stack([counts, sums])).unbind(0)

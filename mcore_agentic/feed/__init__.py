@@ -9,6 +9,7 @@ The trainer sees only this surface: :class:`Feed` (``roll_out`` inside the weigh
 rollout engine of a group's leader (:mod:`.engine`).
 """
 
+from mcore_agentic.feed.distribute import FILLER_VERSION
 from mcore_agentic.feed.engine import build_rollout_engine
 from mcore_agentic.feed.feed import (
     DumpSettings,
@@ -22,6 +23,6 @@ from mcore_agentic.feed.feed import (
 )
 
 __all__ = [
-    "DumpSettings", "Feed", "FeedSettings", "ReplicaRows", "Roller", "Rollout", "StepRows", "Validation",
+    "FILLER_VERSION", "DumpSettings", "Feed", "FeedSettings", "ReplicaRows", "Roller", "Rollout", "StepRows", "Validation",
     "build_rollout_engine",
 ]

@@ -130,14 +130,13 @@ class StepRows:
     """What the feed hands the trainer for one step (identical structure on every rank)."""
 
     rows: ReplicaRows
-    num_groups: int
-    """A bound on the step's prompt group ids (``rows.group_index`` and ``rows.episode_index`` are below it)."""
+    num_rows: int
+    """The step's rows over every replica: ``sequences_per_step``, or more when agent episodes trained several
+    samples (then a multiple of every mini-batch count times DP, filler rows included). Also the bound on the
+    step's group and episode ids (``rows.group_index``, ``rows.episode_index``)."""
     metrics: dict[str, float]
     """The step's rollout metrics (``reward/*``, ``rollout/*``, the schedule's), reduced over the world."""
     step: int
-    num_rows: int = 0
-    """The step's rows over every replica: ``sequences_per_step``, or more when agent episodes trained several
-    samples (then a multiple of every mini-batch count times DP, filler rows included)."""
     receipt: Any = field(default=None, repr=False)
     """The feed's own: the step's plan and the leader's rows, for a dump step's return trip."""
 
@@ -383,7 +382,7 @@ class Feed:
         metrics = {**rollout_metrics(stats), **rollout.metrics}
         if s.episodes:
             metrics["rollout/step_rows"] = float(rows)
-        return StepRows(ReplicaRows.from_batch(batch), rows, metrics, rollout.step, num_rows=rows,
+        return StepRows(ReplicaRows.from_batch(batch), rows, metrics, rollout.step,
                         receipt=_Receipt(local, plan, rollout.version, real_rows))
 
     def give_back(self, step_rows: StepRows, batch: Batch) -> dict[str, float]:

@@ -19,11 +19,8 @@ from mcore_agentic.algorithms.advantages import Reduce, compute_advantage, place
 from mcore_agentic.algorithms.config import AlgorithmConfig
 from mcore_agentic.algorithms.kl import apply_kl_penalty
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.feed import FILLER_VERSION
 from mcore_agentic.parallel.stats import Stats
-
-FILLER_VERSION = -2
-"""A filler row's ``weight_version`` (``mcore_agentic.feed.distribute.FILLER_VERSION``; the trainer does not import
-the feed's submodules)."""
 
 
 def compute_experience(

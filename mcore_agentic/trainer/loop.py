@@ -149,7 +149,7 @@ class RLTrainer:
                     batch = c.critic.compute_values(batch)
             with t.phase("adv"):
                 batch, adv_metrics = exp.compute_experience(
-                    batch, self.cfg.algorithm, c.kl_ctrl, reduce=sum_over(self.dp_group), num_groups=fed.num_groups
+                    batch, self.cfg.algorithm, c.kl_ctrl, reduce=sum_over(self.dp_group), num_groups=fed.num_rows
                 )
             update_metrics = self.feed.give_back(fed, batch)  # a dump step: the trainer's values go to the leaders
             if c.critic is not None:
@@ -169,7 +169,7 @@ class RLTrainer:
         """The step's mini-batch size when its rows are not ``sequences_per_step`` (agent episodes that trained
         several samples): as many mini-batches as configured, each holding its share; {} otherwise."""
         sizes = self.c.sizes
-        if not fed.num_rows or fed.num_rows == sizes.sequences_per_step:
+        if fed.num_rows == sizes.sequences_per_step:
             return {}
         per_role = sizes.actor if role == "actor" else sizes.critic
         return {"mini_batch_size": fed.num_rows // per_role.mini_batches_per_epoch}

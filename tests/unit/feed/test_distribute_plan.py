@@ -330,7 +330,7 @@ def test_filler_rows_train_nothing_and_travel_like_any_row():
     assert torch.equal(fillers["prompts"], local["prompts"][[0, 0, 0]])  # row 0's prompt
     assert len(set(fillers["uid"]) | set(local["uid"])) == 7  # a prompt group and an episode of their own
     assert len(set(fillers["episode_id"]) | set(local["episode_id"])) == 6
-    assert fillers["oldest_version"] == [FILLER_VERSION] * 3 == [experience.FILLER_VERSION] * 3
+    assert fillers["oldest_version"] == [FILLER_VERSION] * 3
     step = tag_episodes(tag_groups(Batch.concat([local, fillers]), 8), 8)
     assert step["episode_index"].tolist() == [8, 8, 9, 10, 11, 12, 13]
     shapes = _shapes_of([step])
