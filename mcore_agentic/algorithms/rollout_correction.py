@@ -15,6 +15,11 @@ With ``pi_old == pi_rollout`` every ratio is 1: the weights are 1 and nothing is
 identity). Statistics are reduced over the data-parallel replicas with caller-supplied reducers
 (sum, max); quantiles come from a histogram of the token log-ratios (bins of 0.01 in log space), so
 they cost one all-reduce of a fixed size whatever the batch.
+
+By token age (partial rollouts, ``token_ages``: how many weight versions behind the step each sampled token is):
+``rollout_corr/age_{0,1,2plus}/{token_fraction,kl_k3,masked_fraction,clipped_fraction}`` — older tokens were
+sampled by older weights, so their mismatch should be larger; these show by how much and what the correction
+does to them.
 """
 
 from __future__ import annotations
@@ -62,10 +67,12 @@ def compute_rollout_correction(
     *,
     reduce: Reduce | None = None,
     reduce_max: Reduce | None = None,
+    token_ages: torch.Tensor | None = None,
 ) -> RolloutCorrection:
     """Weights, mask and metrics of the correction ``cfg`` asks for (identity parts where it asks for none).
 
-    ``reduce`` sums a tensor over the DP replicas, ``reduce_max`` takes its maximum (None: this batch is the step).
+    ``reduce`` sums a tensor over the DP replicas, ``reduce_max`` takes its maximum (None: this batch is the step);
+    ``token_ages`` ``[B, R]`` adds the metrics by token age (module docstring).
     """
     mask = response_mask.to(torch.float64)
     log_ratio = (old_log_probs.double() - rollout_log_probs.double()).clamp(-_LOG_CLAMP, _LOG_CLAMP) * mask
@@ -83,9 +90,39 @@ def compute_rollout_correction(
         vetoed = ((log_ratio < math.log(cfg.rollout_token_veto_threshold)) & mask.bool()).any(-1, keepdim=True)
         keep = keep * (~vetoed).double()
     metrics = _metrics(log_ratio, mask, keep, clipped, reduce, reduce_max)
+    if token_ages is not None:
+        metrics.update(_age_metrics(log_ratio, mask, keep, clipped, token_ages, reduce))
     return RolloutCorrection(
         weights=weights.to(old_log_probs.dtype), mask=keep.to(response_mask.dtype), metrics=metrics
     )
+
+
+AGE_BUCKETS = ("0", "1", "2plus")
+
+
+def _age_metrics(
+    log_ratio: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, clipped: torch.Tensor, token_ages: torch.Tensor,
+    reduce: Reduce | None,
+) -> dict[str, float]:
+    """Per age bucket (0, 1, 2 or more versions behind): tokens, k3, rejected and clipped, summed; one all-reduce."""
+    bucket = token_ages.long().clamp(0, len(AGE_BUCKETS) - 1)
+    k3 = (torch.exp(log_ratio) - 1 - log_ratio) * mask
+    rows = []
+    for b in range(len(AGE_BUCKETS)):
+        m = mask * (bucket == b).double()
+        rows.append(torch.stack([m.sum(), (k3 * m).sum(), (m * (1 - keep)).sum(), (clipped * m).sum()]))
+    sums = torch.stack(rows)
+    if reduce is not None:
+        sums = reduce(sums)
+    total = float(sums[:, 0].sum())
+    out: dict[str, float] = {}
+    for name, (tokens, k3_sum, rejected, clip) in zip(AGE_BUCKETS, sums.tolist()):
+        out[f"rollout_corr/age_{name}/token_fraction"] = tokens / total if total else 0.0
+        if tokens:
+            out[f"rollout_corr/age_{name}/kl_k3"] = k3_sum / tokens
+            out[f"rollout_corr/age_{name}/masked_fraction"] = rejected / tokens
+            out[f"rollout_corr/age_{name}/clipped_fraction"] = clip / tokens
+    return out
 
 
 def _metrics(

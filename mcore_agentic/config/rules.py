@@ -351,12 +351,13 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
             "=1 but algorithm.filter_groups.enable=true keeps the prompt groups whose samples differ: "
             "set rollout.n to 2 or more, or turn filtering off",
         )
-    if cfg.rollout.partial_rollout.enable:
+    pr = cfg.rollout.partial_rollout
+    if pr.enable and pr.max_tokens_per_step is None:
         require(
             cfg.rollout.multi_turn.enable,
             "rollout.partial_rollout.enable",
-            "=true pauses requests between assistant turns; single-turn rollouts have none: set "
-            "rollout.multi_turn.enable=true or turn partial rollouts off",
+            "=true with only a turn budget pauses requests between assistant turns; single-turn rollouts have none: "
+            "set rollout.multi_turn.enable=true, or rollout.partial_rollout.max_tokens_per_step to pause mid-turn",
         )
     buffer = cfg.reward.overlong_buffer
     if buffer.enable:

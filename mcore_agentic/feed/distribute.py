@@ -40,7 +40,7 @@ from mcore_agentic.data.balance import partition
 from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
 from mcore_agentic.parallel import comm
 
-__all__ = ["EPISODE_FIELDS", "FILLER_VERSION", "RESPONSE_FIELDS", "STATE_FIELDS", "filler_rows", "gather_row_counts", "tag_episodes", "TURN_FIELDS", "RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
+__all__ = ["AGE_FIELDS", "EPISODE_FIELDS", "FILLER_VERSION", "RESPONSE_FIELDS", "STATE_FIELDS", "filler_rows", "gather_row_counts", "tag_episodes", "TURN_FIELDS", "RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
 
 RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout_log_probs": torch.float32}
 """Per-response-token tensors that travel with a row (besides its token ids)."""
@@ -51,6 +51,8 @@ EPISODE_FIELDS: dict[str, torch.dtype] = {"episode_index": torch.long, "turn_off
 its first turn travel with it."""
 STATE_FIELDS: dict[str, torch.dtype] = {"turn_states": torch.long}
 """With ``adv_estimator=gigpo``: each turn's state id (+1) on its sampled tokens travels with the row."""
+AGE_FIELDS: dict[str, torch.dtype] = {"token_ages": torch.long}
+"""With partial rollouts: how many weight versions behind the step each sampled token is travels with the row."""
 ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long, "truncated": torch.long}
 """Per-row scalars that travel with it."""
 VERSION_FIELDS: dict[str, torch.dtype] = {**ROW_FIELDS, "weight_version": torch.long}
@@ -134,7 +136,7 @@ def gather_row_counts(local: Batch | None, placement: Any) -> list[int]:
 
 FILLER_VERSION = -2
 """The ``weight_version`` of a filler row (a real row that sampled nothing has -1)."""
-_ZEROED = ("response_mask", "rollout_log_probs", "turn_rewards", "turn_states", "seq_scores", "truncated")
+_ZEROED = ("response_mask", "rollout_log_probs", "turn_rewards", "turn_states", "token_ages", "seq_scores", "truncated")
 
 
 def filler_rows(local: Batch, count: int, pad_token_id: int) -> Batch:

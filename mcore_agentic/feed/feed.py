@@ -34,6 +34,7 @@ import torch
 
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed.distribute import (
+    AGE_FIELDS,
     EPISODE_FIELDS,
     RESPONSE_FIELDS,
     STATE_FIELDS,
@@ -102,6 +103,9 @@ class ReplicaRows:
     rest of ``seq_scores`` is the episode's."""
     turn_states: torch.Tensor | None = None
     """[B, R] int64, 1 + the id of the state each turn acted from, on the turn's sampled tokens (``gigpo``)."""
+    token_ages: torch.Tensor | None = None
+    """[B, R] int64, how many weight versions behind the step each sampled token is (partial rollouts; the rollout
+    correction's metrics by token age)."""
     episode_index: torch.Tensor | None = None
     """[B] int64, a step-wide id of the row's episode, when agent episodes train every sample (rows that are samples
     of one episode share it; ``rollout.agent.train_samples=all``)."""
@@ -292,6 +296,8 @@ class Feed:
             self.schedule = PartialRounds(roller, settings.filter_metric, self.pad_id,
                                           max_turns_per_step=pr.max_turns_per_step,
                                           over_sampling_batches=pr.over_sampling_batches,
+                                          max_tokens_per_step=pr.max_tokens_per_step,
+                                          max_staleness=pr.max_staleness,
                                           prompts_per_batch=settings.prompts_per_step)
         else:
             self.schedule = FreshRounds(roller, settings.filter_metric, self.pad_id)
@@ -378,7 +384,8 @@ class Feed:
         batch = exchange_rows(local, plan, self.layout, self.pad_id, self.routing_shape,
                               {**VERSION_FIELDS, **(EPISODE_FIELDS if s.episodes else {})},
                               response_fields={**RESPONSE_FIELDS, **(TURN_FIELDS if s.turn_rewards else {}),
-                                               **(STATE_FIELDS if s.turn_states is not None else {})})
+                                               **(STATE_FIELDS if s.turn_states is not None else {}),
+                                               **(AGE_FIELDS if s.rollout.partial_rollout.enable else {})})
         metrics = {**rollout_metrics(stats), **rollout.metrics}
         if s.episodes:
             metrics["rollout/step_rows"] = float(rows)

@@ -3,12 +3,18 @@
 At the start of a step every rank draws prompt batches while fewer than ``1 + over_sampling_batches`` batches
 of groups are in flight over the leaders, and each leader starts its share
 (:class:`~mcore_agentic.rollout.partial.RolloutBuffer`). Each round gives every live session at most
-``max_turns_per_step`` assistant turns with the current weights; a group whose ``n`` sessions have all ended is
+``max_turns_per_step`` assistant turns and ``max_tokens_per_step`` sampled tokens with the current weights (a
+session whose first token is ``max_staleness`` versions old runs free of both, so it finishes: long requests are
+prioritised, never dropped); a group whose ``n`` sessions have all ended is
 scored at once and, under ``algorithm.filter_groups``, sorted (informative or spare). The step trains the oldest
 kept groups, shared evenly over the leaders (:func:`~mcore_agentic.feed.dynamic_sampling.allocate_even`), and
 spares only to fill a step the rounds could not fill. Kept groups not trained stay for the next step, scored;
 spares not trained leave with the step. Every started group is trained once, still buffered, or set aside:
 ``started = trained + buffered + (filtered - filled)`` over a run.
+
+Metrics that would show a length bias: the response lengths of the rows trained this step
+(``rollout/partial_trained_length_{mean,max}``) next to those of the sessions left in flight, sampled so far
+(``rollout/partial_in_flight_length_{mean,max}``, a lower bound on their final lengths).
 
 With a filter the rounds may draw more prompts when every session has ended and the step still lacks groups
 (``algorithm.filter_groups.max_num_gen_batches`` counts the batches a step draws, its top-up included).
@@ -43,12 +49,15 @@ def _world() -> Any:
 class PartialRounds:
     """The :class:`~mcore_agentic.feed.rounds.Schedule` of partial rollouts (see the module docstring)."""
 
-    def __init__(self, roller: Any, metric: str | None, pad_id: int, *, max_turns_per_step: int,
-                 over_sampling_batches: int, prompts_per_batch: int):
+    def __init__(self, roller: Any, metric: str | None, pad_id: int, *, max_turns_per_step: int | None,
+                 over_sampling_batches: int, prompts_per_batch: int, max_tokens_per_step: int | None = None,
+                 max_staleness: int | None = None):
         self.roller = roller
         self.metric = metric
         self.pad_id = pad_id
         self.max_turns_per_step = max_turns_per_step
+        self.max_tokens_per_step = max_tokens_per_step
+        self.max_staleness = max_staleness
         self.over_sampling_batches = over_sampling_batches
         self.prompts_per_batch = prompts_per_batch
         self.buffer = RolloutBuffer() if roller.leads else None
@@ -57,7 +66,7 @@ class PartialRounds:
 
     def _reset(self) -> None:
         self.version = 0
-        self.rounds = self.resumed = self.started = 0
+        self.rounds = self.resumed = self.started = self.prioritised = 0
         self.stall_s = 0.0
 
     # -- the schedule --------------------------------------------------------------------------------
@@ -72,7 +81,8 @@ class PartialRounds:
         if self.buffer is not None:
             r = self.roller
             self.ctx = rollout_context(r.engine, r.tools, r.interactions, r.cfg, r.chat, r.executor,
-                                       weight_version=self.version, turn_budget=self.max_turns_per_step)
+                                       weight_version=self.version, turn_budget=self.max_turns_per_step,
+                                       token_budget=self.max_tokens_per_step)
         for k, b in enumerate(batches):
             self.start(b, step, k)
         return len(batches)
@@ -86,7 +96,8 @@ class PartialRounds:
         buf = self.buffer
         if buf is None:
             return 0, 0, 0
-        report = run_sync(buf.run(self.ctx), self.roller.engine)
+        report = run_sync(buf.run(self.ctx, self.max_staleness), self.roller.engine)
+        self.prioritised += report.prioritised
         if self.rounds == 0:
             self.resumed = report.resumed  # paused in an earlier step, resumed now
         self.rounds += 1
@@ -118,6 +129,8 @@ class PartialRounds:
             close_context(self.ctx)
             self.ctx = None
         rows, generated, stale, oldest = None, [], torch.zeros(2, dtype=torch.float64), []
+        lengths = torch.zeros(4, dtype=torch.float64)  # trained rows: count, tokens; in flight: count, tokens
+        longest = torch.zeros(2, dtype=torch.float64)
         set_aside: list[BufferedGroup] = []
         buf = self.buffer
         if buf is not None:
@@ -128,27 +141,55 @@ class PartialRounds:
             buf.remove(chosen + set_aside)
             if chosen:
                 rows = concat_rollouts([g.scored for g in chosen], self.pad_id)
+                rows = rows.update({"token_ages": self._token_ages(rows, [s.req for g in chosen for s in g.sessions])})
                 for s in (s for g in chosen for s in g.sessions):
                     sampled = [v for v in s.req.trajectory.response_versions if v >= 0]
                     stale += torch.tensor([sum(v < self.version for v in sampled), len(sampled)], dtype=torch.float64)
+                    n = s.req.trajectory.response_len
+                    lengths[:2] += torch.tensor([1.0, n], dtype=torch.float64)
+                    longest[0] = max(float(longest[0]), n)
                 oldest = [v for v in rows["oldest_version"] if v >= 0]
                 generated.append(rows)
             generated += [g.scored for g in set_aside]
+        if buf is not None:
+            flying = buf.in_flight_lengths()
+            lengths[2:] = torch.tensor([len(flying), sum(flying)], dtype=torch.float64)
+            longest[1] = max(flying, default=0)
         world = sum_over(_world())
         stale = world(stale)
+        lengths, longest = world(lengths), max_over(_world())(longest)
+        mid_turn = sum(s.open_turn > 0 for g in buf.groups for s in g.sessions if not s.req.done) if buf else 0
         age = max_over(_world())(torch.tensor([float(self.version - min(oldest)) if oldest else 0.0]))
         after = world(torch.tensor([float(len(buf)) if buf is not None else 0.0,
-                                    float(buf.live_sessions) if buf is not None else 0.0, float(self.resumed)]))
+                                    float(buf.live_sessions) if buf is not None else 0.0, float(self.resumed),
+                                    float(mid_turn), float(self.prioritised)]))
         metrics = {
             "rollout/partial_rounds": float(rounds),
             "rollout/partial_prompts_started": float(self.started),
             "rollout/partial_resumed": float(after[2]),
             "rollout/partial_paused": float(after[1]),
+            "rollout/partial_paused_mid_turn": float(after[3]),
+            "rollout/partial_prioritised": float(after[4]),
+            "rollout/partial_trained_length_mean": float(lengths[1] / lengths[0]) if lengths[0] else 0.0,
+            "rollout/partial_trained_length_max": float(longest[0]),
+            "rollout/partial_in_flight_length_mean": float(lengths[3] / lengths[2]) if lengths[2] else 0.0,
+            "rollout/partial_in_flight_length_max": float(longest[1]),
             "rollout/partial_buffered_groups": float(after[0]),
             "rollout/oldest_token_age": float(age[0]),
             "rollout/stale_token_fraction": float(stale[0] / stale[1]) if stale[1] else 0.0,
         }
         return Collected(rows=rows, generated=generated, group_rows=[], metrics=metrics, stall_s=self.stall_s)
+
+    def _token_ages(self, rows: Any, requests: Sequence[Any]) -> torch.Tensor:
+        """``[B, R]`` long: how many weight versions behind the step's each sampled token is (0 elsewhere): what
+        the rollout correction's metrics by token age read (``rollout_corr/age_*``)."""
+        if len(requests) != len(rows):
+            raise RuntimeError(f"{len(rows)} rows from {len(requests)} buffered requests")
+        ages = torch.zeros(rows["responses"].shape, dtype=torch.long)
+        for i, req in enumerate(requests):
+            versions = torch.tensor(req.trajectory.response_versions[: ages.shape[1]], dtype=torch.long)
+            ages[i, : len(versions)] = torch.where(versions >= 0, self.version - versions, 0)
+        return ages
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def _file(self, directory: Any) -> Path:

@@ -89,6 +89,9 @@ class AgentContext:
     """The engine's weight version: recorded on every token sampled in this rollout."""
     turn_budget: int | None = None
     """Partial rollouts: assistant turns a request may take in this rollout before it pauses (None: no limit)."""
+    token_budget: int | None = None
+    """Partial rollouts: tokens a request may sample in this rollout before it pauses, mid-turn if need be
+    (None: no limit)."""
 
 
 @dataclass
@@ -115,16 +118,25 @@ class AgentSession:
         self.max_len = min(ctx.cfg.prompt_length + ctx.cfg.response_length, ctx.cfg.effective_max_model_len)
         self.paused = False
         self.turns_this_run = 0
+        self.tokens_this_run = 0
+        self.open_turn = 0
+        """Tokens of an assistant turn cut by the token budget: the trajectory ends with them; the turn goes on."""
+        self.budgeted = True
+        """Whether this run's turn and token budgets apply (the partial-rollout buffer lifts them for a session at
+        its staleness bound, so that it finishes)."""
 
     async def run(self) -> RolloutRequest:
-        """Run the request until it ends, or, under a turn budget, until it pauses at a turn boundary.
+        """Run the request until it ends, or, under a turn or token budget, until it pauses: at a turn boundary,
+        or mid-turn when the token budget cuts a generation.
 
         A paused session (:attr:`paused`) keeps its tool instances and interaction; calling ``run`` again
-        (with a new :attr:`ctx`: the next step's engine and weights) continues where it stopped.
+        (with a new :attr:`ctx`: the next step's engine and weights) continues where it stopped: a cut turn goes
+        on from its exact ids (the engine prefills them and continues the turn's random stream).
         """
         req = self.req
         self.paused = False
         self.turns_this_run = 0
+        self.tokens_this_run = 0
         try:
             if req.state is RequestState.PENDING:
                 req.transition(RequestState.RUNNING)
@@ -210,32 +222,56 @@ class AgentSession:
 
     # -- turns --------------------------------------------------------------------------------------
 
+    def _round_spent(self) -> bool:
+        """Whether this run's turn or token budget is used up (the session pauses)."""
+        ctx = self.ctx
+        if not self.budgeted:
+            return False
+        if ctx.turn_budget is not None and self.turns_this_run >= ctx.turn_budget:
+            return True
+        return ctx.token_budget is not None and self.tokens_this_run >= ctx.token_budget
+
     async def _turns(self) -> FinishReason | None:
-        """Turns until the request ends (its finish reason), or None when the rollout's turn budget pauses it."""
+        """Turns until the request ends (its finish reason), or None when the rollout's turn or token budget
+        pauses it (at a turn boundary: every environment reply is in, the next turn is the model's; or mid-turn)."""
         req, chat, mt = self.req, self.ctx.chat, self.mt
         traj = req.trajectory
         while True:
             budget = min(self.ctx.cfg.response_length - traj.response_len, self.max_len - len(traj))
             if budget <= 0:
                 return FinishReason.LENGTH
-            if self.ctx.turn_budget is not None and self.turns_this_run >= self.ctx.turn_budget:
-                return None  # at a turn boundary: every environment reply is in, the next turn is the model's
+            if self._round_spent():
+                return None
             self.turns_this_run += 1
+            cap = budget
+            if self.budgeted and self.ctx.token_budget is not None:
+                cap = min(budget, self.ctx.token_budget - self.tokens_this_run)
             context = len(traj)
-            out, token_in = await self._generate(budget)
-            req.metrics.assistant_turns += 1
-            ids, log_probs = out.token_ids[:budget], out.log_probs[:budget]
+            out, token_in = await self._generate(cap)
+            ids, log_probs = out.token_ids[:cap], out.log_probs[:cap]
+            self.tokens_this_run += len(ids)
             traj.append(ids, sampled=True, log_probs=log_probs, version=self.ctx.weight_version)
-            req.start_turn()
             if out.routed_experts is not None:
-                # Rows of the prompt the engine fed (when it was the trajectory itself), then of the sampled ids.
+                # Rows of the prompt the engine fed (when it was the trajectory itself), then of the sampled ids
+                # (from the cut turn's last id when the engine fed it as the end of a rendered prompt).
                 prompt_rows = len(out.routed_experts) - max(len(out.token_ids) - 1, 0)
                 if token_in:
                     traj.record_routing(out.routed_experts[:prompt_rows])
+                elif self.open_turn:
+                    prompt_rows, context = prompt_rows - 1, context - 1
                 traj.record_routing(out.routed_experts[prompt_rows:], start=context)
+            ended = bool(ids) and ids[-1] in chat.stop_token_ids
+            if out.finish_reason == "length" and not ended and cap < budget and len(ids) >= cap:
+                self.open_turn += len(ids)  # cut by the token budget: the turn goes on next run
+                req.metrics.mid_turn_pauses += 1
+                return None
+            if self.open_turn:
+                ids = traj.ids[len(traj) - self.open_turn - len(ids) :]
+                self.open_turn = 0
+            req.metrics.assistant_turns += 1
+            req.start_turn()
             if out.finish_reason == "abort":
                 return FinishReason.ABORTED
-            ended = bool(ids) and ids[-1] in chat.stop_token_ids
             text = chat.decode(ids[:-1] if ended else ids)
             assert self.tokens is not None
             turn_text = text + chat.decode(ids[-1:]) if ended else text  # the stop token included
@@ -247,7 +283,7 @@ class AgentSession:
             else:
                 message = {"role": "assistant", "content": text}
             req.messages.append(message)
-            if out.finish_reason == "length" or len(out.token_ids) > budget:
+            if out.finish_reason == "length" or len(out.token_ids) > cap:
                 return FinishReason.LENGTH
             if not mt.enable:
                 return FinishReason.STOP
@@ -284,7 +320,7 @@ class AgentSession:
         return limit is None or self.req.metrics.user_turns < limit
 
     async def _generate(self, budget: int) -> tuple[GenerationOutput, bool]:
-        """The engine's turn, and whether its prompt was the trajectory's ids (token-in)."""
+        """The engine's turn (or the rest of a cut turn), and whether its prompt was the trajectory's ids (token-in)."""
         req, ctx = self.req, self.ctx
         cfg = ctx.cfg
         turn = req.metrics.assistant_turns
@@ -296,6 +332,7 @@ class AgentSession:
             top_p=cfg.top_p,
             top_k=cfg.top_k,
             seed=seed,
+            draws_before=self.open_turn,
         )
         token_in = not (self.mt.use_inference_chat_template and turn > 0)
         if token_in:
@@ -303,6 +340,8 @@ class AgentSession:
         else:
             # Production-style prompt (templates like Qwen3 drop earlier reasoning); trained ids keep it all.
             prompt = await self._cpu(ctx.chat.prompt_ids, list(req.messages), tools=self.schemas)
+            if self.open_turn:
+                prompt = list(prompt) + req.trajectory.ids[-self.open_turn :]
         started = time.perf_counter()
         out = await ctx.engine.generate(list(prompt), params)
         req.metrics.generate_seconds += time.perf_counter() - started
@@ -448,6 +487,7 @@ class AgentSession:
             "schemas": self.schemas,
             "argument_schemas": self.argument_schemas,
             "num_prompt_messages": self.num_prompt_messages,
+            "open_turn": self.open_turn,
             "tools": tools,
             "interaction": interaction,
         }
@@ -461,6 +501,7 @@ class AgentSession:
         req: RolloutRequest = snap["request"]
         session = cls(req, ctx)
         session.num_prompt_messages = snap["num_prompt_messages"]
+        session.open_turn = snap.get("open_turn", 0)
         session.schemas = snap["schemas"]
         session.argument_schemas = snap["argument_schemas"]
         for name, saved in snap["tools"].items():

@@ -109,28 +109,47 @@ class MultiTurnConfig:
 class PartialRolloutConfig:
     """Partial rollouts (``rollout.partial_rollout``, slime/Kimi style): the step does not wait for the long tail.
 
-    Each step every live request takes at most ``max_turns_per_step`` assistant turns per round; one that
-    needs more pauses at the turn boundary (its tool replies in, the next turn the model's) and resumes in
-    the next round or step, with the weights of then: each token records the weight version that sampled
-    it, and ``algorithm.rollout_correction`` corrects for the policy change. Rounds run until
+    Each round every live request takes at most ``max_turns_per_step`` assistant turns and samples at most
+    ``max_tokens_per_step`` tokens; one that needs more pauses — at the turn boundary (its tool replies in, the
+    next turn the model's), or mid-turn when the token budget cuts a generation — and resumes in the next round
+    or step with the weights of then: a cut turn goes on from its exact ids (the engine prefills them and
+    continues the turn's random stream), each token records the weight version that sampled it, and
+    ``algorithm.rollout_correction`` corrects for the policy change. Rounds run until
     ``data.train_batch_size`` prompt groups are complete; the oldest complete groups train. Requests that
-    pause are kept with their tool instances and interactions, and in checkpoints. The budget counts turns,
-    not seconds, so a resumed run reproduces the uninterrupted one. When to use: multi-turn tasks whose
-    turn count is long-tailed (``rollout/num_turns_max`` far above the mean)."""
+    pause are kept with their tool instances and interactions, and in checkpoints. The budgets count turns and
+    tokens, not seconds, so a resumed run reproduces the uninterrupted one. When to use: turn budgets for
+    multi-turn tasks whose turn count is long-tailed (``rollout/num_turns_max`` far above the mean); token
+    budgets when single generations are (long reasoning turns: ``response_length/max`` far above the mean)."""
 
     enable: bool = False
-    """Pause requests at the per-step turn budget instead of waiting for them."""
-    max_turns_per_step: int = 4
-    """Assistant turns a request may take per round before it pauses: at or above a typical request's turns, so
-    that only the long tail pauses."""
+    """Pause requests at the per-round turn and token budgets instead of waiting for them."""
+    max_turns_per_step: int | None = 4
+    """Assistant turns (started or continued) a request may take per round before it pauses: at or above a
+    typical request's turns, so that only the long tail pauses (null: no turn budget)."""
+    max_tokens_per_step: int | None = None
+    """Tokens a request may sample per round before it pauses, mid-turn if need be: at or above a typical
+    request's response length, so that only the long tail pauses (null: no token budget)."""
+    max_staleness: int | None = None
+    """Weight versions a request's first sampled token may be behind the current weights before the request
+    is prioritised: at the start of a round, a live request whose first token is this many versions old runs
+    free of both budgets, so it finishes in that round (never dropped; null: no bound, a request may stay
+    paused as long as its budgets make it). Its group then trains with the step unless older complete groups
+    fill it."""
     over_sampling_batches: int = 1
     """Extra ``data.train_batch_size`` batches of prompts kept in flight, so that a step finds enough complete
     groups without waiting for the paused ones: a step starts a new batch of prompts, and more while fewer than
     ``1 + over_sampling_batches`` batches of groups are in flight."""
 
     def __post_init__(self) -> None:
-        require(self.max_turns_per_step >= 1, "rollout.partial_rollout.max_turns_per_step",
-                f"must be >= 1, got {self.max_turns_per_step}")
+        require(self.max_turns_per_step is None or self.max_turns_per_step >= 1,
+                "rollout.partial_rollout.max_turns_per_step", f"must be >= 1 or null, got {self.max_turns_per_step}")
+        require(self.max_tokens_per_step is None or self.max_tokens_per_step >= 1,
+                "rollout.partial_rollout.max_tokens_per_step", f"must be >= 1 or null, got {self.max_tokens_per_step}")
+        require(not self.enable or self.max_turns_per_step is not None or self.max_tokens_per_step is not None,
+                "rollout.partial_rollout.max_turns_per_step",
+                "and max_tokens_per_step are both null: with no budget nothing pauses; set one, or enable=false")
+        require(self.max_staleness is None or self.max_staleness >= 1,
+                "rollout.partial_rollout.max_staleness", f"must be >= 1 or null, got {self.max_staleness}")
         require(self.over_sampling_batches >= 0, "rollout.partial_rollout.over_sampling_batches",
                 f"must be >= 0, got {self.over_sampling_batches}")
 
@@ -237,7 +256,7 @@ class RolloutConfig:
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Tool calls and interactions."""
     partial_rollout: PartialRolloutConfig = field(default_factory=PartialRolloutConfig)
-    """Pause long requests at a per-step turn budget and resume them next step (``rollout.partial_rollout.*``)."""
+    """Pause long requests at a per-step turn or token budget and resume them next step (``rollout.partial_rollout.*``)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """An agent program as the rollout source, through the session endpoint (``rollout.agent.*``)."""
 

@@ -1,9 +1,11 @@
 """Partial rollouts: a rollout leader's prompt groups in flight across steps (``rollout.partial_rollout``).
 
 A :class:`RolloutBuffer` holds, oldest first, every prompt group this leader has started and not yet
-handed to training: each group's ``n`` sessions are ended (completed or failed), or paused at a turn
-boundary with their tool instances and interaction alive. :meth:`RolloutBuffer.run` gives every live
-session one round of at most ``turn_budget`` assistant turns with the current engine and weights;
+handed to training: each group's ``n`` sessions are ended (completed or failed), or paused (at a turn
+boundary, or mid-turn with the cut turn's ids, log-probs and versions in its trajectory) with their tool
+instances and interaction alive. :meth:`RolloutBuffer.run` gives every live session one round of at most
+``turn_budget`` assistant turns and ``token_budget`` sampled tokens with the current engine and weights
+(a session whose first token is ``max_staleness`` versions old runs free of both, so it finishes);
 :meth:`RolloutBuffer.take` removes the oldest complete groups for training. Nothing is dropped here: a request
 leaves the buffer in a trained group, in a group the feed's filter set aside (:meth:`RolloutBuffer.remove`,
 counted there), or at :meth:`RolloutBuffer.close`, released.
@@ -53,8 +55,17 @@ class RoundReport:
     """Sessions that had paused before this round and ran again in it."""
     paused: int
     """Sessions paused at the end of the round."""
+    paused_mid_turn: int
+    """Of those, sessions the token budget paused inside an assistant turn."""
+    prioritised: int
+    """Sessions that ran free of the budgets (at the staleness bound)."""
     stall_s: float
     """The event loop's longest stall in the round (see :class:`LoopStallMonitor`)."""
+
+
+def first_version(req: RolloutRequest) -> int | None:
+    """The weight version of the request's first sampled token (None before it sampled one)."""
+    return next((v for v in req.trajectory.response_versions if v >= 0), None)
 
 
 class RolloutBuffer:
@@ -83,15 +94,20 @@ class RolloutBuffer:
             by_uid.setdefault(req.uid, []).append(AgentSession(req, ctx))
         self.groups.extend(BufferedGroup(uid, step, sessions) for uid, sessions in by_uid.items())
 
-    async def run(self, ctx: AgentContext) -> RoundReport:
-        """One round: every live session continues (or starts) with ``ctx`` until it ends or pauses."""
+    async def run(self, ctx: AgentContext, max_staleness: int | None = None) -> RoundReport:
+        """One round: every live session continues (or starts) with ``ctx`` until it ends or pauses; one whose
+        first sampled token is ``max_staleness`` or more versions behind ``ctx.weight_version`` runs to its end."""
         live = [s for g in self.groups for s in g.sessions if not s.req.done]
         resumed = sum(s.paused for s in live)
         for s in live:
             s.ctx = ctx
+            first = first_version(s.req)
+            s.budgeted = max_staleness is None or first is None or ctx.weight_version - first < max_staleness
         async with LoopStallMonitor() as monitor:
             await asyncio.gather(*(s.run() for s in live))
-        return RoundReport(resumed=resumed, paused=sum(s.paused for s in live), stall_s=monitor.max_stall_s)
+        return RoundReport(resumed=resumed, paused=sum(s.paused for s in live),
+                           paused_mid_turn=sum(s.paused and s.open_turn > 0 for s in live),
+                           prioritised=sum(not s.budgeted for s in live), stall_s=monitor.max_stall_s)
 
     def take(self, count: int) -> list[RolloutRequest]:
         """Remove the ``count`` oldest complete groups; their requests, group after group."""
@@ -105,6 +121,10 @@ class RolloutBuffer:
         """Remove ``groups`` (complete ones the feed trains or sets aside)."""
         ids = {id(g) for g in groups}
         self.groups = [g for g in self.groups if id(g) not in ids]
+
+    def in_flight_lengths(self) -> list[int]:
+        """Response tokens so far of every live session (a lower bound on each one's final length)."""
+        return [s.req.trajectory.response_len for g in self.groups for s in g.sessions if not s.req.done]
 
     def oldest_born(self) -> int | None:
         return min((g.born for g in self.groups), default=None)

@@ -75,6 +75,8 @@ class RequestMetrics:
     generate_seconds: float = 0.0
     tool_seconds: float = 0.0
     latency_seconds: float = 0.0
+    mid_turn_pauses: int = 0
+    """Partial rollouts: times the token budget cut one of the request's assistant turns (it went on next round)."""
     agent_samples: int = 0
     """An agent program's episode (``rollout.agent``): the samples its session made (1 without a fork)."""
     agent_fork_reasons: dict[str, int] = field(default_factory=dict)

@@ -195,6 +195,7 @@ class RLTrainer:
         corr = compute_rollout_correction(
             batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], cfg,
             reduce=sum_over(self.dp_group), reduce_max=max_over(self.dp_group),
+            token_ages=batch["token_ages"] if "token_ages" in batch else None,
         )
         tensors = {"response_mask": corr.mask}
         if cfg.rollout_is is not None:

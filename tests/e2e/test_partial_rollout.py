@@ -1,5 +1,5 @@
-"""Partial rollouts in the trainer (2 ranks, the shortened default job, one assistant turn per request per round),
-alone and with dynamic sampling.
+"""Partial rollouts in the trainer (2 ranks, the shortened default job): one assistant turn per request per round,
+and, with dynamic sampling, 12 sampled tokens per request per round (pauses inside turns).
 
 The meter task's requests take two turns (a tool call, then the answer), so with
 ``max_turns_per_step=1`` requests pause at a turn boundary with their tool reply in and resume in a later
@@ -61,10 +61,12 @@ def test_resume_with_paused_requests_reproduces_the_run(tmp_path: Path) -> None:
     _conserved(rows_b, [3], rows_a[2]["rollout/partial_buffered_groups"])
 
 
-# Partial rollouts with dynamic sampling: the score varies with length (DAPO's over-long penalty), so some groups
-# are informative and some are set aside, from groups that complete in different steps. Two extra batches in
-# flight leave a step enough kept groups from the last one to stop after one round, with requests paused.
-FILTERED = [*PARTIAL, "rollout.partial_rollout.over_sampling_batches=2",
+# Partial rollouts with dynamic sampling and a token budget instead of the turn budget: requests pause inside
+# their assistant turns and go on from their exact ids. The score varies with length (DAPO's over-long penalty),
+# so some groups are informative and some are set aside, from groups that complete in different steps. Two extra
+# batches in flight leave a step enough kept groups from the last one to stop after one round, with requests paused.
+FILTERED = [*PARTIAL, "rollout.partial_rollout.max_turns_per_step=null", "rollout.partial_rollout.max_tokens_per_step=12",
+            "rollout.partial_rollout.over_sampling_batches=2", "algorithm.rollout_correction.rollout_is=token",
             "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
             "algorithm.filter_groups.max_num_gen_batches=4",
             "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=16"]
@@ -85,6 +87,10 @@ def test_partial_rollouts_with_dynamic_sampling_resume_exactly(tmp_path: Path) -
     rows_a = read_rows(a / "logs" / "metrics.jsonl")
     assert sorted(rows_a) == [1, 2, 3]
     assert rows_a[2]["rollout/partial_paused"] > 0, rows_a[2]  # the step-2 checkpoint holds requests in flight
+    assert rows_a[2]["rollout/partial_paused_mid_turn"] > 0, rows_a[2]  # ... cut inside their turns
+    # tokens sampled by older weights train, and the rollout correction reports them by age
+    assert max(rows_a[s].get("rollout_corr/age_1/token_fraction", 0.0) for s in (2, 3)) > 0
+    assert all(row["rollout/partial_trained_length_max"] > 0 for row in rows_a.values())
     assert sum(rows_a[s]["rollout/filtered_groups"] for s in (1, 2, 3)) > 0  # the filter set groups aside
     for row in rows_a.values():
         assert row["rollout/num_sequences"] >= PROMPTS * N  # trained rows and set-aside ones count in the statistics

@@ -46,6 +46,10 @@ class SamplingParams:
     """-1 keeps the whole vocabulary."""
     seed: int | None = None
     """Same seed, prompt and weights give the same completion."""
+    draws_before: int = 0
+    """This completion continues one that sampled this many tokens with the same ``seed`` (they end the prompt):
+    a seeded engine draws as that one would have after them, so a generation cut at any token and continued
+    under unchanged weights equals the uncut one (mid-turn partial rollouts)."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -56,6 +60,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k != -1 and self.top_k < 1:
             raise ValueError(f"top_k must be -1 or >= 1, got {self.top_k}")
+        if self.draws_before < 0:
+            raise ValueError(f"draws_before must be >= 0, got {self.draws_before}")
 
 
 @dataclass(frozen=True)

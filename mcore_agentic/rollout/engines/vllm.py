@@ -46,6 +46,21 @@ the same point (rollout TP=1: every rank leads its own group). On CPU the execut
 no test here can run. A tensor-parallel vLLM engine over a rollout group would need vLLM's
 cross-process (CUDA IPC) weight transfer: not built; use SGLang for that.
 
+Continued generations (``SamplingParams.draws_before``): a seeded request in vLLM samples from its own
+``torch.Generator`` seeded once with ``seed``, one draw per sampled token (on CPU one ``randint`` that seeds the
+fused Gumbel-argmax kernel; elsewhere, and with fp64 Gumbel noise, one ``exponential_`` over a vocabulary-wide
+row). A request that continues a cut one (its sampled ids end the prompt) must start from that generator
+advanced past ``draws_before`` draws. The engine passes the count in vLLM's ``SamplingParams.extra_args``
+(only when it is > 0, the request seeded and not greedy: other requests reach vLLM unchanged) and installs once,
+through ``collective_rpc`` on the in-process worker, :func:`install_draws_before`: a wrapper around the V1 model
+runner's ``_update_states`` that, after vLLM created a new request's generator, makes those draws with the same
+op, width and dtype as the runner's sampler. vLLM internals it relies on: the runner's ``_update_states``,
+``requests[id].generator`` (shared with the persistent batch), ``input_batch.vocab_size`` and which
+``TopKTopPSampler.forward_*`` the sampler bound; a sampler it does not know makes such requests fail with an
+error, never sample differently. The V2 model runner (vLLM's default on GPUs with Triton) keys its seeded noise
+by (seed, position in the sequence), so a continuation already draws as the uncut request: nothing is installed.
+Speculative decoding (the rejection sampler's draws) is not covered.
+
 Process-wide side effects of vLLM's start-up that the adapter undoes: the global RNG seeding,
 the torch thread count and vLLM's disabling of ``torch.set_num_threads``; and at shutdown the
 destruction of the default process group when the trainer owns it.
@@ -109,7 +124,14 @@ def to_vllm_sampling_kwargs(params: SamplingParams, *, allowed_token_ids: list[i
     }
     if allowed_token_ids is not None:
         kwargs["allowed_token_ids"] = allowed_token_ids
+    if continues_draws(params):
+        kwargs["extra_args"] = {DRAWS_BEFORE_ARG: params.draws_before}
     return kwargs
+
+
+def continues_draws(params: SamplingParams) -> bool:
+    """Whether ``params`` asks a seeded sampler to start ``draws_before`` draws into its seed's stream."""
+    return params.draws_before > 0 and params.seed is not None and params.temperature > 0
 
 
 def from_vllm_finish_reason(reason: str | None) -> EngineFinishReason:
@@ -160,6 +182,83 @@ def vllm_engine_kwargs(
         kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     kwargs.update(extra or {})
     return kwargs
+
+
+# ----------------------------------------------------------------------------------- continued draws
+DRAWS_BEFORE_ARG = "mcore_agentic_draws_before"
+"""Key of ``vllm.SamplingParams.extra_args`` that carries ``SamplingParams.draws_before`` to the worker."""
+
+
+def install_draws_before(worker: Any) -> bool:
+    """Runs on vLLM's worker (idempotent): a new seeded request whose ``extra_args`` carry :data:`DRAWS_BEFORE_ARG`
+    starts from its generator advanced past that many draws (module docstring). False when this runner's
+    sampling is not one this adapter knows how to advance."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1ModelRunner
+
+    runner = worker.model_runner
+    if not isinstance(runner, V1ModelRunner):
+        try:
+            from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2ModelRunner
+        except ImportError:
+            return False
+        return isinstance(runner, V2ModelRunner)  # (seed, position)-keyed noise: nothing to advance
+    if getattr(runner, "_mcore_draws_before", False):
+        return True
+    advance = _draw_advancer(runner)
+    if advance is None:
+        return False
+    update_states = runner._update_states
+
+    def update_states_continuing_draws(scheduler_output: Any) -> Any:
+        fresh = [
+            (new.req_id, draws)
+            for new in scheduler_output.scheduled_new_reqs
+            if (draws := _draws_before(new.sampling_params)) and new.req_id not in runner.requests
+        ]
+        result = update_states(scheduler_output)  # creates each new request's generator, seeded
+        for req_id, draws in fresh:
+            state = runner.requests.get(req_id)
+            if state is not None and state.generator is not None:
+                advance(state.generator, draws)
+        return result
+
+    runner._update_states = update_states_continuing_draws
+    runner._mcore_draws_before = True
+    return True
+
+
+def _draws_before(sampling_params: Any) -> int:
+    extra = getattr(sampling_params, "extra_args", None) or {}
+    return int(extra.get(DRAWS_BEFORE_ARG, 0))
+
+
+def _draw_advancer(runner: Any) -> Any:
+    """``advance(generator, n)``: the draws ``n`` sampled tokens make on a request's generator in this runner's
+    sampler (``vllm.v1.sample.ops.topk_topp_sampler``), or None for a sampler not known here."""
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    sampler = runner.sampler.topk_topp_sampler
+    forward = getattr(sampler.forward, "__func__", None)
+    fp64 = bool(sampler.use_fp64_gumbel)
+    if forward is TopKTopPSampler.forward_cpu and not fp64:
+
+        def advance(generator: torch.Generator, n: int) -> None:
+            # forward_cpu: one randint(0, 2**31, (1,)) per token; n of them in one call draw the same numbers
+            torch.randint(0, 2**31, (n,), generator=generator, dtype=torch.long)
+
+        return advance
+    # Every other sampler takes random_sample's path for seeded rows: q[i].exponential_(generator) over a row.
+    native = [getattr(TopKTopPSampler, f"forward_{name}", None) for name in ("native", "cpu", "cuda", "hip", "xpu")]
+    if forward is None or forward not in native:
+        return None
+    width, dtype = runner.input_batch.vocab_size, torch.float64 if fp64 else torch.float32
+
+    def advance(generator: torch.Generator, n: int) -> None:
+        row = torch.empty(width, dtype=dtype, device=generator.device)
+        for _ in range(n):
+            row.exponential_(generator=generator)
+
+    return advance
 
 
 # ----------------------------------------------------------------------------------- engine
@@ -258,6 +357,7 @@ class VLLMEngine:
             torch.set_num_threads(threads)
             rng.restore()
         self._engine.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
+        self.draws_before_supported = bool(self._engine.collective_rpc(install_draws_before)[0])
         self.allowed_token_ids = _allowed_token_ids(self.model_path, int(model_config["vocab_size"]))
         self.expected_weights = checkpoint_shapes(self.model_path)
         self._init_state()
@@ -284,6 +384,11 @@ class VLLMEngine:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         self._check_usable()
+        if continues_draws(params) and not getattr(self, "draws_before_supported", False):
+            raise NotImplementedError(
+                "SamplingParams.draws_before with a seed: this vLLM's sampler is not one the adapter can advance "
+                "(vllm.py's module docstring)"
+            )
         loop = asyncio.get_running_loop()
         pending = _Pending(f"r{next(self._ids)}", list(prompt_ids), params, loop.create_future(), loop)
         self._inbox.put(pending)
@@ -600,10 +705,13 @@ def _allowed_token_ids(path: Path, vocab_size: int) -> list[int] | None:
 
 
 __all__ = [
+    "DRAWS_BEFORE_ARG",
     "CacheStats",
     "VLLMEngine",
+    "continues_draws",
     "default_kv_cache_bytes",
     "from_vllm_finish_reason",
+    "install_draws_before",
     "to_vllm_sampling_kwargs",
     "vllm_engine_kwargs",
 ]

@@ -113,3 +113,27 @@ def test_percentiles_stay_inside_the_observed_ratios():
     for q in ("p01", "p50", "p99"):
         assert m["rollout_corr/ratio_min"] <= m[f"rollout_corr/ratio_{q}"] <= m["rollout_corr/ratio_max"]
         assert m[f"rollout_corr/ratio_{q}"] == pytest.approx(1.0, abs=2e-6)
+
+
+def test_metrics_by_token_age_split_the_mismatch_by_how_old_the_sampling_weights_were():
+    # row 0: two fresh tokens (log-ratio 0); row 1: one token 1 version old, two 3 versions old (the 2plus bucket)
+    old = torch.tensor([[0.0, 0.0, 0.0], [0.2, -0.8, 0.7]])
+    rollout = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    ages = torch.tensor([[0, 0, 5], [1, 3, 3]])  # the padded token's age never counts
+    cfg = RolloutCorrectionConfig(rollout_rs="token", rollout_rs_threshold=1.5, rollout_rs_threshold_lower=0.5)
+    m = compute_rollout_correction(old, rollout, mask, cfg, token_ages=ages).metrics
+
+    def k3(x: float) -> float:
+        return math.exp(x) - 1 - x
+
+    assert m["rollout_corr/age_0/token_fraction"] == pytest.approx(2 / 5)
+    assert m["rollout_corr/age_1/token_fraction"] == pytest.approx(1 / 5)
+    assert m["rollout_corr/age_2plus/token_fraction"] == pytest.approx(2 / 5)
+    assert m["rollout_corr/age_0/kl_k3"] == 0.0
+    assert m["rollout_corr/age_1/kl_k3"] == pytest.approx(k3(0.2))
+    assert m["rollout_corr/age_2plus/kl_k3"] == pytest.approx((k3(-0.8) + k3(0.7)) / 2)
+    # exp(0.7) > 1.5 and exp(-0.8) < 0.5 are rejected: both old tokens; the fresh and 1-old ones stay
+    assert m["rollout_corr/age_0/masked_fraction"] == 0.0 and m["rollout_corr/age_1/masked_fraction"] == 0.0
+    assert m["rollout_corr/age_2plus/masked_fraction"] == 1.0
+    assert "rollout_corr/age_0/kl_k3" not in compute_rollout_correction(old, rollout, mask, cfg).metrics

@@ -167,3 +167,20 @@ def test_agent_episodes_of_several_samples_need_packed_rows_under_vpp():
         validate(_cfg(*agent, *vpp), 4)
     assert info.value.field == "rollout.agent.train_samples"
     assert "use_remove_padding=true" in str(info.value)
+
+
+def test_partial_rollout_budgets_are_checked():
+    on = "rollout.partial_rollout.enable=true"
+    # a turn budget alone needs turns to pause between; a token budget pauses single-turn rollouts too
+    assert _field(2, on, "rollout.multi_turn.enable=false") == "rollout.partial_rollout.enable"
+    validate(_cfg(on, "rollout.multi_turn.enable=false", "rollout.partial_rollout.max_tokens_per_step=32"), 2)
+    for bad, field in (("rollout.partial_rollout.max_turns_per_step=null", "rollout.partial_rollout.max_turns_per_step"),
+                       ("rollout.partial_rollout.max_tokens_per_step=0", "rollout.partial_rollout.max_tokens_per_step"),
+                       ("rollout.partial_rollout.max_staleness=0", "rollout.partial_rollout.max_staleness")):
+        with pytest.raises(ConfigError) as info:
+            _cfg(on, bad)
+        assert info.value.field == field, bad
+    cfg = _cfg(on, "rollout.partial_rollout.max_turns_per_step=null", "rollout.partial_rollout.max_tokens_per_step=64",
+               "rollout.partial_rollout.max_staleness=2")
+    pr = cfg.rollout.partial_rollout
+    assert (pr.max_turns_per_step, pr.max_tokens_per_step, pr.max_staleness) == (None, 64, 2)

@@ -62,12 +62,16 @@ class ScriptedEngine:
         replies = self.scripts[key]
         reply = replies[min(turn, len(replies) - 1)]
         ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.eot_id]
+        skip = params.draws_before  # a cut turn goes on: its first ids end the prompt
+        if skip and list(prompt_ids[-skip:]) != ids[:skip]:
+            raise AssertionError(f"a continued turn's prompt does not end with its first {skip} ids")
+        ids = ids[skip:]
         finish = "stop"
         if len(ids) > params.max_new_tokens:
             ids, finish = ids[: params.max_new_tokens], "length"
-        # distinct, recognisable logprobs: -(1 + position / 100)
+        # distinct, recognisable logprobs: -(1 + position in the turn / 100)
         routed = scripted_routing(list(prompt_ids) + ids[:-1], self.calls) if self.routing else None
-        return GenerationOutput(ids, [-(1.0 + i / 100) for i in range(len(ids))], finish, routed_experts=routed)
+        return GenerationOutput(ids, [-(1.0 + (skip + i) / 100) for i in range(len(ids))], finish, routed_experts=routed)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         raise NotImplementedError("scripted engine has no weights")

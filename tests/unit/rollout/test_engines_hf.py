@@ -153,3 +153,34 @@ def test_release_and_resume_memory(engine):
     assert after.token_ids == before.token_ids
     assert after.log_probs == pytest.approx(before.log_probs, abs=1e-5)
     engine.flush_cache()  # nothing cached between batches; must not fail
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(1.0, 1.0, -1), (0.8, 0.9, 40), (0.0, 1.0, -1)])
+def test_a_generation_cut_at_any_token_and_continued_equals_the_uncut_one(engine, temperature, top_p, top_k):
+    """Mid-turn partial rollouts: the first ``k`` tokens, then the rest from ``prompt + those`` with
+    ``draws_before=k``, give the uncut generation's ids, with its logprobs (fp32, same weights)."""
+    prompt, n = PROMPTS[0], 16
+
+    def params(max_new: int, before: int = 0) -> SamplingParams:
+        return SamplingParams(max_new_tokens=max_new, temperature=temperature, top_p=top_p, top_k=top_k, seed=7,
+                              draws_before=before)
+
+    whole = _gather(engine, [prompt], [params(n)])[0]
+    for k in (1, 6, n - 1):
+        head = _gather(engine, [prompt], [params(k)])[0]
+        tail = _gather(engine, [prompt + head.token_ids], [params(n - k, k)])[0]
+        assert head.token_ids + tail.token_ids == whole.token_ids, k
+        assert head.log_probs + tail.log_probs == pytest.approx(whole.log_probs, abs=1e-5)
+
+
+def test_a_cut_generation_continues_under_new_weights_from_its_exact_ids(engine, model_dirs):
+    prompt = PROMPTS[2]
+    head = _gather(engine, [prompt], [SamplingParams(max_new_tokens=5, seed=3)])[0]
+    other = AutoModelForCausalLM.from_pretrained(model_dirs[1], torch_dtype=torch.float32)
+    engine.update_weights(other.state_dict().items(), version=1)
+    engine.finish_weight_update(1)
+    tail = _gather(engine, [prompt + head.token_ids], [SamplingParams(max_new_tokens=7, seed=3, draws_before=5)])[0]
+    assert len(tail.token_ids) == 7
+    # the continuation's logprobs are the new weights' over the whole kept prefix
+    ref = _teacher_forced(other, engine.suppress_token_ids, prompt + head.token_ids, tail, 1.0)
+    assert torch.allclose(ref, torch.tensor(tail.log_probs), atol=1e-4, rtol=0)

@@ -105,6 +105,63 @@ def test_seed_determines_output_regardless_of_batching(engine):
     assert again.log_probs == pytest.approx(alone.log_probs, abs=1e-5)
 
 
+@pytest.mark.parametrize(("top_k", "top_p"), [(-1, 1.0), (40, 0.9)])
+def test_draws_before_continues_a_cut_generation_exactly(engine, top_k, top_p):
+    """A generation cut after k tokens and continued from prompt + those ids with draws_before=k equals the uncut one."""
+    n, cuts, prompt = 24, (1, 7, 23), PROMPTS[0]
+
+    def params(max_new_tokens, draws_before=0):
+        return SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_k=top_k, top_p=top_p, seed=11,
+                              stop_token_ids=[], draws_before=draws_before)
+
+    uncut = _gather(engine, [prompt], [params(n)])[0]
+    assert uncut.finish_reason == "length" and len(uncut.token_ids) == n
+    heads = _gather(engine, [prompt] * len(cuts), [params(k) for k in cuts])  # cut and continued in batches
+    for k, head in zip(cuts, heads):
+        assert head.token_ids == uncut.token_ids[:k]
+    tails = _gather(engine, [prompt + h.token_ids for h in heads], [params(n - k, draws_before=k) for k in cuts])
+    for k, head, tail in zip(cuts, heads, tails):
+        assert tail.finish_reason == "length"
+        assert head.token_ids + tail.token_ids == uncut.token_ids, f"cut at {k}"
+        assert head.log_probs + tail.log_probs == pytest.approx(uncut.log_probs, abs=1e-5)
+    # Without draws_before the continuation draws from the start of the seed's stream again: it differs.
+    fresh = _gather(engine, [prompt + heads[1].token_ids], [params(n - cuts[1])])[0]
+    assert fresh.token_ids != uncut.token_ids[cuts[1]:]
+
+
+def test_draws_before_reaches_vllm_only_when_it_matters():
+    from mcore_agentic.rollout.engines.vllm import DRAWS_BEFORE_ARG
+
+    cont = to_vllm_sampling_kwargs(SamplingParams(max_new_tokens=4, seed=3, draws_before=5))
+    assert cont["extra_args"] == {DRAWS_BEFORE_ARG: 5} and vllm.SamplingParams(**cont).extra_args == cont["extra_args"]
+    for params in (SamplingParams(max_new_tokens=4, seed=3), SamplingParams(max_new_tokens=4, draws_before=5),
+                   SamplingParams(max_new_tokens=4, seed=3, draws_before=5, temperature=0.0)):
+        assert "extra_args" not in to_vllm_sampling_kwargs(params)  # unseeded or greedy: nothing to advance
+
+
+@pytest.mark.parametrize("path", ["cpu", "cpu_fp64", "native", "native_fp64"])
+def test_draw_advance_matches_the_samplers_own_draws(path):
+    """The advance installed on the worker leaves a generator where vLLM's sampler leaves it after k tokens."""
+    from types import SimpleNamespace
+
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    from mcore_agentic.rollout.engines.vllm import _draw_advancer
+
+    fp64 = path.endswith("fp64")
+    sampler = TopKTopPSampler("processed_logprobs", use_fp64_gumbel=fp64)
+    sampler.forward = sampler.forward_cpu if path.startswith("cpu") else sampler.forward_native
+    vocab, k = 538, 9
+    advance = _draw_advancer(SimpleNamespace(sampler=SimpleNamespace(topk_topp_sampler=sampler),
+                                             input_batch=SimpleNamespace(vocab_size=vocab)))
+    sampled, advanced = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    logits = torch.randn(2, vocab)
+    for _ in range(k):
+        sampler.forward(logits.clone(), {1: sampled}, None, None)
+    advance(advanced, k)
+    assert torch.equal(sampled.get_state(), advanced.get_state())
+
+
 def test_stop_token_is_returned_last(engine):
     greedy = _gather(engine, [PROMPTS[2]], [SamplingParams(max_new_tokens=6, temperature=0.0)])[0]
     stop = greedy.token_ids[2]

@@ -151,3 +151,112 @@ def test_take_hands_out_the_oldest_complete_groups_and_close_releases_the_rest(t
     assert live and all(i in tool._instances for i in live)
     asyncio.run(buf.close())
     assert len(buf) == 0 and not any(i in tool._instances for i in live)
+
+
+# -- the token budget: pauses inside an assistant turn ------------------------------------------------------------
+
+
+def _token_ctx(engine, tokenizer, tool, version: int, tokens: int | None = 5, turns: int | None = None):
+    return rollout_context(engine, {"add": tool}, None, _cfg(), tokenizer, weight_version=version, turn_budget=turns,
+                           token_budget=tokens)
+
+
+def _same_trajectory(got, whole, i: int) -> None:
+    traj = got.trajectory
+    row_mask = whole["attention_mask"][i, whole["prompts"].shape[1]:].bool()
+    assert traj.response_ids == whole["responses"][i][row_mask].tolist()
+    assert traj.response_mask == whole["response_mask"][i][row_mask].tolist()
+    lps = whole["rollout_log_probs"][i][row_mask].tolist()
+    assert traj.response_log_probs == pytest.approx(lps)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 13])
+def test_token_budget_cuts_turns_and_resumes_to_the_uninterrupted_trajectory(tokenizer, tokens):
+    engine = ScriptedEngine(tokenizer, SCRIPTS)
+    whole = asyncio.run(generate_sequences(_rows("Q-long", "Q-short"), engine, {"add": AddTool()}, None, _cfg(), tokenizer))
+    tool = StatefulAdd()
+    buf = RolloutBuffer()
+
+    async def rounds():
+        buf.add(_rows("Q-long", "Q-short"), _cfg(), _token_ctx(engine, tokenizer, tool, 0, tokens), step=1)
+        reports, version = [], 0
+        while buf.live_sessions:
+            reports.append(await buf.run(_token_ctx(engine, tokenizer, tool, version, tokens)))
+            version += 1
+        return reports
+
+    reports = asyncio.run(rounds())
+    assert any(r.paused_mid_turn for r in reports)
+    requests = buf.take(2)
+    for i, got in enumerate(requests):
+        _same_trajectory(got, whole, i)
+        traj = got.trajectory
+        sampled = [v for v, m in zip(traj.response_versions, traj.response_mask) if m]
+        # each round samples at most `tokens` tokens per request, in order, under that round's version
+        assert sampled == sorted(sampled)
+        assert all(sampled.count(v) <= tokens for v in set(sampled))
+        assert got.metrics.assistant_turns == (4 if "Q-long" in got.messages[0]["content"] else 1)
+        assert len(got.turn_ends) == got.metrics.assistant_turns
+        if "Q-long" in got.messages[0]["content"]:
+            assert got.metrics.mid_turn_pauses > 0 and got.total_tool_reward == pytest.approx(1.3)
+        assert got.metrics.sanity_check_mismatch == 0
+    # the routed turns keep the messages the uncut run produced
+    assert requests[0].messages[-1]["content"] == "#### 5"
+
+
+def test_token_budget_with_a_turn_budget_pauses_at_whichever_comes_first(tokenizer):
+    engine = ScriptedEngine(tokenizer, SCRIPTS)
+    tool = StatefulAdd()
+    buf = RolloutBuffer()
+
+    async def go():
+        buf.add(_rows("Q-long"), _cfg(), _token_ctx(engine, tokenizer, tool, 0), step=1)
+        return [await buf.run(_token_ctx(engine, tokenizer, tool, v, tokens=1000, turns=2)) for v in range(2)]
+
+    reports = asyncio.run(go())
+    assert [(r.paused, r.paused_mid_turn) for r in reports] == [(2, 0), (0, 0)]  # turns pause, at boundaries
+
+
+def test_a_session_paused_mid_turn_survives_a_checkpoint(tokenizer):
+    engine = ScriptedEngine(tokenizer, SCRIPTS)
+    tool = StatefulAdd()
+    buf = RolloutBuffer()
+
+    async def first():
+        buf.add(_rows("Q-long"), _cfg(), _token_ctx(engine, tokenizer, tool, 0), step=1)
+        for v in range(3):
+            await buf.run(_token_ctx(engine, tokenizer, tool, v))
+
+    asyncio.run(first())
+    assert all(s.open_turn > 0 for g in buf.groups for s in g.sessions)  # 15 tokens in: inside turn 2
+    restored = asyncio.run(RolloutBuffer.restore(pickle.loads(pickle.dumps(buf.snapshot())),
+                                                 _token_ctx(engine, tokenizer, StatefulAdd(), 0)))
+    assert [s.open_turn for g in restored.groups for s in g.sessions] == [s.open_turn for g in buf.groups for s in g.sessions]
+
+    async def rest(b, t):
+        v = 3
+        while b.live_sessions:
+            await b.run(_token_ctx(engine, tokenizer, t, v))
+            v += 1
+        return b.take(1)
+
+    for x, y in zip(asyncio.run(rest(buf, tool)), asyncio.run(rest(restored, StatefulAdd()))):
+        assert x.trajectory.ids == y.trajectory.ids and x.trajectory.versions == y.trajectory.versions
+        assert x.trajectory.log_probs == y.trajectory.log_probs and x.turn_ends == y.turn_ends
+
+
+def test_a_request_at_the_staleness_bound_runs_free_of_the_budgets(tokenizer):
+    engine = ScriptedEngine(tokenizer, SCRIPTS)
+    tool = StatefulAdd()
+    buf = RolloutBuffer()
+
+    async def go():
+        buf.add(_rows("Q-long"), _cfg(), _token_ctx(engine, tokenizer, tool, 0), step=1)
+        return [await buf.run(_token_ctx(engine, tokenizer, tool, v), max_staleness=2) for v in range(3)]
+
+    reports = asyncio.run(go())
+    # rounds 0 and 1 cut the requests; at version 2 their first tokens (version 0) are 2 versions old: they finish
+    assert [(r.paused, r.prioritised) for r in reports] == [(2, 0), (2, 0), (0, 2)]
+    for req in buf.take(1):
+        assert req.messages[-1]["content"] == "#### 5"
+        assert max(req.trajectory.response_versions) == 2
