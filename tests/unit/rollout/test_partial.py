@@ -260,3 +260,30 @@ def test_a_request_at_the_staleness_bound_runs_free_of_the_budgets(tokenizer):
     for req in buf.take(1):
         assert req.messages[-1]["content"] == "#### 5"
         assert max(req.trajectory.response_versions) == 2
+
+
+def test_routing_replay_records_each_segment_of_a_cut_turn(tokenizer):
+    """Each segment's engine call records the rows of the tokens it fed (first call wins): every token but the
+    last sampled one gets its own row, segments included (the cut turn's last id is fed by the next call)."""
+    engine = ScriptedEngine(tokenizer, SCRIPTS, routing=True)
+    tool = StatefulAdd()
+    buf = RolloutBuffer()
+
+    async def go():
+        buf.add(_rows("Q-long"), _cfg(), _token_ctx(engine, tokenizer, tool, 0, tokens=7), step=1)
+        v = 0
+        while buf.live_sessions:
+            await buf.run(_token_ctx(engine, tokenizer, tool, v, tokens=7))
+            v += 1
+
+    asyncio.run(go())
+    for req in buf.take(1):
+        traj = req.trajectory
+        routed = traj.routed_experts
+        assert req.metrics.mid_turn_pauses > 0
+        fed = routed[:-1]
+        assert (fed[:, 0, 0] == [t % 30000 for t in traj.ids[:-1]]).all()
+        assert (fed[:, 0, 1] == range(len(traj.ids) - 1)).all()  # each row is its own token's, at its position
+        assert (routed[-1] == -1).all()
+        calls = fed[:, 1, 1]
+        assert (calls[1:] >= calls[:-1]).all()
