@@ -12,10 +12,12 @@ Sampling per row: logits of suppressed ids (the embedding table's padding rows p
 the tokenizer, from ``generation_config.suppress_tokens``) are set to -inf; then
 ``/ temperature``; the recorded logprob is ``log_softmax`` of that at the sampled id
 (before top-k/top-p filtering; temperature 0 = greedy with temperature-1 logprobs).
-Each request samples from its own ``torch.Generator``, reseeded before each draw from ``params.seed`` and the
-token's index in the generation (``params.draws_before`` plus the tokens sampled so far), so the ids do not
-depend on which requests share a step (logprobs agree to float rounding of the padded batched forward), and a
-generation cut at any token and continued from its ids equals the uncut one.
+Each request samples from its own ``torch.Generator`` seeded by ``params.seed``, so
+the ids do not depend on which requests share a step (logprobs agree to float
+rounding of the padded batched forward). A request that continues a cut generation
+(``params.draws_before``) starts from its generator advanced past that many draws (each sampled token
+draws one vocabulary-wide ``exponential_``, inside ``torch.multinomial``), so it equals the uncut one; the
+advance costs ``draws_before`` such draws.
 
 Routed experts (``record_routing=True``, mixture-of-experts models): a forward hook on every MoE layer's
 router (``model.layers.L.mlp.gate``, whose third output is the chosen expert ids) keeps each forward's
@@ -314,7 +316,8 @@ class HFEngine:
             if row.req.future.cancelled():  # the caller gave up: free the row
                 continue
             params = row.req.params
-            row.generator.manual_seed(draw_seed(row.req.seed, params.draws_before + len(row.out_ids)))
+            if not row.out_ids and params.draws_before and params.temperature > 0:
+                advance_draws(row.generator, params.draws_before, logits.shape[-1])
             token, logprob = sample_token(logits[i], params, row.generator)
             row.out_ids.append(token)
             row.out_lps.append(logprob)
@@ -482,12 +485,12 @@ def _merge(cache_a: Legacy, mask_a: torch.Tensor, cache_b: Legacy, mask_b: torch
     return merged, torch.cat([pad_mask(mask_a), pad_mask(mask_b)])
 
 
-def draw_seed(seed: int, index: int) -> int:
-    """The generator seed of a request's ``index``-th sampled token (a 63-bit mix of both)."""
-    x = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + 1) & ((1 << 64) - 1)
-    x ^= x >> 31
-    x = (x * 0x94D049BB133111EB) & ((1 << 64) - 1)
-    return (x ^ (x >> 29)) >> 1
+def advance_draws(gen: torch.Generator, count: int, width: int) -> None:
+    """Advance ``gen`` past ``count`` sampled tokens of :func:`sample_token` over ``width`` logits: each is one
+    ``torch.multinomial(probs, 1)``, which draws ``exponential_`` over a float32 row as wide as ``probs``."""
+    row = torch.empty(width, dtype=torch.float32)
+    for _ in range(count):
+        row.exponential_(generator=gen)
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, float]:
