@@ -334,7 +334,8 @@ TABLE: tuple[VerlKey, ...] = (
             accept=(None,)),
     ignored(RO + "trace.*", "no tracing integration; trainer.rollout_data_dir dumps every trajectory"),
     differs(RO + "over_sample_rate", "verl aborts the slowest fraction of requests; here long requests pause and "
-            "resume next step (rollout.partial_rollout)", "drop the key, or set rollout.partial_rollout.enable=true",
+            "resume next step, mid-generation under a token budget (rollout.partial_rollout.max_tokens_per_step)",
+            "drop the key, or set rollout.partial_rollout.enable=true",
             accept=(0,)),
     alias(RO + "tool_kwargs.tools_config_file", "rollout.multi_turn.tool_config_path", note="verl 0.3's name"),
     alias(RO + "multi_turn", "rollout.multi_turn.enable", note="verl 0.3's switch (a boolean)"),

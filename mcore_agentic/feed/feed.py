@@ -182,6 +182,9 @@ class FeedSettings:
     """``algorithm.turn_rewards``: scoring keeps each turn's reward at its turn, and the rows carry it."""
     turn_states: str | None = None
     """``algorithm.gigpo.state`` with ``adv_estimator=gigpo``: scoring numbers each turn's state, and the rows carry it."""
+    token_ages: bool = False
+    """Partial rollouts with ``algorithm.rollout_correction``: the rows carry each sampled token's age (the
+    correction's metrics by token age)."""
     episodes: bool = False
     """Agent programs whose forked episodes train every sample (``rollout.agent.train_samples=all``): a step's rows
     are counted after the rollout, and each carries its episode's id."""
@@ -385,7 +388,7 @@ class Feed:
                               {**VERSION_FIELDS, **(EPISODE_FIELDS if s.episodes else {})},
                               response_fields={**RESPONSE_FIELDS, **(TURN_FIELDS if s.turn_rewards else {}),
                                                **(STATE_FIELDS if s.turn_states is not None else {}),
-                                               **(AGE_FIELDS if s.rollout.partial_rollout.enable else {})})
+                                               **(AGE_FIELDS if s.token_ages else {})})
         metrics = {**rollout_metrics(stats), **rollout.metrics}
         if s.episodes:
             metrics["rollout/step_rows"] = float(rows)

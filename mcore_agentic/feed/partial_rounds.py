@@ -13,7 +13,7 @@ spares not trained leave with the step. Every started group is trained once, sti
 ``started = trained + buffered + (filtered - filled)`` over a run.
 
 Metrics that would show a length bias: the response lengths of the rows trained this step
-(``rollout/partial_trained_length_{mean,max}``) next to those of the sessions left in flight, sampled so far
+(``rollout/partial_trained_length_{mean,max}``) next to those of the sessions left in flight so far
 (``rollout/partial_in_flight_length_{mean,max}``, a lower bound on their final lengths).
 
 With a filter the rounds may draw more prompts when every session has ended and the step still lacks groups
@@ -158,7 +158,7 @@ class PartialRounds:
         world = sum_over(_world())
         stale = world(stale)
         lengths, longest = world(lengths), max_over(_world())(longest)
-        mid_turn = sum(s.open_turn > 0 for g in buf.groups for s in g.sessions if not s.req.done) if buf else 0
+        mid_turn = 0 if buf is None else sum(s.open_turn > 0 for g in buf.groups for s in g.sessions if not s.req.done)
         age = max_over(_world())(torch.tensor([float(self.version - min(oldest)) if oldest else 0.0]))
         after = world(torch.tensor([float(len(buf)) if buf is not None else 0.0,
                                     float(buf.live_sessions) if buf is not None else 0.0, float(self.resumed),
@@ -181,7 +181,7 @@ class PartialRounds:
         return Collected(rows=rows, generated=generated, group_rows=[], metrics=metrics, stall_s=self.stall_s)
 
     def _token_ages(self, rows: Any, requests: Sequence[Any]) -> torch.Tensor:
-        """``[B, R]`` long: how many weight versions behind the step's each sampled token is (0 elsewhere): what
+        """``[B, R]`` long: how many weight versions behind the step each sampled token is (0 elsewhere): what
         the rollout correction's metrics by token age read (``rollout_corr/age_*``)."""
         if len(requests) != len(rows):
             raise RuntimeError(f"{len(rows)} rows from {len(requests)} buffered requests")

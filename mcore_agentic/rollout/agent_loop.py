@@ -283,7 +283,8 @@ class AgentSession:
             else:
                 message = {"role": "assistant", "content": text}
             req.messages.append(message)
-            if out.finish_reason == "length" or len(out.token_ids) > cap:
+            if (out.finish_reason == "length" and not (ended and cap < budget)) or len(out.token_ids) > cap:
+                # (SGLang reports "length" for a stop token sampled as the cap's last token: not the response's end)
                 return FinishReason.LENGTH
             if not mt.enable:
                 return FinishReason.STOP

@@ -123,7 +123,8 @@ class RolloutBuffer:
         self.groups = [g for g in self.groups if id(g) not in ids]
 
     def in_flight_lengths(self) -> list[int]:
-        """Response tokens so far of every live session (a lower bound on each one's final length)."""
+        """Response tokens so far (sampled and environment) of every live session (a lower bound on each one's
+        final length)."""
         return [s.req.trajectory.response_len for g in self.groups for s in g.sessions if not s.req.done]
 
     def oldest_born(self) -> int | None:

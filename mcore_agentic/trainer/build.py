@@ -366,6 +366,7 @@ def feed_settings(cfg: RLConfig, sizes: BatchSizes) -> Any:
         filter_metric=fg.metric if fg.enable else None,
         turn_rewards=cfg.algorithm.turn_rewards,
         turn_states=cfg.algorithm.gigpo.state if cfg.algorithm.adv_estimator == "gigpo" else None,
+        token_ages=cfg.rollout.partial_rollout.enable and cfg.algorithm.rollout_correction.enabled,
         episodes=cfg.rollout.agent.enabled and cfg.rollout.agent.train_samples == "all",
         row_multiple=math.lcm(*(sizes.sequences_per_step // m for m in minis)) * sizes.data_parallel_size,
         max_num_gen_batches=fg.max_num_gen_batches,

@@ -316,7 +316,7 @@ class HFEngine:
             if row.req.future.cancelled():  # the caller gave up: free the row
                 continue
             params = row.req.params
-            if not row.out_ids and params.draws_before and params.temperature > 0:
+            if not row.out_ids and params.draws_before and params.temperature > 0 and params.seed is not None:
                 advance_draws(row.generator, params.draws_before, logits.shape[-1])
             token, logprob = sample_token(logits[i], params, row.generator)
             row.out_ids.append(token)

@@ -56,9 +56,10 @@ through ``collective_rpc`` on the in-process worker, :func:`install_draws_before
 runner's ``_update_states`` that, after vLLM created a new request's generator, makes those draws with the same
 op, width and dtype as the runner's sampler. vLLM internals it relies on: the runner's ``_update_states``,
 ``requests[id].generator`` (shared with the persistent batch), ``input_batch.vocab_size`` and which
-``TopKTopPSampler.forward_*`` the sampler bound; a sampler it does not know makes such requests fail with an
-error, never sample differently. The V2 model runner (vLLM's default on GPUs with Triton) keys its seeded noise
-by (seed, position in the sequence), so a continuation already draws as the uncut request: nothing is installed.
+``TopKTopPSampler.forward_*`` the sampler bound. With a sampler it does not know, the engine warns once and
+continuations sample from their seed's fresh stream: valid samples, but not bitwise the uncut run. The V2 model
+runner (vLLM's default on GPUs with Triton) keys its seeded noise by (seed, position in the sequence), so a
+continuation already draws as the uncut request: nothing is installed.
 Speculative decoding (the rejection sampler's draws) is not covered.
 
 Process-wide side effects of vLLM's start-up that the adapter undoes: the global RNG seeding,
@@ -69,6 +70,7 @@ destruction of the default process group when the trainer owns it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -385,10 +387,13 @@ class VLLMEngine:
             raise ValueError("prompt_ids is empty")
         self._check_usable()
         if continues_draws(params) and not getattr(self, "draws_before_supported", False):
-            raise NotImplementedError(
-                "SamplingParams.draws_before with a seed: this vLLM's sampler is not one the adapter can advance "
-                "(vllm.py's module docstring)"
-            )
+            if not getattr(self, "_warned_draws", False):
+                self._warned_draws = True
+                logging.getLogger(__name__).warning(
+                    "this vLLM's sampler is not one the adapter can advance (vllm.py's module docstring): continued "
+                    "generations (mid-turn partial rollouts) sample from a fresh stream of their seed, so they are "
+                    "valid samples but a cut turn no longer equals the uncut one")
+            params = dataclasses.replace(params, draws_before=0)
         loop = asyncio.get_running_loop()
         pending = _Pending(f"r{next(self._ids)}", list(prompt_ids), params, loop.create_future(), loop)
         self._inbox.put(pending)

@@ -5,6 +5,7 @@ complete groups and releases what it still holds at the end."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 
 import pytest
@@ -287,3 +288,33 @@ def test_routing_replay_records_each_segment_of_a_cut_turn(tokenizer):
         assert (routed[-1] == -1).all()
         calls = fed[:, 1, 1]
         assert (calls[1:] >= calls[:-1]).all()
+
+
+class LengthFirstEngine(ScriptedEngine):
+    """Reports "length" whenever it returns max_new_tokens ids, a stop token last included (SGLang checks the
+    length before the stop tokens)."""
+
+    async def generate(self, prompt_ids, params):
+        out = await super().generate(prompt_ids, params)
+        if len(out.token_ids) >= params.max_new_tokens:
+            out = dataclasses.replace(out, finish_reason="length")
+        return out
+
+
+def test_a_stop_token_sampled_as_the_budgets_last_token_ends_the_turn_not_the_request(tokenizer):
+    engine = LengthFirstEngine(tokenizer, SCRIPTS)
+    first_turn = len(tokenizer.encode(call("add", a=1, b=2), add_special_tokens=False)) + 1  # with <|im_end|>
+    tool = StatefulAdd()
+    buf = RolloutBuffer()
+
+    async def go():
+        buf.add(_rows("Q-long"), _cfg(), _token_ctx(engine, tokenizer, tool, 0, tokens=first_turn), step=1)
+        v = 0
+        while buf.live_sessions:
+            await buf.run(_token_ctx(engine, tokenizer, tool, v, tokens=first_turn))
+            v += 1
+
+    asyncio.run(go())
+    for req in buf.take(1):
+        assert req.finish_reason.value == "stop" and req.messages[-1]["content"] == "#### 5"
+        assert req.metrics.tool_calls == 3
