@@ -62,11 +62,13 @@ def _rows_once(path: Path) -> dict[int, dict]:
     return rows
 
 
-NUMERIC_NOISE = "rollout/logprob_diff_"
+NUMERIC_NOISE = ("rollout/logprob_diff_", "rollout_corr/")
+"""Metrics of the engine's log-probs against the trainer's: fp32 float rounding, which the engine's batching (timing)
+decides, so a resumed run matches them to 1e-5, not bitwise (the sampled ids and everything else bitwise)."""
 
 
 def _comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/", NUMERIC_NOISE))}
+    return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/", *NUMERIC_NOISE))}
 
 
 def _noisy(row: dict) -> dict:
