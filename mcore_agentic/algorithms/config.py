@@ -185,6 +185,27 @@ class GiGPOConfig:
                 f"{self.state!r} is not one of {', '.join(GIGPO_STATES)}")
 
 
+DISTILLATION_MODES = ("add", "only")
+
+
+@dataclass(frozen=True)
+class DistillationConfig:
+    """On-policy distillation (with ``teacher.model_path`` set): each token the student sampled gets the advantage
+    ``coef * (log p_teacher - log p_student)`` — the negative per-token reverse KL to the teacher, on the student's
+    own tokens only (environment tokens have none); docs/algorithms.md."""
+
+    mode: str = "add"
+    """``add``: the term is added to the task advantage of ``adv_estimator`` (task reward and teacher together);
+    ``only``: it is the whole advantage (pure distillation; the task reward is still scored and reported)."""
+    coef: float = 1.0
+    """Weight of the per-token term."""
+
+    def __post_init__(self) -> None:
+        require(self.mode in DISTILLATION_MODES, "algorithm.distillation.mode",
+                f"{self.mode!r} is not one of {', '.join(DISTILLATION_MODES)}")
+        require(self.coef > 0, "algorithm.distillation.coef", f"must be > 0, got {self.coef}")
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
     """The ``algorithm`` group: advantage estimator, discounting, KL in the reward."""
@@ -215,6 +236,8 @@ class AlgorithmConfig:
     """Dynamic sampling: drop prompt groups without reward variance, over-sample to refill (``algorithm.filter_groups.*``)."""
     gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)
     """``adv_estimator=gigpo``'s settings (``algorithm.gigpo.*``)."""
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    """On-policy distillation from ``teacher.model_path`` (``algorithm.distillation.*``; off without a teacher)."""
     turn_rewards: bool = False
     """Keep each turn's reward at the turn it belongs to (its last sampled token) instead of adding it to the
     episode's score on the last token: a tool's step rewards (``execute``) at the turn that called it, an
@@ -235,6 +258,9 @@ class AlgorithmConfig:
                 RolloutCorrectionConfig, self.rollout_correction, "algorithm.rollout_correction"))
         if isinstance(self.gigpo, Mapping):
             object.__setattr__(self, "gigpo", _from_mapping(GiGPOConfig, self.gigpo, "algorithm.gigpo"))
+        if isinstance(self.distillation, Mapping):
+            object.__setattr__(self, "distillation", _from_mapping(
+                DistillationConfig, self.distillation, "algorithm.distillation"))
         if isinstance(self.filter_groups, Mapping):
             object.__setattr__(self, "filter_groups", _from_mapping(
                 FilterGroupsConfig, self.filter_groups, "algorithm.filter_groups"))

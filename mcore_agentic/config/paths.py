@@ -26,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 INPUT_PATHS: dict[str, str] = {
     "model.model_path": "dir",
     "critic.model_path": "dir",
+    "teacher.model_path": "dir",
     "data.train_files": "file",
     "data.val_files": "file",
     "rollout.multi_turn.tool_config_path": "file",

@@ -381,13 +381,14 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
             "rollout.name",
             "sglang needs a GPU but trainer.device=cpu: use rollout.name=vllm or hf on CPU",
         )
-    if cfg.ref.use_dynamic_bsz:
-        longest = cfg.data.max_sequence_length
-        require(
-            cfg.ref.log_prob_max_token_len_per_gpu >= longest,
-            "ref.log_prob_max_token_len_per_gpu",
-            f"={cfg.ref.log_prob_max_token_len_per_gpu} cannot hold one sequence of {longest} tokens: raise it",
-        )
+    for name, frozen in (("ref", cfg.ref), ("teacher", cfg.teacher)):
+        if frozen.use_dynamic_bsz:
+            longest = cfg.data.max_sequence_length
+            require(
+                frozen.log_prob_max_token_len_per_gpu >= longest,
+                f"{name}.log_prob_max_token_len_per_gpu",
+                f"={frozen.log_prob_max_token_len_per_gpu} cannot hold one sequence of {longest} tokens: raise it",
+            )
 
     actor = _ppo_sizes("actor", cfg.actor, cfg, dp)
     critic = _ppo_sizes("critic", cfg.critic, cfg, dp) if cfg.algorithm.needs_critic else None

@@ -7,6 +7,7 @@ YAML group     dataclass                                   owner
 ``data``       :class:`~mcore_agentic.data.config.DataConfig`           data
 ``actor``      :class:`~mcore_agentic.workers.config.ActorConfig`       workers (+ parallel, algorithms, flattened)
 ``ref``        :class:`~mcore_agentic.workers.config.RefConfig`         workers
+``teacher``    :class:`~mcore_agentic.workers.config.TeacherConfig`     workers
 ``critic``     :class:`~mcore_agentic.workers.config.CriticConfig`      workers (+ algorithms, flattened)
 ``rollout``    :class:`~mcore_agentic.rollout.config.RolloutConfig`     rollout
 ``algorithm``  :class:`~mcore_agentic.algorithms.config.AlgorithmConfig` algorithms
@@ -36,7 +37,7 @@ from mcore_agentic.sharding.config import ShardingConfig
 from mcore_agentic.trainer.config import TrainerConfig
 from mcore_agentic.utils.errors import require
 from mcore_agentic.utils.walk import KeyHint
-from mcore_agentic.workers.config import ActorConfig, CriticConfig, RefConfig
+from mcore_agentic.workers.config import ActorConfig, CriticConfig, RefConfig, TeacherConfig
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class RLConfig:
     """The trained policy: parallel layout, PPO batch sizes, policy loss, optimizer."""
     ref: RefConfig = field(default_factory=RefConfig)
     """The frozen reference policy used for KL."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """The frozen teacher of on-policy distillation (``algorithm.distillation``); off while ``model_path`` is empty."""
     critic: CriticConfig = field(default_factory=CriticConfig)
     """The value model (used when the advantage estimator needs values, i.e. GAE)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

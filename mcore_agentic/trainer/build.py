@@ -8,6 +8,7 @@ Nothing here trains; nothing in the loop builds.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.critic import Critic
     from mcore_agentic.workers.reference import Reference
+    from mcore_agentic.workers.teacher import Teacher
 
 logger = logging.getLogger(__name__)
 
@@ -86,14 +88,36 @@ def replay_routing_shape(cfg: RLConfig) -> tuple[int, int] | None:
     return shape
 
 
-def build_tokenizer(model_path: str | Path) -> Any:
+def build_tokenizer(model_path: str | Path, field: str = "model.model_path") -> Any:
     """The checkpoint's own tokenizer (with its chat template), never downloaded."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
     if getattr(tok, "chat_template", None) is None:
-        raise ConfigError("model.model_path", f"the tokenizer in {model_path} has no chat template")
+        raise ConfigError(field, f"the tokenizer in {model_path} has no chat template")
     return tok
+
+
+def check_teacher_tokenizer(student: Any, teacher_path: str | Path) -> None:
+    """A teacher scores the student's token ids as they are: refuse one whose tokenizer (vocabulary, special tokens)
+    or chat template differs from the student's, in one line saying which."""
+    teacher = build_tokenizer(teacher_path, "teacher.model_path")
+    field = "teacher.model_path"
+    if teacher.get_vocab() != student.get_vocab():
+        a, b = student.get_vocab(), teacher.get_vocab()
+        differ = sorted(set(a.items()) ^ set(b.items()), key=lambda kv: kv[1])[:2]
+        raise ConfigError(field, f"{teacher_path} has another tokenizer ({len(b)} tokens against the student's "
+                          f"{len(a)}; first differences {differ}): a teacher must share the student's tokenizer")
+    if teacher.chat_template != student.chat_template:
+        raise ConfigError(field, f"{teacher_path}'s chat template differs from the student's (model.model_path): a "
+                          "teacher must render conversations exactly as the student does; copy the student's "
+                          "chat template into it if that is what you mean")
+
+
+def teacher_spec(cfg: RLConfig, spec: ModelSpec) -> ModelSpec:
+    """The teacher's model: its checkpoint, the student's vocabulary, log-prob temperature, dtype, packing and
+    parallel sizes (Megatron keeps one layout per process); no routing replay (the engine routed the student)."""
+    return dataclasses.replace(spec, model_path=cfg.teacher.model_path, routing_shape=None)
 
 
 def model_spec(cfg: RLConfig, *, vocab_size: int | None) -> ModelSpec:
@@ -187,6 +211,15 @@ def build_reference(cfg: RLConfig, spec: ModelSpec, layout: Any) -> Any:
     return Reference(cfg.ref, spec, layout)
 
 
+def build_teacher(cfg: RLConfig, spec: ModelSpec, layout: Any) -> Any:
+    """The distillation teacher (None without ``teacher.model_path``)."""
+    if not cfg.teacher.enabled:
+        return None
+    from mcore_agentic.workers.teacher import Teacher
+
+    return Teacher(cfg.teacher, teacher_spec(cfg, spec), layout)
+
+
 def build_critic(cfg: RLConfig, spec: ModelSpec, layout: Any, sizes: BatchSizes, steps: int) -> Any:
     if not cfg.algorithm.needs_critic:
         return None
@@ -271,6 +304,8 @@ class Components:
     actor: Actor
     ref: Reference | None
     """None unless a KL term needs it (``algorithm.use_kl_in_reward`` or ``actor.use_kl_loss``)."""
+    teacher: Teacher | None
+    """None unless ``teacher.model_path`` is set (on-policy distillation)."""
     critic: Critic | None
     """None unless the advantage estimator needs values (GAE)."""
     placement: RolloutPlacement
@@ -303,6 +338,8 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
 
     ensure_model(cfg)
     tokenizer = build_tokenizer(cfg.model.model_path)
+    if cfg.teacher.enabled:
+        check_teacher_tokenizer(tokenizer, cfg.teacher.model_path)
     spec = model_spec(cfg, vocab_size=len(tokenizer))
     tools, interactions, executor = build_tools(cfg)
     train_set, val_set = build_datasets(cfg, tokenizer, tools)
@@ -316,6 +353,7 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     configure_offload(cfg)
     actor = build_actor(cfg, spec, layout, sizes, steps)
     ref = build_reference(cfg, spec, layout)
+    teacher = build_teacher(cfg, spec, layout)
     critic = build_critic(cfg, spec, layout, sizes, steps)
     return Components(
         cfg=cfg,
@@ -326,6 +364,7 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
         val_rows=list(val_set) if val_set is not None else [],
         actor=actor,
         ref=ref,
+        teacher=teacher,
         critic=critic,
         placement=placement,
         engine=engine,

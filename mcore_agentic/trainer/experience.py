@@ -1,4 +1,4 @@
-"""Experience: this replica's rows -> token-level rewards (KL) -> advantages.
+"""Experience: this replica's rows -> token-level rewards (KL) -> advantages (+ the teacher's term when distilling).
 
 The rows arrive scored (``seq_scores``, by :mod:`mcore_agentic.feed.scoring` on their rollout leader) and
 dealt to this replica (:mod:`mcore_agentic.feed.distribute`). :func:`compute_experience`: scores on the last
@@ -17,6 +17,7 @@ import torch
 
 from mcore_agentic.algorithms.advantages import Reduce, compute_advantage, place_sequence_rewards, turn_spans
 from mcore_agentic.algorithms.config import AlgorithmConfig
+from mcore_agentic.algorithms.distillation import distillation_advantages, distillation_metrics
 from mcore_agentic.algorithms.kl import apply_kl_penalty
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed import FILLER_VERSION
@@ -60,6 +61,12 @@ def compute_experience(
         episodes=(batch["episode_index"], num_groups) if "episode_index" in batch and num_groups is not None else None,
         turn_offset=batch["turn_offset"] if "turn_offset" in batch else None,
     )
+    if "teacher_log_probs" in batch:  # on-policy distillation (algorithm.distillation)
+        d = algo.distillation
+        advantages = distillation_advantages(advantages, batch["old_log_probs"], batch["teacher_log_probs"], mask,
+                                             mode=d.mode, coef=d.coef)
+        metrics.update(distillation_metrics(batch["old_log_probs"], batch["teacher_log_probs"], mask, reduce=reduce,
+                                            turn_offset=batch["turn_offset"] if "turn_offset" in batch else None))
     out = batch.update(
         {"token_level_scores": scores, "token_level_rewards": rewards, "advantages": advantages, "returns": returns}
     )

@@ -143,6 +143,9 @@ class RLTrainer:
             if c.ref is not None:
                 with t.phase("ref"):
                     batch = c.ref.compute_ref_log_prob(batch)
+            if c.teacher is not None:
+                with t.phase("teacher"):
+                    batch = c.teacher.compute_teacher_log_prob(batch)
             if c.critic is not None:
                 with t.phase("values"):
                     c.critic.reload()  # no-op unless critic.*_offload moved it away after the last update

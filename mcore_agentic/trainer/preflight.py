@@ -121,6 +121,28 @@ def _tokenizer(cfg: Any) -> Any:
     return build_tokenizer(cfg.model.model_path)
 
 
+def check_teacher(cfg: Any) -> list[ConfigError]:
+    """The distillation teacher shares the student's tokenizer and chat template, and the actor's parallel layout
+    splits it (it runs with that layout)."""
+    from mcore_agentic.config.rules import check_model_split
+    from mcore_agentic.trainer.build import build_tokenizer, check_teacher_tokenizer
+
+    problems: list[ConfigError] = []
+    if (Path(cfg.model.model_path) / "config.json").is_file():
+        _collect(problems, lambda: check_teacher_tokenizer(build_tokenizer(cfg.model.model_path), cfg.teacher.model_path),
+                 "teacher.model_path")
+    shape = _collect(problems, lambda: model_shape(cfg.teacher.model_path), "teacher.model_path")
+    if shape is not None:
+        shape = {k: v for k, v in shape.items() if k != "num_experts"}
+        try:
+            check_model_split(cfg.actor.parallel, **shape)
+        except ConfigError as exc:
+            message = str(exc)[len(exc.field) + 2 :]
+            problems.append(ConfigError("teacher.model_path", f"the teacher runs with the actor's layout: {exc.field} "
+                                        f"{message} (the teacher's config.json)"))
+    return problems
+
+
 def check_rows(cfg: Any, tools: dict[str, dict] | None, interactions: set[str] | None) -> list[ConfigError]:
     """Every training and validation row is valid and fits ``data.max_prompt_length`` (when the model's tokenizer is
     there to measure it), and names only tools and interactions the config has."""
@@ -234,6 +256,8 @@ def preflight(
     plugins = None
     if not absent & {"rollout.multi_turn.tool_config_path", "rollout.multi_turn.interaction_config_path"}:
         plugins = _collect(problems, lambda: check_plugins(cfg), "rollout.multi_turn.tool_config_path")
+    if cfg.teacher.enabled and "teacher.model_path" not in absent:
+        problems += check_teacher(cfg)
     if "reward.custom_reward_function" not in absent:
         _collect(problems, lambda: build_reward_fn(cfg.reward), "reward.custom_reward_function")
     problems += check_agent(cfg)

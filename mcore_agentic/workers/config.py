@@ -211,6 +211,33 @@ class RefConfig:
 
 
 @dataclass(frozen=True)
+class TeacherConfig:
+    """The frozen teacher of on-policy distillation (``algorithm.distillation``): log-probs of the student's sampled
+    tokens under another model that shares the student's tokenizer and chat template. It may differ from the
+    student in size, depth, width and MoE-ness; it is built with the actor's parallel layout (docs/algorithms.md
+    says what sizes that allows)."""
+
+    model_path: str = ""
+    """HF checkpoint directory of the teacher; empty: no teacher (no distillation)."""
+    log_prob_micro_batch_size_per_gpu: int = 8
+    """Sequences per forward on one rank (when ``use_dynamic_bsz`` is false)."""
+    use_dynamic_bsz: bool = False
+    """Cut forward micro-batches by ``log_prob_max_token_len_per_gpu`` tokens."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """Token budget per forward micro-batch with ``use_dynamic_bsz``."""
+    param_offload: bool = False
+    """Keep parameters on CPU between uses (moved to the device only to score a step)."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.model_path)
+
+    def __post_init__(self) -> None:
+        require(self.log_prob_micro_batch_size_per_gpu > 0, "teacher.log_prob_micro_batch_size_per_gpu", "must be > 0")
+        require(self.log_prob_max_token_len_per_gpu > 0, "teacher.log_prob_max_token_len_per_gpu", "must be > 0")
+
+
+@dataclass(frozen=True)
 class CriticConfig:
     """The value model: the actor's architecture with a scalar head, trained on clipped value loss."""
 

@@ -27,6 +27,19 @@ def make_tiny_hf(path: Path, *, seed: int = 0, layers: int = 2, max_positions: i
     return path
 
 
+def make_tiny_teacher(path: Path, *, seed: int = 5, max_positions: int = 128) -> Path:
+    """A distillation teacher of another shape than :func:`make_tiny_hf`'s student: 8 layers, hidden 96, ffn 160,
+    6 attention heads over 2 KV heads; the same vocabulary."""
+    import transformers
+
+    config = tiny_qwen2_config(vocab=VOCAB, layers=8, max_positions=max_positions)
+    config.hidden_size, config.intermediate_size, config.num_attention_heads = 96, 160, 6
+    torch.manual_seed(seed)
+    model = redraw_weights(transformers.Qwen2ForCausalLM(config).eval(), 0.1)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
 def make_batch(n: int = 8, *, seed: int = 0, response_lengths: list[int] | None = None) -> Batch:
     """Left-padded prompts ++ right-padded responses with a tool-result hole in the loss mask.
 

@@ -6,7 +6,8 @@ megatron-core costs more than a layout's whole run); one more single-rank group
 runs TP=1 DP=1, the single-process reference. The batch mixes rows of 7 to ~900
 tokens. Each DP replica gets its rows as the trainer deals them
 (:func:`mcore_agentic.feed.distribute.deal_rows`): an equal, token-balanced share of
-every mini-batch. Per layout: old log-probs (+ entropy), reference log-probs, a PPO
+every mini-batch. Per layout: old log-probs (+ entropy), reference log-probs, a distillation teacher's
+log-probs (a model of another depth and width: 8 layers of hidden 96 against the student's 4 of 64), a PPO
 update (two mini-batches, so the second sees ratio != 1; KL loss and entropy bonus
 on), reference log-probs again, critic values and two critic updates, an offload
 round trip, and full HF weight exports. Layouts differ in packing (THD rows vs padded
@@ -24,7 +25,14 @@ import pytest
 import torch
 
 from tests.helpers.distributed import run_distributed
-from tests.unit.workers._fixtures import global_rows, hf_response_log_probs, make_batch, make_tiny_hf, setup_rank
+from tests.unit.workers._fixtures import (
+    global_rows,
+    hf_response_log_probs,
+    make_batch,
+    make_tiny_hf,
+    make_tiny_teacher,
+    setup_rank,
+)
 
 TEMPERATURE = 0.7
 TOL = 1e-5
@@ -68,13 +76,13 @@ def _state_snapshot(engine) -> list[torch.Tensor]:
     return [t.detach().clone() for t in model_param_tensors(engine.chunks) + optimizer_tensors(engine.optimizer)]
 
 
-def _all_layouts(rank: int, world_size: int, path: str) -> bytes:
+def _all_layouts(rank: int, world_size: int, path: str, teacher_path: str) -> bytes:
     from mcore_agentic.parallel.layout import destroy_parallel
 
     out = {}
     layouts = LAYOUTS if world_size == 2 else {"single": SINGLE}
     for name, lay in layouts.items():
-        out[name] = _body(path, lay)
+        out[name] = _body(path, lay, teacher_path)
         destroy_parallel()
     return _to_bytes(out)
 
@@ -83,14 +91,17 @@ def _global(per_rank: list[dict], key: str) -> torch.Tensor:
     return global_rows(per_rank, key, len(RESPONSE_LENGTHS))
 
 
-def _body(path: str, lay: Layout) -> dict:
+def _body(path: str, lay: Layout, teacher_path: str) -> dict:
+    import dataclasses
+
     from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
     from mcore_agentic.feed.distribute import deal_rows
     from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.workers.actor import Actor
-    from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig, RefConfig
+    from mcore_agentic.workers.config import ActorConfig, CriticConfig, OptimConfig, RefConfig, TeacherConfig
     from mcore_agentic.workers.critic import Critic
     from mcore_agentic.workers.reference import Reference
+    from mcore_agentic.workers.teacher import Teacher
 
     t0 = time.time()
     par, layout = setup_rank(lay.tp, lay.pp, lay.cp, vpp=lay.vpp)
@@ -113,6 +124,10 @@ def _body(path: str, lay: Layout) -> dict:
     batch = ref.compute_ref_log_prob(batch)
     out["old_log_probs"], out["entropys"] = batch["old_log_probs"], batch["entropys"]
     out["ref_before"] = batch["ref_log_probs"]
+    teacher = Teacher(TeacherConfig(log_prob_micro_batch_size_per_gpu=ref_micro, param_offload=True),
+                      dataclasses.replace(spec, model_path=teacher_path), layout)
+    out["teacher"] = teacher.compute_teacher_log_prob(batch)["teacher_log_probs"]
+    del teacher
 
     out["micro_batches"] = len(actor.engine.micro_batches(batch, actor.batching)[0])
     metrics = actor.update_policy(batch)
@@ -163,11 +178,13 @@ def _to_bytes(obj) -> bytes:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     path = str(make_tiny_hf(tmp_path_factory.mktemp("hf") / "qwen2", layers=4, max_positions=1024))
-    per_rank = [torch.load(io.BytesIO(b), weights_only=False) for b in run_distributed(_all_layouts, 2, args=(path,))]
+    teacher = str(make_tiny_teacher(tmp_path_factory.mktemp("hf") / "teacher", max_positions=1024))
+    per_rank = [torch.load(io.BytesIO(b), weights_only=False)
+                for b in run_distributed(_all_layouts, 2, args=(path, teacher))]
     results = {name: [r[name] for r in per_rank] for name in LAYOUTS}
-    single = torch.load(io.BytesIO(run_distributed(_all_layouts, 1, args=(path,))[0]), weights_only=False)
+    single = torch.load(io.BytesIO(run_distributed(_all_layouts, 1, args=(path, teacher))[0]), weights_only=False)
     results["single"] = [single["single"]]
-    return {"path": path, "results": results}
+    return {"path": path, "teacher": teacher, "results": results}
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -192,6 +209,20 @@ def test_old_log_probs_match_hf_and_every_layout(runs):
         # Same weights; the reference's micro-batches differ (3 rows): not bitwise.
         assert (_global(per_rank, "ref_before") - got).abs().max().item() <= TOL, name
     assert expected[mask].abs().min().item() > 1e-3  # real signal
+
+
+def test_a_teacher_of_another_shape_scores_the_students_rows_at_every_layout(runs):
+    """On-policy distillation: the teacher (8 layers of hidden 96 against the student's 4 of 64) gives its HF log-probs
+    of the student's response tokens, within 1e-5, at every layout and on one process."""
+    batch = make_batch(8, response_lengths=RESPONSE_LENGTHS)
+    expected = hf_response_log_probs(runs["teacher"], batch, TEMPERATURE)
+    student = hf_response_log_probs(runs["path"], batch, TEMPERATURE)
+    mask = batch["attention_mask"][:, batch["prompts"].shape[1] :].bool()
+    assert (expected - student)[mask].abs().mean().item() > 0.1  # another model
+    for name, per_rank in runs["results"].items():
+        got = _global(per_rank, "teacher")
+        assert (got - expected).abs().max().item() <= TOL, name
+        assert bool((got[~mask] == 0).all())
 
 
 def test_replicas_get_equal_token_balanced_shares(runs):
