@@ -16,41 +16,19 @@ from mcore_agentic.data.batch import Batch
 from mcore_agentic.models.spec import ModelSpec
 from mcore_agentic.parallel.layout import ParallelLayout
 from mcore_agentic.workers.config import RefConfig
-from mcore_agentic.workers.engine import MegatronEngine, MicroBatching
-from mcore_agentic.workers.passes import MODEL_KEYS, log_prob_head, require_keys
+from mcore_agentic.workers.frozen import FrozenScorer
 
 
-class Reference:
+class Reference(FrozenScorer):
     """Forward-only copy of the initial policy."""
 
     def __init__(self, cfg: RefConfig, spec: ModelSpec, layout: ParallelLayout) -> None:
         """``spec``: the run's model (the actor's checkpoint; log-probs at its ``temperature``)."""
-        self.cfg = cfg
-        self.temperature = spec.temperature
-        self.engine = MegatronEngine(spec, layout, optim=None)
-        self.batching = MicroBatching(
-            micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
-            use_dynamic_bsz=cfg.use_dynamic_bsz,
-            max_token_len=cfg.log_prob_max_token_len_per_gpu,
-            field="ref.log_prob_max_token_len_per_gpu",
-            pack=spec.use_remove_padding,
-        )
-        if cfg.param_offload:
-            self.engine.offload(params=True)
+        super().__init__(cfg, spec, layout, group="ref")
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``batch`` plus ``ref_log_probs`` [B, R] (0 on response padding)."""
-        require_keys(batch, MODEL_KEYS, "Reference.compute_ref_log_prob")
-        if self.cfg.param_offload:
-            self.engine.reload()
-        try:
-            out = self.engine.forward_only(
-                batch, log_prob_head(self.engine, self.temperature, with_entropy=False), self.batching
-            )
-        finally:
-            if self.cfg.param_offload:
-                self.engine.offload(params=True)
-        return batch.update({"ref_log_probs": out["log_probs"]})
+        return batch.update({"ref_log_probs": self.response_log_probs(batch, "Reference.compute_ref_log_prob")})
 
     def load_hf_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Make ``weights`` (HF names, full tensors) the new KL anchor, e.g. the policy after an SFT warm start.
