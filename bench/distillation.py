@@ -46,6 +46,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", default="add", help="algorithm.distillation.mode")
     p.add_argument("--coef", type=float, default=1.0, help="algorithm.distillation.coef")
     p.add_argument("--reuse-teacher", action="store_true", help="keep an exported teacher from an earlier run")
+    p.add_argument("--arms", default="rl,distill", help="which arms to run: rl, distill or both (comma-separated)")
     return p.parse_args(argv)
 
 
@@ -109,12 +110,16 @@ def main(argv: list[str] | None = None) -> None:
         student = [f"seed={seed}", f"trainer.total_training_steps={a.steps}", f"trainer.test_freq={a.test_freq}",
                    "trainer.save_freq=-1", f"trainer.default_local_dir={a.work / 'student_ckpt'}",
                    "trainer.resume_mode=disable"]
+        wanted = set(a.arms.split(","))
         for arm, extra in (("RL alone", []), ("distill", [f"teacher.model_path={teacher}",
                                                           f"algorithm.distillation.mode={a.mode}",
                                                           f"algorithm.distillation.coef={a.coef}"])):
+            if ("rl" if arm == "RL alone" else "distill") not in wanted:
+                continue
             curve, s = _run(f"{'rl' if arm == 'RL alone' else 'distill'}_seed{seed}", a.work, [*student, *extra])
             arms[arm].append(curve)
             seconds[arm].append(s)
+    arms = {arm: runs for arm, runs in arms.items() if runs}
     steps = sorted(set.intersection(*(set(c) for runs in arms.values() for c in runs)))
     print(f"\nthe default job (student: 2 layers of hidden 64), {a.seeds} seed(s), greedy validation accuracy on "
           f"{'32'} readings; teacher ({a.teacher_layers}x{a.teacher_hidden}) after {a.teacher_steps} steps: "
