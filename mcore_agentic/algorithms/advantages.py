@@ -52,6 +52,8 @@ __all__ = [
     "group_ids",
     "place_sequence_rewards",
     "turn_spans",
+    "turn_index",
+    "TURN_METRIC_TURNS",
 ]
 
 Index = Sequence[Hashable] | torch.Tensor
@@ -318,6 +320,19 @@ def turn_spans(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     starts = valid & ~previous
     turn = torch.cumsum(starts.long(), dim=-1) - 1
     return torch.where(valid, turn, torch.full_like(turn, -1)), starts.sum(-1)
+
+
+TURN_METRIC_TURNS = 8
+"""Turn indices the per-turn metrics report (``turn/*/0`` .. ``turn/*/7``, ``distill/reverse_kl/turn_0`` .. ``_7``)."""
+
+
+def turn_index(response_mask: torch.Tensor, turn_offset: torch.Tensor | None = None) -> torch.Tensor:
+    """Each sampled token's turn index ``[B, R]`` (-1 on masked tokens), counted from the row's ``turn_offset`` when
+    given (a sample of a forked agent episode counts on from the turns its session sampled before it)."""
+    turn, _ = turn_spans(response_mask)
+    if turn_offset is not None:
+        turn = torch.where(turn >= 0, turn + turn_offset.unsqueeze(1), turn)
+    return turn
 
 
 @torch.no_grad()

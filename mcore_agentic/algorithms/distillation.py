@@ -21,12 +21,9 @@ from collections.abc import Callable
 
 import torch
 
-from mcore_agentic.algorithms.advantages import turn_spans
+from mcore_agentic.algorithms.advantages import TURN_METRIC_TURNS, turn_index
 
-__all__ = ["TURN_METRIC_TURNS", "distillation_advantages", "distillation_metrics", "reverse_kl_per_token"]
-
-TURN_METRIC_TURNS = 8
-"""Turn indices the per-turn KL metrics report (``distill/reverse_kl/turn_0`` .. ``turn_7``)."""
+__all__ = ["distillation_advantages", "distillation_metrics", "reverse_kl_per_token"]
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -61,9 +58,7 @@ def distillation_metrics(
     forked agent episode counts from its ``turn_offset``); over every replica's rows (``reduce`` sums over DP)."""
     kl = reverse_kl_per_token(student_log_probs, teacher_log_probs, mask).double()
     valid = mask.bool()
-    turn, _ = turn_spans(mask)
-    if turn_offset is not None:
-        turn = torch.where(turn >= 0, turn + turn_offset.unsqueeze(1), turn)
+    turn = turn_index(mask, turn_offset)
     sums = torch.zeros(2, turns + 1, dtype=torch.float64)
     sums[0, 0], sums[1, 0] = kl[valid].sum(), valid.sum()
     for k in range(turns):

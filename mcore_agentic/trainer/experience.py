@@ -15,7 +15,13 @@ from typing import Any
 
 import torch
 
-from mcore_agentic.algorithms.advantages import Reduce, compute_advantage, place_sequence_rewards, turn_spans
+from mcore_agentic.algorithms.advantages import (
+    TURN_METRIC_TURNS,
+    Reduce,
+    compute_advantage,
+    place_sequence_rewards,
+    turn_index,
+)
 from mcore_agentic.algorithms.config import AlgorithmConfig
 from mcore_agentic.algorithms.distillation import distillation_advantages, distillation_metrics
 from mcore_agentic.algorithms.kl import apply_kl_penalty
@@ -76,10 +82,6 @@ def compute_experience(
     return out, metrics
 
 
-TURN_METRIC_TURNS = 8
-"""Turn indices the per-turn metrics report (``turn/*/0`` .. ``turn/*/7``)."""
-
-
 def turn_metrics(
     scores: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *, reduce: Reduce | None = None,
     turns: int = TURN_METRIC_TURNS, turn_offset: torch.Tensor | None = None,
@@ -87,9 +89,7 @@ def turn_metrics(
     """By turn index (the first ``turns``; a sample of a forked agent episode counts from its ``turn_offset``): rows
     that reached it, the mean reward of the turn (its tokens' scores summed) and the mean advantage of its tokens;
     over every replica's rows (``reduce``)."""
-    turn, _ = turn_spans(mask)
-    if turn_offset is not None:
-        turn = torch.where(turn >= 0, turn + turn_offset.unsqueeze(1), turn)
+    turn = turn_index(mask, turn_offset)
     valid = mask.bool()
     sums = torch.zeros(4, turns, dtype=torch.float64)
     for k in range(turns):
