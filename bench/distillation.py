@@ -43,10 +43,13 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--teacher-steps", type=int, default=40)
     p.add_argument("--teacher-hidden", type=int, default=128)
     p.add_argument("--teacher-layers", type=int, default=4)
-    p.add_argument("--mode", default="add", help="algorithm.distillation.mode")
-    p.add_argument("--coef", type=float, default=1.0, help="algorithm.distillation.coef")
+    p.add_argument("--teacher-lr", type=float, default=None,
+                   help="the teacher run's actor.optim.lr (default: the default job's 3e-3)")
     p.add_argument("--reuse-teacher", action="store_true", help="keep an exported teacher from an earlier run")
-    p.add_argument("--arms", default="rl,distill", help="which arms to run: rl, distill or both (comma-separated)")
+    p.add_argument("--reuse-runs", action="store_true", help="keep the curves of student runs an earlier call finished")
+    p.add_argument("--arms", default="rl,only:1.0,add:1.0",
+                   help="comma-separated: rl (RL alone) and MODE:COEF (distillation with algorithm.distillation.mode "
+                        "MODE, coef COEF)")
     return p.parse_args(argv)
 
 
@@ -89,7 +92,8 @@ def _teacher(a: argparse.Namespace) -> tuple[Path, dict[int, float]]:
     ckpt = a.work / "teacher_ckpt"
     curve, _ = _run("teacher_train", a.work, [
         f"model.model_path={base}", f"trainer.total_training_steps={a.teacher_steps}", f"trainer.test_freq={a.teacher_steps}",
-        f"trainer.save_freq={a.teacher_steps}", f"trainer.default_local_dir={ckpt}", "trainer.resume_mode=disable"])
+        f"trainer.save_freq={a.teacher_steps}", f"trainer.default_local_dir={ckpt}", "trainer.resume_mode=disable",
+        *([f"actor.optim.lr={a.teacher_lr}"] if a.teacher_lr is not None else [])])
     done = subprocess.run([sys.executable, "launch/export_hf.py", "--checkpoint", str(ckpt / f"global_step_{a.teacher_steps}"),
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
@@ -98,32 +102,46 @@ def _teacher(a: argparse.Namespace) -> tuple[Path, dict[int, float]]:
     return out, curve
 
 
+def _arm_overrides(arm: str, teacher: Path) -> list[str]:
+    """``rl`` (the default job as it is) or ``MODE:COEF`` (the same job distilling from the teacher)."""
+    if arm == "rl":
+        return []
+    mode, _, coef = arm.partition(":")
+    return [f"teacher.model_path={teacher}", f"algorithm.distillation.mode={mode}",
+            f"algorithm.distillation.coef={float(coef or 1.0)}"]
+
+
 def main(argv: list[str] | None = None) -> None:
     a = _args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     print(f"teacher: {a.teacher_layers} layers of hidden {a.teacher_hidden}, {a.teacher_steps} RL steps", flush=True)
     teacher, teacher_curve = _teacher(a)
     target = teacher_curve[max(teacher_curve)]
-    arms: dict[str, list[dict[int, float]]] = {"RL alone": [], "distill": []}
-    seconds: dict[str, list[float]] = {"RL alone": [], "distill": []}
+    names = [arm.strip() for arm in a.arms.split(",") if arm.strip()]
+    arms: dict[str, list[dict[int, float]]] = {arm: [] for arm in names}
+    seconds: dict[str, list[float]] = {arm: [] for arm in names}
     for seed in range(1, a.seeds + 1):
         student = [f"seed={seed}", f"trainer.total_training_steps={a.steps}", f"trainer.test_freq={a.test_freq}",
                    "trainer.save_freq=-1", f"trainer.default_local_dir={a.work / 'student_ckpt'}",
                    "trainer.resume_mode=disable"]
-        wanted = set(a.arms.split(","))
-        for arm, extra in (("RL alone", []), ("distill", [f"teacher.model_path={teacher}",
-                                                          f"algorithm.distillation.mode={a.mode}",
-                                                          f"algorithm.distillation.coef={a.coef}"])):
-            if ("rl" if arm == "RL alone" else "distill") not in wanted:
-                continue
-            curve, s = _run(f"{'rl' if arm == 'RL alone' else 'distill'}_seed{seed}", a.work, [*student, *extra])
+        for arm in names:
+            run = f"{arm.replace(':', '_')}_seed{seed}"
+            kept = a.work / run / "curve.json"
+            if a.reuse_runs and kept.is_file():
+                record = json.loads(kept.read_text())
+                curve, s = {int(k): v for k, v in record["curve"].items()}, record["seconds"]
+                print(f"  {run}: kept from an earlier run, validation {curve}", flush=True)
+            else:
+                curve, s = _run(run, a.work, [*student, *_arm_overrides(arm, teacher)])
+                kept.write_text(json.dumps({"curve": curve, "seconds": s}))
             arms[arm].append(curve)
             seconds[arm].append(s)
-    arms = {arm: runs for arm, runs in arms.items() if runs}
+    if not names or a.seeds < 1:
+        return
     steps = sorted(set.intersection(*(set(c) for runs in arms.values() for c in runs)))
     print(f"\nthe default job (student: 2 layers of hidden 64), {a.seeds} seed(s), greedy validation accuracy on "
-          f"{'32'} readings; teacher ({a.teacher_layers}x{a.teacher_hidden}) after {a.teacher_steps} steps: "
-          f"{target:.3f}; distill: mode={a.mode}, coef={a.coef}")
+          f"32 readings; teacher ({a.teacher_layers}x{a.teacher_hidden}) after {a.teacher_steps} steps: {target:.3f}; "
+          "arms: rl = RL alone, MODE:COEF = algorithm.distillation.mode and coef")
     print(f"{'step':>5} | " + " | ".join(f"{arm:>28}" for arm in arms))
     for step in steps:
         cells = []
@@ -133,7 +151,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{step:>5} | " + " | ".join(cells))
     for arm, runs in arms.items():
         reached = next((s for s in steps if statistics.mean(c[s] for c in runs) >= target), None)
-        print(f"{arm}: mean reaches the teacher's {target:.3f} at step {reached if reached is not None else '-'}; "
+        each = [next((s for s in steps if c[s] >= target), None) for c in runs]
+        print(f"{arm}: mean reaches the teacher's {target:.3f} at step {reached if reached is not None else '-'} "
+              f"(each seed: {' '.join('-' if s is None else str(s) for s in each)}); "
               f"{statistics.mean(seconds[arm]):.0f} s per run")
 
 
