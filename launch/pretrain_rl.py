@@ -210,6 +210,8 @@ def preflight_launch(args: LaunchArgs) -> int:
         problems += getattr(exc, "errors", None) or [exc]
     else:
         problems += preflight(cfg, world, local_world_size=args.nproc_per_node, dirs=dirs)
+        if not problems:  # before any model is built: will it fit?
+            problems += plan_check(cfg, world)
     if problems:
         report(problems)
         return EXIT_CONFIG_ERROR
@@ -221,6 +223,21 @@ def preflight_launch(args: LaunchArgs) -> int:
                              "(slurm/train_multinode.sh), after `--check --nnodes N`")])
         return EXIT_CONFIG_ERROR
     return run_workers(args)
+
+
+def plan_check(cfg: Any, world: int) -> list[ConfigError]:
+    """``trainer.plan_check`` on this machine's GPUs (nothing on CPU): a line, or the refusal of a run that does not
+    fit (``error``). Runs only once the config passed its pre-flight."""
+    from mcore_agentic.plan.check import launch_check, local_gpu
+
+    try:
+        line, error = launch_check(cfg, world, local_gpu() if cfg.trainer.device != "cpu" else None)
+    except ConfigError as exc:  # a model the planner cannot read: say so, do not stop a run it would not stop
+        print(f"plan: skipped ({exc})", file=sys.stderr, flush=True)
+        return []
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    return [error] if error is not None else []
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1")

@@ -158,23 +158,11 @@ def make_tiny_hf_model(
     model_vocab = padded_vocab_size(num_tokens)
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id
-    config = tiny_hf_config(
-        arch,
-        model_vocab_size=model_vocab,
-        bos_token_id=pad_id,  # Qwen uses <|endoftext|> as bos and never prepends it
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        hidden_size=hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        num_experts=num_experts,
-        num_experts_per_tok=num_experts_per_tok,
-        moe_intermediate_size=moe_intermediate_size,
-    )
+    config = _config_for(tokenizer, arch, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                         num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+                         intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
+                         tie_word_embeddings=tie_word_embeddings, num_experts=num_experts,
+                         num_experts_per_tok=num_experts_per_tok, moe_intermediate_size=moe_intermediate_size)
     # fork_rng keeps the caller's global RNG state untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -191,6 +179,41 @@ def make_tiny_hf_model(
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out), save_jinja_files=False)
     return out
+
+
+def _config_for(tokenizer: Any, arch: TinyArch, **sizes: Any) -> Any:
+    """The HF config of a tiny model over ``tokenizer``'s vocabulary (padded), with Qwen's special ids."""
+    pad_id = tokenizer.pad_token_id
+    return tiny_hf_config(
+        arch,
+        model_vocab_size=padded_vocab_size(len(tokenizer)),
+        bos_token_id=pad_id,  # Qwen uses <|endoftext|> as bos and never prepends it
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id,
+        **sizes,
+    )
+
+
+def preset_for_path(path: str | os.PathLike) -> str:
+    """The preset a missing checkpoint under ``outputs/`` is created from: ``100m`` or ``moe`` in its name pick
+    those, anything else the tiny Qwen2."""
+    name = Path(path).name
+    return "100m" if "100m" in name else ("tiny_moe" if "moe" in name else "tiny")
+
+
+def tiny_preset_hf_config(preset: str) -> Any:
+    """The HF config :func:`make_tiny_hf_model_from_preset` writes for ``preset`` (no weights, nothing written)."""
+    if preset not in TINY_PRESETS:
+        raise ConfigError("preset", f"unknown tiny-model preset {preset!r}; use one of {sorted(TINY_PRESETS)}")
+    kwargs = dict(TINY_PRESETS[preset])
+    tokenizer = load_qwen_tokenizer("qwen2_5", kwargs.pop("vocab_size"))
+    arch = kwargs.pop("arch", "qwen2")
+    kwargs.setdefault("max_position_embeddings", 2048)
+    kwargs.setdefault("tie_word_embeddings", False)
+    config = _config_for(tokenizer, arch, **kwargs)
+    config.architectures = [{"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                             "llama": "LlamaForCausalLM"}[arch]]
+    return config
 
 
 def make_tiny_hf_model_from_preset(out_dir: str | os.PathLike, preset: str, **overrides: Any) -> Path:

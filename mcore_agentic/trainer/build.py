@@ -61,9 +61,9 @@ def ensure_model(cfg: RLConfig) -> Path:
         raise ConfigError(
             "model.model_path", f"{path} has no config.json: point it at a Hugging Face checkpoint directory"
         )
-    from mcore_agentic.models.tiny import make_tiny_hf_model_from_preset
+    from mcore_agentic.models.tiny import make_tiny_hf_model_from_preset, preset_for_path
 
-    preset = "100m" if "100m" in path.name else ("tiny_moe" if "moe" in path.name else "tiny")
+    preset = preset_for_path(path)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
         logger.info("creating the %s model checkpoint at %s (cached for later runs)", preset, path)

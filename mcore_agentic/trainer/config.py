@@ -93,6 +93,10 @@ class TrainerConfig:
     """The longest any rank waits in a collective before it raises: ranks that finish their rollout early wait
     for the slowest in a host (gloo) call, so set it above your longest rollout plus a checkpoint save. It is
     also the NCCL watchdog's timeout for device calls."""
+    plan_check: Literal["warn", "error", "off"] = "warn"
+    """Before the workers start on GPUs, the launcher plans the run's memory per rank in each phase
+    (``python -m mcore_agentic.plan``): ``warn`` prints the verdict, ``error`` refuses a run that does not fit in
+    one line naming the phase, the rank and the shortfall, ``off`` skips it. CPU runs are not planned."""
     failure_stop_fraction: float = 0.9
     """A step fails when at least this fraction of its rollout requests failed, or called tools and had every call
     raise or time out inside the tool (a model's malformed calls do not count: they are its to learn from)."""

@@ -33,6 +33,9 @@ ALLOWED: dict[str, set[str]] = {
     "trainer": {"config", "data", "models", "parallel", "workers", "algorithms", "rollout", "tools", "interactions",
                 "rewards", "sharding", "feed", "endpoint"},  # endpoint: the pre-flight loads an agent's entry point
     "inspect": {"feed"},  # reads the dump format (feed.rollout_dump)
+    # The planner composes the config as the launcher does and counts what the bridges build; its census child
+    # builds models on the meta device and so applies the CPU patches, like launch/ (the one package that may).
+    "plan": {"config", "models", "parallel", "trainer", "megatron_patches"},
     "megatron_patches": set(),  # megatron-core and torch only; applied by launch/ and tests
 }
 LEAVES = ("mcore_agentic.utils",)

@@ -1,0 +1,117 @@
+"""``python -m mcore_agentic.plan [options] [hydra overrides]``: will the run fit, and how long will a step take?
+
+    python -m mcore_agentic.plan model=qwen3_30b_a3b --nodes 4 --gpus-per-node 8 --device h100-80g
+    python -m mcore_agentic.plan --config-name gsm8k_multiturn_grpo model=qwen3_8b --json
+
+Composes the config exactly as the launcher does (the same defaults, overrides and verl keys), reads the model's
+``config.json`` (or the published one of a model ``configs/model/`` names), and prints each phase's memory on its
+worst rank, the peak and whether it fits, and the step-time terms. ``--json`` prints the same as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from mcore_agentic.utils.errors import ConfigError
+
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(prog="python -m mcore_agentic.plan", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config-name", default="default_tiny")
+    p.add_argument("--config-dir", default=None, help="a directory of your own YAML configs (searched first)")
+    p.add_argument("--device", default="h100-80g", help="h100-80g, h200-141g or b200")
+    p.add_argument("--memory-gib", type=float, default=None, help="usable memory per GPU (overrides the device's)")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--headroom", type=float, default=0.05, help="fraction of each GPU's memory to keep free")
+    p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation of the training passes")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return p.parse_known_args(argv)
+
+
+def compose(config_name: str, overrides: list[str], config_dir: str | None = None) -> Any:
+    """The run's ``RLConfig``, composed as the launcher composes it (verl keys rewritten, the same defaults)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from mcore_agentic.config import load_config
+    from mcore_agentic.config.load import translate_overrides
+    from mcore_agentic.trainer.config import log_dir_of
+
+    overrides, _ = translate_overrides(overrides)
+    OmegaConf.register_new_resolver("log_dir", log_dir_of, replace=True)
+    directory = Path(config_dir).resolve() if config_dir else REPO_CONFIGS
+    hydra_overrides = list(overrides)
+    if config_dir:
+        hydra_overrides.append(f"hydra.searchpath=[file://{REPO_CONFIGS}]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(directory), version_base=None):
+            dict_cfg = hydra_compose(config_name=config_name, overrides=hydra_overrides)
+    except Exception as exc:  # noqa: BLE001 -- Hydra's composition errors: one line naming the config
+        from mcore_agentic.utils.errors import first_line
+
+        raise ConfigError(f"--config-name {config_name}", f"{first_line(exc)} (config directory {directory})") from None
+    return load_config(dict_cfg, overrides=overrides, log_aliases=False)
+
+
+def render(plan: Any) -> None:
+    """The plan as rich tables: phases (with their parts), then the step time."""
+    from rich.console import Console
+    from rich.table import Table
+
+    gib = 1024**3
+    console = Console()
+    usable = plan.capacity_bytes * (1 - plan.headroom)
+    table = Table(title=f"{plan.layout} on {plan.world_size} x {plan.device} "
+                        f"({plan.capacity_bytes / gib:.1f} GiB, {plan.headroom:.0%} kept free)")
+    table.add_column("phase")
+    table.add_column("GiB per GPU (worst rank)", justify="right")
+    table.add_column("of which")
+    for phase in plan.phases:
+        parts = ", ".join(f"{name} {b / gib:.2f}" for name, b in phase.parts.items() if b)
+        mark = " <- peak" if phase is plan.peak else ""
+        table.add_row(phase.name + mark, f"{phase.bytes / gib:.2f}", parts)
+    console.print(table)
+    verdict = "fits" if plan.fits else f"does NOT fit: {(plan.peak.bytes - usable) / gib:.2f} GiB short"
+    console.print(f"peak: {plan.peak.name}, {plan.peak.bytes / gib:.2f} GiB of {usable / gib:.2f} usable -> {verdict}")
+    times = Table(title="step time (estimate)")
+    times.add_column("term")
+    times.add_column("seconds", justify="right")
+    for term, s in sorted(plan.step_seconds.items(), key=lambda kv: -kv[1]):
+        times.add_row(term, f"{s:.2f}")
+    times.add_row("total", f"{sum(plan.step_seconds.values()):.2f}")
+    console.print(times)
+    for note in plan.notes:
+        console.print(f"note: {note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = _args(sys.argv[1:] if argv is None else argv)
+    from mcore_agentic.plan.check import plan_for
+
+    try:
+        cfg = compose(args.config_name, overrides, args.config_dir)
+        plan = plan_for(cfg, device=args.device, memory_gib=args.memory_gib,
+                        world_size=args.nodes * args.gpus_per_node, headroom=args.headroom, mfu=args.mfu)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2))
+    else:
+        render(plan)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""A run's memory per rank in each phase of a step, and an estimate of the step's time, before anything is built.
+
+The resident state of every Megatron model (actor, critic, reference, teacher) comes from the census
+(:mod:`.census`: megatron-core's own build on the meta device); activations from :mod:`.activations`; the rollout
+engine's share from its own setting (vLLM and SGLang hold ``rollout.gpu_memory_utilization`` of the GPU while they
+roll out, and release it while the trainer trains). Offload keys move a model's state to the host between the
+phases that use it, so a phase counts only what is resident then.
+
+Phases (one step, in order): ``rollout`` (the engine at its fraction; the trainer's resident state),
+``weight_sync`` (the engine's weights, the actor's parameters, the export buckets), ``log_probs`` (the largest of
+the actor's, reference's, teacher's and critic's forward passes), ``critic_update``, ``actor_update``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mcore_agentic.plan.activations import Dims, Split, forward_peak_bytes, update_peak_bytes
+from mcore_agentic.plan.census import DTYPE_BYTES, RankState, census_request, run_census, stage_ranks
+from mcore_agentic.plan.devices import GIB, Device
+
+CUDA_CONTEXT_BYTES = int(0.75 * GIB)
+"""The CUDA context, NCCL's buffers and the allocator's fragmentation on each rank: an assumption (stated in
+docs/planner.md), not a measurement."""
+MFU = 0.35
+"""Model FLOPs utilisation assumed for the training passes and prefill (``--mfu``)."""
+HBM_EFFICIENCY = 0.7
+"""Fraction of the HBM bandwidth a decode step reaches."""
+
+
+@dataclass
+class Phase:
+    name: str
+    bytes: int
+    parts: dict[str, int] = field(default_factory=dict)
+    rank: int = 0
+    """The rank this phase is counted on: the first rank of its worst pipeline stage."""
+
+
+@dataclass
+class Plan:
+    device: str
+    world_size: int
+    layout: str
+    capacity_bytes: int
+    headroom: float
+    phases: list[Phase]
+    step_seconds: dict[str, float]
+    notes: list[str]
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.bytes <= self.capacity_bytes * (1 - self.headroom)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(peak_phase=self.peak.name, peak_bytes=self.peak.bytes, fits=self.fits)
+        return out
+
+
+def dims_of(hf_config: Any, padded_vocab: int) -> Dims:
+    """The shapes :mod:`.activations` needs, read from the HF config as the bridges read it."""
+    c = hf_config
+    experts = int(getattr(c, "num_experts", 0) or 0)
+    sparse_step = int(getattr(c, "decoder_sparse_step", 1) or 1)
+    dense_only = set(getattr(c, "mlp_only_layers", []) or [])
+    moe_layers = sum(1 for i in range(c.num_hidden_layers)
+                     if experts and i not in dense_only and (i + 1) % sparse_step == 0)
+    return Dims(
+        hidden=c.hidden_size, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        ffn=c.intermediate_size, layers=c.num_hidden_layers, vocab=padded_vocab, experts=experts,
+        top_k=int(getattr(c, "num_experts_per_tok", 0) or 0),
+        expert_ffn=int(getattr(c, "moe_intermediate_size", 0) or 0), moe_layers=moe_layers,
+        qk_norm=c.model_type in ("qwen3", "qwen3_moe"),
+    )
+
+
+def _micro_rows(micro_rows: int, dynamic: bool, token_budget: int, max_len: int) -> list[int]:
+    """The largest micro-batch's rows: a token budget's worth of the longest rows, or ``micro_rows`` of them."""
+    if dynamic:
+        rows = max(token_budget // max_len, 1)
+        return [max_len] * rows if rows * max_len <= token_budget else [token_budget]
+    return [max_len] * micro_rows
+
+
+def _count_params(hf_config: Any) -> tuple[int, int]:
+    """(total, active per token) parameters, from the HF config (for FLOPs and the engine's weights)."""
+    d = dims_of(hf_config, hf_config.vocab_size)
+    attn = d.hidden * d.head_dim * (2 * d.heads + 2 * d.kv_heads)
+    dense_mlp = 3 * d.hidden * d.ffn
+    expert = 3 * d.hidden * d.expert_ffn
+    dense_layers = d.layers - d.moe_layers
+    body_total = d.layers * attn + dense_layers * dense_mlp + d.moe_layers * (d.experts * expert + d.hidden * d.experts)
+    body_active = d.layers * attn + dense_layers * dense_mlp + d.moe_layers * (d.top_k * expert + d.hidden * d.experts)
+    embed = d.vocab * d.hidden * (1 if getattr(hf_config, "tie_word_embeddings", False) else 2)
+    return body_total + embed, body_active + embed
+
+
+def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teacher_hf_config: Any = None,
+              headroom: float = 0.05, mfu: float = MFU, census: Any = run_census) -> Plan:
+    """The plan of ``cfg`` (an ``RLConfig``) on ``world_size`` GPUs of ``device``."""
+    par = cfg.actor.parallel
+    tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.context_parallel_size
+    vpp = par.virtual_pipeline_model_parallel_size or 1
+    dtype = cfg.model.dtype
+    size = DTYPE_BYTES[dtype]
+    ranks = stage_ranks(world_size, pp)
+    multiple = cfg.model.make_vocab_size_divisible_by
+    needs_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.policy_loss.use_kl_loss
+    needs_critic = bool(cfg.algorithm.needs_critic)
+    requests = [census_request(hf_config, par, world_size=world_size, ranks=ranks, dtype=dtype,
+                               use_distributed_optimizer=cfg.actor.use_distributed_optimizer,
+                               make_vocab_size_divisible_by=multiple)]
+    if teacher_hf_config is not None:
+        requests.append(census_request(teacher_hf_config, par, world_size=world_size, ranks=ranks, dtype=dtype,
+                                       make_vocab_size_divisible_by=multiple))
+    answers = census(requests)
+    actor: list[RankState] = answers[0]
+    teacher: list[RankState] | None = answers[1] if teacher_hf_config is not None else None
+    padded_vocab = -(-hf_config.vocab_size // (multiple * tp)) * multiple * tp
+    dims = dims_of(hf_config, padded_vocab)
+    split = Split(tp=tp, cp=cp, sequence_parallel=par.sequence_parallel, fused_attention=True, dtype_bytes=size)
+    max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    a = cfg.actor
+    update_rows = _micro_rows(a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, max_len)
+    r = cfg.ref
+    forward_rows = _micro_rows(r.log_prob_micro_batch_size_per_gpu, r.use_dynamic_bsz,
+                               r.log_prob_max_token_len_per_gpu, max_len)
+    layers_per_rank = math.ceil(dims.layers / pp)
+    total_params, active_params = _count_params(hf_config)
+    rollout_tp = cfg.rollout.tensor_model_parallel_size
+    engine_bytes = int(cfg.rollout.gpu_memory_utilization * device.memory_gib * GIB)
+    engine_weight_bytes = int(total_params * size / rollout_tp)
+    bucket = int(cfg.sharding.bucket_size_mb * 2**20) if hasattr(cfg, "sharding") else 512 * 2**20
+    notes: list[str] = []
+
+    phases_by_stage: list[list[Phase]] = []
+    for stage, st in enumerate(actor):
+        last = stage == pp - 1
+        state = {"actor params": st.param_bytes, "actor grads": st.grad_bytes,
+                 "actor master params": st.main_param_bytes, "actor Adam": st.optimizer_bytes}
+        resident_actor = ((0 if a.param_offload else st.param_bytes) + (0 if a.grad_offload else st.grad_bytes)
+                          + (0 if a.optimizer_offload else st.main_param_bytes + st.optimizer_bytes))
+        ref_bytes = st.frozen_param_bytes if needs_ref else 0
+        resident_ref = 0 if r.param_offload else ref_bytes
+        critic_bytes = (st.param_bytes + st.grad_bytes + st.main_param_bytes + st.optimizer_bytes) if needs_critic else 0
+        c = getattr(cfg, "critic", None)
+        resident_critic = 0
+        if needs_critic and c is not None:
+            resident_critic = ((0 if c.param_offload else st.param_bytes) + (0 if c.grad_offload else st.grad_bytes)
+                               + (0 if c.optimizer_offload else st.main_param_bytes + st.optimizer_bytes))
+        teacher_bytes = teacher[stage].frozen_param_bytes if teacher is not None else 0
+        resident_teacher = 0 if (teacher is None or cfg.teacher.param_offload) else teacher_bytes
+        resident = resident_actor + resident_ref + resident_critic + resident_teacher
+        base = {"CUDA context and fragmentation": CUDA_CONTEXT_BYTES}
+        rollout = Phase("rollout", 0, {**base, "engine (gpu_memory_utilization)": engine_bytes,
+                                       "trainer state left on the GPU": resident})
+        sync = Phase("weight_sync", 0, {**base, "engine weights": engine_weight_bytes,
+                                        "trainer state left on the GPU": resident - (0 if a.param_offload else st.param_bytes),
+                                        "actor params": st.param_bytes, "export buckets (x2)": 2 * bucket})
+        in_flight = min(pp - stage, 10**9) if pp > 1 else 1
+        if vpp > 1:
+            in_flight = pp * vpp - stage  # the interleaved schedule's warm-up keeps more micro-batches
+        fwd = forward_peak_bytes(dims, split, forward_rows, last_stage=last)
+        log_probs = Phase("log_probs", 0, {**base, "trainer state left on the GPU": resident,
+                                           "the scored model's params (when offloaded)": max(
+                                               st.param_bytes if a.param_offload else 0,
+                                               ref_bytes if r.param_offload else 0,
+                                               teacher_bytes if teacher is not None and cfg.teacher.param_offload else 0),
+                                           "forward activations and logits": fwd})
+        upd_act = update_peak_bytes(dims, split, update_rows, layers=layers_per_rank, last_stage=last,
+                                    in_flight=in_flight)
+        actor_update = Phase("actor_update", 0, {**base, **state,
+                                                 "others left on the GPU": resident_ref + resident_critic + resident_teacher,
+                                                 "update activations and logits grad": upd_act})
+        phases = [rollout, sync, log_probs]
+        if needs_critic:
+            phases.append(Phase("critic_update", 0, {**base, "critic state": critic_bytes,
+                                                     "others left on the GPU": resident_actor + resident_ref + resident_teacher,
+                                                     "update activations": upd_act}))
+        phases.append(actor_update)
+        for ph in phases:
+            ph.bytes = sum(ph.parts.values())
+            ph.rank = ranks[stage]
+        phases_by_stage.append(phases)
+    # Each phase at its worst stage.
+    worst = [max((stage_phases[i] for stage_phases in phases_by_stage), key=lambda p: p.bytes)
+             for i in range(len(phases_by_stage[0]))]
+    if cfg.rollout.name == "hf":
+        notes.append("rollout.name=hf: the transformers engine is not sized by gpu_memory_utilization "
+                     "(the plan counts that fraction anyway)")
+
+    # ---- step time
+    prompts = cfg.data.train_batch_size
+    sequences = prompts * cfg.rollout.n
+    prompt_tokens = sequences * cfg.data.max_prompt_length
+    response_tokens = cfg.data.max_response_length
+    train_tokens = sequences * max_len
+    flops = device.bf16_tflops * 1e12 * mfu
+    engines = max(world_size // rollout_tp, 1)
+    decode_step = engine_weight_bytes * (active_params / total_params) / (device.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
+    seconds = {
+        "rollout decode (bandwidth bound, all sequences concurrent)": response_tokens * decode_step,
+        "rollout prefill": 2 * active_params * prompt_tokens / engines / (flops * rollout_tp),
+        "weight sync": total_params * size / (device.hbm_tb_s * 1e12 * HBM_EFFICIENCY) / max(tp * pp, 1),
+    }
+    forward_passes = 1 + needs_ref + (teacher is not None) + needs_critic
+    train_flops = 2 * active_params * train_tokens * forward_passes + 6 * active_params * train_tokens * (1 + needs_critic)
+    seconds["training passes (FLOPs / MFU)"] = train_flops / world_size / flops
+    if tp > 1:
+        per_layer = 4 * train_tokens / (world_size // tp) * dims.hidden * size * 2 * (tp - 1) / tp
+        seconds["TP all-reduces"] = per_layer * dims.layers / pp / (device.intra_node_gb_s * 1e9) * (1 + needs_critic)
+    micro = max(sequences // (world_size // (tp * pp * cp)) // max(len(update_rows), 1), 1)
+    if pp > 1:
+        seconds["pipeline bubble"] = seconds["training passes (FLOPs / MFU)"] * (pp - 1) / (micro * vpp)
+    layout = (f"TP{tp} PP{pp}" + (f" VPP{vpp}" if vpp > 1 else "") + f" CP{cp} EP{par.expert_model_parallel_size} "
+              f"DP{world_size // (tp * pp * cp)}; rollout TP{rollout_tp}")
+    return Plan(device=device.name, world_size=world_size, layout=layout, capacity_bytes=int(device.memory_gib * GIB),
+                headroom=headroom, phases=worst, step_seconds=seconds, notes=notes)

@@ -1,0 +1,38 @@
+"""``trainer.plan_check``: the launcher's verdict before any model is built (a GPU given explicitly here)."""
+
+from __future__ import annotations
+
+from mcore_agentic.plan.__main__ import compose
+from mcore_agentic.plan.check import launch_check
+from mcore_agentic.plan.devices import get_device
+
+H100 = get_device("h100-80g")
+BIG = ["trainer.device=cuda"]  # gsm8k_multiturn_grpo: Qwen2.5-3B, 8 x 2048-token rows per micro-batch, TP=1
+
+
+def test_error_refuses_in_one_line_naming_phase_rank_and_shortfall():
+    cfg = compose("gsm8k_multiturn_grpo", [*BIG, "trainer.plan_check=error"])
+    line, error = launch_check(cfg, 8, H100)
+    assert line is None and error is not None
+    text = str(error)
+    assert text.startswith("trainer.plan_check: actor_update needs") and "\n" not in text
+    assert "on rank 0" in text and "GiB short" in text
+
+
+def test_warn_says_the_same_and_runs():
+    cfg = compose("gsm8k_multiturn_grpo", [*BIG, "trainer.plan_check=warn"])
+    line, error = launch_check(cfg, 8, H100)
+    assert error is None and line.startswith("plan: WARNING, actor_update needs")
+
+
+def test_a_smaller_micro_batch_fits():
+    cfg = compose("gsm8k_multiturn_grpo", [*BIG, "trainer.plan_check=error", "actor.ppo_micro_batch_size_per_gpu=1",
+                                           "ref.log_prob_micro_batch_size_per_gpu=1"])
+    line, error = launch_check(cfg, 8, H100)
+    assert error is None and line.startswith("plan: fits")
+
+
+def test_off_cpu_or_no_gpu_plans_nothing():
+    assert launch_check(compose("gsm8k_multiturn_grpo", [*BIG, "trainer.plan_check=off"]), 8, H100) == (None, None)
+    assert launch_check(compose("default_tiny", ["trainer.device=cpu"]), 2, H100) == (None, None)
+    assert launch_check(compose("default_tiny", []), 2, None) == (None, None)

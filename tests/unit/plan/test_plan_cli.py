@@ -1,0 +1,53 @@
+"""``python -m mcore_agentic.plan`` on every config in ``configs/`` and every model preset: a table or JSON, the
+peak phase, a verdict and step-time terms; bad input gets one line naming the option."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mcore_agentic.plan.__main__ import main
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+TOP = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.stem != "ppo_trainer")  # ppo_trainer: the base, no model
+PRESETS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
+
+
+def _plan_json(capsys, argv: list[str]) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("config", TOP)
+def test_every_config_prints_a_table(config, capsys):
+    assert main(["--config-name", config, "--gpus-per-node", "1"]) == 0
+    out = capsys.readouterr().out
+    for phase in ("rollout", "weight_sync", "log_probs", "actor_update", "<- peak", "step time"):
+        assert phase in out, (config, phase)
+    assert "-> fits" in out or "does NOT fit" in out
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_model_preset_on_8_h100(preset, capsys):
+    nodes = "4" if preset == "qwen3_30b_a3b" else "1"
+    plan = _plan_json(capsys, ["--config-name", "gsm8k_multiturn_grpo", f"model={preset}", "--nodes", nodes])
+    assert plan["world_size"] == int(nodes) * 8
+    assert plan["peak_bytes"] == max(p["bytes"] for p in plan["phases"])
+    for phase in plan["phases"]:
+        assert phase["bytes"] == sum(phase["parts"].values()) > 0
+    assert plan["fits"] == (plan["peak_bytes"] <= plan["capacity_bytes"] * (1 - plan["headroom"]))
+    assert sum(plan["step_seconds"].values()) > 0
+
+
+def test_bad_device_is_one_line(capsys):
+    assert main(["--device", "a100-40g"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "plan.device" in err and "h100-80g" in err
+
+
+def test_unknown_model_without_config_json_is_one_line(capsys, tmp_path):
+    assert main([f"model.model_path={tmp_path / 'MyModel-7B'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "model.model_path" in err and "config.json" in err
