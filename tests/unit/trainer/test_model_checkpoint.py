@@ -26,6 +26,10 @@ from tests.helpers.distributed import run_distributed
 from tests.unit.workers._fixtures import make_batch, make_tiny_hf, setup_rank
 
 REL_TOL = 1e-5
+CROSS_TP_TOL = 5e-5
+"""A resume at another TP sums each matmul's shards in another order (fp32 rounding), and Adam normalises every
+element's update, so an element whose gradient is near zero moves by its rounding, not its size: measured 1.2e-5
+of the largest weight on one AVX-512 machine (below 1e-5 on others). Still 20x below the update itself (> 1e-3)."""
 
 
 def _to_bytes(obj) -> bytes:
@@ -235,7 +239,7 @@ def test_resume_with_different_tp_matches_uninterrupted_run(runs):
     for rank in range(2):
         got = runs["loads"][rank]["tp2"]
         assert got["next"]["lr"] == saved["next"]["lr"]
-        assert _max_rel(got["next"]["actor"], saved["next"]["actor"]) <= REL_TOL
+        assert _max_rel(got["next"]["actor"], saved["next"]["actor"]) <= CROSS_TP_TOL
     assert _max_rel(saved["next"]["actor"], saved["saved"]["actor"]) > 1e-3
 
 
