@@ -28,6 +28,38 @@ MFU = 0.35
 """Model FLOPs utilisation assumed for the training passes and prefill (``--mfu``)."""
 HBM_EFFICIENCY = 0.7
 """Fraction of the HBM bandwidth a decode step reaches."""
+GPUS_PER_NODE = 8
+"""GPUs one NVLink domain joins: TP and EP groups larger than this cross nodes."""
+HOST_LINK_GB_S = 25.0
+"""Host <-> GPU copies of offloaded state, GB/s each way (pinned memory over PCIe Gen5 x16 reaches about half its
+64 GB/s peak in practice; an assumption)."""
+ENGINE_ACTIVATION_BYTES = 2 * GIB
+"""What vLLM's and SGLang's profiling run reserves for the engine's own activations inside its share (an
+assumption: it depends on their batched-token limit); the rest of the share after the weights is KV cache."""
+
+
+def kv_bytes_per_token(hf_config: Any, dtype_bytes: int, rollout_tp: int = 1) -> int:
+    """KV-cache bytes one token takes on one GPU of an engine: keys and values of every layer, the KV heads split
+    over the engine's TP (replicated when TP exceeds them), as vLLM's and SGLang's paged caches store them."""
+    c = hf_config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = max(c.num_key_value_heads // rollout_tp, 1)
+    return 2 * c.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+
+
+@dataclass
+class EngineShare:
+    """The rollout engine's share of each GPU."""
+
+    share_bytes: int
+    weight_bytes: int
+    kv_bytes: int
+    kv_tokens: int
+    """Tokens the KV cache holds on one engine."""
+    concurrent_sequences: int
+    """Sequences of the longest length (prompt + response) the KV cache holds at once."""
+    problem: str | None = None
+    """Why the share cannot roll out (no room for one sequence), else None."""
 
 
 @dataclass
@@ -49,6 +81,7 @@ class Plan:
     phases: list[Phase]
     step_seconds: dict[str, float]
     notes: list[str]
+    engine: EngineShare | None = None
 
     @property
     def peak(self) -> Phase:
@@ -56,7 +89,8 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.peak.bytes <= self.capacity_bytes * (1 - self.headroom)
+        engine_ok = self.engine is None or self.engine.concurrent_sequences > 0
+        return engine_ok and self.peak.bytes <= self.capacity_bytes * (1 - self.headroom)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -103,6 +137,17 @@ def _count_params(hf_config: Any) -> tuple[int, int]:
     return body_total + embed, body_active + embed
 
 
+def census_requests(cfg: Any, par: Any, hf_config: Any, teacher_hf_config: Any, world_size: int) -> list[dict]:
+    """The census questions of a plan: the actor's (trainable) layout, and the teacher's under the same layout."""
+    common = dict(world_size=world_size, ranks=stage_ranks(world_size, par.pipeline_model_parallel_size),
+                  dtype=cfg.model.dtype, make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by)
+    requests = [census_request(hf_config, par, use_distributed_optimizer=cfg.actor.use_distributed_optimizer,
+                               **common)]
+    if teacher_hf_config is not None:
+        requests.append(census_request(teacher_hf_config, par, **common))
+    return requests
+
+
 def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teacher_hf_config: Any = None,
               headroom: float = 0.05, mfu: float = MFU, census: Any = run_census) -> Plan:
     """The plan of ``cfg`` (an ``RLConfig``) on ``world_size`` GPUs of ``device``."""
@@ -115,13 +160,7 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     multiple = cfg.model.make_vocab_size_divisible_by
     needs_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.policy_loss.use_kl_loss
     needs_critic = bool(cfg.algorithm.needs_critic)
-    requests = [census_request(hf_config, par, world_size=world_size, ranks=ranks, dtype=dtype,
-                               use_distributed_optimizer=cfg.actor.use_distributed_optimizer,
-                               make_vocab_size_divisible_by=multiple)]
-    if teacher_hf_config is not None:
-        requests.append(census_request(teacher_hf_config, par, world_size=world_size, ranks=ranks, dtype=dtype,
-                                       make_vocab_size_divisible_by=multiple))
-    answers = census(requests)
+    answers = census(census_requests(cfg, par, hf_config, teacher_hf_config, world_size))
     actor: list[RankState] = answers[0]
     teacher: list[RankState] | None = answers[1] if teacher_hf_config is not None else None
     padded_vocab = -(-hf_config.vocab_size // (multiple * tp)) * multiple * tp
@@ -138,10 +177,20 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     rollout_tp = cfg.rollout.tensor_model_parallel_size
     engine_bytes = int(cfg.rollout.gpu_memory_utilization * device.memory_gib * GIB)
     engine_weight_bytes = int(total_params * size / rollout_tp)
-    bucket = int(cfg.sharding.bucket_size_mb * 2**20) if hasattr(cfg, "sharding") else 512 * 2**20
+    bucket = int(cfg.sharding.bucket_size_mb * 2**20)
     notes: list[str] = []
+    kv_bytes = engine_bytes - engine_weight_bytes - ENGINE_ACTIVATION_BYTES
+    kv_tokens = max(kv_bytes, 0) // kv_bytes_per_token(hf_config, size, rollout_tp)
+    engine = EngineShare(share_bytes=engine_bytes, weight_bytes=engine_weight_bytes, kv_bytes=max(kv_bytes, 0),
+                         kv_tokens=int(kv_tokens), concurrent_sequences=int(kv_tokens // max_len))
+    if engine.concurrent_sequences == 0:
+        engine.problem = (f"the engine's share ({engine_bytes / GIB:.1f} GiB: rollout.gpu_memory_utilization) leaves no KV "
+                     f"cache for one {max_len}-token sequence after its weights ({engine_weight_bytes / GIB:.1f} GiB) "
+                     "and activations: raise it or rollout.tensor_model_parallel_size")
+        notes.append(engine.problem)
 
     phases_by_stage: list[list[Phase]] = []
+    offloaded = 0  # bytes that leave the GPU and come back each step, on the worst stage
     for stage, st in enumerate(actor):
         last = stage == pp - 1
         state = {"actor params": st.param_bytes, "actor grads": st.grad_bytes,
@@ -159,6 +208,9 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
         teacher_bytes = teacher[stage].frozen_param_bytes if teacher is not None else 0
         resident_teacher = 0 if (teacher is None or cfg.teacher.param_offload) else teacher_bytes
         resident = resident_actor + resident_ref + resident_critic + resident_teacher
+        everything = (st.param_bytes + st.grad_bytes + st.main_param_bytes + st.optimizer_bytes + ref_bytes
+                      + critic_bytes + teacher_bytes)
+        offloaded = max(offloaded, everything - resident)
         base = {"CUDA context and fragmentation": CUDA_CONTEXT_BYTES}
         rollout = Phase("rollout", 0, {**base, "engine (gpu_memory_utilization)": engine_bytes,
                                        "trainer state left on the GPU": resident})
@@ -206,21 +258,32 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     flops = device.bf16_tflops * 1e12 * mfu
     engines = max(world_size // rollout_tp, 1)
     decode_step = engine_weight_bytes * (active_params / total_params) / (device.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
+    waves = math.ceil(sequences / engines / max(engine.concurrent_sequences, 1))  # batches the KV cache allows
     seconds = {
-        "rollout decode (bandwidth bound, all sequences concurrent)": response_tokens * decode_step,
+        f"rollout decode (bandwidth bound, {waves} wave(s) of concurrent sequences)": waves * response_tokens * decode_step,
         "rollout prefill": 2 * active_params * prompt_tokens / engines / (flops * rollout_tp),
         "weight sync": total_params * size / (device.hbm_tb_s * 1e12 * HBM_EFFICIENCY) / max(tp * pp, 1),
     }
+    if offloaded:
+        seconds["offload transfers (host <-> GPU)"] = 2 * offloaded / (HOST_LINK_GB_S * 1e9)
     forward_passes = 1 + needs_ref + (teacher is not None) + needs_critic
     train_flops = 2 * active_params * train_tokens * forward_passes + 6 * active_params * train_tokens * (1 + needs_critic)
     seconds["training passes (FLOPs / MFU)"] = train_flops / world_size / flops
-    if tp > 1:
-        per_layer = 4 * train_tokens / (world_size // tp) * dims.hidden * size * 2 * (tp - 1) / tp
-        seconds["TP all-reduces"] = per_layer * dims.layers / pp / (device.intra_node_gb_s * 1e9) * (1 + needs_critic)
-    micro = max(sequences // (world_size // (tp * pp * cp)) // max(len(update_rows), 1), 1)
+    dp = max(world_size // (tp * pp * cp), 1)
+    if tp > 1:  # per layer: 2 all-reduces (or SP's all-gather + reduce-scatter) forward, 2 backward, ring volume
+        per_layer = 4 * (train_tokens / dp / cp) * dims.hidden * size * 2 * (tp - 1) / tp
+        passes = 1 + needs_critic + forward_passes / 3  # updates, plus forward-only passes at a third of the traffic
+        seconds["TP all-reduces"] = per_layer * dims.layers / pp / (device.intra_node_gb_s * 1e9) * passes
+    ep = par.expert_model_parallel_size
+    if ep > 1 and dims.moe_layers:  # dispatch and combine of every routed copy, forward and backward
+        volume = 4 * (train_tokens / dp / cp) * dims.top_k * dims.hidden * size * (ep - 1) / ep
+        link = device.intra_node_gb_s if ep * tp <= GPUS_PER_NODE else device.inter_node_gb_s
+        passes = 1 + forward_passes / 3
+        seconds["EP all-to-all"] = volume * dims.moe_layers / pp / (link * 1e9) * passes
+    micro = max(sequences // dp // max(len(update_rows), 1), 1)
     if pp > 1:
         seconds["pipeline bubble"] = seconds["training passes (FLOPs / MFU)"] * (pp - 1) / (micro * vpp)
     layout = (f"TP{tp} PP{pp}" + (f" VPP{vpp}" if vpp > 1 else "") + f" CP{cp} EP{par.expert_model_parallel_size} "
               f"DP{world_size // (tp * pp * cp)}; rollout TP{rollout_tp}")
     return Plan(device=device.name, world_size=world_size, layout=layout, capacity_bytes=int(device.memory_gib * GIB),
-                headroom=headroom, phases=worst, step_seconds=seconds, notes=notes)
+                headroom=headroom, phases=worst, step_seconds=seconds, notes=notes, engine=engine)
