@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.plan.activations import Dims, Split, forward_peak_bytes, update_peak_bytes
 from mcore_agentic.plan.census import DTYPE_BYTES, RankState, census_request, run_census, stage_ranks
 from mcore_agentic.plan.devices import GIB, Device
@@ -124,19 +125,6 @@ def _micro_rows(micro_rows: int, dynamic: bool, token_budget: int, max_len: int)
     return [max_len] * micro_rows
 
 
-def _count_params(hf_config: Any) -> tuple[int, int]:
-    """(total, active per token) parameters, from the HF config (for FLOPs and the engine's weights)."""
-    d = dims_of(hf_config, hf_config.vocab_size)
-    attn = d.hidden * d.head_dim * (2 * d.heads + 2 * d.kv_heads)
-    dense_mlp = 3 * d.hidden * d.ffn
-    expert = 3 * d.hidden * d.expert_ffn
-    dense_layers = d.layers - d.moe_layers
-    body_total = d.layers * attn + dense_layers * dense_mlp + d.moe_layers * (d.experts * expert + d.hidden * d.experts)
-    body_active = d.layers * attn + dense_layers * dense_mlp + d.moe_layers * (d.top_k * expert + d.hidden * d.experts)
-    embed = d.vocab * d.hidden * (1 if getattr(hf_config, "tie_word_embeddings", False) else 2)
-    return body_total + embed, body_active + embed
-
-
 def census_requests(cfg: Any, par: Any, hf_config: Any, teacher_hf_config: Any, world_size: int) -> list[dict]:
     """The census questions of a plan: the actor's (trainable) layout, and the teacher's under the same layout."""
     common = dict(world_size=world_size, ranks=stage_ranks(world_size, par.pipeline_model_parallel_size),
@@ -145,6 +133,9 @@ def census_requests(cfg: Any, par: Any, hf_config: Any, teacher_hf_config: Any, 
                                **common)]
     if teacher_hf_config is not None:
         requests.append(census_request(teacher_hf_config, par, **common))
+    # The whole model on one rank: its parameter count, for the engine's weights and the FLOPs.
+    requests.append(census_request(hf_config, ParallelConfig(), world_size=1, ranks=[0], dtype=cfg.model.dtype,
+                                   make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by))
     return requests
 
 
@@ -173,7 +164,11 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     forward_rows = _micro_rows(r.log_prob_micro_batch_size_per_gpu, r.use_dynamic_bsz,
                                r.log_prob_max_token_len_per_gpu, max_len)
     layers_per_rank = math.ceil(dims.layers / pp)
-    total_params, active_params = _count_params(hf_config)
+    whole = answers[-1][0]
+    total_params = whole.params
+    # A token passes through top_k of each MoE layer's experts: the active parameters a decode step reads and a
+    # token's FLOPs count.
+    active_params = total_params - whole.expert_params * (1 - dims.top_k / dims.experts if dims.experts else 0)
     rollout_tp = cfg.rollout.tensor_model_parallel_size
     engine_bytes = int(cfg.rollout.gpu_memory_utilization * device.memory_gib * GIB)
     engine_weight_bytes = int(total_params * size / rollout_tp)
