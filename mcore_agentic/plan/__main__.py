@@ -33,6 +33,8 @@ def _args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--headroom", type=float, default=0.05, help="fraction of each GPU's memory to keep free")
     p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation of the training passes")
+    p.add_argument("--mean-length", type=int, default=None,
+                   help="an average sequence's tokens (prompt + response) for the step time (default: the longest)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--suggest", type=int, default=None, metavar="N",
                    help="the N fastest layouts and offload settings that fit (default: 3 when the run does not fit)")
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = compose(args.config_name, overrides, args.config_dir)
         plan = plan_for(cfg, device=args.device, memory_gib=args.memory_gib, world_size=world,
-                        headroom=args.headroom, mfu=args.mfu)
+                        headroom=args.headroom, mfu=args.mfu, mean_length=args.mean_length)
         wanted = args.suggest if args.suggest is not None else (0 if plan.fits else 3)
         suggestions = suggestions_for(cfg, device=args.device, memory_gib=args.memory_gib, world_size=world,
                                       headroom=args.headroom, mfu=args.mfu, limit=wanted) if wanted else None

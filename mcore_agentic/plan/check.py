@@ -11,7 +11,7 @@ from mcore_agentic.utils.errors import ConfigError
 
 
 def plan_for(cfg: Any, *, device: str | Device = "h100-80g", memory_gib: float | None = None, world_size: int,
-             headroom: float = 0.05, mfu: float | None = None) -> Any:
+             headroom: float = 0.05, mfu: float | None = None, mean_length: int | None = None) -> Any:
     """The :class:`~mcore_agentic.plan.plan.Plan` of a composed ``RLConfig`` on ``world_size`` GPUs."""
     from mcore_agentic.plan.known_models import resolve_hf_config
     from mcore_agentic.plan.plan import MFU, make_plan
@@ -20,7 +20,8 @@ def plan_for(cfg: Any, *, device: str | Device = "h100-80g", memory_gib: float |
     teacher = resolve_hf_config(cfg.teacher.model_path, "teacher.model_path") if cfg.teacher.model_path else None
     if isinstance(device, str):
         device = get_device(device, memory_gib=memory_gib)
-    return make_plan(cfg, hf, device, world_size, teacher_hf_config=teacher, headroom=headroom, mfu=mfu or MFU)
+    return make_plan(cfg, hf, device, world_size, teacher_hf_config=teacher, headroom=headroom, mfu=mfu or MFU,
+                     mean_length=mean_length)
 
 
 def suggestions_for(cfg: Any, *, device: str | Device = "h100-80g", memory_gib: float | None = None,

@@ -140,8 +140,11 @@ def census_requests(cfg: Any, par: Any, hf_config: Any, teacher_hf_config: Any, 
 
 
 def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teacher_hf_config: Any = None,
-              headroom: float = 0.05, mfu: float = MFU, census: Any = run_census) -> Plan:
-    """The plan of ``cfg`` (an ``RLConfig``) on ``world_size`` GPUs of ``device``."""
+              headroom: float = 0.05, mfu: float = MFU, mean_length: int | None = None,
+              census: Any = run_census) -> Plan:
+    """The plan of ``cfg`` (an ``RLConfig``) on ``world_size`` GPUs of ``device``. ``mean_length``: an average
+    sequence's tokens (prompt + response) for the step time's training passes (default: the longest); memory is
+    always planned for the longest."""
     par = cfg.actor.parallel
     tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.context_parallel_size
     vpp = par.virtual_pipeline_model_parallel_size or 1
@@ -249,7 +252,7 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     sequences = prompts * cfg.rollout.n
     prompt_tokens = sequences * cfg.data.max_prompt_length
     response_tokens = cfg.data.max_response_length
-    train_tokens = sequences * max_len
+    train_tokens = sequences * min(mean_length or max_len, max_len)
     flops = device.bf16_tflops * 1e12 * mfu
     engines = max(world_size // rollout_tp, 1)
     decode_step = engine_weight_bytes * (active_params / total_params) / (device.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
@@ -275,7 +278,9 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
         link = device.intra_node_gb_s if ep * tp <= GPUS_PER_NODE else device.inter_node_gb_s
         passes = 1 + forward_passes / 3
         seconds["EP all-to-all"] = volume * dims.moe_layers / pp / (link * 1e9) * passes
-    micro = max(sequences // dp // max(len(update_rows), 1), 1)
+    # Micro-batches per optimizer step on one rank: each mini-batch fills and drains the pipeline once.
+    mini_batches = max(cfg.data.train_batch_size // max(cfg.actor.ppo_mini_batch_size, 1), 1)
+    micro = max(sequences // dp // max(len(update_rows), 1) // mini_batches, 1)
     if pp > 1:
         seconds["pipeline bubble"] = seconds["training passes (FLOPs / MFU)"] * (pp - 1) / (micro * vpp)
     layout = (f"TP{tp} PP{pp}" + (f" VPP{vpp}" if vpp > 1 else "") + f" CP{cp} EP{par.expert_model_parallel_size} "
