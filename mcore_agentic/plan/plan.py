@@ -272,6 +272,11 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
         per_layer = 4 * (train_tokens / dp / cp) * dims.hidden * size * 2 * (tp - 1) / tp
         passes = 1 + needs_critic + forward_passes / 3  # updates, plus forward-only passes at a third of the traffic
         seconds["TP all-reduces"] = per_layer * dims.layers / pp / (device.intra_node_gb_s * 1e9) * passes
+    if cp > 1:  # every layer all-gathers the row's keys and values (and reduce-scatters their gradients) over CP
+        kv_dim = max(dims.kv_heads // tp, 1) * dims.head_dim
+        volume = 2 * 2 * (train_tokens / dp / cp) * kv_dim * size * (cp - 1)
+        link = device.intra_node_gb_s if tp * cp <= GPUS_PER_NODE else device.inter_node_gb_s
+        seconds["CP all-gathers"] = volume * dims.layers / pp / (link * 1e9) * (1 + needs_critic + forward_passes / 2)
     ep = par.expert_model_parallel_size
     if ep > 1 and dims.moe_layers:  # dispatch and combine of every routed copy, forward and backward
         volume = 4 * (train_tokens / dp / cp) * dims.top_k * dims.hidden * size * (ep - 1) / ep
