@@ -11,6 +11,7 @@ worst rank, the peak and whether it fits, and the step-time terms. ``--json`` pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -32,7 +33,11 @@ def _args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--headroom", type=float, default=0.05, help="fraction of each GPU's memory to keep free")
     p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation of the training passes")
+    p.add_argument("--mean-length", type=int, default=None,
+                   help="an average sequence's tokens (prompt + response) for the step time (default: the longest)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--suggest", type=int, default=None, metavar="N",
+                   help="the N fastest layouts and offload settings that fit (default: 3 when the run does not fit)")
     return p.parse_known_args(argv)
 
 
@@ -64,7 +69,7 @@ def compose(config_name: str, overrides: list[str], config_dir: str | None = Non
     return load_config(dict_cfg, overrides=overrides, log_aliases=False)
 
 
-def render(plan: Any) -> None:
+def render(plan: Any, suggestions: list[Any] | None = None) -> None:
     """The plan as rich tables: phases (with their parts), then the step time."""
     from rich.console import Console
     from rich.table import Table
@@ -82,7 +87,17 @@ def render(plan: Any) -> None:
         mark = " <- peak" if phase is plan.peak else ""
         table.add_row(phase.name + mark, f"{phase.bytes / gib:.2f}", parts)
     console.print(table)
-    verdict = "fits" if plan.fits else f"does NOT fit: {(plan.peak.bytes - usable) / gib:.2f} GiB short"
+    if plan.engine is not None:
+        e = plan.engine
+        console.print(f"engine: {e.share_bytes / gib:.1f} GiB share = weights {e.weight_bytes / gib:.2f} + KV cache "
+                      f"{e.kv_bytes / gib:.2f} ({e.kv_tokens:,} tokens: {e.concurrent_sequences} sequences of the "
+                      "longest length at once) + activations")
+    if plan.fits:
+        verdict = "fits"
+    elif plan.peak.bytes > usable:
+        verdict = f"does NOT fit: {(plan.peak.bytes - usable) / gib:.2f} GiB short"
+    else:
+        verdict = "does NOT fit: the engine's share holds no sequence (see the note)"
     console.print(f"peak: {plan.peak.name}, {plan.peak.bytes / gib:.2f} GiB of {usable / gib:.2f} usable -> {verdict}")
     times = Table(title="step time (estimate)")
     times.add_column("term")
@@ -93,23 +108,42 @@ def render(plan: Any) -> None:
     console.print(times)
     for note in plan.notes:
         console.print(f"note: {note}")
+    if suggestions is not None:
+        if not suggestions:
+            console.print("no layout or offload setting of this batch fits: shorten the micro-batches or add GPUs")
+            return
+        best = Table(title="layouts that fit, fastest first (python -m mcore_agentic.plan --suggest N)")
+        best.add_column("overrides")
+        best.add_column("TP x PP x EP", justify="right")
+        best.add_column("peak GiB", justify="right")
+        best.add_column("step s", justify="right")
+        for s in suggestions:
+            best.add_row(" ".join(s.overrides), str(s.model_parallel), f"{s.peak_bytes / gib:.1f}", f"{s.step_seconds:.2f}")
+        console.print(best)
 
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = _args(sys.argv[1:] if argv is None else argv)
-    from mcore_agentic.plan.check import plan_for
+    from mcore_agentic.plan.check import plan_for, suggestions_for
 
+    world = args.nodes * args.gpus_per_node
     try:
         cfg = compose(args.config_name, overrides, args.config_dir)
-        plan = plan_for(cfg, device=args.device, memory_gib=args.memory_gib,
-                        world_size=args.nodes * args.gpus_per_node, headroom=args.headroom, mfu=args.mfu)
+        plan = plan_for(cfg, device=args.device, memory_gib=args.memory_gib, world_size=world,
+                        headroom=args.headroom, mfu=args.mfu, mean_length=args.mean_length)
+        wanted = args.suggest if args.suggest is not None else (0 if plan.fits else 3)
+        suggestions = suggestions_for(cfg, device=args.device, memory_gib=args.memory_gib, world_size=world,
+                                      headroom=args.headroom, mfu=args.mfu, limit=wanted) if wanted else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(plan.to_json(), indent=2))
+        out = plan.to_json()
+        if suggestions is not None:
+            out["suggestions"] = [dataclasses.asdict(s) for s in suggestions]
+        print(json.dumps(out, indent=2))
     else:
-        render(plan)
+        render(plan, suggestions)
     return 0
 
 

@@ -157,8 +157,11 @@ def census_request(hf_config: Any, parallel: Any, *, world_size: int, ranks: lis
     """One census question: ``ranks`` of a world of ``world_size`` under ``parallel`` (a ``ParallelConfig``)."""
     if dtype not in DTYPE_BYTES:
         raise ConfigError("model.dtype", f"{dtype!r} is not supported: use one of {', '.join(DTYPE_BYTES)}")
+    # Sequence parallelism splits activations, not parameters; without it the local spec builds every layout
+    # (megatron-core refuses sequence-parallel experts without TransformerEngine's layers).
+    sizes = {**asdict(parallel), "sequence_parallel": False}
     return {
-        "hf_config": hf_config_dict(hf_config), "parallel": asdict(parallel), "world_size": world_size,
+        "hf_config": hf_config_dict(hf_config), "parallel": sizes, "world_size": world_size,
         "ranks": list(ranks), "dtype": dtype, "use_distributed_optimizer": use_distributed_optimizer,
         "make_vocab_size_divisible_by": make_vocab_size_divisible_by, "lm_head": lm_head,
     }

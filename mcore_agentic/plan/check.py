@@ -11,7 +11,7 @@ from mcore_agentic.utils.errors import ConfigError
 
 
 def plan_for(cfg: Any, *, device: str | Device = "h100-80g", memory_gib: float | None = None, world_size: int,
-             headroom: float = 0.05, mfu: float | None = None) -> Any:
+             headroom: float = 0.05, mfu: float | None = None, mean_length: int | None = None) -> Any:
     """The :class:`~mcore_agentic.plan.plan.Plan` of a composed ``RLConfig`` on ``world_size`` GPUs."""
     from mcore_agentic.plan.known_models import resolve_hf_config
     from mcore_agentic.plan.plan import MFU, make_plan
@@ -20,7 +20,21 @@ def plan_for(cfg: Any, *, device: str | Device = "h100-80g", memory_gib: float |
     teacher = resolve_hf_config(cfg.teacher.model_path, "teacher.model_path") if cfg.teacher.model_path else None
     if isinstance(device, str):
         device = get_device(device, memory_gib=memory_gib)
-    return make_plan(cfg, hf, device, world_size, teacher_hf_config=teacher, headroom=headroom, mfu=mfu or MFU)
+    return make_plan(cfg, hf, device, world_size, teacher_hf_config=teacher, headroom=headroom, mfu=mfu or MFU,
+                     mean_length=mean_length)
+
+
+def suggestions_for(cfg: Any, *, device: str | Device = "h100-80g", memory_gib: float | None = None,
+                    world_size: int, headroom: float = 0.05, mfu: float | None = None, limit: int = 3) -> list[Any]:
+    """The ``limit`` fastest layouts and offload settings of ``cfg`` that fit (:mod:`.suggest`)."""
+    from mcore_agentic.plan.known_models import resolve_hf_config
+    from mcore_agentic.plan.suggest import suggest
+
+    hf = resolve_hf_config(cfg.model.model_path)
+    teacher = resolve_hf_config(cfg.teacher.model_path, "teacher.model_path") if cfg.teacher.model_path else None
+    if isinstance(device, str):
+        device = get_device(device, memory_gib=memory_gib)
+    return suggest(cfg, hf, device, world_size, teacher_hf_config=teacher, headroom=headroom, mfu=mfu, limit=limit)
 
 
 def local_gpu() -> Device | None:
@@ -58,6 +72,11 @@ def launch_check(cfg: Any, world_size: int, device: Device | None) -> tuple[str 
     if plan.fits:
         return (f"plan: fits; the peak is {peak.name} at {peak.bytes / GIB:.1f} GiB of {usable / GIB:.1f} usable on "
                 f"each {device.name} (python -m mcore_agentic.plan for the breakdown)"), None
+    if peak.bytes <= usable:  # it fits but for the engine's KV cache
+        message = plan.engine.problem
+        if mode == "error":
+            return None, ConfigError("rollout.gpu_memory_utilization", message)
+        return f"plan: WARNING, {message}", None
     message = (f"{peak.name} needs {peak.bytes / GIB:.1f} GiB on rank {peak.rank} but {device.name} has "
                f"{usable / GIB:.1f} usable: {(peak.bytes - usable) / GIB:.1f} GiB short (python -m mcore_agentic.plan "
                "with the same overrides shows each part; offload keys, a smaller micro-batch or more model "

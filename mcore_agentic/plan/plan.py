@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.plan.activations import Dims, Split, forward_peak_bytes, update_peak_bytes
 from mcore_agentic.plan.census import DTYPE_BYTES, RankState, census_request, run_census, stage_ranks
 from mcore_agentic.plan.devices import GIB, Device
@@ -28,6 +29,38 @@ MFU = 0.35
 """Model FLOPs utilisation assumed for the training passes and prefill (``--mfu``)."""
 HBM_EFFICIENCY = 0.7
 """Fraction of the HBM bandwidth a decode step reaches."""
+GPUS_PER_NODE = 8
+"""GPUs one NVLink domain joins: TP and EP groups larger than this cross nodes."""
+HOST_LINK_GB_S = 25.0
+"""Host <-> GPU copies of offloaded state, GB/s each way (pinned memory over PCIe Gen5 x16 reaches about half its
+64 GB/s peak in practice; an assumption)."""
+ENGINE_ACTIVATION_BYTES = 2 * GIB
+"""What vLLM's and SGLang's profiling run reserves for the engine's own activations inside its share (an
+assumption: it depends on their batched-token limit); the rest of the share after the weights is KV cache."""
+
+
+def kv_bytes_per_token(hf_config: Any, dtype_bytes: int, rollout_tp: int = 1) -> int:
+    """KV-cache bytes one token takes on one GPU of an engine: keys and values of every layer, the KV heads split
+    over the engine's TP (replicated when TP exceeds them), as vLLM's and SGLang's paged caches store them."""
+    c = hf_config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = max(c.num_key_value_heads // rollout_tp, 1)
+    return 2 * c.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+
+
+@dataclass
+class EngineShare:
+    """The rollout engine's share of each GPU."""
+
+    share_bytes: int
+    weight_bytes: int
+    kv_bytes: int
+    kv_tokens: int
+    """Tokens the KV cache holds on one engine."""
+    concurrent_sequences: int
+    """Sequences of the longest length (prompt + response) the KV cache holds at once."""
+    problem: str | None = None
+    """Why the share cannot roll out (no room for one sequence), else None."""
 
 
 @dataclass
@@ -49,6 +82,7 @@ class Plan:
     phases: list[Phase]
     step_seconds: dict[str, float]
     notes: list[str]
+    engine: EngineShare | None = None
 
     @property
     def peak(self) -> Phase:
@@ -56,7 +90,8 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.peak.bytes <= self.capacity_bytes * (1 - self.headroom)
+        engine_ok = self.engine is None or self.engine.concurrent_sequences > 0
+        return engine_ok and self.peak.bytes <= self.capacity_bytes * (1 - self.headroom)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -90,22 +125,26 @@ def _micro_rows(micro_rows: int, dynamic: bool, token_budget: int, max_len: int)
     return [max_len] * micro_rows
 
 
-def _count_params(hf_config: Any) -> tuple[int, int]:
-    """(total, active per token) parameters, from the HF config (for FLOPs and the engine's weights)."""
-    d = dims_of(hf_config, hf_config.vocab_size)
-    attn = d.hidden * d.head_dim * (2 * d.heads + 2 * d.kv_heads)
-    dense_mlp = 3 * d.hidden * d.ffn
-    expert = 3 * d.hidden * d.expert_ffn
-    dense_layers = d.layers - d.moe_layers
-    body_total = d.layers * attn + dense_layers * dense_mlp + d.moe_layers * (d.experts * expert + d.hidden * d.experts)
-    body_active = d.layers * attn + dense_layers * dense_mlp + d.moe_layers * (d.top_k * expert + d.hidden * d.experts)
-    embed = d.vocab * d.hidden * (1 if getattr(hf_config, "tie_word_embeddings", False) else 2)
-    return body_total + embed, body_active + embed
+def census_requests(cfg: Any, par: Any, hf_config: Any, teacher_hf_config: Any, world_size: int) -> list[dict]:
+    """The census questions of a plan: the actor's (trainable) layout, and the teacher's under the same layout."""
+    common = dict(world_size=world_size, ranks=stage_ranks(world_size, par.pipeline_model_parallel_size),
+                  dtype=cfg.model.dtype, make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by)
+    requests = [census_request(hf_config, par, use_distributed_optimizer=cfg.actor.use_distributed_optimizer,
+                               **common)]
+    if teacher_hf_config is not None:
+        requests.append(census_request(teacher_hf_config, par, **common))
+    # The whole model on one rank: its parameter count, for the engine's weights and the FLOPs.
+    requests.append(census_request(hf_config, ParallelConfig(), world_size=1, ranks=[0], dtype=cfg.model.dtype,
+                                   make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by))
+    return requests
 
 
 def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teacher_hf_config: Any = None,
-              headroom: float = 0.05, mfu: float = MFU, census: Any = run_census) -> Plan:
-    """The plan of ``cfg`` (an ``RLConfig``) on ``world_size`` GPUs of ``device``."""
+              headroom: float = 0.05, mfu: float = MFU, mean_length: int | None = None,
+              census: Any = run_census) -> Plan:
+    """The plan of ``cfg`` (an ``RLConfig``) on ``world_size`` GPUs of ``device``. ``mean_length``: an average
+    sequence's tokens (prompt + response) for the step time's training passes (default: the longest); memory is
+    always planned for the longest."""
     par = cfg.actor.parallel
     tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.context_parallel_size
     vpp = par.virtual_pipeline_model_parallel_size or 1
@@ -115,13 +154,7 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     multiple = cfg.model.make_vocab_size_divisible_by
     needs_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.policy_loss.use_kl_loss
     needs_critic = bool(cfg.algorithm.needs_critic)
-    requests = [census_request(hf_config, par, world_size=world_size, ranks=ranks, dtype=dtype,
-                               use_distributed_optimizer=cfg.actor.use_distributed_optimizer,
-                               make_vocab_size_divisible_by=multiple)]
-    if teacher_hf_config is not None:
-        requests.append(census_request(teacher_hf_config, par, world_size=world_size, ranks=ranks, dtype=dtype,
-                                       make_vocab_size_divisible_by=multiple))
-    answers = census(requests)
+    answers = census(census_requests(cfg, par, hf_config, teacher_hf_config, world_size))
     actor: list[RankState] = answers[0]
     teacher: list[RankState] | None = answers[1] if teacher_hf_config is not None else None
     padded_vocab = -(-hf_config.vocab_size // (multiple * tp)) * multiple * tp
@@ -134,14 +167,28 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     forward_rows = _micro_rows(r.log_prob_micro_batch_size_per_gpu, r.use_dynamic_bsz,
                                r.log_prob_max_token_len_per_gpu, max_len)
     layers_per_rank = math.ceil(dims.layers / pp)
-    total_params, active_params = _count_params(hf_config)
+    whole = answers[-1][0]
+    total_params = whole.params
+    # A token passes through top_k of each MoE layer's experts: the active parameters a decode step reads and a
+    # token's FLOPs count.
+    active_params = total_params - whole.expert_params * (1 - dims.top_k / dims.experts if dims.experts else 0)
     rollout_tp = cfg.rollout.tensor_model_parallel_size
     engine_bytes = int(cfg.rollout.gpu_memory_utilization * device.memory_gib * GIB)
     engine_weight_bytes = int(total_params * size / rollout_tp)
-    bucket = int(cfg.sharding.bucket_size_mb * 2**20) if hasattr(cfg, "sharding") else 512 * 2**20
+    bucket = int(cfg.sharding.bucket_size_mb * 2**20)
     notes: list[str] = []
+    kv_bytes = engine_bytes - engine_weight_bytes - ENGINE_ACTIVATION_BYTES
+    kv_tokens = max(kv_bytes, 0) // kv_bytes_per_token(hf_config, size, rollout_tp)
+    engine = EngineShare(share_bytes=engine_bytes, weight_bytes=engine_weight_bytes, kv_bytes=max(kv_bytes, 0),
+                         kv_tokens=int(kv_tokens), concurrent_sequences=int(kv_tokens // max_len))
+    if engine.concurrent_sequences == 0:
+        engine.problem = (f"the engine's share ({engine_bytes / GIB:.1f} GiB: rollout.gpu_memory_utilization) leaves no KV "
+                     f"cache for one {max_len}-token sequence after its weights ({engine_weight_bytes / GIB:.1f} GiB) "
+                     "and activations: raise it or rollout.tensor_model_parallel_size")
+        notes.append(engine.problem)
 
     phases_by_stage: list[list[Phase]] = []
+    offloaded = 0  # bytes that leave the GPU and come back each step, on the worst stage
     for stage, st in enumerate(actor):
         last = stage == pp - 1
         state = {"actor params": st.param_bytes, "actor grads": st.grad_bytes,
@@ -159,6 +206,9 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
         teacher_bytes = teacher[stage].frozen_param_bytes if teacher is not None else 0
         resident_teacher = 0 if (teacher is None or cfg.teacher.param_offload) else teacher_bytes
         resident = resident_actor + resident_ref + resident_critic + resident_teacher
+        everything = (st.param_bytes + st.grad_bytes + st.main_param_bytes + st.optimizer_bytes + ref_bytes
+                      + critic_bytes + teacher_bytes)
+        offloaded = max(offloaded, everything - resident)
         base = {"CUDA context and fragmentation": CUDA_CONTEXT_BYTES}
         rollout = Phase("rollout", 0, {**base, "engine (gpu_memory_utilization)": engine_bytes,
                                        "trainer state left on the GPU": resident})
@@ -202,25 +252,43 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     sequences = prompts * cfg.rollout.n
     prompt_tokens = sequences * cfg.data.max_prompt_length
     response_tokens = cfg.data.max_response_length
-    train_tokens = sequences * max_len
+    train_tokens = sequences * min(mean_length or max_len, max_len)
     flops = device.bf16_tflops * 1e12 * mfu
     engines = max(world_size // rollout_tp, 1)
     decode_step = engine_weight_bytes * (active_params / total_params) / (device.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
+    waves = math.ceil(sequences / engines / max(engine.concurrent_sequences, 1))  # batches the KV cache allows
     seconds = {
-        "rollout decode (bandwidth bound, all sequences concurrent)": response_tokens * decode_step,
+        f"rollout decode (bandwidth bound, {waves} wave(s) of concurrent sequences)": waves * response_tokens * decode_step,
         "rollout prefill": 2 * active_params * prompt_tokens / engines / (flops * rollout_tp),
         "weight sync": total_params * size / (device.hbm_tb_s * 1e12 * HBM_EFFICIENCY) / max(tp * pp, 1),
     }
+    if offloaded:
+        seconds["offload transfers (host <-> GPU)"] = 2 * offloaded / (HOST_LINK_GB_S * 1e9)
     forward_passes = 1 + needs_ref + (teacher is not None) + needs_critic
     train_flops = 2 * active_params * train_tokens * forward_passes + 6 * active_params * train_tokens * (1 + needs_critic)
     seconds["training passes (FLOPs / MFU)"] = train_flops / world_size / flops
-    if tp > 1:
-        per_layer = 4 * train_tokens / (world_size // tp) * dims.hidden * size * 2 * (tp - 1) / tp
-        seconds["TP all-reduces"] = per_layer * dims.layers / pp / (device.intra_node_gb_s * 1e9) * (1 + needs_critic)
-    micro = max(sequences // (world_size // (tp * pp * cp)) // max(len(update_rows), 1), 1)
+    dp = max(world_size // (tp * pp * cp), 1)
+    if tp > 1:  # per layer: 2 all-reduces (or SP's all-gather + reduce-scatter) forward, 2 backward, ring volume
+        per_layer = 4 * (train_tokens / dp / cp) * dims.hidden * size * 2 * (tp - 1) / tp
+        passes = 1 + needs_critic + forward_passes / 3  # updates, plus forward-only passes at a third of the traffic
+        seconds["TP all-reduces"] = per_layer * dims.layers / pp / (device.intra_node_gb_s * 1e9) * passes
+    if cp > 1:  # every layer all-gathers the row's keys and values (and reduce-scatters their gradients) over CP
+        kv_dim = max(dims.kv_heads // tp, 1) * dims.head_dim
+        volume = 2 * 2 * (train_tokens / dp / cp) * kv_dim * size * (cp - 1)
+        link = device.intra_node_gb_s if tp * cp <= GPUS_PER_NODE else device.inter_node_gb_s
+        seconds["CP all-gathers"] = volume * dims.layers / pp / (link * 1e9) * (1 + needs_critic + forward_passes / 2)
+    ep = par.expert_model_parallel_size
+    if ep > 1 and dims.moe_layers:  # dispatch and combine of every routed copy, forward and backward
+        volume = 4 * (train_tokens / dp / cp) * dims.top_k * dims.hidden * size * (ep - 1) / ep
+        link = device.intra_node_gb_s if ep * tp <= GPUS_PER_NODE else device.inter_node_gb_s
+        passes = 1 + forward_passes / 3
+        seconds["EP all-to-all"] = volume * dims.moe_layers / pp / (link * 1e9) * passes
+    # Micro-batches per optimizer step on one rank: each mini-batch fills and drains the pipeline once.
+    mini_batches = max(cfg.data.train_batch_size // max(cfg.actor.ppo_mini_batch_size, 1), 1)
+    micro = max(sequences // dp // max(len(update_rows), 1) // mini_batches, 1)
     if pp > 1:
         seconds["pipeline bubble"] = seconds["training passes (FLOPs / MFU)"] * (pp - 1) / (micro * vpp)
     layout = (f"TP{tp} PP{pp}" + (f" VPP{vpp}" if vpp > 1 else "") + f" CP{cp} EP{par.expert_model_parallel_size} "
               f"DP{world_size // (tp * pp * cp)}; rollout TP{rollout_tp}")
     return Plan(device=device.name, world_size=world_size, layout=layout, capacity_bytes=int(device.memory_gib * GIB),
-                headroom=headroom, phases=worst, step_seconds=seconds, notes=notes)
+                headroom=headroom, phases=worst, step_seconds=seconds, notes=notes, engine=engine)

@@ -51,3 +51,25 @@ def test_unknown_model_without_config_json_is_one_line(capsys, tmp_path):
     assert main([f"model.model_path={tmp_path / 'MyModel-7B'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "model.model_path" in err and "config.json" in err
+
+
+def test_a_run_that_does_not_fit_gets_suggestions_that_do(capsys):
+    """gsm8k_multiturn_grpo (Qwen2.5-3B, 8 rows of 2048 tokens per micro-batch, TP=1) does not fit 8 H100s; each
+    suggestion, applied as overrides and planned again, does."""
+    from mcore_agentic.plan.__main__ import compose
+    from mcore_agentic.plan.check import plan_for
+
+    plan = _plan_json(capsys, ["--config-name", "gsm8k_multiturn_grpo", "--suggest", "2"])
+    assert not plan["fits"] and len(plan["suggestions"]) == 2
+    steps = [s["step_seconds"] for s in plan["suggestions"]]
+    assert steps == sorted(steps)
+    for suggestion in plan["suggestions"]:
+        again = plan_for(compose("gsm8k_multiturn_grpo", suggestion["overrides"]), world_size=8)
+        assert again.fits and again.peak.bytes == suggestion["peak_bytes"], suggestion["overrides"]
+
+
+def test_the_table_says_what_the_engine_holds(capsys):
+    assert main(["--config-name", "gsm8k_multiturn_grpo", "--suggest", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "engine:" in out and "KV cache" in out and "sequences of the longest length at once" in out
+    assert "layouts that fit, fastest first" in out

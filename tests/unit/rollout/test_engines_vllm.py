@@ -336,3 +336,15 @@ def test_unsupported_head_dim_is_one_clear_error(tmp_path):
     path = make_tiny_hf_model(tmp_path / "hd16", vocab_size=256, num_attention_heads=4, num_key_value_heads=2)
     with pytest.raises(ValueError, match="head_dim 16 is not one vLLM's CPU attention takes"):
         VLLMEngine(path)
+
+
+def test_the_planners_kv_cache_figure_is_vllms_block_computation(engine, model_dirs):
+    """``mcore_agentic.plan``'s KV bytes per token give the tokens vLLM's own block computation made room for in
+    the same memory (64 MiB, the engine's fp32 cache), to within the last partial block."""
+    from mcore_agentic.models.hf_io import load_hf_config
+    from mcore_agentic.plan.plan import kv_bytes_per_token
+
+    cache = engine._engine.vllm_config.cache_config
+    planned = (64 << 20) // kv_bytes_per_token(load_hf_config(model_dirs[0]), dtype_bytes=4)
+    held = cache.num_gpu_blocks * cache.block_size
+    assert planned - cache.block_size < held <= planned, (planned, held, cache.block_size)
