@@ -244,6 +244,19 @@ def _make_replica_groups(layout: ParallelLayout) -> _Replicas:
     return _Replicas(ranks, mine)
 
 
+def megatron_sizes(cfg: ParallelConfig) -> dict[str, Any]:
+    """``cfg``'s sizes as ``parallel_state.initialize_model_parallel``'s keyword arguments (the trainer's groups and
+    the planner's census are made from the same)."""
+    return dict(
+        tensor_model_parallel_size=cfg.tensor_model_parallel_size,
+        pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=cfg.virtual_pipeline_model_parallel_size,
+        context_parallel_size=cfg.context_parallel_size,
+        expert_model_parallel_size=cfg.expert_model_parallel_size,
+        expert_tensor_parallel_size=cfg.expert_tensor_parallel_size,
+    )
+
+
 def initialize_parallel(cfg: ParallelConfig, seed: int) -> ParallelLayout:
     """Create Megatron's TP/PP/CP/DP (and EP) process groups and seed its RNG tracker; return the layout.
 
@@ -267,12 +280,7 @@ def initialize_parallel(cfg: ParallelConfig, seed: int) -> ParallelLayout:
     if parallel_state.model_parallel_is_initialized():
         raise RuntimeError("Megatron parallel state is already initialised: call destroy_parallel() first")
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=cfg.tensor_model_parallel_size,
-        pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=cfg.virtual_pipeline_model_parallel_size,
-        context_parallel_size=cfg.context_parallel_size,
-        expert_model_parallel_size=cfg.expert_model_parallel_size,
-        expert_tensor_parallel_size=cfg.expert_tensor_parallel_size,
+        **megatron_sizes(cfg),
         distributed_timeout_minutes=_TIMEOUT_MINUTES,  # Megatron's own default is 30, whatever the world's is
     )
     layout = current_parallel_layout()

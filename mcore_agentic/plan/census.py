@@ -83,6 +83,7 @@ def _census_here(request: dict[str, Any]) -> list[dict[str, Any]]:
 
     from mcore_agentic.models.registry import get_bridge
     from mcore_agentic.parallel.config import ParallelConfig
+    from mcore_agentic.parallel.layout import megatron_sizes
 
     hf = dict(request["hf_config"])
     hf_config = AutoConfig.for_model(hf.pop("model_type"), **hf)
@@ -96,15 +97,7 @@ def _census_here(request: dict[str, Any]) -> list[dict[str, Any]]:
     for rank in request["ranks"]:
         dist.init_process_group("fake", store=FakeStore(), rank=int(rank), world_size=world)
         try:
-            parallel_state.initialize_model_parallel(
-                tensor_model_parallel_size=parallel.tensor_model_parallel_size,
-                pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
-                virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
-                context_parallel_size=parallel.context_parallel_size,
-                expert_model_parallel_size=parallel.expert_model_parallel_size,
-                expert_tensor_parallel_size=parallel.expert_tensor_parallel_size,
-                create_gloo_process_groups=False,
-            )
+            parallel_state.initialize_model_parallel(**megatron_sizes(parallel), create_gloo_process_groups=False)
             model_parallel_cuda_manual_seed(0)
             tcfg = bridge.transformer_config(hf_config, parallel, params_dtype=dtype, use_te=False,
                                              use_cpu_initialization=True, perform_initialization=False,
