@@ -225,17 +225,18 @@ def preflight_launch(args: LaunchArgs) -> int:
     return run_workers(args)
 
 
-def plan_check(cfg: Any, world: int) -> list[ConfigError]:
-    """``trainer.plan_check`` on this machine's GPUs (nothing on CPU): a line, or the refusal of a run that does not
-    fit (``error``). Runs only once the config passed its pre-flight."""
+def plan_check(cfg: Any, world: int, *, say: bool = True) -> list[ConfigError]:
+    """``trainer.plan_check`` on this machine's GPUs (nothing on CPU): a line (printed when ``say``), or the refusal
+    of a run that does not fit (``error``). Runs only once the config passed its pre-flight."""
     from mcore_agentic.plan.check import launch_check, local_gpu
 
     try:
         line, error = launch_check(cfg, world, local_gpu() if cfg.trainer.device != "cpu" else None)
     except ConfigError as exc:  # a model the planner cannot read: say so, do not stop a run it would not stop
-        print(f"plan: skipped ({exc})", file=sys.stderr, flush=True)
+        if say:
+            print(f"plan: skipped ({exc})", file=sys.stderr, flush=True)
         return []
-    if line:
+    if line and say:
         print(line, file=sys.stderr, flush=True)
     return [error] if error is not None else []
 
@@ -337,8 +338,10 @@ def check_config(cfg: Any, world_size: int, dirs: list[Path] | None = None) -> N
     from mcore_agentic.utils.errors import ConfigErrors
 
     dirs = dirs if dirs is not None else search_dirs()
-    problems = preflight(cfg, world_size, local_world_size=_local_world_size(world_size), dirs=dirs,
-                         light=os.environ.get(PREFLIGHT_ENV) == "1")
+    launched = os.environ.get(PREFLIGHT_ENV) == "1"  # the python launcher checked everything (and planned) already
+    problems = preflight(cfg, world_size, local_world_size=_local_world_size(world_size), dirs=dirs, light=launched)
+    if not problems and not launched:  # torchrun or Slurm directly: every rank plans (the same verdict), rank 0 says it
+        problems += plan_check(cfg, world_size, say=int(os.environ.get("RANK", "0")) == 0)
     if problems:
         raise ConfigErrors(problems)
 
