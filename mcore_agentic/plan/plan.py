@@ -182,9 +182,10 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     engine = EngineShare(share_bytes=engine_bytes, weight_bytes=engine_weight_bytes, kv_bytes=max(kv_bytes, 0),
                          kv_tokens=int(kv_tokens), concurrent_sequences=int(kv_tokens // max_len))
     if engine.concurrent_sequences == 0:
-        engine.problem = (f"the engine's share ({engine_bytes / GIB:.1f} GiB: rollout.gpu_memory_utilization) leaves no KV "
-                     f"cache for one {max_len}-token sequence after its weights ({engine_weight_bytes / GIB:.1f} GiB) "
-                     "and activations: raise it or rollout.tensor_model_parallel_size")
+        engine.problem = (f"the engine's share ({engine_bytes / GIB:.1f} GiB: rollout.gpu_memory_utilization) leaves "
+                          f"no KV cache for one {max_len}-token sequence after its weights "
+                          f"({engine_weight_bytes / GIB:.1f} GiB) and activations: raise it or "
+                          "rollout.tensor_model_parallel_size")
         notes.append(engine.problem)
 
     phases_by_stage: list[list[Phase]] = []
@@ -198,9 +199,9 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
         ref_bytes = st.frozen_param_bytes if needs_ref else 0
         resident_ref = 0 if r.param_offload else ref_bytes
         critic_bytes = (st.param_bytes + st.grad_bytes + st.main_param_bytes + st.optimizer_bytes) if needs_critic else 0
-        c = getattr(cfg, "critic", None)
+        c = cfg.critic
         resident_critic = 0
-        if needs_critic and c is not None:
+        if needs_critic:
             resident_critic = ((0 if c.param_offload else st.param_bytes) + (0 if c.grad_offload else st.grad_bytes)
                                + (0 if c.optimizer_offload else st.main_param_bytes + st.optimizer_bytes))
         teacher_bytes = teacher[stage].frozen_param_bytes if teacher is not None else 0
@@ -215,9 +216,8 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
         sync = Phase("weight_sync", 0, {**base, "engine weights": engine_weight_bytes,
                                         "trainer state left on the GPU": resident - (0 if a.param_offload else st.param_bytes),
                                         "actor params": st.param_bytes, "export buckets (x2)": 2 * bucket})
-        in_flight = min(pp - stage, 10**9) if pp > 1 else 1
-        if vpp > 1:
-            in_flight = pp * vpp - stage  # the interleaved schedule's warm-up keeps more micro-batches
+        # 1F1B: stage s holds up to PP - s micro-batches' activations; the interleaved warm-up keeps more.
+        in_flight = pp * vpp - stage if vpp > 1 else pp - stage
         fwd = forward_peak_bytes(dims, split, forward_rows, last_stage=last)
         log_probs = Phase("log_probs", 0, {**base, "trainer state left on the GPU": resident,
                                            "the scored model's params (when offloaded)": max(
