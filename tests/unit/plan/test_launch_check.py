@@ -36,3 +36,18 @@ def test_off_cpu_or_no_gpu_plans_nothing():
     assert launch_check(compose("gsm8k_multiturn_grpo", [*BIG, "trainer.plan_check=off"]), 8, H100) == (None, None)
     assert launch_check(compose("default_tiny", ["trainer.device=cpu"]), 2, H100) == (None, None)
     assert launch_check(compose("default_tiny", []), 2, None) == (None, None)
+
+
+def test_local_gpu_reads_nvidia_smi(tmp_path, monkeypatch):
+    """No GPU here: a stand-in ``nvidia-smi`` prints what the real one prints for an H200, and without one on PATH
+    there is no GPU to plan for."""
+    from mcore_agentic.plan.check import local_gpu
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert local_gpu() is None
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771'\necho 'NVIDIA H200, 143771'\n")
+    smi.chmod(0o755)
+    gpu = local_gpu()
+    assert gpu is not None and gpu.name == "NVIDIA H200 (as h200-141g)"
+    assert abs(gpu.memory_gib - 143771 / 1024) < 1e-9 and gpu.hbm_tb_s == get_device("h200-141g").hbm_tb_s
