@@ -14,12 +14,9 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from mcore_agentic.utils.errors import ConfigError
-
-REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def _args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -42,31 +39,28 @@ def _args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def compose(config_name: str, overrides: list[str], config_dir: str | None = None) -> Any:
-    """The run's ``RLConfig``, composed as the launcher composes it (verl keys rewritten, the same defaults)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    """The run's ``RLConfig``, composed as the launcher composes it (:func:`mcore_agentic.config.compose`: verl keys
+    rewritten, the same defaults; a user's config directory searched before the repository's)."""
     from omegaconf import OmegaConf
 
-    from mcore_agentic.config import load_config
+    from mcore_agentic.config import CONFIG_DIR, load_config
+    from mcore_agentic.config import compose as compose_tree
     from mcore_agentic.config.load import translate_overrides
     from mcore_agentic.trainer.config import log_dir_of
 
-    overrides, _ = translate_overrides(overrides)
     OmegaConf.register_new_resolver("log_dir", log_dir_of, replace=True)
-    directory = Path(config_dir).resolve() if config_dir else REPO_CONFIGS
-    hydra_overrides = list(overrides)
-    if config_dir:
-        hydra_overrides.append(f"hydra.searchpath=[file://{REPO_CONFIGS}]")
-    GlobalHydra.instance().clear()
+    native, _ = translate_overrides(overrides)
+    searched = [f"hydra.searchpath=[file://{CONFIG_DIR}]"] if config_dir else []
     try:
-        with initialize_config_dir(config_dir=str(directory), version_base=None):
-            dict_cfg = hydra_compose(config_name=config_name, overrides=hydra_overrides)
+        tree = compose_tree(config_name, [*native, *searched], config_dir)
+    except ConfigError:
+        raise
     except Exception as exc:  # noqa: BLE001 -- Hydra's composition errors: one line naming the config
         from mcore_agentic.utils.errors import first_line
 
-        raise ConfigError(f"--config-name {config_name}", f"{first_line(exc)} (config directory {directory})") from None
-    return load_config(dict_cfg, overrides=overrides, log_aliases=False)
+        where = config_dir or CONFIG_DIR
+        raise ConfigError(f"--config-name {config_name}", f"{first_line(exc)} (config directory {where})") from None
+    return load_config(tree, overrides=native, log_aliases=False)
 
 
 def render(plan: Any, suggestions: list[Any] | None = None) -> None:
