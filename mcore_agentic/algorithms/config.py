@@ -186,6 +186,7 @@ class GiGPOConfig:
 
 
 DISTILLATION_MODES = ("add", "only")
+DISTILLATION_KLS = ("forward", "reverse")
 
 
 @dataclass(frozen=True)
@@ -198,12 +199,23 @@ class DistillationConfig:
     """``add``: the term is added to the task advantage of ``adv_estimator`` (task reward and teacher together);
     ``only``: it is the whole advantage (pure distillation; the task reward is still scored and reported)."""
     coef: float = 1.0
-    """Weight of the per-token term."""
+    """Weight of the per-token term (of the top-k KL loss with ``top_k``)."""
+    top_k: int = 0
+    """0: the teacher's signal is its log-prob of the one sampled token (a per-token advantage). k > 0: the
+    teacher also returns its k most likely next tokens at each sampled position and the student is trained on
+    the KL between the two distributions over those k tokens and the rest (a loss term, ``coef`` x ``kl``); the
+    per-token advantage is then not added (``add``: task advantage + KL loss; ``only``: the KL loss alone)."""
+    kl: str = "forward"
+    """With ``top_k``: ``forward`` (``KL(teacher || student)``, the distillation loss) or ``reverse``
+    (``KL(student || teacher)``) over the top k and the tail."""
 
     def __post_init__(self) -> None:
         require(self.mode in DISTILLATION_MODES, "algorithm.distillation.mode",
                 f"{self.mode!r} is not one of {', '.join(DISTILLATION_MODES)}")
         require(self.coef > 0, "algorithm.distillation.coef", f"must be > 0, got {self.coef}")
+        require(self.top_k >= 0, "algorithm.distillation.top_k", f"must be >= 0 (0: sampled tokens only), got {self.top_k}")
+        require(self.kl in DISTILLATION_KLS, "algorithm.distillation.kl",
+                f"{self.kl!r} is not one of {', '.join(DISTILLATION_KLS)}")
 
 
 @dataclass(frozen=True)

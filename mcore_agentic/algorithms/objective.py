@@ -1,7 +1,8 @@
 """The actor and critic objectives assembled from their configs: one call per micro-batch.
 
-``actor loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss`` (the last
-term only with ``use_kl_loss``), every term aggregated by the same ``loss_agg_mode``
+``actor loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss + coef * distill_kl`` (the
+KL loss only with ``use_kl_loss``, the last term only when distilling with ``algorithm.distillation.top_k``),
+every term aggregated by the same ``loss_agg_mode``
 and the same normalisers of the whole mini-batch (see :mod:`mcore_agentic.algorithms.losses`),
 so the per-micro-batch losses of a mini-batch *sum* to the mini-batch loss, whatever
 the micro-batch split or the data-parallel layout.
@@ -20,15 +21,29 @@ from dataclasses import dataclass
 import torch
 
 from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
+from mcore_agentic.algorithms.distillation import top_k_kl
 from mcore_agentic.algorithms.losses import (
     LossNormalisers,
+    agg_loss,
     compute_entropy_loss,
     compute_kl_loss,
     compute_policy_loss,
     compute_value_loss,
 )
 
-__all__ = ["ObjectiveOutput", "actor_objective", "critic_objective"]
+__all__ = ["ObjectiveOutput", "TopKDistillation", "actor_objective", "critic_objective"]
+
+
+@dataclass(frozen=True)
+class TopKDistillation:
+    """The top-k distillation term of the actor loss (``algorithm.distillation`` with ``top_k``):
+    ``coef * KL_k`` (:func:`~mcore_agentic.algorithms.distillation.top_k_kl`, ``direction``) between the teacher's
+    and the student's log-probs ``[B, R, k]`` of the teacher's top k ids, aggregated like every other term."""
+
+    coef: float
+    direction: str
+    student_log_probs: torch.Tensor | None = None
+    teacher_log_probs: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -55,12 +70,14 @@ def actor_objective(
     response_mask: torch.Tensor,
     ref_log_probs: torch.Tensor | None = None,
     rollout_is_weights: torch.Tensor | None = None,
+    distill: TopKDistillation | None = None,
 ) -> ObjectiveOutput:
     """PPO actor loss of one micro-batch; tensors ``[B, R]``; ``norms``: counts of the whole mini-batch.
 
     ``entropys`` (per token) is always reported and enters the loss with ``cfg.entropy_coeff``;
     ``ref_log_probs`` is required with ``cfg.use_kl_loss``; ``rollout_is_weights`` (rollout correction,
-    :mod:`mcore_agentic.algorithms.rollout_correction`) multiply the policy-gradient term per token.
+    :mod:`mcore_agentic.algorithms.rollout_correction`) multiply the policy-gradient term per token;
+    ``distill`` adds the top-k distillation term (``distill_kl`` in the metrics).
     """
     if cfg.use_kl_loss and ref_log_probs is None:
         raise ValueError("actor.use_kl_loss=true needs reference log-probs (ref_log_probs=): enable the reference")
@@ -91,6 +108,11 @@ def actor_objective(
         )
         loss = loss + cfg.kl_loss_coef * kl
         metrics["kl_loss"] = kl.detach()
+    if distill is not None:
+        per_token = top_k_kl(distill.student_log_probs, distill.teacher_log_probs, direction=distill.direction)
+        kl = agg_loss(per_token, response_mask, cfg.loss_agg_mode, loss_scale_factor=cfg.loss_scale_factor, **agg)
+        loss = loss + distill.coef * kl
+        metrics["distill_kl"] = kl.detach()
     metrics["loss"] = loss.detach()
     return ObjectiveOutput(loss, metrics)
 

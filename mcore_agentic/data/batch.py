@@ -21,6 +21,9 @@ key                        shape        meaning
 ``token_level_scores``     [B, R]       rewards before KL
 ``token_level_rewards``    [B, R]       rewards after KL-in-reward
 ``advantages``/``returns`` [B, R]
+``teacher_log_probs``      [B, R]       a distillation teacher's logprobs of the sampled tokens
+``teacher_top_k_*``        [B, R, k]    its ``k`` most likely next tokens at each response position (``_ids``, int64)
+                                        and their logprobs (``_log_probs``), ``algorithm.distillation.top_k``
 ``routed_experts``         [B, P+R,     the experts the engine's routers chose per token (mixture-of-experts,
                            L, k]        ``actor.moe.routing_replay``); aligned with ``input_ids``, -1 on padding
 ========================  ===========  ===============================================

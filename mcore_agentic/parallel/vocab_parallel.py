@@ -42,8 +42,10 @@ import torch.distributed as dist
 from mcore_agentic.parallel import comm
 
 __all__ = [
+    "vocab_parallel_candidate_log_probs",
     "vocab_parallel_log_probs",
     "vocab_parallel_log_probs_and_entropy",
+    "vocab_parallel_top_k",
 ]
 
 # Shifted logits below this have exp() == 0 exactly in fp32 and fp64; clamping -inf to it
@@ -70,7 +72,8 @@ def _shifted(chunk: torch.Tensor, max_chunk: torch.Tensor, temperature: float, d
 
 
 class _VocabParallelLogProbEntropy(torch.autograd.Function):
-    """Forward: ``(log_prob [N], entropy [N] or empty)`` from ``logits [N, V_local]``, ``target [N]``."""
+    """Forward: ``(log_prob [N, K], entropy [N] or empty)`` from ``logits [N, V_local]``, ``target [N, K]`` (K ids
+    per token: the sampled one, or a teacher's top-k)."""
 
     @staticmethod
     def forward(
@@ -115,19 +118,19 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
         sum_exp = sums[0]
         log_sum_exp = torch.log(sum_exp)
 
-        # 3. target logit from its owning rank
+        # 3. target logits from their owning ranks (``target`` [N, K]: K ids per token)
         if target is not None:
             local_target = target.long() - vocab_start
             owned = (local_target >= 0) & (local_target < valid_local)
             safe_target = torch.where(owned, local_target, torch.zeros_like(local_target))
             if valid_local > 0:
-                picked = valid.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1).to(dtype) / temperature
+                picked = valid.gather(-1, safe_target).to(dtype) / temperature
             else:
-                picked = torch.zeros(num_tokens, dtype=dtype, device=logits.device)
-            target_logit = torch.where(owned, picked - max_logit, torch.zeros_like(picked))
+                picked = torch.zeros(target.shape, dtype=dtype, device=logits.device)
+            target_logit = torch.where(owned, picked - max_logit.unsqueeze(-1), torch.zeros_like(picked))
             if distributed:
                 comm.all_reduce_device(target_logit, op=dist.ReduceOp.SUM, group=group)
-            log_prob = target_logit - log_sum_exp
+            log_prob = target_logit - log_sum_exp.unsqueeze(-1)
         else:
             owned = safe_target = None
             log_prob = torch.zeros(0, dtype=dtype, device=logits.device)
@@ -154,24 +157,25 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
         grad_logits = torch.zeros_like(logits)
         if not (use_lp or use_h) or valid_local == 0:
             return grad_logits, None, None, None, None, None, None, None
-        g_lp = grad_log_prob.to(dtype) if use_lp else None
+        g_lp = grad_log_prob.to(dtype) if use_lp else None  # [N, K]
+        g_sum = g_lp.sum(-1) if use_lp else None
         g_h = grad_entropy.to(dtype) if use_h else None
 
         for start in range(0, num_tokens, chunk_tokens):
             end = min(start + chunk_tokens, num_tokens)
             z = _shifted(logits[start:end, :valid_local], max_logit[start:end], temperature, dtype)
             p = torch.exp(z).div_(sum_exp[start:end].unsqueeze(-1))
-            # dL/dz = g_lp * onehot - p * (g_lp + g_h * (z - E[z]))
+            # dL/dz = sum_k g_lp[k] * onehot[k] - p * (sum_k g_lp[k] + g_h * (z - E[z]))
             if use_h:
                 coeff = z.sub_(mean_shifted[start:end].unsqueeze(-1)).mul_(g_h[start:end].unsqueeze(-1))
                 if use_lp:
-                    coeff.add_(g_lp[start:end].unsqueeze(-1))
+                    coeff.add_(g_sum[start:end].unsqueeze(-1))
                 grad = coeff.mul_(p).neg_()
             else:
-                grad = p.mul_(-g_lp[start:end].unsqueeze(-1))
+                grad = p.mul_(-g_sum[start:end].unsqueeze(-1))
             if use_lp:
                 bump = torch.where(owned[start:end], g_lp[start:end], torch.zeros_like(g_lp[start:end]))
-                grad.scatter_add_(-1, safe_target[start:end].unsqueeze(-1), bump.unsqueeze(-1))
+                grad.scatter_add_(-1, safe_target[start:end], bump)
             if temperature != 1.0:
                 grad.div_(temperature)
             grad_logits[start:end, :valid_local] = grad.to(logits.dtype)
@@ -228,7 +232,7 @@ def vocab_parallel_log_probs_and_entropy(
         logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
     )
     log_prob, entropy = _VocabParallelLogProbEntropy.apply(
-        flat, target.reshape(-1), group, float(temperature), start, valid_local, chunk, True
+        flat, target.reshape(-1, 1), group, float(temperature), start, valid_local, chunk, True
     )
     return log_prob.reshape(target.shape), entropy.reshape(target.shape)
 
@@ -251,8 +255,97 @@ def vocab_parallel_log_probs(
         logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
     )
     log_prob, _ = _VocabParallelLogProbEntropy.apply(
-        flat, target.reshape(-1), group, float(temperature), start, valid_local, chunk, False
+        flat, target.reshape(-1, 1), group, float(temperature), start, valid_local, chunk, False
     )
     return log_prob.reshape(target.shape)
 
 
+
+
+def vocab_parallel_candidate_log_probs(
+    logits_shard: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None,
+    temperature: float = 1.0,
+    vocab_start_index: int | None = None,
+    vocab_size: int | None = None,
+    chunk_tokens: int | None = None,
+) -> torch.Tensor:
+    """``log softmax(logits / T)`` at ``K`` ids per token: ``ids [..., K]`` global ids -> ``[..., K]`` fp32,
+    differentiable (one max and one sum all-reduce, as for one id; the K picked logits in one more).
+
+    Arguments as in :func:`vocab_parallel_log_probs_and_entropy`.
+    """
+    if ids.dim() != logits_shard.dim():
+        raise ValueError(f"ids {tuple(ids.shape)} must be [..., K] for logits {tuple(logits_shard.shape)}")
+    flat, start, valid_local, chunk = _prepare(
+        logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
+    )
+    log_prob, _ = _VocabParallelLogProbEntropy.apply(
+        flat, ids.reshape(-1, ids.shape[-1]), group, float(temperature), start, valid_local, chunk, False
+    )
+    return log_prob.reshape(ids.shape)
+
+
+@torch.no_grad()
+def vocab_parallel_top_k(
+    logits_shard: torch.Tensor,
+    k: int,
+    *,
+    group: dist.ProcessGroup | None,
+    temperature: float = 1.0,
+    vocab_start_index: int | None = None,
+    vocab_size: int | None = None,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely next tokens: ``(log_probs [..., k] fp32, ids [..., k] long)``, most likely first,
+    log-probs normalised over the whole (sharded) vocabulary; not differentiable.
+
+    Each rank takes the top ``k`` of its shard (its global ids), the candidates are all-gathered over ``group``
+    (``k x TP`` per token) and the top ``k`` of those kept; the normaliser is the one max and one sum all-reduce
+    of :func:`vocab_parallel_log_probs`. Padded ids (``>= vocab_size``) are never candidates. ``k`` must not
+    exceed the vocabulary. Arguments as in :func:`vocab_parallel_log_probs_and_entropy`.
+    """
+    flat, start, valid_local, chunk = _prepare(
+        logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
+    )
+    world = dist.get_world_size(group) if _is_distributed(group) else 1
+    if not 1 <= k <= (vocab_size if vocab_size is not None else flat.shape[-1] * world):
+        raise ValueError(f"k={k} must be in [1, the vocabulary's size]")
+    dtype = _compute_dtype(flat.dtype)
+    n = flat.shape[0]
+    distributed = _is_distributed(group)
+    # The normaliser, as the log-prob kernel's forward computes it (global max, then the sum of exp).
+    valid = flat[:, :valid_local]
+    if valid_local > 0:
+        max_logit = valid.max(dim=-1).values.to(dtype) / temperature
+    else:
+        max_logit = torch.full((n,), float("-inf"), dtype=dtype, device=flat.device)
+    if distributed:
+        comm.all_reduce_device(max_logit, op=dist.ReduceOp.MAX, group=group)
+    max_logit = torch.where(torch.isfinite(max_logit), max_logit, torch.zeros_like(max_logit))
+    sum_exp = torch.zeros(n, dtype=dtype, device=flat.device)
+    local_k = min(k, valid_local)
+    values = torch.full((n, k), float("-inf"), dtype=dtype, device=flat.device)
+    ids = torch.zeros((n, k), dtype=torch.long, device=flat.device)
+    for s in range(0, n if valid_local > 0 else 0, chunk):
+        e = min(s + chunk, n)
+        z = _shifted(valid[s:e], max_logit[s:e], temperature, dtype)
+        sum_exp[s:e] = torch.exp(z).sum(dim=-1)
+        top = z.topk(local_k, dim=-1)
+        values[s:e, :local_k] = top.values
+        ids[s:e, :local_k] = top.indices + start
+        del z, top
+    if distributed:
+        comm.all_reduce_device(sum_exp, op=dist.ReduceOp.SUM, group=group)
+        values = torch.cat(comm.all_gather_device(
+            [comm.device_empty(n, k, dtype=dtype, device=flat.device) for _ in range(world)], values, group=group), dim=-1)
+        ids = torch.cat(comm.all_gather_device(
+            [comm.device_empty(n, k, dtype=torch.long, device=flat.device) for _ in range(world)], ids, group=group),
+            dim=-1)
+        values, pick = values.topk(k, dim=-1)
+        ids = ids.gather(-1, pick)
+    log_probs = values - torch.log(sum_exp).unsqueeze(-1)
+    shape = logits_shard.shape[:-1]
+    return log_probs.reshape(*shape, k), ids.reshape(*shape, k)

@@ -70,7 +70,7 @@ def compute_experience(
     if "teacher_log_probs" in batch:  # on-policy distillation (algorithm.distillation)
         d = algo.distillation
         advantages = distillation_advantages(advantages, batch["old_log_probs"], batch["teacher_log_probs"], mask,
-                                             mode=d.mode, coef=d.coef)
+                                             mode=d.mode, coef=d.coef, top_k=d.top_k)
         metrics.update(distillation_metrics(batch["old_log_probs"], batch["teacher_log_probs"], mask, reduce=reduce,
                                             turn_offset=batch["turn_offset"] if "turn_offset" in batch else None))
     out = batch.update(

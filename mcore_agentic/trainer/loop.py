@@ -145,7 +145,7 @@ class RLTrainer:
                     batch = c.ref.compute_ref_log_prob(batch)
             if c.teacher is not None:
                 with t.phase("teacher"):
-                    batch = c.teacher.compute_teacher_log_prob(batch)
+                    batch = c.teacher.compute_teacher_log_prob(batch, top_k=self.cfg.algorithm.distillation.top_k)
             if c.critic is not None:
                 with t.phase("values"):
                     c.critic.reload()  # no-op unless critic.*_offload moved it away after the last update
@@ -163,7 +163,9 @@ class RLTrainer:
                 with t.phase("update_actor"):
                     actor_batch, loss_metrics = self.actor_batch(batch)
                     update_metrics.update(loss_metrics)
-                    update_metrics.update(prefix("actor/", c.actor.update_policy(actor_batch, **self.mini_batch(fed, "actor"))))
+                    distill = self.cfg.algorithm.distillation if c.teacher is not None else None
+                    update_metrics.update(prefix("actor/", c.actor.update_policy(
+                        actor_batch, distillation=distill, **self.mini_batch(fed, "actor"))))
                 c.weight_sync.version.bump()  # the engine must resync before the next rollout
         extra = {**adv_metrics, **update_metrics, **sync}
         return self.step_metrics(batch, fed.metrics, extra, time.perf_counter() - start)

@@ -16,12 +16,13 @@ batch every rank builds whole; metrics are identical on every rank.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import torch
 
 from mcore_agentic.algorithms.losses import LossNormalisers, agg_loss, loss_normalisers
-from mcore_agentic.algorithms.objective import actor_objective
+from mcore_agentic.algorithms.objective import TopKDistillation, actor_objective
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.models.spec import ModelSpec
 from mcore_agentic.parallel.layout import ParallelLayout
@@ -79,7 +80,7 @@ class Actor:
         return batch.update(tensors)
 
     # ------------------------------------------------------------------ PPO update
-    def _ppo_loss_fn(self, norms: LossNormalisers):
+    def _ppo_loss_fn(self, norms: LossNormalisers, distill: TopKDistillation | None):
         def loss_fn(resp: dict[str, torch.Tensor], mb: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             d = mb.data
             out = actor_objective(
@@ -87,25 +88,35 @@ class Actor:
                 entropys=resp["entropys"], advantages=d["advantages"], response_mask=d["response_mask"],
                 ref_log_probs=d["ref_log_probs"] if "ref_log_probs" in d else None,
                 rollout_is_weights=d["rollout_is_weights"] if "rollout_is_weights" in d else None,
+                distill=dataclasses.replace(distill, student_log_probs=resp["candidate_log_probs"],
+                                            teacher_log_probs=d["teacher_top_k_log_probs"]) if distill else None,
             )
             return out.loss, out.metrics
 
         return loss_fn
 
-    def update_policy(self, batch: Batch, *, mini_batch_size: int | None = None) -> dict[str, float]:
+    def update_policy(
+        self, batch: Batch, *, mini_batch_size: int | None = None, distillation: Any = None
+    ) -> dict[str, float]:
         """PPO epochs over shuffled mini-batches; returns metrics averaged over the optimizer steps.
 
         ``mini_batch_size``: this step's (sequences over all replicas) when its rows are not the configured step's
-        (agent episodes that trained several samples: as many mini-batches, each holding its share)."""
+        (agent episodes that trained several samples: as many mini-batches, each holding its share).
+        ``distillation``: ``algorithm.distillation`` when a teacher scored the rows; with its ``top_k`` the loss gains
+        ``coef`` x the top-k KL to the teacher (the rows carry ``teacher_top_k_ids`` / ``_log_probs``)."""
+        top_k = distillation is not None and distillation.top_k > 0
         keys = MODEL_KEYS + ("old_log_probs", "advantages") + (("ref_log_probs",) if self.cfg.policy_loss.use_kl_loss else ())
+        keys += ("teacher_top_k_ids", "teacher_top_k_log_probs") if top_k else ()
         require_keys(batch, keys, "Actor.update_policy")
+        distill = TopKDistillation(coef=distillation.coef, direction=distillation.kl) if top_k else None
         seed = self.cfg.seed + self._updates  # each update shuffles differently, reproducibly
         self._updates += 1
         with self._routing(replay=self.cfg.moe.routing_replay == "rollout", measure=False):
             metrics = ppo_epochs(
                 self.engine, batch, mini_batch_size=mini_batch_size or self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
-                shuffle=self.cfg.shuffle, seed=seed, head=log_prob_head(self.engine, self.temperature, True),
-                make_loss=self._ppo_loss_fn, batching=self.batching,
+                shuffle=self.cfg.shuffle, seed=seed,
+                head=log_prob_head(self.engine, self.temperature, True, candidates=top_k),
+                make_loss=lambda norms: self._ppo_loss_fn(norms, distill), batching=self.batching,
             )
         # MoE: expert load over this step's actor passes (old log-probs and the updates); {} for a dense model.
         return {**metrics, **self.engine.moe_metrics()}

@@ -378,18 +378,21 @@ class MegatronEngine:
         )
 
     def forward_only(self, batch: Batch, head_fn: HeadFn, batching: MicroBatching) -> dict[str, torch.Tensor]:
-        """Per-response-token outputs ``{name: [b, R]}`` of ``head_fn`` for this replica's rows ``batch``, on every rank of it."""
+        """Per-response-token outputs ``{name: [b, R, ...]}`` of ``head_fn`` for this replica's rows ``batch``, on
+        every rank of it."""
         groups, mbs = self.micro_batches(batch, batching)
         for chunk in self.chunks:
             chunk.eval()
         with torch.no_grad():
             outputs = self._run(mbs, head_fn, None, forward_only=True)
         merged = merge_outputs(outputs, groups, len(batch)) if self.layout.is_pipeline_last_stage else None
-        keys = self._pp_last_broadcast_obj(sorted(merged) if merged is not None else None)
-        resp_len = batch["responses"].shape[1]
+        # Each output's trailing shape and dtype (a teacher's top-k: [k] and int64), as the last stage has them.
+        shapes = self._pp_last_broadcast_obj(
+            {k: (tuple(v.shape[1:]), v.dtype) for k, v in merged.items()} if merged is not None else None
+        )
         result: dict[str, torch.Tensor] = {}
-        for k in keys:
-            t = merged[k] if merged is not None else comm.device_zeros(len(batch), resp_len, dtype=torch.float32)
+        for k, (tail, dtype) in sorted(shapes.items()):
+            t = merged[k] if merged is not None else comm.device_zeros(len(batch), *tail, dtype=dtype)
             if self.layout.pipeline_model_parallel_size > 1:  # a payload: the last stage's device tensor
                 comm.broadcast_device(
                     t, group=self.layout.pp_group(), group_src=self.layout.pipeline_model_parallel_size - 1

@@ -45,18 +45,22 @@ class FrozenScorer:
 
     def response_log_probs(self, batch: Batch, caller: str) -> torch.Tensor:
         """``[B, R]`` log-probs of ``batch``'s response tokens (0 on response padding)."""
+        log_probs: torch.Tensor = self.score(batch, caller)["log_probs"]
+        return log_probs
+
+    def score(self, batch: Batch, caller: str, *, top_k: int = 0) -> dict[str, torch.Tensor]:
+        """``log_probs`` ``[B, R]`` of ``batch``'s response tokens and, with ``top_k``, the model's ``k`` most likely
+        tokens at each response position (``top_k_log_probs``, ``top_k_ids`` ``[B, R, k]``); 0 on padding."""
         require_keys(batch, MODEL_KEYS, caller)
         if self.cfg.param_offload:
             self.engine.reload()
         try:
-            out = self.engine.forward_only(
-                batch, log_prob_head(self.engine, self.temperature, with_entropy=False), self.batching
+            return self.engine.forward_only(
+                batch, log_prob_head(self.engine, self.temperature, with_entropy=False, top_k=top_k), self.batching
             )
         finally:
             if self.cfg.param_offload:
                 self.engine.offload(params=True)
-        log_probs: torch.Tensor = out["log_probs"]
-        return log_probs
 
 
 __all__ = ["FrozenScorer"]

@@ -75,6 +75,9 @@ class MicroBatch:
     cu_seqlens_host: tuple[int, ...] | None = None
     """The padded ``cu_seqlens`` as host integers (packed only): the CP gather's index lists are built from
     these, never from a device tensor."""
+    candidates: torch.Tensor | None = None
+    """Next-token ids to score at each of ``tokens``, laid out like ``labels`` with a trailing ``[k]``: a
+    distillation teacher's top ``k`` (the rows' ``teacher_top_k_ids``; 0 off the response); None otherwise."""
 
 
 def build_micro_batch(
@@ -88,10 +91,12 @@ def build_micro_batch(
     if not pack:
         packed = pad_rows(data["input_ids"], data["attention_mask"], prompt_len, min_len=common, **layout)
         pos = cp_positions(packed.padded_len, cp_size, cp_rank, device=packed.tokens.device)
+        candidates = _candidates(packed, data)
         return MicroBatch(
             data=data, packed=packed, tokens=cp_split(packed.tokens, cp_size, cp_rank),
             labels=cp_split(packed.labels, cp_size, cp_rank), position_ids=pos.unsqueeze(0).expand(len(data), -1),
             routing=model_layout_routing(packed, data["routed_experts"], cp_size, cp_rank) if replay else None,
+            candidates=cp_split(candidates, cp_size, cp_rank) if candidates is not None else None,
         )
     from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -109,12 +114,27 @@ def build_micro_batch(
         max_seqlen_q=packed.max_seqlen,
         max_seqlen_kv=packed.max_seqlen,
     )
+    candidates = _candidates(packed, data)
     return MicroBatch(
         data=data, packed=packed, tokens=packed.tokens[:, local], labels=packed.labels[:, local],
         position_ids=packed.position_ids[:, local], packed_seq_params=params,
         routing=model_layout_routing(packed, data["routed_experts"], cp_size, cp_rank) if replay else None,
         cu_seqlens_host=tuple(packed.cu_seqlens.tolist()),
+        candidates=candidates[:, local] if candidates is not None else None,
     )
+
+
+def _candidates(packed: PackedSequences, data: Batch) -> torch.Tensor | None:
+    """The rows' ``teacher_top_k_ids`` ``[b, R, k]`` moved to the positions that predict each response token
+    (the one before it, where ``labels`` holds it), in ``packed``'s layout ``[*tokens.shape, k]``; None without."""
+    if "teacher_top_k_ids" not in data:
+        return None
+    ids = data["teacher_top_k_ids"]
+    b, r, k = ids.shape
+    p = packed.prompt_len
+    aligned = ids.new_zeros((b, p + r, k))  # column c holds the candidates for token c + 1
+    aligned[:, p - 1 : p + r - 1] = ids
+    return packed.gather_tokens(aligned)
 
 
 def _can_pin() -> bool:
@@ -174,6 +194,7 @@ def to_device(mb: MicroBatch, device: torch.device, *, offsets_on_device: bool =
     return dataclasses.replace(
         mb, data=data, packed=packed, tokens=move(mb.tokens), labels=move(mb.labels),
         position_ids=move(mb.position_ids), packed_seq_params=params, routing=move(mb.routing),
+        candidates=move(mb.candidates),
     )
 
 
@@ -199,9 +220,11 @@ def post_process(
 def merge_outputs(
     outputs: Sequence[dict[str, torch.Tensor]], groups: Sequence[Sequence[int]], num_rows: int
 ) -> dict[str, torch.Tensor]:
-    """A forward-only pass's per-micro-batch ``[b, R]`` outputs in row order (float32, on their device)."""
+    """A forward-only pass's per-micro-batch ``[b, R, ...]`` outputs in row order (on their device): floating
+    outputs as float32, integer ones (a teacher's top-k ids) as int64."""
     keys = sorted(outputs[0])
-    return {k: scatter_rows([o[k] for o in outputs], groups, num_rows).float() for k in keys}
+    merged = {k: scatter_rows([o[k] for o in outputs], groups, num_rows) for k in keys}
+    return {k: v.float() if v.is_floating_point() else v.long() for k, v in merged.items()}
 
 
 def sum_metrics(outputs: Sequence[dict[str, torch.Tensor]]) -> dict[str, float]:

@@ -17,7 +17,12 @@ import torch
 from mcore_agentic.algorithms.losses import LossNormalisers, loss_normalisers
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel import comm
-from mcore_agentic.parallel.vocab_parallel import vocab_parallel_log_probs, vocab_parallel_log_probs_and_entropy
+from mcore_agentic.parallel.vocab_parallel import (
+    vocab_parallel_candidate_log_probs,
+    vocab_parallel_log_probs,
+    vocab_parallel_log_probs_and_entropy,
+    vocab_parallel_top_k,
+)
 from mcore_agentic.workers.engine import HeadFn, LossFn, MegatronEngine, MicroBatching
 
 MODEL_KEYS = ("prompts", "responses", "input_ids", "attention_mask", "response_mask")
@@ -47,8 +52,15 @@ def global_normalisers(response_mask: torch.Tensor, layout: Any) -> LossNormalis
     return LossNormalisers(tokens=int(counts[0]), seqs=int(counts[1]))
 
 
-def log_prob_head(engine: MegatronEngine, temperature: float, with_entropy: bool) -> HeadFn:
-    """Per-token ``log_probs`` (and ``entropys``) of the next token from this rank's logits shard."""
+def log_prob_head(
+    engine: MegatronEngine, temperature: float, with_entropy: bool, *, top_k: int = 0, candidates: bool = False
+) -> HeadFn:
+    """Per-token ``log_probs`` (and ``entropys``) of the next token from this rank's logits shard.
+
+    ``top_k``: also the ``k`` most likely next tokens, ``top_k_log_probs`` and ``top_k_ids`` ``[..., k]`` (a
+    distillation teacher's). ``candidates``: also ``candidate_log_probs`` ``[..., k]``, differentiable, at the
+    micro-batch's :attr:`~mcore_agentic.workers.micro_batch.MicroBatch.candidates` (the student's at its teacher's
+    top k)."""
     layout = engine.layout
     group = layout.tp_group() if layout.tensor_model_parallel_size > 1 else None
 
@@ -57,8 +69,16 @@ def log_prob_head(engine: MegatronEngine, temperature: float, with_entropy: bool
                       vocab_size=engine.vocab_size)
         if with_entropy:
             lp, ent = vocab_parallel_log_probs_and_entropy(logits, mb.labels, **kwargs)
-            return {"log_probs": lp, "entropys": ent}
-        return {"log_probs": vocab_parallel_log_probs(logits, mb.labels, **kwargs)}
+            out = {"log_probs": lp, "entropys": ent}
+        else:
+            out = {"log_probs": vocab_parallel_log_probs(logits, mb.labels, **kwargs)}
+        if top_k:
+            out["top_k_log_probs"], out["top_k_ids"] = vocab_parallel_top_k(logits, top_k, **kwargs)
+        if candidates:
+            if mb.candidates is None:
+                raise KeyError("candidate log-probs need the rows' teacher_top_k_ids (algorithm.distillation.top_k)")
+            out["candidate_log_probs"] = vocab_parallel_candidate_log_probs(logits, mb.candidates, **kwargs)
+        return out
 
     return head
 

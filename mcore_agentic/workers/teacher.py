@@ -25,9 +25,12 @@ class Teacher(FrozenScorer):
         student's vocabulary, temperature and parallel sizes)."""
         super().__init__(cfg, spec, layout, group="teacher")
 
-    def compute_teacher_log_prob(self, batch: Batch) -> Batch:
-        """``batch`` plus ``teacher_log_probs`` [B, R] (0 on response padding)."""
-        return batch.update({"teacher_log_probs": self.response_log_probs(batch, "Teacher.compute_teacher_log_prob")})
+    def compute_teacher_log_prob(self, batch: Batch, *, top_k: int = 0) -> Batch:
+        """``batch`` plus ``teacher_log_probs`` [B, R] (0 on response padding) and, with ``top_k``
+        (``algorithm.distillation.top_k``), the teacher's ``k`` most likely next tokens at every response position,
+        ``teacher_top_k_ids`` and ``teacher_top_k_log_probs`` [B, R, k]."""
+        out = self.score(batch, "Teacher.compute_teacher_log_prob", top_k=top_k)
+        return batch.update({f"teacher_{k}": v for k, v in out.items()})
 
 
 __all__ = ["Teacher"]

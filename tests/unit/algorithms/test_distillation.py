@@ -4,6 +4,8 @@ and DP replicas that together give the single-batch numbers."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -91,3 +93,78 @@ def test_the_experience_adds_the_term_to_the_estimators_advantages():
         assert torch.allclose(out["advantages"], expected.float(), atol=1e-6), mode
         assert metrics["distill/reverse_kl"] == pytest.approx(0.8 / 6)
         assert metrics["distill/reverse_kl/turn_1"] == pytest.approx(0.0)
+
+
+# --------------------------------------------------------------------------------------------- top-k
+def _lp(*probs: float) -> torch.Tensor:
+    return torch.tensor(probs, dtype=torch.float64).log()
+
+
+def test_top_k_kl_by_hand():
+    """The KL over the teacher's top k and one bucket for the rest, against hand arithmetic."""
+    from mcore_agentic.algorithms.distillation import top_k_kl
+
+    teacher, student = _lp(0.6, 0.3), _lp(0.2, 0.5)  # tails 0.1 and 0.3
+    forward = 0.6 * math.log(0.6 / 0.2) + 0.3 * math.log(0.3 / 0.5) + 0.1 * math.log(0.1 / 0.3)
+    reverse = 0.2 * math.log(0.2 / 0.6) + 0.5 * math.log(0.5 / 0.3) + 0.3 * math.log(0.3 / 0.1)
+    assert float(top_k_kl(student, teacher, direction="forward")) == pytest.approx(forward, rel=1e-5)
+    assert float(top_k_kl(student, teacher, direction="reverse")) == pytest.approx(reverse, rel=1e-5)
+    assert float(top_k_kl(teacher, teacher, direction="forward")) == pytest.approx(0.0, abs=1e-7)
+    # A teacher with all its mass in the top k: the tail term is the student's mass outside them, nothing else.
+    full, spread = _lp(0.75, 0.25), _lp(0.5, 0.25)
+    assert float(top_k_kl(spread, full, direction="forward")) == pytest.approx(0.75 * math.log(1.5), rel=1e-5)
+    assert torch.isfinite(top_k_kl(full, full, direction="reverse")).all()
+    with pytest.raises(ValueError, match="direction"):
+        top_k_kl(student, teacher, direction="jsd")
+
+
+def test_top_k_kl_gradient_pulls_the_student_to_the_teacher():
+    """Forward KL's gradient in the student's log-probs of the candidates: ``-(pT_i - pS_i * pT_tail / pS_tail)``,
+    the teacher's most likely token pulled up hardest."""
+    from mcore_agentic.algorithms.distillation import top_k_kl
+
+    teacher = _lp(0.7, 0.2)
+    student = _lp(0.1, 0.3).requires_grad_(True)
+    top_k_kl(student, teacher, direction="forward").backward()
+    ps, pt_tail, ps_tail = torch.tensor([0.1, 0.3]), 0.1, 0.6
+    expected = -(torch.tensor([0.7, 0.2]) - ps * pt_tail / ps_tail)
+    assert torch.allclose(student.grad.float(), expected, atol=1e-6)
+    assert student.grad[0] < student.grad[1] < 0
+
+
+def test_with_top_k_the_advantage_is_the_tasks_or_none():
+    """``top_k`` moves the teacher's signal into the loss: ``add`` keeps the task advantage on sampled tokens,
+    ``only`` leaves no policy gradient."""
+    add = distillation_advantages(TASK, STUDENT, TEACHER, MASK, mode="add", coef=2.0, top_k=8)
+    assert torch.equal(add, TASK * MASK)
+    assert not distillation_advantages(TASK, STUDENT, TEACHER, MASK, mode="only", coef=2.0, top_k=8).any()
+    with pytest.raises(ConfigError) as info:
+        DistillationConfig(top_k=-1)
+    assert info.value.field == "algorithm.distillation.top_k"
+    with pytest.raises(ConfigError) as info:
+        DistillationConfig(kl="jsd")
+    assert info.value.field == "algorithm.distillation.kl"
+
+
+def test_the_top_k_term_is_masked_like_every_loss_term():
+    """The actor objective's ``distill_kl``: the token mean of the top-k KL over the sampled tokens only (tool and
+    user tokens, where the teacher's numbers are arbitrary, add nothing), weighted by ``coef``."""
+    from mcore_agentic.algorithms.config import PolicyLossConfig
+    from mcore_agentic.algorithms.distillation import top_k_kl
+    from mcore_agentic.algorithms.losses import loss_normalisers
+    from mcore_agentic.algorithms.objective import TopKDistillation, actor_objective
+
+    gen = torch.Generator().manual_seed(0)
+    b, r, k = MASK.shape[0], MASK.shape[1], 3
+    student = torch.log_softmax(torch.randn(b, r, 10, generator=gen), -1)[..., :k]
+    teacher = torch.log_softmax(torch.randn(b, r, 10, generator=gen), -1)[..., :k]
+    teacher[MASK == 0] = 0.0  # environment tokens: whatever the teacher said there must not count
+    zeros = torch.zeros(b, r)
+    args = dict(old_log_probs=STUDENT, log_probs=STUDENT, entropys=zeros, advantages=zeros, response_mask=MASK)
+    norms = loss_normalisers(MASK)
+    plain = actor_objective(PolicyLossConfig(), norms, **args)
+    out = actor_objective(PolicyLossConfig(), norms, **args, distill=TopKDistillation(
+        coef=0.5, direction="forward", student_log_probs=student, teacher_log_probs=teacher))
+    expected = top_k_kl(student, teacher, direction="forward")[MASK.bool()].mean()
+    assert float(out.metrics["distill_kl"]) == pytest.approx(float(expected), rel=1e-6)
+    assert float(out.loss - plain.loss) == pytest.approx(0.5 * float(expected), rel=1e-6)

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from mcore_agentic.parallel.vocab_parallel import (
+    vocab_parallel_candidate_log_probs,
     vocab_parallel_log_probs,
     vocab_parallel_log_probs_and_entropy,
+    vocab_parallel_top_k,
 )
 from tests.helpers.distributed import run_distributed
 
@@ -103,6 +105,62 @@ def test_bf16_logits_compute_in_fp32():
     assert torch.allclose(lp.double(), ref_lp, atol=1e-5) and torch.allclose(ent.double(), ref_ent, atol=1e-5)
 
 
+K = 4
+
+
+def _candidates(seed: int = 5):
+    """Logits, K distinct candidate ids per token (a teacher's top-k: real ids only) and gradient weights."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, 5, PADDED_VOCAB, generator=gen) * 3
+    ids = torch.stack([torch.randperm(TRUE_VOCAB, generator=gen)[:K] for _ in range(10)]).view(2, 5, K)
+    weights = torch.randn(2, 5, K, generator=gen, dtype=torch.float64)
+    return logits, ids, weights
+
+
+def _candidate_grads(logits, ids, weights, fn):
+    leaf = logits.detach().clone().requires_grad_(True)
+    lp = fn(leaf, ids)
+    (weights * lp.double()).sum().backward()
+    return lp.detach(), leaf.grad
+
+
+def _candidate_reference(leaf, ids, temperature):
+    return torch.log_softmax(leaf[..., :TRUE_VOCAB].double() / temperature, dim=-1).gather(-1, ids)
+
+
+def _top_k_reference(logits, temperature):
+    lsm = torch.log_softmax(logits[..., :TRUE_VOCAB].double() / temperature, dim=-1)
+    top = lsm.topk(K, dim=-1)
+    return top.values, top.indices
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_candidate_log_probs_and_top_k_match_reference(temperature):
+    """K log-probs per token (a student's at its teacher's top-k ids): values and gradients equal a full
+    log_softmax's; the top k: values and ids, most likely first, the padded id never among them."""
+    logits, ids, weights = _candidates()
+    lp, grad = _candidate_grads(logits, ids, weights, lambda leaf, i: vocab_parallel_candidate_log_probs(
+        leaf, i, group=None, temperature=temperature, vocab_size=TRUE_VOCAB, chunk_tokens=3))
+    ref_lp, ref_grad = _candidate_grads(logits, ids, weights, lambda leaf, i: _candidate_reference(leaf, i, temperature))
+    assert lp.shape == (2, 5, K) and lp.dtype == torch.float32
+    torch.testing.assert_close(lp.double(), ref_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grad.double(), ref_grad.double(), atol=1e-5, rtol=0)
+    assert float(grad[..., TRUE_VOCAB:].abs().max()) == 0.0
+    # one candidate per token is the sampled-token kernel
+    one = vocab_parallel_candidate_log_probs(logits, ids[..., :1], group=None, temperature=temperature, vocab_size=TRUE_VOCAB)
+    single = vocab_parallel_log_probs(logits, ids[..., 0], group=None, temperature=temperature, vocab_size=TRUE_VOCAB)
+    assert torch.equal(one[..., 0], single)
+
+    logits[..., TRUE_VOCAB:] = 100.0  # the padded id would win if it were a candidate
+    top_lp, top_ids = vocab_parallel_top_k(logits, K, group=None, temperature=temperature, vocab_size=TRUE_VOCAB,
+                                           chunk_tokens=3)
+    ref_values, ref_ids = _top_k_reference(logits, temperature)
+    assert torch.equal(top_ids, ref_ids) and top_ids.dtype == torch.long
+    torch.testing.assert_close(top_lp.double(), ref_values, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="k=12"):
+        vocab_parallel_top_k(logits, TRUE_VOCAB + 1, group=None, vocab_size=TRUE_VOCAB)
+
+
 def test_bad_temperature():
     with pytest.raises(ValueError, match="temperature"):
         vocab_parallel_log_probs(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), group=None, temperature=0.0)
@@ -140,6 +198,23 @@ def _tp_body(rank: int, world_size: int) -> dict:
         lp_only = vocab_parallel_log_probs(shard, target, group=group, temperature=temperature, vocab_size=TRUE_VOCAB)
         out[f"T={temperature},wrappers_err"] = (lp_only.double() - ref_lp).abs().max().item()
 
+    # K candidates per token, and the top K over both shards (a teacher's tensor-parallel head)
+    cand_logits, ids, cand_weights = _candidates(6)
+    for temperature in (1.0, 0.7):
+        shard_slice = slice(rank * local, (rank + 1) * local)
+        lp, grad = _candidate_grads(cand_logits[..., shard_slice], ids, cand_weights,
+                                    lambda leaf, i, t=temperature: vocab_parallel_candidate_log_probs(
+                                        leaf, i, group=group, temperature=t, vocab_size=TRUE_VOCAB, chunk_tokens=4))
+        ref_lp, ref_grad = _candidate_grads(cand_logits, ids, cand_weights,
+                                            lambda leaf, i, t=temperature: _candidate_reference(leaf, i, t))
+        out[f"T={temperature},candidates_err"] = (lp.double() - ref_lp).abs().max().item()
+        out[f"T={temperature},candidates_grad_err"] = (grad.double() - ref_grad[..., shard_slice]).abs().max().item()
+        top_lp, top_ids = vocab_parallel_top_k(cand_logits[..., shard_slice], K, group=group, temperature=temperature,
+                                               vocab_size=TRUE_VOCAB, chunk_tokens=4)
+        ref_values, ref_ids = _top_k_reference(cand_logits, temperature)
+        out[f"T={temperature},top_k_err"] = (top_lp.double() - ref_values).abs().max().item()
+        out[f"T={temperature},top_k_ids_equal"] = bool(torch.equal(top_ids, ref_ids))
+
     # Cross-check against Megatron-core's own vocab-parallel cross entropy (T=1, no padding): loss == -log p.
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
@@ -161,7 +236,7 @@ def test_two_tp_ranks_match_full_vocab_reference():
     results = run_distributed(_tp_body, world_size=2)
     for rank, res in enumerate(results):
         for key, value in res.items():
-            if key.endswith("finite"):
+            if key.endswith(("finite", "equal")):
                 assert value, (rank, key)
             else:
                 assert value < 1e-5, (rank, key, value)

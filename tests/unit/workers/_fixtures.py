@@ -69,8 +69,8 @@ def make_batch(n: int = 8, *, seed: int = 0, response_lengths: list[int] | None 
     )
 
 
-def hf_response_log_probs(path: str, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
-    """Log-probs ``[B, R]`` of the response tokens under the HF model (attention mask + position ids)."""
+def _hf_response_log_softmax(path: str, batch: Batch, temperature: float) -> torch.Tensor:
+    """``[B, R, V]`` next-token log-probs at the response positions under the HF model (attention mask + position ids)."""
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -80,9 +80,21 @@ def hf_response_log_probs(path: str, batch: Batch, temperature: float = 1.0) -> 
         logits = model(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
         ).logits
-    logp = torch.log_softmax(logits[:, PROMPT - 1 : -1].float() / temperature, -1)
-    out = logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(logits[:, PROMPT - 1 : -1].float() / temperature, -1)
+
+
+def hf_response_log_probs(path: str, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs ``[B, R]`` of the response tokens under the HF model (attention mask + position ids)."""
+    out = _hf_response_log_softmax(path, batch, temperature).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
     return out * batch["attention_mask"][:, PROMPT:]
+
+
+def hf_response_top_k(path: str, batch: Batch, temperature: float, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The HF model's ``k`` most likely next tokens at each response position: ``(log_probs, ids)`` ``[B, R, k]``,
+    0 on response padding."""
+    top = _hf_response_log_softmax(path, batch, temperature).topk(k, dim=-1)
+    real = batch["attention_mask"][:, PROMPT:].unsqueeze(-1)
+    return top.values * real, top.indices * real
 
 
 def setup_rank(tp: int = 1, pp: int = 1, cp: int = 1, seed: int = 1, vpp: int | None = None) -> Any:

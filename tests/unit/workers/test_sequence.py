@@ -278,3 +278,32 @@ def test_to_response_keeps_trailing_dims():
     out = packed.to_response(packed.labels.unsqueeze(-1).repeat(1, 1, 2))
     assert out.shape == (3, 3, 2)
     assert torch.equal(out[..., 0], ids[:, 4:]) and torch.equal(out[..., 1], ids[:, 4:])
+
+
+@pytest.mark.parametrize("pack", [True, False])
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_a_teachers_top_k_sit_where_the_labels_are(pack, cp_size):
+    """``teacher_top_k_ids`` ``[B, R, k]`` (response layout) reach the micro-batch at the positions that predict each
+    response token, like ``labels``: a teacher whose first candidate is the sampled token has it exactly where the
+    label is, on every CP rank; mapped back, the candidates are the rows' own."""
+    from mcore_agentic.data.batch import Batch
+    from mcore_agentic.workers.micro_batch import build_micro_batch
+
+    ids, am = _layout()
+    responses, real = ids[:, 4:], am[:, 4:]
+    top = torch.stack([responses, responses + 100, responses + 200], dim=-1) * real.unsqueeze(-1)
+    data = Batch(tensors={"input_ids": ids, "attention_mask": am, "teacher_top_k_ids": top})
+    seen = 0
+    for rank in range(cp_size):
+        mb = build_micro_batch(data, 4, pack=pack, common=0, cp_size=cp_size, cp_rank=rank, multiple_of=1, replay=False)
+        assert mb.candidates.shape == (*mb.labels.shape, 3)
+        first = mb.candidates[..., 0]
+        predicting = first != 0  # positions before a response token
+        assert torch.equal(first[predicting], mb.labels[predicting])
+        assert torch.equal(mb.candidates[..., 1][predicting], mb.labels[predicting] + 100)
+        seen += int(predicting.sum())
+        if cp_size == 1:
+            assert torch.equal(mb.packed.to_response(mb.candidates), top)
+    assert seen == int(real.sum())
+    assert build_micro_batch(Batch(tensors={"input_ids": ids, "attention_mask": am}), 4, pack=pack, common=0,
+                             cp_size=1, cp_rank=0, multiple_of=1, replay=False).candidates is None

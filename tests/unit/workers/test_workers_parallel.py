@@ -28,6 +28,7 @@ from tests.helpers.distributed import run_distributed
 from tests.unit.workers._fixtures import (
     global_rows,
     hf_response_log_probs,
+    hf_response_top_k,
     make_batch,
     make_tiny_hf,
     make_tiny_teacher,
@@ -36,6 +37,7 @@ from tests.unit.workers._fixtures import (
 
 TEMPERATURE = 0.7
 TOL = 1e-5
+TOP_K = 4  # the teacher's top-k next tokens (algorithm.distillation.top_k)
 # Adam's first steps are ~lr * sign(grad): float-rounding noise in a near-zero gradient would flip
 # whole +-lr updates between layouts. A large eps makes the update proportional to the gradient, so
 # layouts can be compared at 1e-5 (the optimizer code path is the same).
@@ -94,7 +96,7 @@ def _global(per_rank: list[dict], key: str) -> torch.Tensor:
 def _body(path: str, lay: Layout, teacher_path: str) -> dict:
     import dataclasses
 
-    from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
+    from mcore_agentic.algorithms.config import DistillationConfig, PolicyLossConfig, ValueLossConfig
     from mcore_agentic.feed.distribute import deal_rows
     from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.workers.actor import Actor
@@ -126,11 +128,14 @@ def _body(path: str, lay: Layout, teacher_path: str) -> dict:
     out["ref_before"] = batch["ref_log_probs"]
     teacher = Teacher(TeacherConfig(log_prob_micro_batch_size_per_gpu=ref_micro, param_offload=True),
                       dataclasses.replace(spec, model_path=teacher_path), layout)
-    out["teacher"] = teacher.compute_teacher_log_prob(batch)["teacher_log_probs"]
+    scored = teacher.compute_teacher_log_prob(batch, top_k=TOP_K)
+    out["teacher"] = scored["teacher_log_probs"]
+    out["teacher_top_k_log_probs"], out["teacher_top_k_ids"] = scored["teacher_top_k_log_probs"], scored["teacher_top_k_ids"]
     del teacher
 
     out["micro_batches"] = len(actor.engine.micro_batches(batch, actor.batching)[0])
-    metrics = actor.update_policy(batch)
+    # The update distils too: coef x the top-k KL to the teacher (its gradient through the candidates' log-probs).
+    metrics = actor.update_policy(scored, distillation=DistillationConfig(coef=0.5, top_k=TOP_K))
     out["actor_metrics"] = metrics
     # Offload -> reload leaves parameters, DDP buffers and optimizer state bit-identical.
     before = _state_snapshot(actor.engine)
@@ -225,6 +230,24 @@ def test_a_teacher_of_another_shape_scores_the_students_rows_at_every_layout(run
         assert bool((got[~mask] == 0).all())
 
 
+def test_the_teachers_top_k_match_hf_at_every_layout(runs):
+    """``algorithm.distillation.top_k``: the teacher's k most likely next tokens at every response position (ids,
+    and their log-probs over the whole vocabulary) equal the HF model's at every layout (tensor-parallel shards'
+    candidates merged, pipeline stages, CP halves, packed or padded) within 1e-5."""
+    batch = make_batch(8, response_lengths=RESPONSE_LENGTHS)
+    expected_lp, expected_ids = hf_response_top_k(runs["teacher"], batch, TEMPERATURE, TOP_K)
+    mask = batch["attention_mask"][:, batch["prompts"].shape[1] :].bool()
+    for name, per_rank in runs["results"].items():
+        ids = _global(per_rank, "teacher_top_k_ids")
+        assert ids.dtype == torch.long and ids.shape == (8, mask.shape[1], TOP_K), name
+        assert torch.equal(ids[mask], expected_ids[mask]), name
+        assert (_global(per_rank, "teacher_top_k_log_probs") - expected_lp).abs().max().item() <= TOL, name
+        assert bool((ids[~mask] == 0).all())
+    # the first candidate is the teacher's argmax, and its log-prob the highest
+    lp = _global(runs["results"][BASE], "teacher_top_k_log_probs")
+    assert bool((lp[mask][:, :-1] >= lp[mask][:, 1:]).all())
+
+
 def test_replicas_get_equal_token_balanced_shares(runs):
     tokens = make_batch(8, response_lengths=RESPONSE_LENGTHS)["attention_mask"].sum(1)
     shares = {tuple(r["rows"]) for r in runs["results"]["tp1_dp2"]}
@@ -240,13 +263,14 @@ def test_actor_update_is_layout_packing_and_micro_batch_independent(runs):
     base = runs["results"][BASE][0]
     assert base["actor_metrics"]["pg_clipfrac"] > 0 or base["actor_metrics"]["ppo_kl"] != 0
     assert base["actor_metrics"]["lr"] == 5e-3 and base["actor_metrics"]["update_ok"] == 1.0
+    assert base["actor_metrics"]["distill_kl"] > 0.01  # the student is another model than its teacher
     base_new = _global(runs["results"][BASE], "new_log_probs")
     for name, per_rank in runs["results"].items():
         for r in per_rank:
             assert r["actor_weights"].keys() == base["actor_weights"].keys()
             for k, w in base["actor_weights"].items():
                 assert _rel(r["actor_weights"][k], w) <= TOL, (name, k)
-            for k in ("pg_loss", "entropy", "kl_loss", "grad_norm", "pg_clipfrac", "ppo_kl"):
+            for k in ("pg_loss", "entropy", "kl_loss", "distill_kl", "grad_norm", "pg_clipfrac", "ppo_kl"):
                 assert abs(r["actor_metrics"][k] - base["actor_metrics"][k]) <= TOL * max(1.0, abs(base["actor_metrics"][k])), (name, k)
         assert (_global(per_rank, "new_log_probs") - base_new).abs().max().item() <= 10 * TOL, name
     # The update changed the policy.
