@@ -297,6 +297,9 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
     if model_shape is not None:
         check_model_split(par, **shape)
     check_expert_split(par, world_size, num_experts=num_experts)
+    teacher_tp = cfg.teacher.tensor_model_parallel_size if cfg.teacher.enabled else None
+    require(teacher_tp is None or world_size % teacher_tp == 0, "teacher.tensor_model_parallel_size",
+            f"={teacher_tp} does not divide the world size {world_size}: use one of {_divisors(world_size)}")
     dp = world_size // par.model_parallel_size
     rollout_tp = cfg.rollout.tensor_model_parallel_size
     check_rollout_groups(rollout_tp, world_size, world_size if local_world_size is None else local_world_size)

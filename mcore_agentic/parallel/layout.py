@@ -217,6 +217,11 @@ def init_distributed(timeout_minutes: int | None = None) -> None:
     dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(minutes=_TIMEOUT_MINUTES))
 
 
+def dist_timeout_minutes() -> int:
+    """How long every process group this process makes waits (``trainer.dist_timeout_minutes``)."""
+    return _TIMEOUT_MINUTES
+
+
 @dataclass(frozen=True)
 class _Replicas:
     ranks: tuple[tuple[int, ...], ...]  # per DP rank: its ranks

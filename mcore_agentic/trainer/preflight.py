@@ -122,9 +122,10 @@ def _tokenizer(cfg: Any) -> Any:
 
 
 def check_teacher(cfg: Any) -> list[ConfigError]:
-    """The distillation teacher shares the student's tokenizer and chat template, and the actor's parallel layout
-    splits it (it runs with that layout)."""
+    """The distillation teacher shares the student's tokenizer and chat template, and its split (the actor's, or its
+    own ``teacher.tensor_model_parallel_size``) splits it."""
     from mcore_agentic.config.rules import check_model_split
+    from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.trainer.build import build_tokenizer, check_teacher_tokenizer
 
     problems: list[ConfigError] = []
@@ -132,7 +133,12 @@ def check_teacher(cfg: Any) -> list[ConfigError]:
         _collect(problems, lambda: check_teacher_tokenizer(build_tokenizer(cfg.model.model_path), cfg.teacher.model_path),
                  "teacher.model_path")
     shape = _collect(problems, lambda: model_shape(cfg.teacher.model_path), "teacher.model_path")
-    if shape is not None:
+    own_tp = cfg.teacher.tensor_model_parallel_size
+    if shape is not None and own_tp is not None:  # its own split: TP only
+        shape = {k: v for k, v in shape.items() if k != "num_experts"}
+        _collect(problems, lambda: check_model_split(ParallelConfig(tensor_model_parallel_size=own_tp), **shape,
+                                                     field_prefix="teacher"), "teacher.tensor_model_parallel_size")
+    elif shape is not None:
         shape = {k: v for k, v in shape.items() if k != "num_experts"}
         try:
             check_model_split(cfg.actor.parallel, **shape)

@@ -214,11 +214,16 @@ class RefConfig:
 class TeacherConfig:
     """The frozen teacher of on-policy distillation (``algorithm.distillation``): log-probs of the student's sampled
     tokens under another model that shares the student's tokenizer and chat template. It may differ from the
-    student in size, depth, width and MoE-ness; it is built with the actor's parallel layout (docs/algorithms.md
-    says what sizes that allows)."""
+    student in size, depth, width and MoE-ness; it is split like the actor, or over its own tensor-parallel groups
+    (``tensor_model_parallel_size``; docs/algorithms.md says what sizes each allows)."""
 
     model_path: str = ""
     """HF checkpoint directory of the teacher; empty: no teacher (no distillation)."""
+    tensor_model_parallel_size: int | None = None
+    """null: the teacher is split as the actor is (its TP, PP, VPP, CP and EP). An integer t: its own split,
+    tensor parallelism over consecutive blocks of t ranks (no pipeline, context or expert parallelism) in process
+    groups of its own; each block scores the rows of every actor replica among its ranks. Must divide the world
+    size; t may be larger than the actor's model-parallel size (a teacher that needs more GPUs) or smaller."""
     log_prob_micro_batch_size_per_gpu: int = 8
     """Sequences per forward on one rank (when ``use_dynamic_bsz`` is false)."""
     use_dynamic_bsz: bool = False
@@ -235,6 +240,8 @@ class TeacherConfig:
     def __post_init__(self) -> None:
         require(self.log_prob_micro_batch_size_per_gpu > 0, "teacher.log_prob_micro_batch_size_per_gpu", "must be > 0")
         require(self.log_prob_max_token_len_per_gpu > 0, "teacher.log_prob_max_token_len_per_gpu", "must be > 0")
+        require(self.tensor_model_parallel_size is None or self.tensor_model_parallel_size >= 1,
+                "teacher.tensor_model_parallel_size", "must be null (the actor's split) or >= 1")
 
 
 @dataclass(frozen=True)

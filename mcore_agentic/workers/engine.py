@@ -43,6 +43,7 @@ from mcore_agentic.models.spec import ModelSpec
 from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import ParallelLayout
+from mcore_agentic.parallel.own_layout import OwnLayout
 from mcore_agentic.workers.config import OptimConfig
 from mcore_agentic.workers.micro_batch import (
     HeadFn,
@@ -350,7 +351,9 @@ class MegatronEngine:
                 f"per step on each rank, got {len(mbs)}: change the micro-batch size or the mini-batch size"
             )
         iters = [iter(mbs) for _ in self.chunks]
-        fb = get_forward_backward_func()
+        # The schedule of this engine's layout, which need not be parallel_state's (a teacher's own split).
+        fb = get_forward_backward_func(pp_size=pp, vp_size=self.layout.virtual_pipeline_model_parallel_size)
+        own = {"pg_collection": self.layout.process_groups()} if isinstance(self.layout, OwnLayout) else {}
         return fb(
             forward_step_func=forward_step,
             data_iterator=iters if len(iters) > 1 else iters[0],
@@ -359,6 +362,7 @@ class MegatronEngine:
             seq_length=max(mb.packed.padded_len for mb in mbs),
             micro_batch_size=max(mb.tokens.shape[0] for mb in mbs),
             forward_only=forward_only,
+            **own,
         )
 
     def _post(

@@ -1,8 +1,11 @@
 """``Teacher``: the frozen teacher of on-policy distillation — its log-probs of the tokens the student sampled.
 
 Its own Megatron model, built by the bridge from ``teacher.model_path`` (any architecture the bridges load: it may
-be wider, deeper or a mixture of experts where the student is dense), with the actor's parallel layout (Megatron's
-parallel state is one per process), no DDP wrapper, no optimizer and no gradients. It reads the student's rows as
+be wider, deeper or a mixture of experts where the student is dense), no DDP wrapper, no optimizer and no
+gradients. It is split as the actor is (Megatron's parallel state, one per process), or with
+``teacher.tensor_model_parallel_size`` over tensor-parallel groups of its own
+(:mod:`mcore_agentic.parallel.own_layout`): each block of its ranks gathers the rows of the actor replicas among
+them, scores them in one pass and hands each rank its own back. It reads the student's rows as
 they are — packed or padded, the same micro-batching as the reference — and normalises over the student's
 tokenizer's ids at the student's log-prob temperature, so its numbers compare with the student's token for token.
 With ``teacher.param_offload`` its parameters stay off the device between steps.
@@ -10,11 +13,16 @@ With ``teacher.param_offload`` its parameters stay off the device between steps.
 
 from __future__ import annotations
 
+import dataclasses
+
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.models.spec import ModelSpec
+from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import ParallelLayout
+from mcore_agentic.parallel.own_layout import OwnLayout, gather_block_rows, own_rows, own_tp_layout
 from mcore_agentic.workers.config import TeacherConfig
 from mcore_agentic.workers.frozen import FrozenScorer
+from mcore_agentic.workers.passes import MODEL_KEYS, require_keys
 
 
 class Teacher(FrozenScorer):
@@ -22,15 +30,35 @@ class Teacher(FrozenScorer):
 
     def __init__(self, cfg: TeacherConfig, spec: ModelSpec, layout: ParallelLayout) -> None:
         """``spec``: the teacher's model (:func:`mcore_agentic.trainer.build.teacher_spec`: its checkpoint, the
-        student's vocabulary, temperature and parallel sizes)."""
+        student's vocabulary, temperature and parallel sizes); ``layout``: the actor's. With
+        ``cfg.tensor_model_parallel_size`` the teacher's own groups are made here (collective over the world)."""
+        self.own: OwnLayout | None = None
+        if cfg.tensor_model_parallel_size is not None:
+            self.own = own_tp_layout(cfg.tensor_model_parallel_size, layout)
+            layout = self.own
+            spec = dataclasses.replace(spec, parallel=own_split(spec.parallel, cfg.tensor_model_parallel_size))
         super().__init__(cfg, spec, layout, group="teacher")
 
     def compute_teacher_log_prob(self, batch: Batch, *, top_k: int = 0) -> Batch:
         """``batch`` plus ``teacher_log_probs`` [B, R] (0 on response padding) and, with ``top_k``
         (``algorithm.distillation.top_k``), the teacher's ``k`` most likely next tokens at every response position,
         ``teacher_top_k_ids`` and ``teacher_top_k_log_probs`` [B, R, k]."""
-        out = self.score(batch, "Teacher.compute_teacher_log_prob", top_k=top_k)
+        caller = "Teacher.compute_teacher_log_prob"
+        if self.own is None:
+            out = self.score(batch, caller, top_k=top_k)
+        else:
+            require_keys(batch, MODEL_KEYS, caller)
+            rows, offsets, mine = gather_block_rows(batch, self.own, MODEL_KEYS)
+            out = own_rows(self.score(rows, caller, top_k=top_k), offsets, mine, batch["responses"].shape[1])
         return batch.update({f"teacher_{k}": v for k, v in out.items()})
 
 
-__all__ = ["Teacher"]
+def own_split(actor: ParallelConfig, tp: int) -> ParallelConfig:
+    """The teacher's model split under ``teacher.tensor_model_parallel_size``: TP ``tp``, nothing else split."""
+    return dataclasses.replace(
+        actor, tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
+        context_parallel_size=1, sequence_parallel=False, expert_model_parallel_size=1, expert_tensor_parallel_size=1,
+    )
+
+
+__all__ = ["Teacher", "own_split"]

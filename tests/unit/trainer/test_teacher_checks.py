@@ -49,3 +49,22 @@ def test_a_teacher_the_actors_layout_cannot_split_is_refused(models):
     (split,) = _problems(models, "three_layers", "actor.pipeline_model_parallel_size=2")
     assert split.field == "teacher.model_path"
     assert "actor's layout" in str(split) and "num_layers=3" in str(split)
+
+
+def test_a_teacher_on_its_own_split_is_checked_against_its_own_sizes(models):
+    """``teacher.tensor_model_parallel_size``: the teacher's own TP must divide its heads (the actor's layout no longer
+    matters: a 3-layer teacher beside a PP=2 actor is fine) and the world size — one line naming the key."""
+    own = "teacher.tensor_model_parallel_size"
+    assert _problems(models, "three_layers", "actor.pipeline_model_parallel_size=2", f"{own}=2") == []
+    (heads,) = _problems(models, "wider", f"{own}=8")
+    assert heads.field == own and "num_attention_heads=4" in str(heads) and "\n" not in str(heads)
+    from mcore_agentic.config.rules import validate
+
+    cfg = load_config(compose("ppo_trainer", [f"model.model_path={models['student']}",
+                                              f"teacher.model_path={models['wider']}", f"{own}=4"]))
+    with pytest.raises(ConfigError) as info:
+        validate(cfg, 6)
+    assert info.value.field == own and "world size 6" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        load_config(compose("ppo_trainer", [f"teacher.model_path={models['wider']}", f"{own}=0"]))
+    assert own in str(info.value)

@@ -53,18 +53,19 @@ class Layout:
     dynamic: bool = False
     budget: int = 1024
     packed: bool = True
+    teacher_tp: int | None = None  # a second teacher with its own split (teacher.tensor_model_parallel_size)
 
 
 # Response lengths: one row of ~900 tokens among short ones (prompts add 1-6 tokens).
 RESPONSE_LENGTHS = [894, 3, 40, 7, 120, 2, 60, 300]
 LAYOUTS = {
     "padded_dp2": Layout(micro=2, packed=False),  # the padded path: the baseline the packed one must reproduce
-    "tp1_dp2": Layout(micro=2),
+    "tp1_dp2": Layout(micro=2, teacher_tp=2),  # the teacher over both ranks: one block scores both replicas' rows
     "budget_1024": Layout(dynamic=True, budget=1024),
     "budget_4096": Layout(dynamic=True, budget=4096),  # another split into micro-batches, the same update
-    "tp2": Layout(tp=2, micro=1),
-    "pp2": Layout(pp=2, dynamic=True),
-    "cp2": Layout(cp=2, micro=4),
+    "tp2": Layout(tp=2, micro=1, teacher_tp=1),  # the teacher whole on each rank, under the actor's TP=2
+    "pp2": Layout(pp=2, dynamic=True, teacher_tp=2),  # both ranks hold the same replica: its rows scored once
+    "cp2": Layout(cp=2, micro=4, teacher_tp=2),
     "pp2_vpp2": Layout(pp=2, vpp=2, micro=2),  # interleaved schedule: 1 of the 4 layers per virtual stage
     "pp2_vpp2_budget": Layout(pp=2, vpp=2, dynamic=True, budget=1024),
 }
@@ -132,6 +133,15 @@ def _body(path: str, lay: Layout, teacher_path: str) -> dict:
     out["teacher"] = scored["teacher_log_probs"]
     out["teacher_top_k_log_probs"], out["teacher_top_k_ids"] = scored["teacher_top_k_log_probs"], scored["teacher_top_k_ids"]
     del teacher
+    if lay.teacher_tp is not None:  # the same teacher on process groups of its own
+        own = Teacher(TeacherConfig(log_prob_micro_batch_size_per_gpu=3, tensor_model_parallel_size=lay.teacher_tp),
+                      dataclasses.replace(spec, model_path=teacher_path), layout)
+        out["own_layout"] = (own.engine.layout.tensor_model_parallel_size, own.engine.layout.data_parallel_size,
+                             own.engine.layout.pipeline_model_parallel_size)
+        got = own.compute_teacher_log_prob(batch, top_k=TOP_K)
+        out["own_teacher"], out["own_top_k_ids"] = got["teacher_log_probs"], got["teacher_top_k_ids"]
+        out["own_top_k_log_probs"] = got["teacher_top_k_log_probs"]
+        del own
 
     out["micro_batches"] = len(actor.engine.micro_batches(batch, actor.batching)[0])
     # The update distils too: coef x the top-k KL to the teacher (its gradient through the candidates' log-probs).
@@ -246,6 +256,29 @@ def test_the_teachers_top_k_match_hf_at_every_layout(runs):
     # the first candidate is the teacher's argmax, and its log-prob the highest
     lp = _global(runs["results"][BASE], "teacher_top_k_log_probs")
     assert bool((lp[mask][:, :-1] >= lp[mask][:, 1:]).all())
+
+
+def test_a_teacher_on_its_own_tensor_parallel_split(runs):
+    """``teacher.tensor_model_parallel_size``: a teacher split over TP groups of its own — TP=2 where the actor is
+    DP=2 (one block scores both replicas' rows), PP=2 or CP=2 (the teacher is not pipelined or context-split), and
+    TP=1 where the actor is TP=2 — gives each rank its replica's rows' HF log-probs and top-k within 1e-5."""
+    batch = make_batch(8, response_lengths=RESPONSE_LENGTHS)
+    expected = hf_response_log_probs(runs["teacher"], batch, TEMPERATURE)
+    expected_lp, expected_ids = hf_response_top_k(runs["teacher"], batch, TEMPERATURE, TOP_K)
+    mask = batch["attention_mask"][:, batch["prompts"].shape[1] :].bool()
+    checked = 0
+    for name, lay in LAYOUTS.items():
+        if lay.teacher_tp is None:
+            continue
+        per_rank = runs["results"][name]
+        assert all(r["own_layout"] == (lay.teacher_tp, 2 // lay.teacher_tp, 1) for r in per_rank), name
+        assert (_global(per_rank, "own_teacher") - expected).abs().max().item() <= TOL, name
+        assert torch.equal(_global(per_rank, "own_top_k_ids")[mask], expected_ids[mask]), name
+        assert (_global(per_rank, "own_top_k_log_probs") - expected_lp).abs().max().item() <= TOL, name
+        for r in per_rank:  # each rank got exactly its replica's rows, at its own response width
+            assert r["own_teacher"].shape == r["teacher"].shape, name
+        checked += 1
+    assert checked == 4
 
 
 def test_replicas_get_equal_token_balanced_shares(runs):

@@ -1,0 +1,141 @@
+"""A second model's own tensor-parallel split in the trainer's processes (the distillation teacher's).
+
+Megatron's ``parallel_state`` holds one layout per process: the actor's. A model built with an explicit
+``pg_collection`` uses the groups it is given instead, and so do the forward schedule and this package's engine
+(every group it reads comes from its :class:`~mcore_agentic.parallel.layout.ParallelLayout`). :func:`own_tp_layout`
+makes such a set of groups: tensor parallelism over consecutive blocks of ``tp`` global ranks (a node's GPUs when
+``tp`` divides the GPUs per node), no pipeline, context or expert parallelism, data parallelism over the other
+blocks. A teacher larger than the student's model-parallel split can then be spread over more GPUs than the
+student is, or a small teacher over fewer.
+
+The rows are the student's: each rank holds its DP replica's. A block of the own split holds the rows of every
+student replica among its ranks; :func:`gather_block_rows` gathers them (each replica's once) so the block scores
+them in one pass, and :func:`own_rows` gives each rank its replica's outputs back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mcore_agentic.data.batch import Batch, concat_rollouts
+from mcore_agentic.parallel import comm
+from mcore_agentic.parallel.layout import ParallelLayout, dist_timeout_minutes
+
+__all__ = ["OwnLayout", "gather_block_rows", "own_rows", "own_tp_layout"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnLayout(ParallelLayout):
+    """A :class:`ParallelLayout` whose process groups are its own, not ``parallel_state``'s (TP only)."""
+
+    groups: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    student_dp_rank: int = 0
+    """This rank's DP replica in the actor's layout: whose rows it holds."""
+
+    def tp_group(self) -> dist.ProcessGroup:
+        return self.groups["tp"]
+
+    def pp_group(self) -> dist.ProcessGroup:
+        return self.groups["self"]
+
+    def cp_group(self) -> dist.ProcessGroup:
+        return self.groups["self"]
+
+    def dp_group(self, with_context_parallel: bool = False) -> dist.ProcessGroup:
+        return self.groups["dp"]
+
+    def ep_group(self) -> dist.ProcessGroup:
+        return self.groups["self"]
+
+    def expert_dp_group(self) -> dist.ProcessGroup:
+        return dist.group.WORLD
+
+    def process_groups(self) -> Any:
+        """Megatron's ``ProcessGroupCollection`` of these groups: TP is the model-parallel group; every pipeline,
+        context and expert group is the rank alone (experts whole on every rank: expert TP 1, EP 1, so the ranks
+        holding the same experts are the world)."""
+        from megatron.core.process_groups_config import ProcessGroupCollection
+
+        tp, alone, dp, world = self.groups["tp"], self.groups["self"], self.groups["dp"], dist.group.WORLD
+        pgs = ProcessGroupCollection()
+        for name, group in {
+            "tp": tp, "mp": tp, "tp_cp": tp, "pp": alone, "cp": alone, "embd": alone, "pos_embd": alone,
+            "ep": alone, "expt_tp": alone, "tp_ep": alone, "tp_ep_pp": alone, "expt_dp": world, "intra_expt_dp": world,
+            "dp": dp, "dp_cp": dp, "intra_dp_cp": dp, "tp_dp_cp": world,
+        }.items():
+            setattr(pgs, name, group)
+        return pgs
+
+    def replica_group(self) -> dist.ProcessGroup | None:
+        return self.groups["tp"] if self.tensor_model_parallel_size > 1 else None
+
+    def replica_ranks(self, dp_rank: int) -> list[int]:
+        t = self.tensor_model_parallel_size
+        return list(range(dp_rank * t, (dp_rank + 1) * t))
+
+    def describe(self) -> str:
+        return f"own split TP={self.tensor_model_parallel_size} x DP={self.data_parallel_size} (ranks in blocks of TP)"
+
+
+def _subgroups(ranks_per_group: list[list[int]], rank: int) -> dist.ProcessGroup:
+    """Every rank creates every group (``new_group`` is collective over the world); this rank's is returned."""
+    mine = None
+    for members in ranks_per_group:
+        group = dist.new_group(members, timeout=timedelta(minutes=dist_timeout_minutes()))
+        if rank in members:
+            mine = group
+    assert mine is not None
+    return mine
+
+
+def own_tp_layout(tp: int, student: ParallelLayout) -> OwnLayout:
+    """Process groups of a tensor-parallel split of ``tp`` over consecutive ranks, for a model beside the actor's
+    (``student``: the actor's layout, whose replica rows each rank holds). Collective over the world."""
+    world, rank = student.world_size, student.rank
+    if tp < 1 or world % tp:
+        raise ValueError(f"a tensor-parallel split of {tp} does not divide the world of {world} ranks")
+    blocks = [list(range(b * tp, (b + 1) * tp)) for b in range(world // tp)]
+    groups = {
+        "tp": _subgroups(blocks, rank),
+        "dp": _subgroups([list(range(i, world, tp)) for i in range(tp)], rank),
+        "self": _subgroups([[r] for r in range(world)], rank),
+    }
+    return OwnLayout(
+        world_size=world, rank=rank, tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
+        virtual_pipeline_model_parallel_size=None, context_parallel_size=1, data_parallel_size=world // tp,
+        tp_rank=rank % tp, pp_rank=0, cp_rank=0, dp_rank=rank // tp, expert_model_parallel_size=1, ep_rank=0,
+        backend=student.backend, groups=groups, student_dp_rank=student.dp_rank,
+    )
+
+
+def gather_block_rows(batch: Batch, layout: OwnLayout, keys: tuple[str, ...]) -> tuple[Batch, list[int], int]:
+    """The rows of every student replica in this rank's TP block, each replica's once, in replica order, widened
+    to common prompt and response widths: ``(rows, offsets, mine)`` — ``rows[offsets[i]:offsets[i + 1]]`` are the
+    ``i``-th replica's, ``mine`` is this rank's replica's index. Host call over the block (the rows are host data)."""
+    group = layout.tp_group()
+    mine = {k: batch[k] for k in keys}
+    if layout.tensor_model_parallel_size == 1:
+        return Batch(tensors=mine), [0, len(batch)], 0
+    shared = comm.all_gather_object((layout.student_dp_rank, mine), group=group)
+    replicas: dict[int, dict[str, torch.Tensor]] = {}
+    for dp_rank, tensors in shared:
+        replicas.setdefault(dp_rank, tensors)
+    order = sorted(replicas)
+    offsets = [0]
+    for d in order:
+        offsets.append(offsets[-1] + len(replicas[d]["prompts"]))
+    # Pads sit where the attention mask is 0: any id does.
+    rows = concat_rollouts([Batch(tensors=replicas[d]) for d in order], pad_token_id=0)
+    return rows, offsets, order.index(layout.student_dp_rank)
+
+
+def own_rows(outputs: dict[str, torch.Tensor], offsets: list[int], mine: int, response_len: int) -> dict[str, torch.Tensor]:
+    """This rank's replica's rows of the block's per-response-token ``outputs`` ``[B, R', ...]``, cut to its own
+    response width ``response_len``."""
+    lo, hi = offsets[mine], offsets[mine + 1]
+    return {k: v[lo:hi, :response_len].contiguous() for k, v in outputs.items()}
