@@ -5,7 +5,8 @@
    default job itself (``--teacher-steps`` RL steps after its warm start), then exported with
    ``launch/export_hf.py`` — what a user does with a model trained elsewhere.
 2. **The students**, for each seed of ``--seeds``: the default job for ``--steps`` RL steps, once as it is (**RL
-   alone**) and once with ``teacher.model_path`` set (**distill**: ``algorithm.distillation.mode`` and ``coef``).
+   alone**) and once per distillation arm with ``teacher.model_path`` set (``algorithm.distillation.mode``,
+   ``coef`` and ``top_k``: the sampled-token advantage, or the KL over the teacher's top k as a loss).
    Same warm start, same prompts, same budget of steps; greedy validation every ``--test-freq`` steps.
 
 Prints the validation accuracy by step for each arm (each seed and the mean), the teacher's own, and the first step
@@ -47,9 +48,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the teacher run's actor.optim.lr (default: the default job's 3e-3)")
     p.add_argument("--reuse-teacher", action="store_true", help="keep an exported teacher from an earlier run")
     p.add_argument("--reuse-runs", action="store_true", help="keep the curves of student runs an earlier call finished")
-    p.add_argument("--arms", default="rl,only:1.0,add:1.0",
-                   help="comma-separated: rl (RL alone) and MODE:COEF (distillation with algorithm.distillation.mode "
-                        "MODE, coef COEF)")
+    p.add_argument("--arms", default="rl,only:1.0,only:1.0:k8,add:1.0:k8",
+                   help="comma-separated: rl (RL alone) and MODE:COEF[:kK] (distillation with algorithm.distillation.mode "
+                        "MODE, coef COEF and, with kK, top_k K: the KL over the teacher's top K as a loss)")
     return p.parse_args(argv)
 
 
@@ -103,12 +104,13 @@ def _teacher(a: argparse.Namespace) -> tuple[Path, dict[int, float]]:
 
 
 def _arm_overrides(arm: str, teacher: Path) -> list[str]:
-    """``rl`` (the default job as it is) or ``MODE:COEF`` (the same job distilling from the teacher)."""
+    """``rl`` (the default job as it is) or ``MODE:COEF[:kK]`` (the same job distilling from the teacher)."""
     if arm == "rl":
         return []
-    mode, _, coef = arm.partition(":")
+    mode, coef, *rest = arm.split(":") + ([] if ":" in arm else ["1.0"])
+    top_k = int(rest[0].lstrip("k")) if rest else 0
     return [f"teacher.model_path={teacher}", f"algorithm.distillation.mode={mode}",
-            f"algorithm.distillation.coef={float(coef or 1.0)}"]
+            f"algorithm.distillation.coef={float(coef or 1.0)}", f"algorithm.distillation.top_k={top_k}"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -143,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
           f"32 readings; teacher ({a.teacher_layers}x{a.teacher_hidden}) after {a.teacher_steps} steps: {target:.3f}; "
           "arms: rl = RL alone, MODE:COEF = algorithm.distillation.mode and coef")
     print(f"{'step':>5} | " + " | ".join(f"{arm:>28}" for arm in arms))
+    print("-" * (8 + 31 * len(arms)))
     for step in steps:
         cells = []
         for runs in arms.values():

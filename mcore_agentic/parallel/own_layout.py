@@ -8,9 +8,9 @@ makes such a set of groups: tensor parallelism over consecutive blocks of ``tp``
 blocks. A teacher larger than the student's model-parallel split can then be spread over more GPUs than the
 student is, or a small teacher over fewer.
 
-The rows are the student's: each rank holds its DP replica's. A block of the own split holds the rows of every
-student replica among its ranks; :func:`gather_block_rows` gathers them (each replica's once) so the block scores
-them in one pass, and :func:`own_rows` gives each rank its replica's outputs back.
+The rows are the student's: each rank holds its DP replica's (:attr:`OwnLayout.student_dp_rank`), so a block of
+the own split scores the rows of every student replica among its ranks (the teacher gathers them:
+:mod:`mcore_agentic.workers.teacher`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,11 @@ import dataclasses
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
-from mcore_agentic.data.batch import Batch, concat_rollouts
-from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.layout import ParallelLayout, dist_timeout_minutes
 
-__all__ = ["OwnLayout", "gather_block_rows", "own_rows", "own_tp_layout"]
+__all__ = ["OwnLayout", "own_tp_layout"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,31 +108,3 @@ def own_tp_layout(tp: int, student: ParallelLayout) -> OwnLayout:
         tp_rank=rank % tp, pp_rank=0, cp_rank=0, dp_rank=rank // tp, expert_model_parallel_size=1, ep_rank=0,
         backend=student.backend, groups=groups, student_dp_rank=student.dp_rank,
     )
-
-
-def gather_block_rows(batch: Batch, layout: OwnLayout, keys: tuple[str, ...]) -> tuple[Batch, list[int], int]:
-    """The rows of every student replica in this rank's TP block, each replica's once, in replica order, widened
-    to common prompt and response widths: ``(rows, offsets, mine)`` — ``rows[offsets[i]:offsets[i + 1]]`` are the
-    ``i``-th replica's, ``mine`` is this rank's replica's index. Host call over the block (the rows are host data)."""
-    group = layout.tp_group()
-    mine = {k: batch[k] for k in keys}
-    if layout.tensor_model_parallel_size == 1:
-        return Batch(tensors=mine), [0, len(batch)], 0
-    shared = comm.all_gather_object((layout.student_dp_rank, mine), group=group)
-    replicas: dict[int, dict[str, torch.Tensor]] = {}
-    for dp_rank, tensors in shared:
-        replicas.setdefault(dp_rank, tensors)
-    order = sorted(replicas)
-    offsets = [0]
-    for d in order:
-        offsets.append(offsets[-1] + len(replicas[d]["prompts"]))
-    # Pads sit where the attention mask is 0: any id does.
-    rows = concat_rollouts([Batch(tensors=replicas[d]) for d in order], pad_token_id=0)
-    return rows, offsets, order.index(layout.student_dp_rank)
-
-
-def own_rows(outputs: dict[str, torch.Tensor], offsets: list[int], mine: int, response_len: int) -> dict[str, torch.Tensor]:
-    """This rank's replica's rows of the block's per-response-token ``outputs`` ``[B, R', ...]``, cut to its own
-    response width ``response_len``."""
-    lo, hi = offsets[mine], offsets[mine + 1]
-    return {k: v[lo:hi, :response_len].contiguous() for k, v in outputs.items()}

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from mcore_agentic.data.batch import Batch
+import torch
+
+from mcore_agentic.data.batch import Batch, concat_rollouts
 from mcore_agentic.models.spec import ModelSpec
+from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import ParallelLayout
-from mcore_agentic.parallel.own_layout import OwnLayout, gather_block_rows, own_rows, own_tp_layout
+from mcore_agentic.parallel.own_layout import OwnLayout, own_tp_layout
 from mcore_agentic.workers.config import TeacherConfig
 from mcore_agentic.workers.frozen import FrozenScorer
 from mcore_agentic.workers.passes import MODEL_KEYS, require_keys
@@ -48,9 +51,37 @@ class Teacher(FrozenScorer):
             out = self.score(batch, caller, top_k=top_k)
         else:
             require_keys(batch, MODEL_KEYS, caller)
-            rows, offsets, mine = gather_block_rows(batch, self.own, MODEL_KEYS)
-            out = own_rows(self.score(rows, caller, top_k=top_k), offsets, mine, batch["responses"].shape[1])
+            rows, offsets, mine = _gather_block_rows(batch, self.own, MODEL_KEYS)
+            out = _own_rows(self.score(rows, caller, top_k=top_k), offsets, mine, batch["responses"].shape[1])
         return batch.update({f"teacher_{k}": v for k, v in out.items()})
+
+
+def _gather_block_rows(batch: Batch, layout: OwnLayout, keys: tuple[str, ...]) -> tuple[Batch, list[int], int]:
+    """The rows of every student replica in this rank's TP block, each replica's once, in replica order, widened
+    to common prompt and response widths: ``(rows, offsets, mine)`` — ``rows[offsets[i]:offsets[i + 1]]`` are the
+    ``i``-th replica's, ``mine`` is this rank's replica's index. Host call over the block (the rows are host data)."""
+    group = layout.tp_group()
+    mine = {k: batch[k] for k in keys}
+    if layout.tensor_model_parallel_size == 1:
+        return Batch(tensors=mine), [0, len(batch)], 0
+    shared = comm.all_gather_object((layout.student_dp_rank, mine), group=group)
+    replicas: dict[int, dict[str, torch.Tensor]] = {}
+    for dp_rank, tensors in shared:
+        replicas.setdefault(dp_rank, tensors)
+    order = sorted(replicas)
+    offsets = [0]
+    for d in order:
+        offsets.append(offsets[-1] + len(replicas[d]["prompts"]))
+    # Pads sit where the attention mask is 0: any id does.
+    rows = concat_rollouts([Batch(tensors=replicas[d]) for d in order], pad_token_id=0)
+    return rows, offsets, order.index(layout.student_dp_rank)
+
+
+def _own_rows(outputs: dict[str, torch.Tensor], offsets: list[int], mine: int, response_len: int) -> dict[str, torch.Tensor]:
+    """This rank's replica's rows of the block's per-response-token ``outputs`` ``[B, R', ...]``, cut to its own
+    response width ``response_len``."""
+    lo, hi = offsets[mine], offsets[mine + 1]
+    return {k: v[lo:hi, :response_len].contiguous() for k, v in outputs.items()}
 
 
 def own_split(actor: ParallelConfig, tp: int) -> ParallelConfig:

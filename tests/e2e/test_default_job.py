@@ -134,15 +134,16 @@ def test_tensor_parallel_actor_and_rollout_groups(tmp_path: Path, rollout_tp: in
 
 def test_ppo_with_critic_reference_and_offload(tmp_path: Path) -> None:
     """The GAE path of the loop: critic warm-up, values, KL loss against the reference, on-policy distillation from a
-    teacher of another size (4 layers of hidden 128 against the student's 2 of 64), and every offload switch on
-    (actor during rollout through the sharding manager, critic between updates, reference and teacher between
-    uses)."""
+    teacher of another size (4 layers of hidden 128 against the student's 2 of 64) on its own TP=2 split with the
+    top-k KL loss, and every offload switch on (actor during rollout through the sharding manager, critic between
+    updates, reference and teacher between uses)."""
     from mcore_agentic.models.tiny import make_tiny_hf_model_from_preset
 
     teacher = make_tiny_hf_model_from_preset(tmp_path / "teacher", "tiny", num_hidden_layers=4, hidden_size=128,
                                              num_attention_heads=4, intermediate_size=256, seed=7)
     extra = [
         f"teacher.model_path={teacher}", "teacher.param_offload=true", "algorithm.distillation.coef=0.5",
+        "algorithm.distillation.top_k=4", "teacher.tensor_model_parallel_size=2",
         "algorithm.adv_estimator=gae", "critic.warmup_steps=1", "critic.ppo_mini_batch_size=2",
         "critic.ppo_micro_batch_size_per_gpu=2", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1",
         "actor.param_offload=true", "actor.grad_offload=true", "actor.optimizer_offload=true",
@@ -161,6 +162,7 @@ def test_ppo_with_critic_reference_and_offload(tmp_path: Path) -> None:
     for s in (1, 2):  # the teacher scored every step's sampled tokens, turn by turn
         assert rows[s]["distill/reverse_kl/turn_0"] != 0.0 and "timing_s/teacher" in rows[s]
         assert "distill/reverse_kl" in rows[s]
+    assert rows[2]["actor/distill_kl"] > 0.0  # the top-k KL to the teacher entered the actor's loss
 
 
 def test_rollout_correction_reaches_the_actor_loss(tmp_path: Path) -> None:
