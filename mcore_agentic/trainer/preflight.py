@@ -130,8 +130,13 @@ def check_teacher(cfg: Any) -> list[ConfigError]:
 
     problems: list[ConfigError] = []
     if (Path(cfg.model.model_path) / "config.json").is_file():
-        _collect(problems, lambda: check_teacher_tokenizer(build_tokenizer(cfg.model.model_path), cfg.teacher.model_path),
-                 "teacher.model_path")
+        student = _collect(problems, lambda: build_tokenizer(cfg.model.model_path), "model.model_path")
+        if student is not None:
+            _collect(problems, lambda: check_teacher_tokenizer(student, cfg.teacher.model_path), "teacher.model_path")
+            top_k = cfg.algorithm.distillation.top_k
+            if top_k > len(student):
+                problems.append(ConfigError("algorithm.distillation.top_k", f"={top_k} is more than the tokenizer's "
+                                            f"{len(student)} ids: use at most {len(student)} (8 to 64 is usual)"))
     shape = _collect(problems, lambda: model_shape(cfg.teacher.model_path), "teacher.model_path")
     own_tp = cfg.teacher.tensor_model_parallel_size
     if shape is not None and own_tp is not None:  # its own split: TP only

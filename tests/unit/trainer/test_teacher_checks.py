@@ -68,3 +68,9 @@ def test_a_teacher_on_its_own_split_is_checked_against_its_own_sizes(models):
     with pytest.raises(ConfigError) as info:
         load_config(compose("ppo_trainer", [f"teacher.model_path={models['wider']}", f"{own}=0"]))
     assert own in str(info.value)
+
+
+def test_a_top_k_beyond_the_vocabulary_is_refused(models):
+    (wide,) = _problems(models, "wider", "algorithm.distillation.top_k=100000")
+    assert wide.field == "algorithm.distillation.top_k" and "tokenizer's" in str(wide)
+    assert _problems(models, "wider", "algorithm.distillation.top_k=8") == []
