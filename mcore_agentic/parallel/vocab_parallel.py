@@ -71,6 +71,19 @@ def _shifted(chunk: torch.Tensor, max_chunk: torch.Tensor, temperature: float, d
     return z.sub_(max_chunk.unsqueeze(-1)).clamp_(min=_MIN_SHIFTED)
 
 
+def _global_max(valid: torch.Tensor, temperature: float, dtype: torch.dtype, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Per token, the max of ``logits / T`` over the whole vocabulary (``valid``: this shard's real ids; one MAX
+    all-reduce over ``group``); 0 for a token whose logits are all -inf (no distribution: keep the arithmetic
+    finite)."""
+    if valid.shape[-1] > 0:
+        max_logit = valid.max(dim=-1).values.to(dtype) / temperature
+    else:
+        max_logit = torch.full((valid.shape[0],), float("-inf"), dtype=dtype, device=valid.device)
+    if group is not None:
+        comm.all_reduce_device(max_logit, op=dist.ReduceOp.MAX, group=group)
+    return torch.where(torch.isfinite(max_logit), max_logit, torch.zeros_like(max_logit))
+
+
 class _VocabParallelLogProbEntropy(torch.autograd.Function):
     """Forward: ``(log_prob [N, K], entropy [N] or empty)`` from ``logits [N, V_local]``, ``target [N, K]`` (K ids
     per token: the sampled one, or a teacher's top-k)."""
@@ -94,14 +107,7 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
         valid = logits[:, :valid_local]  # padded ids are a suffix of the shard
 
         # 1. global max (exact in the input dtype; dividing by T > 0 keeps the argmax)
-        if valid_local > 0:
-            max_logit = valid.max(dim=-1).values.to(dtype) / temperature
-        else:
-            max_logit = torch.full((num_tokens,), float("-inf"), dtype=dtype, device=logits.device)
-        if distributed:
-            comm.all_reduce_device(max_logit, op=dist.ReduceOp.MAX, group=group)
-        # A row that is -inf everywhere has no distribution; keep the arithmetic finite.
-        max_logit = torch.where(torch.isfinite(max_logit), max_logit, torch.zeros_like(max_logit))
+        max_logit = _global_max(valid, temperature, dtype, group if distributed else None)
 
         # 2. sum exp(z) and sum exp(z) z, chunked over tokens
         sums = torch.zeros((2 if want_entropy else 1, num_tokens), dtype=dtype, device=logits.device)
@@ -318,13 +324,7 @@ def vocab_parallel_top_k(
     distributed = _is_distributed(group)
     # The normaliser, as the log-prob kernel's forward computes it (global max, then the sum of exp).
     valid = flat[:, :valid_local]
-    if valid_local > 0:
-        max_logit = valid.max(dim=-1).values.to(dtype) / temperature
-    else:
-        max_logit = torch.full((n,), float("-inf"), dtype=dtype, device=flat.device)
-    if distributed:
-        comm.all_reduce_device(max_logit, op=dist.ReduceOp.MAX, group=group)
-    max_logit = torch.where(torch.isfinite(max_logit), max_logit, torch.zeros_like(max_logit))
+    max_logit = _global_max(valid, temperature, dtype, group if distributed else None)
     sum_exp = torch.zeros(n, dtype=dtype, device=flat.device)
     local_k = min(k, valid_local)
     values = torch.full((n, k), float("-inf"), dtype=dtype, device=flat.device)
