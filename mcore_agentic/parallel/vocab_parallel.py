@@ -257,15 +257,10 @@ def vocab_parallel_log_probs(
 
     Arguments as in :func:`vocab_parallel_log_probs_and_entropy`.
     """
-    flat, start, valid_local, chunk = _prepare(
-        logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
-    )
-    log_prob, _ = _VocabParallelLogProbEntropy.apply(
-        flat, target.reshape(-1, 1), group, float(temperature), start, valid_local, chunk, False
-    )
-    return log_prob.reshape(target.shape)
-
-
+    return vocab_parallel_candidate_log_probs(
+        logits_shard, target.unsqueeze(-1), group=group, temperature=temperature, vocab_start_index=vocab_start_index,
+        vocab_size=vocab_size, chunk_tokens=chunk_tokens,
+    )[..., 0]
 
 
 def vocab_parallel_candidate_log_probs(

@@ -146,9 +146,10 @@ def test_candidate_log_probs_and_top_k_match_reference(temperature):
     torch.testing.assert_close(lp.double(), ref_lp, atol=1e-5, rtol=0)
     torch.testing.assert_close(grad.double(), ref_grad.double(), atol=1e-5, rtol=0)
     assert float(grad[..., TRUE_VOCAB:].abs().max()) == 0.0
-    # one candidate per token is the sampled-token kernel
+    # one candidate per token is the sampled token: the log-prob the entropy kernel gives it
     one = vocab_parallel_candidate_log_probs(logits, ids[..., :1], group=None, temperature=temperature, vocab_size=TRUE_VOCAB)
-    single = vocab_parallel_log_probs(logits, ids[..., 0], group=None, temperature=temperature, vocab_size=TRUE_VOCAB)
+    single, _ = vocab_parallel_log_probs_and_entropy(logits, ids[..., 0], group=None, temperature=temperature,
+                                                     vocab_size=TRUE_VOCAB)
     assert torch.equal(one[..., 0], single)
 
     logits[..., TRUE_VOCAB:] = 100.0  # the padded id would win if it were a candidate
