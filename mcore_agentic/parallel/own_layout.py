@@ -21,9 +21,10 @@ from typing import Any
 
 import torch.distributed as dist
 
+from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import ParallelLayout, dist_timeout_minutes
 
-__all__ = ["OwnLayout", "own_tp_layout"]
+__all__ = ["OwnLayout", "own_tp_layout", "own_tp_split"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,4 +108,13 @@ def own_tp_layout(tp: int, student: ParallelLayout) -> OwnLayout:
         virtual_pipeline_model_parallel_size=None, context_parallel_size=1, data_parallel_size=world // tp,
         tp_rank=rank % tp, pp_rank=0, cp_rank=0, dp_rank=rank // tp, expert_model_parallel_size=1, ep_rank=0,
         backend=student.backend, groups=groups, student_dp_rank=student.dp_rank,
+    )
+
+
+def own_tp_split(par: ParallelConfig, tp: int) -> ParallelConfig:
+    """The model split of :func:`own_tp_layout`'s groups (``par``: the actor's, for everything not about the
+    split): TP ``tp``, nothing else split, experts whole on every rank."""
+    return dataclasses.replace(
+        par, tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
+        context_parallel_size=1, sequence_parallel=False, expert_model_parallel_size=1, expert_tensor_parallel_size=1,
     )

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mcore_agentic.parallel.config import ParallelConfig
+from mcore_agentic.parallel.own_layout import own_tp_split
 from mcore_agentic.plan.activations import Dims, Split, forward_peak_bytes, update_peak_bytes
 from mcore_agentic.plan.census import DTYPE_BYTES, RankState, census_request, run_census, stage_ranks
 from mcore_agentic.plan.devices import GIB, Device
@@ -126,12 +127,16 @@ def _micro_rows(micro_rows: int, dynamic: bool, token_budget: int, max_len: int)
 
 
 def census_requests(cfg: Any, par: Any, hf_config: Any, teacher_hf_config: Any, world_size: int) -> list[dict]:
-    """The census questions of a plan: the actor's (trainable) layout, and the teacher's under the same layout."""
+    """The census questions of a plan: the actor's (trainable) layout, and the teacher's under the same layout or
+    its own tensor-parallel split (``teacher.tensor_model_parallel_size``: one stage, every rank alike)."""
     common = dict(world_size=world_size, ranks=stage_ranks(world_size, par.pipeline_model_parallel_size),
                   dtype=cfg.model.dtype, make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by)
     requests = [census_request(hf_config, par, use_distributed_optimizer=cfg.actor.use_distributed_optimizer,
                                **common)]
-    if teacher_hf_config is not None:
+    if teacher_hf_config is not None and cfg.teacher.tensor_model_parallel_size is not None:
+        requests.append(census_request(teacher_hf_config, own_tp_split(par, cfg.teacher.tensor_model_parallel_size),
+                                       **{**common, "ranks": [0]}))
+    elif teacher_hf_config is not None:
         requests.append(census_request(teacher_hf_config, par, **common))
     # The whole model on one rank: its parameter count, for the engine's weights and the FLOPs.
     requests.append(census_request(hf_config, ParallelConfig(), world_size=1, ranks=[0], dtype=cfg.model.dtype,
@@ -204,7 +209,7 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
         if needs_critic:
             resident_critic = ((0 if c.param_offload else st.param_bytes) + (0 if c.grad_offload else st.grad_bytes)
                                + (0 if c.optimizer_offload else st.main_param_bytes + st.optimizer_bytes))
-        teacher_bytes = teacher[stage].frozen_param_bytes if teacher is not None else 0
+        teacher_bytes = teacher[min(stage, len(teacher) - 1)].frozen_param_bytes if teacher is not None else 0
         resident_teacher = 0 if (teacher is None or cfg.teacher.param_offload) else teacher_bytes
         resident = resident_actor + resident_ref + resident_critic + resident_teacher
         everything = (st.param_bytes + st.grad_bytes + st.main_param_bytes + st.optimizer_bytes + ref_bytes

@@ -20,9 +20,8 @@ import torch
 from mcore_agentic.data.batch import Batch, concat_rollouts
 from mcore_agentic.models.spec import ModelSpec
 from mcore_agentic.parallel import comm
-from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import ParallelLayout
-from mcore_agentic.parallel.own_layout import OwnLayout, own_tp_layout
+from mcore_agentic.parallel.own_layout import OwnLayout, own_tp_layout, own_tp_split
 from mcore_agentic.workers.config import TeacherConfig
 from mcore_agentic.workers.frozen import FrozenScorer
 from mcore_agentic.workers.passes import MODEL_KEYS, require_keys
@@ -39,7 +38,7 @@ class Teacher(FrozenScorer):
         if cfg.tensor_model_parallel_size is not None:
             self.own = own_tp_layout(cfg.tensor_model_parallel_size, layout)
             layout = self.own
-            spec = dataclasses.replace(spec, parallel=own_split(spec.parallel, cfg.tensor_model_parallel_size))
+            spec = dataclasses.replace(spec, parallel=own_tp_split(spec.parallel, cfg.tensor_model_parallel_size))
         super().__init__(cfg, spec, layout, group="teacher")
 
     def compute_teacher_log_prob(self, batch: Batch, *, top_k: int = 0) -> Batch:
@@ -84,12 +83,4 @@ def _own_rows(outputs: dict[str, torch.Tensor], offsets: list[int], mine: int, r
     return {k: v[lo:hi, :response_len].contiguous() for k, v in outputs.items()}
 
 
-def own_split(actor: ParallelConfig, tp: int) -> ParallelConfig:
-    """The teacher's model split under ``teacher.tensor_model_parallel_size``: TP ``tp``, nothing else split."""
-    return dataclasses.replace(
-        actor, tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
-        context_parallel_size=1, sequence_parallel=False, expert_model_parallel_size=1, expert_tensor_parallel_size=1,
-    )
-
-
-__all__ = ["Teacher", "own_split"]
+__all__ = ["Teacher"]

@@ -74,3 +74,18 @@ def test_the_table_says_what_the_engine_holds(capsys):
     out = capsys.readouterr().out
     assert "engine:" in out and "KV cache" in out and "sequences of the longest length at once" in out
     assert "layouts that fit, fastest first" in out
+
+
+def test_a_teacher_on_its_own_split_is_planned_at_its_own_size(capsys):
+    """A Qwen3-8B teacher beside a Qwen3-8B student at TP=2: split like the actor it holds half its weights on every
+    GPU; on its own TP=8 (``teacher.tensor_model_parallel_size``) an eighth."""
+    def others(own: str) -> int:
+        plan = _plan_json(capsys, ["--config-name", "gsm8k_multiturn_grpo", "model=qwen3_8b",
+                                   "actor.tensor_model_parallel_size=2", "teacher.model_path=models/Qwen3-8B",
+                                   f"teacher.tensor_model_parallel_size={own}", "--suggest", "0"])
+        (update,) = [p for p in plan["phases"] if p["name"] == "actor_update"]
+        return update["parts"]["others left on the GPU"]
+
+    with_actor, own = others("null"), others("8")
+    assert with_actor == pytest.approx(4 * own, rel=0.01)
+    assert own == pytest.approx(8.19e9 * 2 / 8, rel=0.01)  # Qwen3-8B's parameters in bf16, over 8 GPUs
