@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from mcore_agentic.algorithms.config import DistillationConfig
 from mcore_agentic.algorithms.losses import LossNormalisers, agg_loss, loss_normalisers
 from mcore_agentic.algorithms.objective import TopKDistillation, actor_objective
 from mcore_agentic.data.batch import Batch
@@ -96,7 +97,7 @@ class Actor:
         return loss_fn
 
     def update_policy(
-        self, batch: Batch, *, mini_batch_size: int | None = None, distillation: Any = None
+        self, batch: Batch, *, mini_batch_size: int | None = None, distillation: DistillationConfig | None = None
     ) -> dict[str, float]:
         """PPO epochs over shuffled mini-batches; returns metrics averaged over the optimizer steps.
 
