@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from mcore_agentic.data.batch import Batch, concat_rollouts
+from mcore_agentic.data.batch import Batch, repad_rollout_layout
 from mcore_agentic.models.spec import ModelSpec
 from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.layout import ParallelLayout
@@ -58,22 +58,35 @@ class Teacher(FrozenScorer):
 def _gather_block_rows(batch: Batch, layout: OwnLayout, keys: tuple[str, ...]) -> tuple[Batch, list[int], int]:
     """The rows of every student replica in this rank's TP block, each replica's once, in replica order, widened
     to common prompt and response widths: ``(rows, offsets, mine)`` — ``rows[offsets[i]:offsets[i + 1]]`` are the
-    ``i``-th replica's, ``mine`` is this rank's replica's index. Host call over the block (the rows are host data)."""
-    group = layout.tp_group()
-    mine = {k: batch[k] for k in keys}
+    ``i``-th replica's, ``mine`` is this rank's replica's index.
+
+    Tensors only (host calls over the block: the rows are host data): one all-gather of each member's
+    ``(replica, rows, prompt width, response width)``, then one per key of the rows padded to the block's widest."""
     if layout.tensor_model_parallel_size == 1:
-        return Batch(tensors=mine), [0, len(batch)], 0
-    shared = comm.all_gather_object((layout.student_dp_rank, mine), group=group)
-    replicas: dict[int, dict[str, torch.Tensor]] = {}
-    for dp_rank, tensors in shared:
-        replicas.setdefault(dp_rank, tensors)
-    order = sorted(replicas)
+        return Batch(tensors={k: batch[k] for k in keys}), [0, len(batch)], 0
+    group = layout.tp_group()
+    prompt_len, response_len = batch["prompts"].shape[1], batch["responses"].shape[1]
+    shapes = comm.all_gather_host(comm.to_host([layout.student_dp_rank, len(batch), prompt_len, response_len],
+                                               torch.long), group=group)
+    members = [tuple(int(x) for x in t.tolist()) for t in shapes]
+    most_rows = max(m[1] for m in members)
+    prompt, response = max(m[2] for m in members), max(m[3] for m in members)
+    mine = repad_rollout_layout({k: batch[k] for k in keys}, pad_token_id=0, prompt_width=prompt,
+                                response_width=response)  # pads sit where the attention mask is 0: any id does
+    gathered: dict[str, list[torch.Tensor]] = {}
+    for k in keys:
+        t = mine[k]
+        padded = torch.cat([t, t.new_zeros((most_rows - len(t), *t.shape[1:]))]) if len(t) < most_rows else t
+        gathered[k] = comm.all_gather_host(comm.as_host(padded.contiguous()), group=group)
+    first = {}  # each replica's rows from the first member holding them
+    for i, (dp_rank, rows, _, _) in enumerate(members):
+        first.setdefault(dp_rank, (i, rows))
+    order = sorted(first)
+    parts = [Batch(tensors={k: gathered[k][first[d][0]][: first[d][1]] for k in keys}) for d in order]
     offsets = [0]
-    for d in order:
-        offsets.append(offsets[-1] + len(replicas[d]["prompts"]))
-    # Pads sit where the attention mask is 0: any id does.
-    rows = concat_rollouts([Batch(tensors=replicas[d]) for d in order], pad_token_id=0)
-    return rows, offsets, order.index(layout.student_dp_rank)
+    for part in parts:
+        offsets.append(offsets[-1] + len(part))
+    return Batch.concat(parts), offsets, order.index(layout.student_dp_rank)
 
 
 def _own_rows(outputs: dict[str, torch.Tensor], offsets: list[int], mine: int, response_len: int) -> dict[str, torch.Tensor]:

@@ -9,7 +9,8 @@ all-reduced sums. Allowed: a few small fixed-size objects per step (at most
 last stage shares its output keys and metric sums with the first (tens of bytes), and the
 weight export shares each stage's parameter names and shapes (per model, ~0.5 KB here).
 At DP=2, PP=1 there are none, also on a step that dumps its trajectories (the trainer's values go back to
-the rollout leaders as tensors, `distribute.return_rows`).
+the rollout leaders as tensors, `distribute.return_rows`) and distils from a teacher on its own TP=2 (one block
+over both replicas: their rows reach it as tensors).
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ def test_train_step_sends_no_per_row_objects(tmp_path: Path, layout: str) -> Non
              "actor.ppo_mini_batch_size=4", "data.max_response_length=48", "data.synthetic.num_val=4"]
     if layout == "pp2":  # the pipeline's last stage shares its output keys and metric sums (small objects)
         extra += ["actor.pipeline_model_parallel_size=2"]
-    else:  # a dump step too: the trainer's values go back to the leaders as tensors (distribute.return_rows)
-        extra += [f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", "trainer.rollout_data_freq=1"]
+    else:  # a dump step too: the trainer's values go back to the leaders as tensors (distribute.return_rows);
+        # and a distillation teacher on its own TP=2 over both replicas (its block gathers their rows as tensors)
+        extra += [f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", "trainer.rollout_data_freq=1",
+                  "teacher.model_path=${model.model_path}", "teacher.tensor_model_parallel_size=2",
+                  "algorithm.distillation.top_k=4"]
     overrides = [o for o in job_overrides(tmp_path, extra)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "tests" / "e2e" / "_record_object_collectives.py"), *overrides]
@@ -50,6 +54,7 @@ def test_train_step_sends_no_per_row_objects(tmp_path: Path, layout: str) -> Non
     assert rows["rollout/num_sequences"] == 16  # the step really moved 16 rows (8 per replica)
     if layout == "dp2":
         assert rows["dump/failed"] == 0 and len(list((tmp_path / "rollouts" / "train").glob("*.parquet"))) == 2
+        assert "timing_s/teacher" in rows and rows["actor/distill_kl"] >= 0.0
     for rank in (0, 1):
         calls = json.loads((record_dir / f"rank{rank}.json").read_text())
         assert len(calls) <= MAX_CALLS, calls
