@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -217,9 +218,15 @@ def init_distributed(timeout_minutes: int | None = None) -> None:
     dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(minutes=_TIMEOUT_MINUTES))
 
 
-def dist_timeout_minutes() -> int:
-    """How long every process group this process makes waits (``trainer.dist_timeout_minutes``)."""
-    return _TIMEOUT_MINUTES
+def new_groups(ranks_per_group: Sequence[Sequence[int]], rank: int) -> dist.ProcessGroup | None:
+    """One process group per entry (every rank creates every group, in order: ``new_group`` is collective over
+    the world), with the world's timeout; the one holding ``rank`` is returned (None if none does)."""
+    mine = None
+    for members in ranks_per_group:
+        group = dist.new_group(list(members), timeout=timedelta(minutes=_TIMEOUT_MINUTES))
+        if rank in members:
+            mine = group
+    return mine
 
 
 @dataclass(frozen=True)
@@ -240,13 +247,7 @@ def _make_replica_groups(layout: ParallelLayout) -> _Replicas:
     dp_of[layout.rank] = layout.dp_rank
     comm.all_reduce_host(dp_of)  # every rank's DP index (each rank wrote only its own slot)
     ranks = tuple(tuple(r for r in range(world) if int(dp_of[r]) == d) for d in range(layout.data_parallel_size))
-    mine = None
-    if len(ranks[0]) > 1:
-        for members in ranks:
-            group = dist.new_group(list(members), timeout=timedelta(minutes=_TIMEOUT_MINUTES))
-            if layout.rank in members:
-                mine = group
-    return _Replicas(ranks, mine)
+    return _Replicas(ranks, new_groups(ranks, layout.rank) if len(ranks[0]) > 1 else None)
 
 
 def megatron_sizes(cfg: ParallelConfig) -> dict[str, Any]:

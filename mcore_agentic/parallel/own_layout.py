@@ -16,13 +16,12 @@ the own split scores the rows of every student replica among its ranks (the teac
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
 from mcore_agentic.parallel.config import ParallelConfig
-from mcore_agentic.parallel.layout import ParallelLayout, dist_timeout_minutes
+from mcore_agentic.parallel.layout import ParallelLayout, new_groups
 
 __all__ = ["OwnLayout", "own_tp_layout", "own_tp_split"]
 
@@ -80,17 +79,6 @@ class OwnLayout(ParallelLayout):
         return f"own split TP={self.tensor_model_parallel_size} x DP={self.data_parallel_size} (ranks in blocks of TP)"
 
 
-def _subgroups(ranks_per_group: list[list[int]], rank: int) -> dist.ProcessGroup:
-    """Every rank creates every group (``new_group`` is collective over the world); this rank's is returned."""
-    mine = None
-    for members in ranks_per_group:
-        group = dist.new_group(members, timeout=timedelta(minutes=dist_timeout_minutes()))
-        if rank in members:
-            mine = group
-    assert mine is not None
-    return mine
-
-
 def own_tp_layout(tp: int, student: ParallelLayout) -> OwnLayout:
     """Process groups of a tensor-parallel split of ``tp`` over consecutive ranks, for a model beside the actor's
     (``student``: the actor's layout, whose replica rows each rank holds). Collective over the world."""
@@ -99,9 +87,9 @@ def own_tp_layout(tp: int, student: ParallelLayout) -> OwnLayout:
         raise ValueError(f"a tensor-parallel split of {tp} does not divide the world of {world} ranks")
     blocks = [list(range(b * tp, (b + 1) * tp)) for b in range(world // tp)]
     groups = {
-        "tp": _subgroups(blocks, rank),
-        "dp": _subgroups([list(range(i, world, tp)) for i in range(tp)], rank),
-        "self": _subgroups([[r] for r in range(world)], rank),
+        "tp": new_groups(blocks, rank),
+        "dp": new_groups([list(range(i, world, tp)) for i in range(tp)], rank),
+        "self": new_groups([[r] for r in range(world)], rank),
     }
     return OwnLayout(
         world_size=world, rank=rank, tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
