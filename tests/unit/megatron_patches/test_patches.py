@@ -179,6 +179,16 @@ def probe_dist_checkpointing_devices(tmp_dir: str) -> torch.Tensor:
     return dist_checkpointing.load(target, tmp_dir)["w"]
 
 
+def probe_save_results_in_process(tmp_dir: str) -> dict[str, Any]:
+    """The dist-ckpt probe's save and load, and the processes the save started that outlive it."""
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    loaded = probe_dist_checkpointing_devices(tmp_dir)
+    started = [p.name for p in multiprocessing.active_children() if p.pid not in before]
+    return {"loaded": loaded, "started": started}
+
+
 def probe_rope_cp_slice() -> torch.Tensor:
     from megatron.core import parallel_state
     from megatron.core.models.common.embeddings.rope_utils import get_pos_emb_on_this_cp_rank
@@ -363,6 +373,7 @@ def _probe_table(tmp_root: str) -> dict[str, tuple[str, Callable[[], Any]]]:
         "distopt_load_unstepped": ("distopt_load", lambda: probe_distopt_load(next(dirs))),
         "distopt_load_step_key": ("distopt_load", lambda: probe_distopt_load(next(dirs))),
         "distopt_load_shared_step": ("distopt_load", lambda: probe_distopt_load(next(dirs))),
+        "save_results_in_process": ("ckpt_procs", lambda: probe_save_results_in_process(next(dirs))),
     }
 
 
@@ -440,7 +451,7 @@ _EXPECTED_FUNCTION = {
     "distopt_load_step_key": "_set_main_param_and_optimizer_states",
 }
 # Patches whose bug gives a wrong answer, not an error: their own tests below read "<name>/without_result".
-_SILENT = ("dist_checkpointing_weights_only", "distopt_load_shared_step")
+_SILENT = ("dist_checkpointing_weights_only", "distopt_load_shared_step", "save_results_in_process")
 
 
 @pytest.mark.parametrize("name", [*(n for n in megatron_patches.PATCH_NAMES if n not in _SILENT), "clip"])
@@ -555,6 +566,18 @@ def test_distopt_step_is_shared_after_a_load_without_the_patch(records):
         wrong_step |= n > 1
         wrong_param |= not all(torch.equal(a, b) for a, b in zip(without["params"], without["ref_params"], strict=True))
     assert wrong_step and wrong_param  # some rank holds two parameters: a wrong bias correction, other weights
+
+
+def test_a_save_starts_no_manager_process_and_writes_the_same_checkpoint(records):
+    """Without save_results_in_process the first save spawns megatron's multiprocessing Manager, which outlives
+    it; with the patch no process outlives a save, and the checkpoint loads the same values."""
+    for rank, rec in enumerate(records):
+        without, with_patch = rec["save_results_in_process/without_result"], rec["save_results_in_process/with"]
+        assert [name.split("-")[0] for name in without["started"]] == ["SyncManager"], without["started"]
+        assert with_patch["started"] == []
+        other = (rank + 1) % len(records)
+        expected = torch.arange(4, dtype=torch.float32) + 4 * other
+        assert torch.equal(without["loaded"], expected) and torch.equal(with_patch["loaded"], expected)
 
 
 def test_device_independent_patches_are_exactly_the_ones_applied_with_cuda(monkeypatch):
