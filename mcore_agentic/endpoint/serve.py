@@ -125,3 +125,6 @@ def serve(argv: list[str] | None = None) -> None:
             time.sleep(3600)
     except KeyboardInterrupt:
         server.close()
+        shutdown = getattr(engine, "shutdown", None)  # its scheduler thread ends before the interpreter does
+        if shutdown is not None:
+            shutdown()

@@ -67,6 +67,10 @@ _PER_EXPERT = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\
 _MOE_ROUTER = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp\.gate$")
 
 
+_SHUTDOWN = object()
+"""Put on the inbox by :meth:`HFEngine.shutdown`: the scheduler thread fails what it holds and exits."""
+
+
 @dataclass
 class _Pending:
     prompt_ids: list[int]
@@ -124,6 +128,7 @@ class HFEngine:
         self._lock = threading.Lock()  # held while the model runs or weights change
         self._active = 0  # running requests (owned by the worker thread)
         self._released = False
+        self._shut_down = False
         self._weights_invalid = False  # after resume_memory, until a finished sync
         self._synced: set[int] = set()
         self._expert_parts: dict[int, set[str]] = {}  # fused expert tensor -> the per-expert names received
@@ -218,6 +223,13 @@ class HFEngine:
                     incoming.append(self._inbox.get_nowait())
                 except queue.Empty:
                     break
+            if any(p is _SHUTDOWN for p in incoming):
+                stopped = RuntimeError("the HF engine was shut down")
+                for pending in [r.req for r in rows] + [p for p in incoming if p is not _SHUTDOWN]:
+                    _deliver(pending, stopped)
+                with self._thread_lock:
+                    self._thread = None
+                return
             incoming = [p for p in incoming if not p.future.cancelled()]
             try:
                 with self._lock, torch.no_grad():
@@ -433,11 +445,29 @@ class HFEngine:
     def flush_cache(self) -> None:
         """Nothing to flush: KV caches live only as long as their requests."""
 
+    def shutdown(self) -> None:
+        """Stop the scheduler thread and wait for it; requests still queued or running get an error.
+
+        The thread otherwise lingers for ``idle_exit_s`` after the last request. One still alive when the process
+        exits can drop the last reference to the model from a daemon thread while the interpreter finalises: it
+        frees tensors after the GIL is gone and the process aborts (``terminate called without an active
+        exception``) after the run has finished.
+        """
+        with self._thread_lock:
+            self._shut_down = True
+            thread = self._thread
+            if thread is not None:
+                self._inbox.put(_SHUTDOWN)  # type: ignore[arg-type]
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
     def _check_idle(self, what: str) -> None:
         if self._active:
             raise RuntimeError(f"HFEngine.{what} while {self._active} requests are generating; wait for the rollout to end")
 
     def _check_usable(self) -> None:
+        if self._shut_down:
+            raise RuntimeError("HFEngine.generate after shutdown()")
         if self._released:
             raise RuntimeError("HFEngine.generate while memory is released; call resume_memory() and sync weights")
         if self._weights_invalid:

@@ -630,8 +630,12 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         """Abort what runs and stop the engine. vLLM's teardown destroys torch.distributed's default group;
-        one the trainer created before the engine is left alone (vLLM's own groups are destroyed)."""
+        one the trainer created before the engine is left alone (vLLM's own groups are destroyed). The worker
+        thread is waited for: one still ending as the process exits can free tensors after the GIL is gone."""
         self.abort()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
         import torch.distributed as dist
 
         with self._lock:

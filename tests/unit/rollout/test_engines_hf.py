@@ -184,3 +184,26 @@ def test_a_cut_generation_continues_under_new_weights_from_its_exact_ids(engine,
     # the continuation's logprobs are the new weights' over the whole kept prefix
     ref = _teacher_forced(other, engine.suppress_token_ids, prompt + head.token_ids, tail, 1.0)
     assert torch.allclose(ref, torch.tensor(tail.log_probs), atol=1e-4, rtol=0)
+
+
+def test_shutdown_waits_for_the_scheduler_thread_and_fails_what_it_held(model_dirs):
+    """The scheduler thread otherwise idles ``idle_exit_s`` after the last request; still alive as the process
+    exits, it can free the model's tensors after the GIL is gone (the process aborts after a finished run)."""
+    engine = HFEngine.from_pretrained(model_dirs[0], seed=0, idle_exit_s=60.0)
+    assert _gather(engine, [PROMPTS[1]], [SamplingParams(max_new_tokens=3, seed=0)])[0].finish_reason == "length"
+    thread = engine._thread
+    assert thread is not None and thread.is_alive()  # idling, waiting for the next request
+
+    async def cut_short():
+        running = asyncio.create_task(engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=10_000, seed=1)))
+        while engine.steps_run < 3:  # decoding
+            await asyncio.sleep(0.001)
+        await asyncio.to_thread(engine.shutdown)
+        return await asyncio.gather(running, return_exceptions=True)
+
+    (result,) = asyncio.run(cut_short())
+    assert isinstance(result, RuntimeError) and "shut down" in str(result)
+    assert not thread.is_alive() and engine._thread is None
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        _gather(engine, [PROMPTS[1]], [SamplingParams(max_new_tokens=3)])
+    engine.shutdown()  # again: nothing to stop
