@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPROC ?= 2
 ARGS ?=
+# pytest-xdist workers; one test file stays on one worker (its module-scoped process groups are built once).
+TEST_WORKERS ?= 2
 
 .PHONY: venv train test lint bench clean
 
@@ -23,7 +25,7 @@ train: venv
 	OMP_NUM_THREADS=1 $(PY) launch/pretrain_rl.py --nproc_per_node $(NPROC) $(ARGS)
 
 test: venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 lint: venv
 	$(VENV)/bin/ruff check .

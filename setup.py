@@ -46,7 +46,7 @@ EXTRAS = {
     "gpu": ["transformer-engine[pytorch]==2.20.2", "sglang==0.5.23"],  # TE + SGLang in one venv; vLLM in its own
     "ray": ["ray==2.60.*"],
     "wandb": ["wandb"],
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6", "ray==2.60.*",
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", "ruff>=0.6", "ray==2.60.*",
              # real agent frameworks against the endpoint (tests/e2e/test_endpoint_clients.py)
              "openai-agents>=0.2", "langgraph>=0.6", "langchain-openai>=0.3"],
 }

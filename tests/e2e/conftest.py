@@ -22,11 +22,29 @@ class DumpRun:
 
 
 @pytest.fixture(scope="session")
-def default_job_dump(tmp_path_factory: pytest.TempPathFactory) -> DumpRun:
+def default_job_dump(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> DumpRun:
     """Two RL steps of the default job on 2 gloo ranks (DP=2, two rollout engines), turn-level credit
     (``grpo_turn``, ``algorithm.turn_rewards``), with every step's rows and the step-2 validation dumped, and the
-    rows each rank's actor update trained on recorded."""
-    tmp = tmp_path_factory.mktemp("default_job_dump")
+    rows each rank's actor update trained on recorded.
+
+    Run once per test session: under pytest-xdist the first worker that needs it runs the job in the session's
+    shared temporary directory, and the others wait on a file lock and read its result."""
+    if not hasattr(request.config, "workerinput"):  # not an xdist worker
+        return _run_default_job_dump(tmp_path_factory.mktemp("default_job_dump"))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "default_job_dump"
+    with FileLock(str(shared) + ".lock"):
+        done = shared / "stdout.txt"
+        if not done.is_file():
+            shared.mkdir(exist_ok=True)
+            run = _run_default_job_dump(shared)
+            done.write_text(run.stdout)
+            return run
+    return DumpRun(shared / "dump", shared / "trained", shared / "logs", done.read_text())
+
+
+def _run_default_job_dump(tmp: Path) -> DumpRun:
     records = tmp / "trained"
     records.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RECORD_ROWS_DIR": str(records)}
