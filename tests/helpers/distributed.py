@@ -16,6 +16,7 @@ megatron-core and transformers once (:data:`PRELOAD`), so a spawned group starts
 instead of paying those imports (~6 s) on every call. A forked rank is otherwise as fresh as a spawned one:
 nothing ran in the server but the imports, and each rank gets the caller's current environment, working
 directory and ``sys.path`` (multiprocessing sends the last two; :func:`_worker` applies the first).
+On a GPU machine the ranks are spawned as before (:func:`_context`).
 """
 
 from __future__ import annotations
@@ -77,7 +78,13 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
 
 
 def _context() -> Any:
-    """The forkserver context, its server preloading :data:`PRELOAD` (set before the server first starts)."""
+    """The forkserver context, its server preloading :data:`PRELOAD` (set before the server first starts).
+
+    Where torch sees a GPU, the spawn context instead: megatron-core imports TransformerEngine there, whose import
+    initialises CUDA, and a process forked from one that did cannot use CUDA.
+    """
+    if torch.cuda.is_available():
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
