@@ -98,6 +98,9 @@ class RolloutEngine(Protocol):
 
     Threads: an engine that runs its model on a thread of its own makes the engine's GPU that thread's current
     CUDA device first (:func:`bind_thread_to_device`): the current device is per thread and starts at GPU 0.
+    Such an engine also has ``shutdown()`` (optional; ``Feed.close`` and ``serve`` call it when present), which
+    stops that thread and joins it: a daemon thread still ending as the interpreter finalises can free tensors
+    without the GIL and abort the process after the run has finished.
 
     An engine whose async machinery is bound to one event loop exposes it as ``event_loop``
     (optional attribute); :func:`~mcore_agentic.rollout.driver.generate_sequences_sync` then
