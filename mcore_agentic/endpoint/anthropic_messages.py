@@ -8,11 +8,14 @@ message). An assistant message's ``text`` blocks are its content, its ``thinking
 (``redacted_thinking`` is dropped: its text is not readable), its ``tool_use`` blocks its ``tool_calls`` (arguments:
 ``input`` as compact JSON). Consecutive messages of one role stay separate messages.
 
-The known request fields are the installed ``anthropic`` client's (non-beta ``messages.create``). Refused: server
-tools (any tool ``type`` but ``custom``), image / document / other non-text blocks, ``output_config.format``
-(structured output: sampling is not constrained here). Accepted and ignored: ``thinking`` (a thinking template
-thinks or not by itself), ``top_k``, ``metadata``, ``service_tier``, ``cache_control``, ``container``,
-``output_config.effort`` and the rest. ``tool_result.is_error`` is read but not kept (the common form has no slot).
+Fields follow :mod:`.field_policy`: those read here are checked; every other field, known to the installed
+``anthropic`` client or not (``context_management``, ``cache_control`` on any block, ``thinking``, ``top_k``,
+``metadata``, ``service_tier``, ``container``, ``output_config.effort``, Claude Code's newer fields), is accepted,
+ignored and named in :attr:`~.turn.TurnRequest.ignored`. Refused: server tools (any tool ``type`` but ``custom``,
+e.g. web search), image / document / other non-text blocks, ``output_config.format`` (structured output: sampling
+is not constrained here), ``mcp_servers`` (tools the API would connect). ``tool_result.is_error`` is read but not
+kept (the common form has no slot; counted as ignored). :func:`parse_count_request` reads a
+``/v1/messages/count_tokens`` body (no ``max_tokens``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from mcore_agentic.endpoint.api_fields import (
     assistant_message,
     bad,
     body_object,
-    check_known,
     client_fields,
     expected,
     function_tool,
@@ -42,9 +44,11 @@ from mcore_agentic.endpoint.api_fields import (
     join_path,
     join_text_parts,
     pieces,
+    refuse_unless_null,
     sse,
     tool_call,
 )
+from mcore_agentic.endpoint.field_policy import has_key, ignored_top_level
 from mcore_agentic.endpoint.turn import ApiError, TurnRequest, TurnResult
 
 KNOWN_FIELDS = client_fields(
@@ -54,6 +58,10 @@ KNOWN_FIELDS = client_fields(
     "tool_choice", "thinking", "metadata", "stream", "output_config", "service_tier", "container",
 }
 """Top-level request fields: the client's ``TypedDict`` keys (read at import) and those handled here by name."""
+
+HONOURED = frozenset({"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "tools",
+                      "tool_choice", "stream", "mcp_servers"})
+"""The fields read here; any other is accepted and ignored (:mod:`.field_policy`)."""
 
 ERROR_TYPES = frozenset({
     "invalid_request_error", "authentication_error", "billing_error", "permission_error", "not_found_error",
@@ -75,9 +83,23 @@ def message_id(result: TurnResult) -> str:
 
 def parse_request(body: Any) -> TurnRequest:
     """The common form of a Messages request body; :class:`ApiError` (400, naming the field) if bad."""
+    return _parse(body, count_only=False)
+
+
+def parse_count_request(body: Any) -> TurnRequest:
+    """The common form of a ``/v1/messages/count_tokens`` body: a Messages request without ``max_tokens``."""
+    return _parse(body, count_only=True)
+
+
+def _parse(body: Any, *, count_only: bool) -> TurnRequest:
     body = body_object(body)
-    check_known(body, KNOWN_FIELDS)
-    max_tokens = get_int(body, "max_tokens", required=True, minimum=1)
+    ignored = ignored_top_level(body, HONOURED)
+    max_tokens = get_int(body, "max_tokens", required=not count_only, minimum=1)
+    if has_key(body.get("system"), "cache_control") or has_key(body.get("messages"), "cache_control") or has_key(
+            body.get("tools"), "cache_control"):
+        ignored.append("cache_control")
+    refuse_unless_null(body, "mcp_servers", "remote MCP servers are not supported: run the MCP client in the agent "
+                                            "program and send its tools as client tools")
     messages = get_list(body, "messages", required=True)
     if not messages:
         raise bad("messages", "must not be empty")
@@ -93,6 +115,8 @@ def parse_request(body: Any) -> TurnRequest:
     converted = []
     for i, message in enumerate(messages):
         converted += _message(message, join_path("messages", i))
+    if any(_tool_error(m) for m in messages):
+        ignored.append("tool_result.is_error")
     return TurnRequest(
         messages=system + converted,
         tools=_tools(get_list(body, "tools")),
@@ -104,7 +128,15 @@ def parse_request(body: Any) -> TurnRequest:
         stop=_stop_sequences(get_list(body, "stop_sequences")),
         stream=get_bool(body, "stream", default=False),
         model=get_str(body, "model", default=""),
+        ignored=tuple(ignored),
     )
+
+
+def _tool_error(message: Any) -> bool:
+    """Whether a (parsed, valid) message holds a ``tool_result`` block with ``is_error: true``."""
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        b.get("type") == "tool_result" and b.get("is_error") is True for b in content)
 
 
 def _system(value: Any) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
 """What the three API modules share: strict field readers that raise :class:`~.turn.ApiError` naming the field
-path, the known-field sets taken from the installed clients, content-part joining, and SSE framing.
+path, the known-field sets taken from the installed clients (known or not, a field the endpoint does not read is
+accepted: :mod:`.field_policy`), content-part joining, and SSE framing.
 
 A field path is written as a client would find it in its own request: ``messages[2].content[0]``,
 ``stream_options.include_usage``. Every refusal is a 400 whose ``param`` is that path and whose message starts with
@@ -59,13 +60,6 @@ def body_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {json_type(body)}")
     return body
-
-
-def check_known(body: dict[str, Any], known: frozenset[str]) -> None:
-    """400 on the first top-level field the API does not define."""
-    for key in body:
-        if key not in known:
-            raise ApiError(400, f"unknown field '{key}'", param=key)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """OpenAI Chat Completions (``POST /v1/chat/completions``): request body -> :class:`~.turn.TurnRequest`, and a
 :class:`~.turn.TurnResult` -> the ``chat.completion`` body or its ``chat.completion.chunk`` event stream.
 
-Request fields the installed ``openai`` client defines are known; any other top-level field is refused. Of the known
-ones, those that would change what is sampled in a way this endpoint cannot honour are refused (``n`` other than 1,
-``response_format`` json_object / json_schema, ``audio``, a modality other than text, the deprecated
-``functions`` / ``function_call``, ``web_search_options``); the rest not read here (``seed``, penalties,
-``logit_bias``, ``metadata``, ``store``, ``reasoning_effort``...) are accepted and ignored. ``top_logprobs`` is
-accepted, but every ``top_logprobs`` list returned is empty.
+Fields follow :mod:`.field_policy`. Those that would change what is sampled in a way this endpoint cannot honour
+are refused (``n`` other than 1, ``response_format`` json_object / json_schema, ``audio``, a modality other than
+text, the deprecated ``functions`` / ``function_call``, ``web_search_options``); every field not read here, known
+to the installed ``openai`` client or not (``seed``, penalties, ``logit_bias``, ``metadata``, ``store``, ``user``,
+``reasoning_effort``, ``stream_options`` beyond ``include_usage``, vLLM's and other servers' extensions...), is
+accepted, ignored and named in :attr:`~.turn.TurnRequest.ignored`. ``top_logprobs`` is accepted, but every
+``top_logprobs`` list returned is empty.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from mcore_agentic.endpoint.api_fields import (
     assistant_message,
     bad,
     body_object,
-    check_known,
     client_fields,
     expected,
     function_tool,
@@ -38,6 +38,7 @@ from mcore_agentic.endpoint.api_fields import (
     sse,
     tool_call,
 )
+from mcore_agentic.endpoint.field_policy import ignored_top_level
 from mcore_agentic.endpoint.turn import ApiError, TurnRequest, TurnResult
 
 KNOWN_FIELDS = client_fields(
@@ -52,6 +53,12 @@ KNOWN_FIELDS = client_fields(
 }
 """Top-level request fields: the client's ``TypedDict`` keys (read at import, so a newer client's are known) and
 the ones this module reads or ignores by name."""
+
+HONOURED = frozenset({"model", "messages", "tools", "tool_choice", "max_tokens", "max_completion_tokens",
+                      "temperature", "top_p", "stop", "logprobs", "top_logprobs", "stream", "stream_options", "n",
+                      "response_format", "audio", "modalities", "functions", "function_call", "web_search_options"})
+"""The fields read here (``stream_options`` for ``include_usage``; any other option in it is counted); any other
+field is accepted and ignored (:mod:`.field_policy`)."""
 
 MAX_STOP = 4
 _TEXT = ("text",)
@@ -69,7 +76,7 @@ def completion_id(result: TurnResult) -> str:
 def parse_request(body: Any) -> TurnRequest:
     """The common form of a Chat Completions request body; :class:`ApiError` (400, naming the field) if bad."""
     body = body_object(body)
-    check_known(body, KNOWN_FIELDS)
+    ignored = ignored_top_level(body, HONOURED)
     _refuse_unsupported(body)
     messages = get_list(body, "messages", required=True)
     if not messages:
@@ -77,6 +84,8 @@ def parse_request(body: Any) -> TurnRequest:
     max_tokens = get_int(body, "max_completion_tokens", minimum=1)
     legacy_max = get_int(body, "max_tokens", minimum=1)
     stream_options = get_dict(body, "stream_options") or {}
+    if set(stream_options) - {"include_usage"}:
+        ignored.append("stream_options")
     return TurnRequest(
         messages=[_message(m, join_path("messages", i)) for i, m in enumerate(messages)],
         tools=_tools(get_list(body, "tools")),
@@ -91,6 +100,7 @@ def parse_request(body: Any) -> TurnRequest:
         stream=get_bool(body, "stream", default=False),
         include_usage=get_bool(stream_options, "include_usage", "stream_options", default=False),
         model=get_str(body, "model", default=""),
+        ignored=tuple(ignored),
     )
 
 

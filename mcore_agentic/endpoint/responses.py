@@ -9,17 +9,31 @@ message, an assistant ``message`` joins the one a reasoning item just opened (el
 no assistant item becomes an assistant message with empty content. ``function_call_output`` items are tool messages.
 ``instructions`` stays out of the messages (the session adds it).
 
-The known request fields are the installed ``openai`` client's. Refused, as they would change results in a way
-this endpoint cannot honour: ``background: true``, a ``conversation``, a stored ``prompt`` template,
-``context_management``, a ``text.format`` other than text, any tool or ``tool_choice`` that is not a function,
-``item_reference`` inputs. Accepted and ignored: ``reasoning``, ``store``, ``metadata``, ``truncation`` (the session
-never truncates; an input that does not fit is an error either way), ``service_tier``, ``prompt_cache_key``,
-``max_tool_calls`` (it bounds built-in tools only), ``include`` values other than
-``message.output_text.logprobs`` (which turns log-probs on), and the rest.
+**Custom (freeform) tools** (``{"type": "custom", "name", "description", "format"}``, Codex CLI's ``apply_patch``)
+take a string, not JSON: the template is offered a function of one string argument ``input`` (the tool's grammar,
+when it has one, in that argument's description: the model is not constrained, it learns the format), and a call
+the model makes to it is returned as a ``custom_tool_call`` item with that string. ``custom_tool_call`` and
+``custom_tool_call_output`` input items come back as a call with arguments ``{"input": ...}`` and a tool message.
+
+**Reasoning round trip**: a client that keeps no server state (``store: false``, Codex CLI) asks for
+``include: ["reasoning.encrypted_content"]`` and sends each reasoning item back with only its
+``encrypted_content``: here that holds the reasoning text (``mcore:`` + base64), read back as the reasoning, so
+the request extends the sample instead of forking it as ``thinking_dropped``.
+
+Fields follow :mod:`.field_policy`: those read here are checked; every other field, known to the installed
+``openai`` client or not (``client_metadata``, ``store``, ``include`` values other than the two above,
+``prompt_cache_key``, ``reasoning``, ``text.verbosity``, ``truncation``, ``parallel_tool_calls``, ``metadata``,
+``service_tier``, ``context_management``...), is accepted, ignored and named in
+:attr:`~.turn.TurnRequest.ignored`. Refused, as they would change results in a way this endpoint cannot honour:
+``background: true``, a ``conversation``, a stored ``prompt`` template, a ``text.format`` other than text, hosted
+tools (web search, file search, computer use, code interpreter, MCP) and a ``tool_choice`` naming one,
+``item_reference`` inputs.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,7 +44,6 @@ from mcore_agentic.endpoint.api_fields import (
     assistant_message,
     bad,
     body_object,
-    check_known,
     client_fields,
     expected,
     function_tool,
@@ -47,6 +60,7 @@ from mcore_agentic.endpoint.api_fields import (
     sse,
     tool_call,
 )
+from mcore_agentic.endpoint.field_policy import ignored_top_level
 from mcore_agentic.endpoint.turn import ApiError, TurnRequest, TurnResult
 
 KNOWN_FIELDS = client_fields(
@@ -59,8 +73,19 @@ KNOWN_FIELDS = client_fields(
 }
 """Top-level request fields: the client's ``TypedDict`` keys (read at import) and those handled here by name."""
 
+HONOURED = frozenset({"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature",
+                      "top_p", "top_logprobs", "stream", "previous_response_id", "background", "conversation",
+                      "prompt"})
+"""The top-level fields read here (``include`` and ``text`` are read for what they honour and counted otherwise);
+any other is accepted and ignored (:mod:`.field_policy`)."""
+
 RESPONSE_PREFIX = "resp_"
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+REASONING_INCLUDE = "reasoning.encrypted_content"
+REASONING_PASSBACK = "mcore:"
+"""The prefix of the ``encrypted_content`` this endpoint returns: the reasoning text, base64-encoded."""
+FREEFORM_ARGUMENT = "input"
+"""The one string argument a custom (freeform) tool is offered with."""
 _MESSAGE_TEXT = ("input_text", "output_text", "text")
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
@@ -76,15 +101,21 @@ def response_id(result: TurnResult) -> str:
 def parse_request(body: Any) -> TurnRequest:
     """The common form of a Responses request body; :class:`ApiError` (400, naming the field) if bad."""
     body = body_object(body)
-    check_known(body, KNOWN_FIELDS)
+    ignored = [k for k in ignored_top_level(body, HONOURED) if k not in ("include", "text")]
     _refuse_unsupported(body)
     include = get_list(body, "include") or []
     for i, value in enumerate(include):
         if not isinstance(value, str):
             raise expected(join_path("include", i), "a string", value)
+    if set(include) - {LOGPROBS_INCLUDE, REASONING_INCLUDE}:
+        ignored.append("include")
+    if (get_dict(body, "text") or {}).get("verbosity") is not None:
+        ignored.append("text.verbosity")
+    tools, freeform = _tools(get_list(body, "tools"))
     return TurnRequest(
         messages=_input(body.get("input")),
-        tools=_tools(get_list(body, "tools")),
+        tools=tools,
+        freeform_tools=freeform,
         tool_choice=_tool_choice(body.get("tool_choice")),
         parallel_tool_calls=get_bool(body, "parallel_tool_calls", default=True),
         max_tokens=get_int(body, "max_output_tokens", minimum=1),
@@ -96,6 +127,8 @@ def parse_request(body: Any) -> TurnRequest:
         model=get_str(body, "model", default=""),
         instructions=get_str(body, "instructions"),
         previous_response_id=_previous_response_id(get_str(body, "previous_response_id")),
+        reasoning_passback=REASONING_INCLUDE in include,
+        ignored=tuple(ignored),
     )
 
 
@@ -105,8 +138,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     refuse_unless_null(body, "conversation", "conversations are not supported; send previous_response_id or the "
                                              "whole input")
     refuse_unless_null(body, "prompt", "stored prompt templates are not supported; send instructions and input")
-    if body.get("context_management"):
-        raise bad("context_management", "server-side context management is not supported")
     text = get_dict(body, "text") or {}
     text_format = get_dict(text, "format", "text")
     if text_format is not None:
@@ -196,14 +227,21 @@ def _item(out: _Messages, item: Any, path: str) -> None:
         out.function_call(tool_call(get_str(item, "call_id", path, required=True),
                                     get_str(item, "name", path, required=True),
                                     get_str(item, "arguments", path, required=True)))
-    elif kind == "function_call_output":
+    elif kind == "custom_tool_call":
+        arguments = json.dumps({FREEFORM_ARGUMENT: get_str(item, "input", path, required=True)}, ensure_ascii=False)
+        out.function_call(tool_call(get_str(item, "call_id", path, required=True),
+                                    get_str(item, "name", path, required=True), arguments))
+    elif kind in ("function_call_output", "custom_tool_call_output"):
         output = join_text_parts(item.get("output"), join_path(path, "output"), text_types=_MESSAGE_TEXT,
                                  what="a string or a list of text parts", allow_null=False)
         out.add({"role": "tool", "tool_call_id": get_str(item, "call_id", path, required=True), "content": output})
     elif kind == "reasoning":
         content = get_list(item, "content", path)
+        passback = _passed_back(get_str(item, "encrypted_content", path))
         if content:
             text = join_text_parts(content, join_path(path, "content"), text_types=("reasoning_text",))
+        elif passback is not None:
+            text = passback
         else:
             text = join_text_parts(get_list(item, "summary", path) or [], join_path(path, "summary"),
                                    text_types=("summary_text",))
@@ -213,21 +251,54 @@ def _item(out: _Messages, item: Any, path: str) -> None:
                                            "previous_response_id")
     else:
         raise bad(join_path(path, "type"), f"input items of type {kind!r} are not supported (message, "
-                                           "function_call, function_call_output, reasoning)")
+                                           "function_call, function_call_output, custom_tool_call, "
+                                           "custom_tool_call_output, reasoning)")
 
 
-def _tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
-    out = []
+def _passed_back(encrypted: str | None) -> str | None:
+    """The reasoning text this endpoint put in an ``encrypted_content`` (None for anyone else's)."""
+    if encrypted is None or not encrypted.startswith(REASONING_PASSBACK):
+        return None
+    try:
+        return base64.b64decode(encrypted[len(REASONING_PASSBACK):], validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _tools(tools: list[Any] | None) -> tuple[list[dict[str, Any]] | None, frozenset[str]]:
+    """The function tools in the common form, and the names of the custom (freeform) ones among them."""
+    out, freeform = [], set()
     for i, tool in enumerate(tools or []):
         path = join_path("tools", i)
         tool = as_dict(tool, path, "a tool object")
         kind = get_str(tool, "type", path, required=True)
-        if kind != "function":
-            raise bad(join_path(path, "type"), f"only 'function' tools are supported, got {kind!r}")
-        get_bool(tool, "strict", path, default=False)
-        out.append(function_tool(get_str(tool, "name", path, required=True), get_str(tool, "description", path),
-                                 get_dict(tool, "parameters", path)))
-    return out or None
+        name = get_str(tool, "name", path, required=True)
+        if kind == "function":
+            get_bool(tool, "strict", path, default=False)
+            out.append(function_tool(name, get_str(tool, "description", path), get_dict(tool, "parameters", path)))
+        elif kind == "custom":
+            out.append(function_tool(name, get_str(tool, "description", path),
+                                     _freeform_parameters(get_dict(tool, "format", path), join_path(path, "format"))))
+            freeform.add(name)
+        else:
+            raise bad(join_path(path, "type"), f"hosted tools are not supported, got {kind!r} (send 'function' or "
+                                               "'custom' tools the client runs)")
+    return out or None, frozenset(freeform)
+
+
+def _freeform_parameters(fmt: dict[str, Any] | None, path: str) -> dict[str, Any]:
+    """The JSON schema a custom tool is offered with: one string ``input``, described by its grammar if any."""
+    description = "The tool's whole input, as free text."
+    if fmt is not None:
+        kind = get_str(fmt, "type", path, required=True)
+        if kind == "grammar":
+            syntax = get_str(fmt, "syntax", path, default="lark")
+            definition = get_str(fmt, "definition", path, required=True)
+            description = f"The tool's whole input, as free text in this {syntax} grammar:\n{definition}"
+        elif kind != "text":
+            raise bad(join_path(path, "type"), f"expected 'text' or 'grammar', got {kind!r}")
+    return {"type": "object", "properties": {FREEFORM_ARGUMENT: {"type": "string", "description": description}},
+            "required": [FREEFORM_ARGUMENT]}
 
 
 def _tool_choice(value: Any) -> str:
@@ -239,8 +310,13 @@ def _tool_choice(value: Any) -> str:
         return value
     choice = as_dict(value, "tool_choice", "a string or an object")
     kind = get_str(choice, "type", "tool_choice", required=True)
-    if kind != "function":
-        raise bad("tool_choice.type", f"only 'function' is supported, got {kind!r}")
+    if kind == "allowed_tools":  # a subset the model may call: never constrained here, so the mode is what counts
+        mode = get_str(choice, "mode", "tool_choice", default="auto")
+        if mode not in ("auto", "required"):
+            raise bad("tool_choice.mode", f"expected 'auto' or 'required', got {mode!r}")
+        return mode
+    if kind not in ("function", "custom"):
+        raise bad("tool_choice.type", f"only 'function', 'custom' or 'allowed_tools' is supported, got {kind!r}")
     return get_str(choice, "name", "tool_choice", required=True)
 
 
@@ -273,16 +349,31 @@ def _output(result: TurnResult, request: TurnRequest) -> list[dict[str, Any]]:
     reasoning_id, message_id, call_ids = _item_ids(result)
     items: list[dict[str, Any]] = []
     if result.reasoning is not None:
-        items.append({"id": reasoning_id, "type": "reasoning", "summary": [],
-                      "content": [{"type": "reasoning_text", "text": result.reasoning}], "status": "completed"})
+        item = {"id": reasoning_id, "type": "reasoning", "summary": [],
+                "content": [{"type": "reasoning_text", "text": result.reasoning}], "status": "completed"}
+        if request.reasoning_passback:
+            item["encrypted_content"] = REASONING_PASSBACK + base64.b64encode(result.reasoning.encode()).decode()
+        items.append(item)
     if result.content:
         items.append({"id": message_id, "type": "message", "role": "assistant",
                       "status": "incomplete" if result.finish_reason == "length" else "completed",
                       "content": [_text_part(result, request, result.content)]})
     for call, call_id in zip(result.tool_calls, call_ids):
-        items.append({"id": call_id, "type": "function_call", "call_id": call.id, "name": call.name,
-                      "arguments": call.arguments, "status": "completed"})
+        if call.name in request.freeform_tools:
+            items.append({"id": f"c{call_id}", "type": "custom_tool_call", "call_id": call.id, "name": call.name,
+                          "input": _freeform_input(call.arguments), "status": "completed"})
+        else:
+            items.append({"id": call_id, "type": "function_call", "call_id": call.id, "name": call.name,
+                          "arguments": call.arguments, "status": "completed"})
     return items
+
+
+def _freeform_input(arguments: str) -> str:
+    """A custom tool call's string: its ``input`` argument (the parser checked the call against the one-string
+    schema, so it is there)."""
+    value = json.loads(arguments)
+    return value[FREEFORM_ARGUMENT] if isinstance(value, dict) and isinstance(value.get(FREEFORM_ARGUMENT), str) \
+        else arguments
 
 
 def _usage(result: TurnResult) -> dict[str, Any]:
@@ -297,8 +388,15 @@ def _tool_choice_out(choice: str) -> str | dict[str, str]:
 
 
 def _tools_out(request: TurnRequest) -> list[dict[str, Any]]:
-    return [{"type": "function", "name": t["function"]["name"], "description": t["function"].get("description"),
-             "parameters": t["function"].get("parameters"), "strict": None} for t in request.tools or []]
+    out = []
+    for t in request.tools or []:
+        f = t["function"]
+        if f["name"] in request.freeform_tools:
+            out.append({"type": "custom", "name": f["name"], "description": f.get("description")})
+        else:
+            out.append({"type": "function", "name": f["name"], "description": f.get("description"),
+                        "parameters": f.get("parameters"), "strict": None})
+    return out
 
 
 def _response(result: TurnResult, request: TurnRequest, *, final: bool) -> dict[str, Any]:
@@ -360,6 +458,12 @@ def stream_events(result: TurnResult, request: TurnRequest) -> Iterator[str]:
         elif item["type"] == "message":
             logprobs = _logprobs(result, with_bytes=False) if request.logprobs else []
             yield from _part_events(event, index, item, logprobs)
+        elif item["type"] == "custom_tool_call":
+            for piece in pieces(item["input"]):
+                yield event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=index,
+                            delta=piece)
+            yield event("response.custom_tool_call_input.done", item_id=item["id"], output_index=index,
+                        input=item["input"])
         else:
             for piece in pieces(item["arguments"]):
                 yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
@@ -376,6 +480,8 @@ def _started(item: dict[str, Any]) -> dict[str, Any]:
     started = {**item, "status": "in_progress"}
     if item["type"] == "function_call":
         started["arguments"] = ""
+    elif item["type"] == "custom_tool_call":
+        started["input"] = ""
     else:
         started["content"] = []
     return started

@@ -4,6 +4,7 @@ Routes, under each session's base ``/sessions/{id}``:
 
 * ``POST /v1/chat/completions`` (OpenAI Chat Completions), ``POST /v1/responses`` (OpenAI Responses),
   ``POST /v1/messages`` (Anthropic Messages), each whole or streamed (server-sent events);
+* ``POST /v1/messages/count_tokens`` (Anthropic): the prompt tokens of the request's render;
 * ``GET /v1/models``;
 * ``POST /reward`` — ``{"reward": float}`` adds to the session's reward; ``{"reward": float, "turn": id}`` also
   makes it the own reward of the turn that returned response ``id`` (or ``"latest"``: the last turn sampled);
@@ -12,8 +13,9 @@ Routes, under each session's base ``/sessions/{id}``:
 Security: the server binds to loopback unless told otherwise. Every session has its own random token, sent as
 ``Authorization: Bearer`` (OpenAI clients) or ``x-api-key`` (Anthropic clients); a token opens only its own
 session, and an unknown session answers exactly like a wrong token (401), so ids cannot be probed. No route
-lists sessions. Bodies are capped (413 before the body is read past the cap); malformed JSON, wrong types and
-unknown fields get a 4xx in the calling API's error shape; an unexpected error is logged and answered 500 in
+lists sessions. Bodies are capped (413 before the body is read past the cap); malformed JSON and wrong types get a
+4xx in the calling API's error shape, fields that change nothing here are accepted and counted
+(:mod:`.field_policy`); an unexpected error is logged and answered 500 in
 that shape, never taking the server down. The standalone server (:mod:`.serve`) adds ``POST /sessions`` behind
 its own admin token.
 """
@@ -21,6 +23,7 @@ its own admin token.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -33,9 +36,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from mcore_agentic.endpoint import anthropic_messages, openai_chat, responses
+from mcore_agentic.endpoint import anthropic_messages, field_policy, openai_chat, responses
 from mcore_agentic.endpoint.session import Session
-from mcore_agentic.endpoint.turn import ApiError
+from mcore_agentic.endpoint.turn import ApiError, TurnRequest
 
 logger = logging.getLogger(__name__)
 
@@ -121,10 +124,18 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse(api.error_body(exc), status_code=exc.status, headers=headers)
 
+    def parse(api: ModuleType, parser: Callable[[Any], TurnRequest], body: Any, headers: Any) -> TurnRequest:
+        """``body`` parsed by ``parser``; the fields it ignored logged once per name (:mod:`.field_policy`)."""
+        parsed = parser(body)
+        if api is anthropic_messages and headers.get("anthropic-beta"):
+            parsed = dataclasses.replace(parsed, ignored=(*parsed.ignored, "anthropic-beta"))
+        field_policy.log_new(parsed.ignored, api.__name__.rsplit(".", 1)[-1])
+        return parsed
+
     async def turn(api: ModuleType, session_id: str, request: Request) -> Any:
         try:
             session = registry.authorised(session_id, request_token(request.headers))
-            parsed = api.parse_request(await read_json(request))
+            parsed = parse(api, api.parse_request, await read_json(request), request.headers)
             check_tool_choice(parsed)
             result = await session.complete(parsed)
         except Exception as exc:  # noqa: BLE001 -- one request's failure is its own, never the server's
@@ -151,6 +162,15 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
 
     async def messages(session_id: str, request: Request) -> Any:
         return await turn(anthropic_messages, session_id, request)
+
+    async def count_tokens(session_id: str, request: Request) -> Any:
+        try:
+            session = registry.authorised(session_id, request_token(request.headers))
+            parsed = parse(anthropic_messages, anthropic_messages.parse_count_request, await read_json(request),
+                           request.headers)
+            return JSONResponse({"input_tokens": session.count_tokens(parsed)})
+        except Exception as exc:  # noqa: BLE001
+            return failure(anthropic_messages, session_id, exc)
 
     async def models(session_id: str, request: Request) -> Any:
         try:
@@ -188,6 +208,7 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
     route(f"{base}/v1/chat/completions", "POST", chat_completions)
     route(f"{base}/v1/responses", "POST", create_response)
     route(f"{base}/v1/messages", "POST", messages)
+    route(f"{base}/v1/messages/count_tokens", "POST", count_tokens)
     route(f"{base}/v1/models", "GET", models)
     route(f"{base}/reward", "POST", reward)
     route(f"{base}/samples", "GET", samples)
@@ -218,7 +239,8 @@ class EndpointServer:
     """Serves an app with uvicorn on a thread of its own (its own event loop), so the rollout's event loop and a
     program that blocks it never stall the endpoint. ``port=0`` takes a free port; :attr:`url` says which."""
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, unix_path: str | None = None):
+        import os
         import socket
 
         import uvicorn
@@ -227,6 +249,14 @@ class EndpointServer:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host, self.port = host, self._socket.getsockname()[1]
+        # Also a Unix-domain socket (sandboxed agent commands reach the endpoint through it, bind-mounted into their
+        # sandbox): mode 0666, so a sandbox's unprivileged uid may connect; its directory is what guards it.
+        self.unix_path = unix_path
+        self._unix: socket.socket | None = None
+        if unix_path is not None:
+            self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._unix.bind(unix_path)
+            os.chmod(unix_path, 0o666)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30,
                                 limit_concurrency=4096)
         self._server = uvicorn.Server(config)
@@ -238,7 +268,7 @@ class EndpointServer:
             self._thread.join(0.01)
 
     def _run(self) -> None:
-        asyncio.run(self._server.serve(sockets=[self._socket]))
+        asyncio.run(self._server.serve(sockets=[self._socket] + ([self._unix] if self._unix is not None else [])))
 
     @property
     def url(self) -> str:
@@ -249,3 +279,10 @@ class EndpointServer:
         self._server.should_exit = True
         self._thread.join(timeout=10)
         self._socket.close()
+        if self._unix is not None:
+            import contextlib
+            import os
+
+            self._unix.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.unix_path)

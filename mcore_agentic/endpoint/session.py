@@ -17,6 +17,15 @@ should echo them back (:attr:`Sample.echo`). Each request is matched against the
   history: a retry or a branch), ``rewritten`` (a message differs: an edit, a compaction, a truncation),
   ``concurrent`` (the sample it extends has a request in flight).
 
+Samples belong to **threads**. Harnesses make side calls beside the episode's conversation (a title, a topic or
+"next speaker" check, a bash-command safety check, a summary: another model name, another system prompt, no tool
+list) that must not fork or pollute it. A request joins the thread of an existing sample when it names the same
+model, offers tools or not alike, and has the same system text or the same first user message; otherwise it opens
+a thread of its own (its first sample's reason is ``start``, like the episode's first). Forks are matched and
+named within a thread only. When the episode ends, its **main thread** is the one that sampled the most turns
+(ties: the one that sampled last); every other thread's samples are side samples (:meth:`Session.side_samples`),
+served and recorded, trained only when ``rollout.agent.side_requests=train``.
+
 Every sample's loss mask covers exactly the tokens the engine sampled for it; :meth:`Session.samples` hands
 them to the trainer (or, standalone, to the samples route).
 """
@@ -41,6 +50,27 @@ from mcore_agentic.rollout.tool_call import ToolCall, ToolCallError, ToolCallPar
 MAX_STORED_RESPONSES = 64
 """Responses a session keeps for ``previous_response_id`` (the latest ones)."""
 FORK_REASONS: tuple[str, ...] = ("start", "tools_changed", "thinking_dropped", "retried", "rewritten", "concurrent")
+
+
+@dataclass(frozen=True)
+class ThreadKey:
+    """What ties a request to a thread (module docstring): its model name, whether it offers tools, its system text
+    and its first user message."""
+
+    model: str
+    has_tools: bool
+    system: str
+    first_user: str
+
+    @classmethod
+    def of(cls, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> ThreadKey:
+        system = "\n".join(m.get("content") or "" for m in messages if m["role"] == "system")
+        first_user = next((m.get("content") or "" for m in messages if m["role"] == "user"), "")
+        return cls(model, bool(tools), system, first_user)
+
+    def joins(self, other: ThreadKey) -> bool:
+        return (self.model == other.model and self.has_tools == other.has_tools
+                and (self.system == other.system or self.first_user == other.first_user))
 
 
 @dataclass(frozen=True)
@@ -73,6 +103,9 @@ class Sample:
 
     index: int
     fork_reason: str
+    thread: int
+    """The thread the sample belongs to (the index of the thread's first sample)."""
+    thread_key: ThreadKey
     tools: list[dict[str, Any]] | None
     """The tool list the template renders (None: no tool section)."""
     tools_key: str
@@ -137,6 +170,8 @@ class Session:
         self.turn_refs: dict[str, tuple[Sample, int]] = {}
         """Each response's sample and the sample's turn it sampled (``/reward`` with ``turn``), by response id."""
         self.latest_turn: tuple[Sample, int] | None = None
+        self.ignored: Counter[str] = Counter()
+        """Requests that carried each field the endpoint accepts and ignores (:mod:`.field_policy`), by name."""
 
     # ------------------------------------------------------------------------------------------- a turn
     async def complete(self, request: TurnRequest) -> TurnResult:
@@ -151,8 +186,10 @@ class Session:
             raise ApiError(400, "the last message is the assistant's: a prefilled assistant turn is not supported; "
                                 "end with a user or tool message", param="messages")
         self.counts["requests"] += 1
+        self.ignored.update(request.ignored)
         keys = [message_key(m) for m in messages]
-        sample, new = self._match(messages, keys, request.tools)  # no await inside: atomic on the loop
+        thread = ThreadKey.of(request.model, messages, request.tools)
+        sample, new = self._match(messages, keys, request.tools, thread)  # no await inside: atomic on the loop
         sample.busy = True
         try:
             return await self._turn(sample, messages, keys, new, request)
@@ -179,14 +216,26 @@ class Session:
             raise ApiError(400, "the request has no messages", param="messages")
         return messages
 
+    def count_tokens(self, request: TurnRequest) -> int:
+        """The prompt tokens ``request`` would be fed as a new sample: its messages rendered with its tools and the
+        generation prompt (Anthropic's ``count_tokens``; a side request, counted, never a sample)."""
+        self.counts["count_tokens"] += 1
+        self.ignored.update(request.ignored)
+        messages = [renderable(m) for m in self._conversation(request)]
+        in_prompt = (request.tools or None) if self.settings.tools_in_prompt else None
+        return len(self.chat.conversation(messages, tools=in_prompt).prompt_ids)
+
     def _match(self, messages: list[dict[str, Any]], keys: list[tuple[Any, ...]],
-               tools: list[dict[str, Any]] | None) -> tuple[Sample, int]:
-        """The sample the request extends and the index of its first new message, or a new sample (a fork);
-        ``keys`` are the messages' :func:`message_key`."""
+               tools: list[dict[str, Any]] | None, thread: ThreadKey) -> tuple[Sample, int]:
+        """The sample the request extends and the index of its first new message, or a new sample (a fork, or the
+        first of a new thread); ``keys`` are the messages' :func:`message_key`."""
         tkey = tools_key(tools)
         extends: list[Sample] = []
-        reasons = ["start"]  # why each sample does not extend; the latest sample's reason names the fork
+        reasons = ["start"]  # why each sample of the thread does not extend; the latest's reason names the fork
+        joined = next((s.thread for s in reversed(self.samples) if thread.joins(s.thread_key)), None)
         for s in self.samples:
+            if s.thread != joined:
+                continue
             n = len(s.echo)
             if s.tools_key != tkey:
                 reasons.append("tools_changed")
@@ -203,11 +252,11 @@ class Session:
         if len(self.samples) >= self.settings.max_samples:
             raise ApiError(429, f"session {self.id} already holds {len(self.samples)} samples (forks), the limit: "
                                 "send history back as the endpoint returned it", type="rate_limit_error")
-        sample = self._fork(messages, keys, tools, reasons[-1])
+        sample = self._fork(messages, keys, tools, reasons[-1], thread, joined)
         return sample, len(messages)
 
     def _fork(self, messages: list[dict[str, Any]], keys: list[tuple[Any, ...]], tools: list[dict[str, Any]] | None,
-              reason: str) -> Sample:
+              reason: str, thread: ThreadKey, joined: int | None) -> Sample:
         rendered = [renderable(m) for m in messages]
         in_prompt = (tools or None) if self.settings.tools_in_prompt else None
         tokens = self.chat.conversation(rendered, tools=in_prompt)
@@ -219,7 +268,9 @@ class Session:
                            code="context_length_exceeded")
         trajectory = Trajectory()
         trajectory.set_prompt(prompt)
-        sample = Sample(index=len(self.samples), fork_reason=reason, tools=in_prompt, tools_key=tools_key(tools),
+        index = len(self.samples)
+        sample = Sample(index=index, fork_reason=reason, thread=index if joined is None else joined,
+                        thread_key=thread, tools=in_prompt, tools_key=tools_key(tools),
                         messages=rendered, echo=list(keys), tokens=tokens,
                         trajectory=trajectory, num_prompt_messages=len(messages))
         self.samples.append(sample)
@@ -363,15 +414,43 @@ class Session:
         self.reward = (self.reward or 0.0) + value
         self.counts["rewards"] += 1
 
+    # ----------------------------------------------------------------------------------------- threads
+    def main_thread(self) -> int | None:
+        """The episode's thread: the one that sampled the most turns (ties: the one that sampled last); None before
+        any turn."""
+        turns: Counter[int] = Counter()
+        last: dict[int, int] = {}
+        for s in self.samples:
+            if s.turns:
+                turns[s.thread] += s.turns
+                last[s.thread] = max(last.get(s.thread, -1), s.last_generation)
+        return max(turns, key=lambda t: (turns[t], last[t]), default=None)
+
+    def main_samples(self) -> list[Sample]:
+        """The main thread's samples that sampled, in session order."""
+        main = self.main_thread()
+        return [s for s in self.samples if s.turns and s.thread == main]
+
+    def side_samples(self) -> list[Sample]:
+        """Every other thread's samples that sampled, in session order (the harness's side calls)."""
+        main = self.main_thread()
+        return [s for s in self.samples if s.turns and s.thread != main]
+
+    def side_requests(self) -> int:
+        """Requests outside the main thread: side samples' turns and token counts."""
+        return sum(s.turns for s in self.side_samples()) + self.counts["count_tokens"]
+
     # ----------------------------------------------------------------------------------------- reporting
     def summary(self) -> dict[str, Any]:
         """The session's samples as plain data: ids, text pieces, loss mask, log-probs, fork reasons, and per turn its
         last sampled token's response index and the rewards posted for it."""
         out = []
+        main = self.main_thread()
         for s in self.samples:
             t = s.trajectory
             out.append({
-                "index": s.index, "fork_reason": s.fork_reason, "turns": s.turns, "finish_reason": s.finish_reason,
+                "index": s.index, "fork_reason": s.fork_reason, "thread": s.thread, "side": s.thread != main,
+                "turns": s.turns, "finish_reason": s.finish_reason,
                 "prompt_len": t.prompt_len, "ids": list(t.ids), "loss_mask": list(t.loss_mask),
                 "log_probs": list(t.log_probs), "weight_versions": list(t.versions),
                 "pieces": self._pieces(t.ids), "messages": s.messages, "malformed_calls": s.malformed_calls,
@@ -379,7 +458,7 @@ class Session:
                 "turn_ends": list(s.turn_ends), "turn_rewards": list(s.turn_rewards),
             })
         return {"session_id": self.id, "samples": out, "forks": dict(self.forks), "counts": dict(self.counts),
-                "reward": self.reward}
+                "ignored_fields": dict(self.ignored), "side_requests": self.side_requests(), "reward": self.reward}
 
 
 async def engine_call(engine: RolloutEngine, prompt_ids: list[int], params: SamplingParams) -> Any:

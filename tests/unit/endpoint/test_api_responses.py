@@ -105,7 +105,10 @@ def test_parse_items_merge_an_assistant_turn():
         tools=[{"type": "function", "function": {"name": "weather", "description": "Forecast",
                                                  "parameters": WEATHER}}],
         tool_choice="weather", parallel_tool_calls=False, temperature=0.5, top_p=1.0, logprobs=True,
-        top_logprobs=2, stream=True, model="m", previous_response_id="abc123",
+        top_logprobs=2, stream=True, model="m", previous_response_id="abc123", reasoning_passback=True,
+        ignored=("parallel_tool_calls", "reasoning", "store", "metadata", "truncation", "service_tier",
+                 "prompt_cache_key", "user", "safety_identifier", "stream_options", "max_tool_calls",
+                 "text.verbosity"),
     )
 
 
@@ -121,7 +124,6 @@ def _input(*items):
 
 @pytest.mark.parametrize(("body", "param", "words"), [
     ("hi", None, "JSON object"),
-    (_body(foo=1), "foo", "unknown field 'foo'"),
     ({"model": "m"}, "input", "required"),
     (_body(input=""), "input", "empty"),
     (_input(), "input", "empty"),
@@ -146,16 +148,19 @@ def _input(*items):
     (_input({"type": "function_call_output", "output": "x"}), "input[0].call_id", "required"),
     (_input({"type": "reasoning", "summary": [], "content": [{"type": "text", "text": "x"}]}),
      "input[0].content[0]", "only text"),
-    (_body(tools=[{"type": "web_search"}]), "tools[0].type", "function"),
-    (_body(tools=[{"type": "file_search", "vector_store_ids": []}]), "tools[0].type", "function"),
-    (_body(tools=[{"type": "computer_use_preview"}]), "tools[0].type", "function"),
+    (_body(tools=[{"type": "web_search", "name": "w"}]), "tools[0].type", "hosted tools"),
+    (_body(tools=[{"type": "file_search", "name": "f", "vector_store_ids": []}]), "tools[0].type", "hosted"),
+    (_body(tools=[{"type": "computer_use_preview", "name": "c"}]), "tools[0].type", "hosted"),
+    (_body(tools=[{"type": "custom", "name": "p", "format": {"type": "regex"}}]), "tools[0].format.type",
+     "grammar"),
+    (_body(tools=[{"type": "custom", "name": "p", "format": {"type": "grammar"}}]), "tools[0].format.definition",
+     "required"),
     (_body(tools=[{"type": "function", "parameters": {}}]), "tools[0].name", "required"),
     (_body(tool_choice="any"), "tool_choice", "auto"),
     (_body(tool_choice={"type": "web_search_preview"}), "tool_choice.type", "function"),
     (_body(background=True), "background", "not supported"),
     (_body(conversation="conv_1"), "conversation", "previous_response_id"),
     (_body(prompt={"id": "pmpt_1"}), "prompt", "templates"),
-    (_body(context_management=[{"type": "compaction"}]), "context_management", "not supported"),
     (_body(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}), "text.format.type", "not"),
     (_body(text={"format": {"type": "json_object"}}), "text.format.type", "not"),
     (_body(truncation="sometimes"), "truncation", "disabled"),
