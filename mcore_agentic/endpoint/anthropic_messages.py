@@ -11,8 +11,10 @@ message). An assistant message's ``text`` blocks are its content, its ``thinking
 Fields follow :mod:`.field_policy`: those read here are checked; every other field, known to the installed
 ``anthropic`` client or not (``context_management``, ``cache_control`` on any block, ``thinking``, ``top_k``,
 ``metadata``, ``service_tier``, ``container``, ``output_config.effort``, Claude Code's newer fields), is accepted,
-ignored and named in :attr:`~.turn.TurnRequest.ignored`. Refused: server tools (any tool ``type`` but ``custom``,
-e.g. web search), image / document / other non-text blocks, ``output_config.format`` (structured output: sampling
+ignored and named in :attr:`~.turn.TurnRequest.ignored`. Server tools (any tool ``type`` but ``custom``: web search,
+code execution, the schema-less bash and editor tools) are not offered to the model and counted
+(``hosted_tools``); a ``tool_choice`` naming one is refused. A ``system`` message inside ``messages`` (Claude Code's
+mid-conversation system beta) is a system message at that place. Refused: image / document / other non-text blocks, ``output_config.format`` (structured output: sampling
 is not constrained here), ``mcp_servers`` (tools the API would connect). ``tool_result.is_error`` is read but not
 kept (the common form has no slot; counted as ignored). :func:`parse_count_request` reads a
 ``/v1/messages/count_tokens`` body (no ``max_tokens``).
@@ -112,6 +114,13 @@ def _parse(body: Any, *, count_only: bool) -> TurnRequest:
                                           "ask for JSON in the prompt and parse the text")
     system = _system(body.get("system"))
     tool_choice, parallel = _tool_choice(get_dict(body, "tool_choice"))
+    hosted: list[str] = []
+    tools = _tools(get_list(body, "tools"), hosted)
+    if hosted:
+        ignored.append("hosted_tools")
+        if tool_choice in hosted:
+            raise bad("tool_choice.name", f"{tool_choice!r} is a server tool, which the endpoint does not run: "
+                                          "choose a client tool")
     converted = []
     for i, message in enumerate(messages):
         converted += _message(message, join_path("messages", i))
@@ -119,7 +128,7 @@ def _parse(body: Any, *, count_only: bool) -> TurnRequest:
         ignored.append("tool_result.is_error")
     return TurnRequest(
         messages=system + converted,
-        tools=_tools(get_list(body, "tools")),
+        tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
         max_tokens=max_tokens,
@@ -176,7 +185,11 @@ def _message(message: Any, path: str) -> list[dict[str, Any]]:
         return _user(blocks, content_path)
     if role == "assistant":
         return [_assistant(blocks, content_path)]
-    raise bad(join_path(path, "role"), f"unknown role {role!r} (user or assistant; the system text goes in 'system')")
+    if role == "system":  # a mid-conversation system message (Claude Code's mid-conversation-system beta)
+        return [{"role": "system", "content": join_text_parts(blocks, content_path, text_types=_TEXT,
+                                                              what="a string or a list of text blocks")}]
+    raise bad(join_path(path, "role"), f"unknown role {role!r} (user, assistant, or system for a mid-conversation "
+                                       "system message)")
 
 
 def _not_text(block: dict[str, Any], path: str) -> ApiError:
@@ -221,15 +234,17 @@ def _assistant(blocks: list[dict[str, Any]], path: str) -> dict[str, Any]:
     return assistant_message(TEXT_JOIN.join(texts), calls, TEXT_JOIN.join(thoughts) if thoughts else None)
 
 
-def _tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
+def _tools(tools: list[Any] | None, hosted: list[str]) -> list[dict[str, Any]] | None:
+    """The client tools in the common form; the names of server tools (web search, code execution, Anthropic's
+    schema-less bash and editor tools), which the model is not offered, appended to ``hosted``."""
     out = []
     for i, tool in enumerate(tools or []):
         path = join_path("tools", i)
         tool = as_dict(tool, path, "a tool object")
         kind = get_str(tool, "type", path, default="custom")
         if kind != "custom":
-            raise bad(join_path(path, "type"), f"server tools are not supported, got {kind!r} (send client tools: "
-                                               "name, description, input_schema)")
+            hosted.append(get_str(tool, "name", path, default=kind) or kind)
+            continue
         out.append(function_tool(get_str(tool, "name", path, required=True), get_str(tool, "description", path),
                                  get_dict(tool, "input_schema", path, required=True)))
     return out or None

@@ -11,9 +11,10 @@ or trains, so the rule, the one vLLM's and SGLang's servers and LiteLLM's proxy 
   ``agent/ignored_fields/<name>`` (the names of :data:`IGNORED`; any other field is counted as ``other``, so a
   client cannot grow the metric set) and the process logs one line per new name;
 * only what would make the trained sample differ from what the client asked for, in a way the endpoint cannot
-  honour, is **refused** with a 400 naming the field (structured output, ``n`` > 1, images, server tools such as
-  web search, background responses, stored prompts and conversations): the list, with each reason, is in
-  docs/agents.md.
+  honour, is **refused** with a 400 naming the field (structured output, ``n`` > 1, images, a ``tool_choice`` that
+  forces a hosted tool such as web search, background responses, stored prompts and conversations): the list, with
+  each reason, is in docs/agents.md. Hosted tools merely *offered* (Codex CLI offers web search by default) are
+  left out of the model's tool list and counted (``hosted_tools``).
 
 Sampling settings (temperature, top_p) are the one middle case: in training the policy's are used whatever the
 client asks (its log-probs must be the policy's) and a different value is counted (``client_sampling_ignored``);
@@ -41,6 +42,8 @@ IGNORED: dict[str, str] = {
     "top_k": "a sampling cut-off: the policy's sampling settings are used",
     "anthropic-beta": "beta-feature headers",
     "tool_result.is_error": "the chat template has no slot for it: the result's text says what failed",
+    "hosted_tools": "server/hosted tools offered (web search, code execution...): the endpoint runs none, so the "
+                    "model is not offered them and works without (a tool_choice naming one is refused)",
     # OpenAI Responses
     "client_metadata": "the harness's own tags (Codex CLI)",
     "store": "whether the hosted service stores the response: the session keeps what previous_response_id needs",

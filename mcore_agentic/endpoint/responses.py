@@ -24,10 +24,11 @@ Fields follow :mod:`.field_policy`: those read here are checked; every other fie
 ``openai`` client or not (``client_metadata``, ``store``, ``include`` values other than the two above,
 ``prompt_cache_key``, ``reasoning``, ``text.verbosity``, ``truncation``, ``parallel_tool_calls``, ``metadata``,
 ``service_tier``, ``context_management``...), is accepted, ignored and named in
-:attr:`~.turn.TurnRequest.ignored`. Refused, as they would change results in a way this endpoint cannot honour:
-``background: true``, a ``conversation``, a stored ``prompt`` template, a ``text.format`` other than text, hosted
-tools (web search, file search, computer use, code interpreter, MCP) and a ``tool_choice`` naming one,
-``item_reference`` inputs.
+:attr:`~.turn.TurnRequest.ignored`. Hosted tools (web search, file search, computer use, code interpreter, MCP:
+Codex CLI offers web search by default) are not offered to the model and counted (``hosted_tools``): the model
+works without them. Refused, as they would change results in a way this endpoint cannot honour: ``background:
+true``, a ``conversation``, a stored ``prompt`` template, a ``text.format`` other than text, a ``tool_choice``
+naming a hosted tool, ``item_reference`` inputs.
 """
 
 from __future__ import annotations
@@ -111,7 +112,10 @@ def parse_request(body: Any) -> TurnRequest:
         ignored.append("include")
     if (get_dict(body, "text") or {}).get("verbosity") is not None:
         ignored.append("text.verbosity")
-    tools, freeform = _tools(get_list(body, "tools"))
+    hosted: list[str] = []
+    tools, freeform = _tools(get_list(body, "tools"), hosted)
+    if hosted:
+        ignored.append("hosted_tools")
     return TurnRequest(
         messages=_input(body.get("input")),
         tools=tools,
@@ -265,13 +269,18 @@ def _passed_back(encrypted: str | None) -> str | None:
         return None
 
 
-def _tools(tools: list[Any] | None) -> tuple[list[dict[str, Any]] | None, frozenset[str]]:
-    """The function tools in the common form, and the names of the custom (freeform) ones among them."""
+def _tools(tools: list[Any] | None, hosted: list[str]) -> tuple[list[dict[str, Any]] | None, frozenset[str]]:
+    """The function and custom tools in the common form, and the names of the custom (freeform) ones among them;
+    the types of hosted tools (web search, file search, computer use...), which the model is not offered, appended
+    to ``hosted``."""
     out, freeform = [], set()
     for i, tool in enumerate(tools or []):
         path = join_path("tools", i)
         tool = as_dict(tool, path, "a tool object")
         kind = get_str(tool, "type", path, required=True)
+        if kind not in ("function", "custom"):
+            hosted.append(kind)
+            continue
         name = get_str(tool, "name", path, required=True)
         if kind == "function":
             get_bool(tool, "strict", path, default=False)
@@ -281,8 +290,7 @@ def _tools(tools: list[Any] | None) -> tuple[list[dict[str, Any]] | None, frozen
                                      _freeform_parameters(get_dict(tool, "format", path), join_path(path, "format"))))
             freeform.add(name)
         else:
-            raise bad(join_path(path, "type"), f"hosted tools are not supported, got {kind!r} (send 'function' or "
-                                               "'custom' tools the client runs)")
+            hosted.append(kind)
     return out or None, frozenset(freeform)
 
 
@@ -316,7 +324,8 @@ def _tool_choice(value: Any) -> str:
             raise bad("tool_choice.mode", f"expected 'auto' or 'required', got {mode!r}")
         return mode
     if kind not in ("function", "custom"):
-        raise bad("tool_choice.type", f"only 'function', 'custom' or 'allowed_tools' is supported, got {kind!r}")
+        raise bad("tool_choice.type", f"{kind!r} is a hosted tool, which the endpoint does not run: choose 'auto', "
+                                      "'none', 'required', a function, a custom tool or 'allowed_tools'")
     return get_str(choice, "name", "tool_choice", required=True)
 
 

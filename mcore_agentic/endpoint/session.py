@@ -54,8 +54,8 @@ FORK_REASONS: tuple[str, ...] = ("start", "tools_changed", "thinking_dropped", "
 
 @dataclass(frozen=True)
 class ThreadKey:
-    """What ties a request to a thread (module docstring): its model name, whether it offers tools, its system text
-    and its first user message."""
+    """What ties a request to a thread (module docstring): its model name, whether it offers tools, its leading
+    system text and its first user message."""
 
     model: str
     has_tools: bool
@@ -64,7 +64,8 @@ class ThreadKey:
 
     @classmethod
     def of(cls, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> ThreadKey:
-        system = "\n".join(m.get("content") or "" for m in messages if m["role"] == "system")
+        leading = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+        system = "\n".join(m.get("content") or "" for m in messages[:leading])  # not mid-conversation ones
         first_user = next((m.get("content") or "" for m in messages if m["role"] == "user"), "")
         return cls(model, bool(tools), system, first_user)
 

@@ -69,17 +69,42 @@ def test_one_log_line_per_new_name(caplog):
 @pytest.mark.parametrize(("api", "body", "param"), [
     (anthropic_messages, {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
                           "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
-    (responses, {"model": "m", "input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].name"),
-    (responses, {"model": "m", "input": "hi", "tools": [{"type": "web_search", "name": "w"}]}, "tools[0].type"),
     (responses, {"model": "m", "input": "hi", "tool_choice": {"type": "web_search_preview"}}, "tool_choice.type"),
     (openai_chat, {"model": "m", "messages": [{"role": "user", "content": "hi"}], "web_search_options": {}},
      "web_search_options"),
 ])
 def test_capabilities_the_model_lacks_are_refused_in_one_line(api, body, param):
+    """Only a request that *needs* what the endpoint cannot do is refused: forcing a hosted tool, web search options,
+    remote MCP servers. (Images and structured output: each API's own refusal tests.)"""
     with pytest.raises(ApiError) as err:
         api.parse_request(body)
     assert err.value.status == 400 and err.value.param == param
     assert "\n" not in err.value.message
+
+
+@pytest.mark.parametrize(("api", "body"), [
+    (responses, {"model": "m", "input": "hi", "tools": [
+        {"type": "web_search"}, {"type": "file_search", "vector_store_ids": []}, {"type": "computer_use_preview"},
+        {"type": "function", "name": "exec_command", "parameters": SHELL}]}),
+    (anthropic_messages, {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "web_search_20250305", "name": "web_search"}, {"type": "bash_20250124", "name": "bash"},
+        {"name": "Bash", "input_schema": SHELL}]}),
+])
+def test_hosted_tools_merely_offered_are_left_out_and_counted(api, body):
+    """Codex CLI offers web search on every request: the model is offered only the tools the client runs."""
+    request = api.parse_request(body)
+    assert [t["function"]["name"] for t in request.tools] in (["exec_command"], ["Bash"])
+    assert "hosted_tools" in request.ignored
+
+
+def test_a_mid_conversation_system_message_stays_in_place():
+    """Claude Code's mid-conversation-system beta sends ``role: system`` inside ``messages``."""
+    request = anthropic_messages.parse_request({"model": "m", "max_tokens": 8, "system": "S", "messages": [
+        {"role": "user", "content": "task"},
+        {"role": "system", "content": [{"type": "text", "text": "Agent types: ..."}]},
+        {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]})
+    assert [m["role"] for m in request.messages] == ["system", "user", "system", "assistant", "user"]
+    assert request.messages[2]["content"] == "Agent types: ..."
 
 
 # ----------------------------------------------------------------------------------------------------------------
