@@ -32,6 +32,7 @@ INPUT_PATHS: dict[str, str] = {
     "rollout.multi_turn.tool_config_path": "file",
     "rollout.multi_turn.interaction_config_path": "file",
     "reward.custom_reward_function": "file:name",
+    "rollout.agent.workdir": "dir",
     "trainer.resume_from_path": "dir",
 }
 """Input path keys and what they hold: a directory, file(s), or ``file.py:name`` (only the file part is a path)."""

@@ -36,7 +36,13 @@ from typing import Any
 
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.endpoint.field_policy import metric_name
-from mcore_agentic.endpoint.programs import ProgramOutcome, SessionAccess, load_entrypoint, run_program
+from mcore_agentic.endpoint.programs import (
+    CommandRunner,
+    ProgramOutcome,
+    SessionAccess,
+    load_entrypoint,
+    run_program,
+)
 from mcore_agentic.endpoint.server import EndpointServer, Limits, SessionRegistry, build_app
 from mcore_agentic.endpoint.session import Sample, Session, SessionSettings
 from mcore_agentic.rollout.config import RolloutConfig
@@ -72,6 +78,12 @@ class AgentSource:
         self.parser = get_tool_parser(cfg.multi_turn.format)
         a = cfg.agent
         self.entry = load_entrypoint(a.entrypoint) if a.entrypoint else None
+        # How commands run (rollout.agent.sandbox, workdir, reward_command); a sandbox is proved to work here now.
+        self.runner = CommandRunner.from_config(a) if a.command else None
+        if a.command and a.sandbox == "none":
+            logger.warning("rollout.agent.command runs on this host as the trainer's user (rollout.agent.sandbox=none): "
+                           "a harness that runs the model's shell commands should run with sandbox=bwrap "
+                           "(docs/agents.md, 'Running harnesses sandboxed')")
         self.registry = SessionRegistry()
         self.server: EndpointServer | None = None
 
@@ -81,7 +93,8 @@ class AgentSource:
         if self.server is None:
             a = self.cfg.agent
             app = build_app(self.registry, Limits(max_request_bytes=a.max_request_bytes))
-            self.server = EndpointServer(app, host=a.host, port=a.port)
+            self.server = EndpointServer(app, host=a.host, port=a.port,
+                                         unix_path=self.runner.socket_path if self.runner is not None else None)
             logger.info("agent endpoint serving on %s", self.server.url)
         return self.server.url
 
@@ -113,7 +126,8 @@ class AgentSource:
             self.registry.add(session)
             req.transition(RequestState.RUNNING)
             try:
-                outcome = await run_program(self.entry, self.cfg.agent.command, access, row, self.cfg.agent.timeout_s)
+                outcome = await run_program(self.entry, self.cfg.agent.command, access, row, self.cfg.agent.timeout_s,
+                                            runner=self.runner)
             finally:
                 session.closed = True
                 self.registry.remove(session.id)
@@ -209,6 +223,8 @@ class AgentSource:
             req.sanity_check_diffs = diffs
 
     def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()  # kills what still runs, removes every per-sample directory
         if self.server is not None:
             self.server.close()
             self.server = None

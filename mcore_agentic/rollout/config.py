@@ -225,8 +225,6 @@ class AgentConfig:
     always runs); ``bwrap``, in a bubblewrap sandbox per sample (docs/agents.md, "Running harnesses sandboxed"): its
     own work directory and HOME, read-only system files, no network but its session, an unprivileged uid, the limits
     of ``sandbox_limits``; refuses to start where bubblewrap cannot run."""
-    sandbox_limits: AgentSandboxLimits = field(default_factory=AgentSandboxLimits)
-    """Limits of ``sandbox=bwrap`` (``rollout.agent.sandbox_limits.*``)."""
     workdir: str | None = None
     """A directory (the task's repository) copied per sample into a fresh work directory, the command's working
     directory (``/workspace`` in the sandbox; ``$MCORE_AGENTIC_WORKDIR``); a row's ``extra_info.workdir`` overrides
@@ -238,7 +236,8 @@ class AgentConfig:
     """Where the per-sample directories (work directory, HOME) and the endpoint's socket are made on the host; null:
     the temporary directory. Removed once each sample's reward is computed."""
     timeout_s: float = 600.0
-    """Seconds one sample's program may run; then it is cancelled (a command: its process group is killed)."""
+    """Seconds one sample's program may run; then it is cancelled (a command: its process group, or its sandbox, is
+    killed). A ``reward_command`` has as many again."""
     max_concurrent: int = 64
     """Programs running at once on a leader."""
     reward: Literal["program", "reward_fn"] = "program"
@@ -260,6 +259,8 @@ class AgentConfig:
     """A harness's side calls (a title, a topic or safety check, a summary: requests on another thread of the
     session than the episode's, docs/agents.md): ``record`` serves and counts them (``agent/side_requests``) and
     trains none; ``train`` trains their samples too, as rows of the episode with its reward."""
+    sandbox_limits: AgentSandboxLimits = field(default_factory=AgentSandboxLimits)
+    """Limits of ``sandbox=bwrap`` (``rollout.agent.sandbox_limits.*``)."""
 
     @property
     def enabled(self) -> bool:

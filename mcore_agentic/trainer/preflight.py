@@ -211,26 +211,42 @@ def check_rows(cfg: Any, tools: dict[str, dict] | None, interactions: set[str] |
 
 
 def check_agent(cfg: Any) -> list[ConfigError]:
-    """``rollout.agent``: the entry point loads and is callable; the command's program exists."""
+    """``rollout.agent``: the entry point loads and is callable; the command's and the reward command's programs
+    exist; with ``sandbox=bwrap`` the sandbox works here and has them (one sample's sandbox is started)."""
     import shlex
     import shutil
 
-    from mcore_agentic.endpoint.programs import load_entrypoint
+    from mcore_agentic.endpoint.programs import CommandRunner, load_entrypoint
 
     a = cfg.rollout.agent
     problems: list[ConfigError] = []
     if a.entrypoint:
         _collect(problems, lambda: load_entrypoint(a.entrypoint), "rollout.agent.entrypoint")
-    if a.command:
+    for key in ("command", "reward_command") if a.command else ():
+        field = f"rollout.agent.{key}"
+        if getattr(a, key) is None:
+            continue
         try:
-            argv = shlex.split(a.command)
+            argv = shlex.split(getattr(a, key))
         except ValueError as exc:
-            return [ConfigError("rollout.agent.command", f"cannot be split like a shell line: {exc}")]
+            problems.append(ConfigError(field, f"cannot be split like a shell line: {exc}"))
+            continue
         if not argv:
-            problems.append(ConfigError("rollout.agent.command", "is empty: set a command line or unset it"))
+            problems.append(ConfigError(field, "is empty: set a command line or unset it"))
+        elif "/" in argv[0] and not os.path.isabs(argv[0]) and (a.workdir or a.sandbox == "bwrap"):
+            pass  # a file of the sample's work directory
         elif shutil.which(argv[0]) is None:
-            problems.append(ConfigError("rollout.agent.command", f"{argv[0]!r} is not an executable on PATH or a "
-                                                                 "path to one"))
+            problems.append(ConfigError(field, f"{argv[0]!r} is not an executable on PATH or a path to one"))
+    if a.command and a.sample_dirs is not None and not (os.path.isdir(a.sample_dirs) and os.access(a.sample_dirs, os.W_OK)):
+        problems.append(ConfigError("rollout.agent.sample_dirs", f"{a.sample_dirs} is not a writable directory: create "
+                                    "it or unset the key (the temporary directory)"))
+    if a.command and a.sandbox == "bwrap":
+        for path in a.sandbox_limits.extra_read_paths:
+            if not os.path.exists(path):
+                problems.append(ConfigError("rollout.agent.sandbox_limits.extra_read_paths",
+                                            f"{path!r} does not exist; list existing paths only"))
+        if not problems:  # the sandbox proves itself on this host (as the trainer's leaders will)
+            _collect(problems, lambda: CommandRunner.from_config(a).close(), "rollout.agent.sandbox")
     return problems
 
 
