@@ -14,8 +14,10 @@ Fields follow :mod:`.field_policy`: those read here are checked; every other fie
 ignored and named in :attr:`~.turn.TurnRequest.ignored`. Server tools (any tool ``type`` but ``custom``: web search,
 code execution, the schema-less bash and editor tools) are not offered to the model and counted
 (``hosted_tools``); a ``tool_choice`` naming one is refused. A ``system`` message inside ``messages`` (Claude Code's
-mid-conversation system beta) is a system message at that place. Refused: image / document / other non-text blocks, ``output_config.format`` (structured output: sampling
-is not constrained here), ``mcp_servers`` (tools the API would connect). ``tool_result.is_error`` is read but not
+mid-conversation system beta) is a system message at that place. Structured output (``output_config.format``:
+Claude Code's title call asks for a JSON schema) is accepted and counted (``structured_output``): sampling is not
+constrained, the text is the model's as sampled. Refused: image / document / other non-text blocks,
+``mcp_servers`` (tools the API would connect). ``tool_result.is_error`` is read but not
 kept (the common form has no slot; counted as ignored). :func:`parse_count_request` reads a
 ``/v1/messages/count_tokens`` body (no ``max_tokens``).
 """
@@ -109,9 +111,8 @@ def _parse(body: Any, *, count_only: bool) -> TurnRequest:
     get_dict(body, "thinking")
     get_dict(body, "metadata")
     output_config = get_dict(body, "output_config") or {}
-    if output_config.get("format") is not None:
-        raise bad("output_config.format", "structured output is not supported: sampling is not constrained here; "
-                                          "ask for JSON in the prompt and parse the text")
+    if output_config.get("format") is not None:  # Claude Code's title call asks for a JSON schema
+        ignored.append("structured_output")
     system = _system(body.get("system"))
     tool_choice, parallel = _tool_choice(get_dict(body, "tool_choice"))
     hosted: list[str] = []

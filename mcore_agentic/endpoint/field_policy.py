@@ -11,10 +11,12 @@ or trains, so the rule, the one vLLM's and SGLang's servers and LiteLLM's proxy 
   ``agent/ignored_fields/<name>`` (the names of :data:`IGNORED`; any other field is counted as ``other``, so a
   client cannot grow the metric set) and the process logs one line per new name;
 * only what would make the trained sample differ from what the client asked for, in a way the endpoint cannot
-  honour, is **refused** with a 400 naming the field (structured output, ``n`` > 1, images, a ``tool_choice`` that
+  honour, is **refused** with a 400 naming the field (``n`` > 1, images, a ``tool_choice`` that
   forces a hosted tool such as web search, background responses, stored prompts and conversations): the list, with
   each reason, is in docs/agents.md. Hosted tools merely *offered* (Codex CLI offers web search by default) are
-  left out of the model's tool list and counted (``hosted_tools``).
+  left out of the model's tool list and counted (``hosted_tools``). Structured output is accepted and counted
+  (``structured_output``): unconstrained, the model's text as sampled (Claude Code's title call asks for a JSON
+  schema on every run; refusing it would be an API error in every episode).
 
 Sampling settings (temperature, top_p) are the one middle case: in training the policy's are used whatever the
 client asks (its log-probs must be the policy's) and a different value is counted (``client_sampling_ignored``);
@@ -42,6 +44,9 @@ IGNORED: dict[str, str] = {
     "top_k": "a sampling cut-off: the policy's sampling settings are used",
     "anthropic-beta": "beta-feature headers",
     "tool_result.is_error": "the chat template has no slot for it: the result's text says what failed",
+    "structured_output": "a JSON format to constrain sampling to (response_format, text.format, output_config.format):"
+                         " sampling is never constrained here (the log-probs must be the policy's), so the text is "
+                         "the model's as sampled and the program validates it",
     "hosted_tools": "server/hosted tools offered (web search, code execution...): the endpoint runs none, so the "
                     "model is not offered them and works without (a tool_choice naming one is refused)",
     # OpenAI Responses

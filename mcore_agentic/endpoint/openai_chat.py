@@ -2,8 +2,10 @@
 :class:`~.turn.TurnResult` -> the ``chat.completion`` body or its ``chat.completion.chunk`` event stream.
 
 Fields follow :mod:`.field_policy`. Those that would change what is sampled in a way this endpoint cannot honour
-are refused (``n`` other than 1, ``response_format`` json_object / json_schema, ``audio``, a modality other than
-text, the deprecated ``functions`` / ``function_call``, ``web_search_options``); every field not read here, known
+are refused (``n`` other than 1, ``audio``, a modality other than text, the deprecated ``functions`` /
+``function_call``, ``web_search_options``); structured output (``response_format`` json_object / json_schema) is
+accepted and counted (``structured_output``): sampling is not constrained, the text is the model's as sampled; every
+field not read here, known
 to the installed ``openai`` client or not (``seed``, penalties, ``logit_bias``, ``metadata``, ``store``, ``user``,
 ``reasoning_effort``, ``stream_options`` beyond ``include_usage``, vLLM's and other servers' extensions...), is
 accepted, ignored and named in :attr:`~.turn.TurnRequest.ignored`. ``top_logprobs`` is accepted, but every
@@ -84,6 +86,9 @@ def parse_request(body: Any) -> TurnRequest:
     max_tokens = get_int(body, "max_completion_tokens", minimum=1)
     legacy_max = get_int(body, "max_tokens", minimum=1)
     stream_options = get_dict(body, "stream_options") or {}
+    response_format = get_dict(body, "response_format")
+    if response_format is not None and get_str(response_format, "type", "response_format", required=True) != "text":
+        ignored.append("structured_output")
     if set(stream_options) - {"include_usage"}:
         ignored.append("stream_options")
     return TurnRequest(
@@ -108,12 +113,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     n = get_int(body, "n")
     if n is not None and n != 1:
         raise bad("n", f"only n=1 is supported, got {n} (send n requests instead)")
-    response_format = get_dict(body, "response_format")
-    if response_format is not None:
-        kind = get_str(response_format, "type", "response_format", required=True)
-        if kind != "text":
-            raise bad("response_format.type", f"'{kind}' is not supported: sampling is not constrained here; "
-                                              "ask for JSON in the prompt and parse the text")
     refuse_unless_null(body, "audio", "audio output is not supported")
     modalities = get_list(body, "modalities") or []
     for i, modality in enumerate(modalities):

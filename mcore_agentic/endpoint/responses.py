@@ -27,8 +27,9 @@ Fields follow :mod:`.field_policy`: those read here are checked; every other fie
 :attr:`~.turn.TurnRequest.ignored`. Hosted tools (web search, file search, computer use, code interpreter, MCP:
 Codex CLI offers web search by default) are not offered to the model and counted (``hosted_tools``): the model
 works without them. Refused, as they would change results in a way this endpoint cannot honour: ``background:
-true``, a ``conversation``, a stored ``prompt`` template, a ``text.format`` other than text, a ``tool_choice``
-naming a hosted tool, ``item_reference`` inputs.
+true``, a ``conversation``, a stored ``prompt`` template, a ``tool_choice`` naming a hosted tool, ``item_reference``
+inputs. Structured output (a ``text.format`` other than text) is accepted and counted (``structured_output``):
+sampling is not constrained, the text is the model's as sampled.
 """
 
 from __future__ import annotations
@@ -110,8 +111,11 @@ def parse_request(body: Any) -> TurnRequest:
             raise expected(join_path("include", i), "a string", value)
     if set(include) - {LOGPROBS_INCLUDE, REASONING_INCLUDE}:
         ignored.append("include")
-    if (get_dict(body, "text") or {}).get("verbosity") is not None:
+    text = get_dict(body, "text") or {}
+    if text.get("verbosity") is not None:
         ignored.append("text.verbosity")
+    if (text.get("format") or {}).get("type") not in (None, "text"):
+        ignored.append("structured_output")
     hosted: list[str] = []
     tools, freeform = _tools(get_list(body, "tools"), hosted)
     if hosted:
@@ -145,10 +149,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     text = get_dict(body, "text") or {}
     text_format = get_dict(text, "format", "text")
     if text_format is not None:
-        kind = get_str(text_format, "type", "text.format", required=True)
-        if kind != "text":
-            raise bad("text.format.type", f"'{kind}' is not supported: sampling is not constrained here; ask for "
-                                          "JSON in the prompt and parse the text")
+        get_str(text_format, "type", "text.format", required=True)
     truncation = get_str(body, "truncation")
     if truncation not in (None, "auto", "disabled"):
         raise bad("truncation", f"expected 'auto' or 'disabled', got {truncation!r}")

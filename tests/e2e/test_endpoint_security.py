@@ -251,7 +251,7 @@ BAD_BODIES: list[tuple[str, Any, str | None, str]] = [
     ("chat", b"\xff\xfe", None, "not valid JSON"),
     ("chat", [CHAT], None, "must be a JSON object"),
     ("chat", "hello", None, "must be a JSON object"),
-    ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format.type", "not supported"),
+    ("chat", {**CHAT, "modalities": ["audio"]}, "modalities[0]", "only the 'text' modality"),
     ("chat", {**CHAT, "messages": "What do the meters read?"}, "messages", "expected an array"),
     ("chat", {**CHAT, "temperature": "hot"}, "temperature", "expected a number"),
     ("chat", {**CHAT, "max_tokens": 1.5}, "max_tokens", "expected an integer"),

@@ -165,7 +165,6 @@ _IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png
     (_body(top_k=-1), "top_k", ">= 0"),
     (_body(stop_sequences="###"), "stop_sequences", "array"),
     (_body(stop_sequences=[1]), "stop_sequences[0]", "string"),
-    (_body(output_config={"format": {"type": "json_schema", "schema": {}}}), "output_config.format", "not"),
     (_body(thinking="on"), "thinking", "object"),
     (_body(model=1), "model", "string"),
 ])

@@ -102,8 +102,7 @@ _CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "
 @pytest.mark.parametrize(("body", "param", "words"), [
     ([1, 2], None, "JSON object"),
     (_body(n=2), "n", "n=1"),
-    (_body(response_format={"type": "json_object"}), "response_format.type", "not supported"),
-    (_body(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format.type", ""),
+    (_body(response_format={"json_schema": {"name": "x"}}), "response_format.type", "required"),
     (_body(audio={"voice": "alloy", "format": "mp3"}), "audio", "audio"),
     (_body(modalities=["text", "audio"]), "modalities[1]", "text"),
     (_body(functions=[{"name": "f"}]), "functions", "tools"),

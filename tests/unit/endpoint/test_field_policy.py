@@ -83,6 +83,18 @@ def test_capabilities_the_model_lacks_are_refused_in_one_line(api, body, param):
 
 
 @pytest.mark.parametrize(("api", "body"), [
+    (anthropic_messages, {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "title?"}],
+                          "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
+    (responses, {"model": "m", "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}),
+    (openai_chat, {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                   "response_format": {"type": "json_object"}}),
+])
+def test_structured_output_is_accepted_unconstrained_and_counted(api, body):
+    """Claude Code's title call asks for a JSON schema on every run: a refusal would be an API error per episode."""
+    assert "structured_output" in api.parse_request(body).ignored
+
+
+@pytest.mark.parametrize(("api", "body"), [
     (responses, {"model": "m", "input": "hi", "tools": [
         {"type": "web_search"}, {"type": "file_search", "vector_store_ids": []}, {"type": "computer_use_preview"},
         {"type": "function", "name": "exec_command", "parameters": SHELL}]}),
