@@ -161,8 +161,12 @@ class AgentSandboxLimits:
     time is ``rollout.agent.timeout_s``."""
 
     memory_mb: int = 4096
-    """Address-space limit per process (RLIMIT_AS); with a memory cgroup also the sample's RAM, together with
-    ``disk_mb`` (its ``/tmp`` is RAM too)."""
+    """The sample's RAM, all its processes together, with ``disk_mb`` (its ``/tmp`` is RAM too): its memory cgroup's
+    limit."""
+    address_space_mb: int | None = None
+    """Address-space limit per process (RLIMIT_AS); null: none. No RAM bound for Node: V8 reserves ~10 GB of address
+    space per WebAssembly instance (Node's ``fetch`` parses HTTP with one; Qwen Code needs ~32 GB), so only a host
+    without memory cgroups needs it (``memory_cgroup=auto``), and then at least 32768."""
     disk_mb: int = 1024
     """Size of the sandbox's ``/tmp`` (a tmpfs). The work directory and HOME are on the host's disk
     (``rollout.agent.sample_dirs``), each file capped by ``max_file_mb``."""
@@ -184,13 +188,16 @@ class AgentSandboxLimits:
     when it has none). ``trainer``: the trainer's uid even when it is root (weaker)."""
     host_uid_range: tuple[int, int] | None = None
     """``[first uid, count]`` of dedicated host uids for a root trainer's sandboxes (default: the code tool's)."""
-    memory_cgroup: Literal["auto", "required", "off"] = "auto"
-    """A memory cgroup per sample capping its RAM at ``memory_mb + disk_mb``: ``auto`` where the host allows it,
-    ``required``, or ``off`` (memfd and System V IPC are then denied)."""
+    memory_cgroup: Literal["auto", "required", "off"] = "required"
+    """A memory cgroup per sample capping its RAM at ``memory_mb + disk_mb``: ``required`` (refuse to start without
+    one), ``auto`` (where the host allows it; else only ``address_space_mb`` bounds each process) or ``off``; without
+    one memfd and System V IPC are denied."""
 
     def __post_init__(self) -> None:
         p = "rollout.agent.sandbox_limits."
         require(self.memory_mb >= 256, p + "memory_mb", f"must be >= 256 (a Node harness needs ~1024), got {self.memory_mb}")
+        require(self.address_space_mb is None or self.address_space_mb >= 256, p + "address_space_mb",
+                f"must be >= 256 or null (Node harnesses need >= 32768), got {self.address_space_mb}")
         require(self.disk_mb >= 1, p + "disk_mb", f"must be >= 1, got {self.disk_mb}")
         require(self.max_file_mb > 0, p + "max_file_mb", f"must be > 0, got {self.max_file_mb}")
         require(self.max_open_files >= 64, p + "max_open_files", f"must be >= 64, got {self.max_open_files}")

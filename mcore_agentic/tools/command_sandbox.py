@@ -17,9 +17,12 @@ and kill), and nothing else of the host. What the command sees:
 * a network namespace of its own with only loopback: ``127.0.0.1:`` :data:`FORWARD_PORT` is a forwarder
   (:mod:`.command_sandbox_child`) to the endpoint's Unix socket, bound in from the host; nothing else answers;
 * uid/gid 65534 (``agent``), no capabilities; on the host an unprivileged uid (a dedicated one, leased for the
-  sample's life, under a root trainer); the limits of ``memory_mb`` (per process, and the sample's RAM with
-  ``disk_mb`` where a memory cgroup can be made), ``max_processes``, ``max_open_files``, ``max_file_mb``; the seccomp
-  filter of the code sandbox with processes allowed (no new namespaces).
+  sample's life, under a root trainer); the limits of ``memory_mb`` (the sample's RAM with ``disk_mb``: a memory
+  cgroup, required unless ``memory_cgroup`` says otherwise), ``address_space_mb`` (per process; none by default:
+  V8 reserves ~10 GB per WebAssembly instance), ``max_processes``, ``max_open_files``,
+  ``max_file_mb``; the seccomp
+  filter of the code sandbox with processes allowed (no new namespaces), and file locks and ``inotify``
+  (:data:`SHARED_FILE_ALLOWED`).
 
 On the host a sample is one directory ``s<N>`` (``work/``, ``home/``, ``row.json``) under this process's state
 directory, ``<sample_dirs or the temporary directory>/mcore_agentic_agent.<owner tag>.<random>``, which also holds
@@ -85,6 +88,11 @@ ETC_FILES = (
     "/etc/gitconfig", "/etc/magic", "/etc/manpath.config",
 )  # fmt: skip
 """``/etc`` entries bound read-only where the host has them (``passwd``, ``group`` and ``hosts`` are the sandbox's own)."""
+SHARED_FILE_ALLOWED = ("flock", "fcntl_getlk", "inotify_init", "inotify_init1", "inotify_add_watch")
+"""Calls the code sandbox denies as ways to observe the files executions share, which toolchains need (Codex CLI
+will not start without ``flock``, nor opencode's SQLite in WAL mode without ``F_GETLK``; git, npm and pip lock; file
+watchers use inotify). A sample could see another's use of the shared read-only files through them; that is all
+they give."""
 SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 """Bound read-only (or recreated as the host's symlinks into ``/usr``), beside ``/usr``."""
 _MB = 1 << 20
@@ -96,6 +104,7 @@ class CommandLimits(Protocol):
     """What a :class:`CommandSandbox` reads of its config (``rollout.agent.sandbox_limits``)."""
 
     memory_mb: int
+    address_space_mb: int | None
     disk_mb: int
     max_file_mb: float
     max_open_files: int
@@ -186,7 +195,8 @@ class CommandSandbox:
             uid_range = tuple(limits.host_uid_range) if limits.host_uid_range is not None else None
             self._host_user: HostUser = resolve_host_user(limits.host_user, uid_range)  # type: ignore[arg-type]
             self._use_memory_cgroup()
-            self._seccomp = build_filter(allow_processes=True, deny_unbounded_ram=self._cgroups is None)
+            self._seccomp = build_filter(allow_processes=True, deny_unbounded_ram=self._cgroups is None,
+                                         allow=SHARED_FILE_ALLOWED)
             if self._seccomp is None:
                 raise SandboxUnavailable("the sandbox's seccomp filter is described for x86-64 and aarch64 only; run on "
                                          "one of them, or set rollout.agent.sandbox=none")
@@ -206,15 +216,19 @@ class CommandSandbox:
         from mcore_agentic.tools.sandbox import _process_cgroups
 
         if self.limits.memory_cgroup == "off":
+            logger.warning("agent sandbox: memory_cgroup=off: each process's address space (%s) is the only memory bound",
+                           f"{self.limits.address_space_mb} MB" if self.limits.address_space_mb else "unbounded")
             return
         self._cgroups, where = _process_cgroups()
         if self._cgroups is None and self.limits.memory_cgroup == "required":
             raise SandboxUnavailable(
                 f"rollout.agent.sandbox_limits.memory_cgroup=required, but no memory cgroup can be created here "
                 f"({where}); run the trainer as root on a host with cgroups, delegate a cgroup v2 subtree to its user, "
-                "or set it to auto")
+                "or set it to auto with address_space_mb (a per-process bound: Node harnesses need >= 32768)")
         if self._cgroups is None:
-            logger.info("agent sandbox: no memory cgroup (%s); memfd and System V IPC are denied", where)
+            logger.warning("agent sandbox: no memory cgroup (%s): each process's address space (%s) is the only memory "
+                           "bound; memfd and System V IPC are denied", where,
+                           f"{self.limits.address_space_mb} MB" if self.limits.address_space_mb else "unbounded")
 
     def _system_image(self) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """Read-only (host source, sandbox path) binds and (target, path) symlinks every sample's sandbox has."""
@@ -328,7 +342,7 @@ class CommandSandbox:
         settings = {
             "expect_uid": SANDBOX_UID,
             "expect_no_groups": host_user.drops_root,
-            "memory_mb": limits.memory_mb,
+            "address_space_mb": limits.address_space_mb,
             "max_file_mb": limits.max_file_mb,
             "max_open_files": limits.max_open_files,
             "max_processes": limits.max_processes if host_user.drops_root else None,

@@ -6,7 +6,7 @@ bound beside it. In order:
 
 1. checks that it is the sandbox's uid with no capability (exit :data:`sandbox_child.DROP_FAILED` otherwise);
 2. sets resource limits on itself, which the command inherits (soft = hard: the command cannot raise them):
-   address space, file size, open files, processes (only where the sandbox has a uid of its own: the trainer's
+   address space (unless null), file size, open files, processes (only where the sandbox has a uid of its own: the trainer's
    uid would count the trainer's own threads), no core dumps, no locked memory, no POSIX message queues;
 3. when the settings name the endpoint's socket: listens on ``127.0.0.1:<port>`` (the sandbox's own loopback,
    the only network it has) and forwards each connection to that Unix socket, bound in from the host, where the
@@ -32,13 +32,14 @@ _CHUNK = 1 << 16
 def set_limits(cfg):
     mb = 1024 * 1024
     pairs = [
-        (resource.RLIMIT_AS, cfg["memory_mb"] * mb),
         (resource.RLIMIT_FSIZE, int(cfg["max_file_mb"] * mb)),
         (resource.RLIMIT_NOFILE, cfg["max_open_files"]),
         (resource.RLIMIT_CORE, 0),
         (resource.RLIMIT_MEMLOCK, 0),
         (resource.RLIMIT_MSGQUEUE, 0),
     ]
+    if cfg["address_space_mb"] is not None:
+        pairs.append((resource.RLIMIT_AS, cfg["address_space_mb"] * mb))
     if cfg["max_processes"] is not None:
         pairs.append((resource.RLIMIT_NPROC, cfg["max_processes"]))
     for which, value in pairs:

@@ -69,6 +69,10 @@ _DENIED = (
     # shared-file observation: page-cache probes and eviction, notification, whole-file locks
     "mincore cachestat preadv2 pwritev2 fadvise64 inotify_init inotify_init1 inotify_add_watch flock process_madvise"
 ).split()
+SHARED_FILE_CALLS = ("mincore", "cachestat", "preadv2", "pwritev2", "fadvise64", "inotify_init", "inotify_init1",
+                     "inotify_add_watch", "flock", "process_madvise", "fcntl_getlk")
+"""The calls of :data:`_DENIED` that observe the files executions share (not the kernel's attack surface);
+``fcntl_getlk`` names ``fcntl``'s lock queries (``F_GETLK``, ``F_OFD_GETLK``)."""
 _UNBOUNDED_RAM = ("memfd_create", "memfd_secret", "shmget", "semget", "msgget")
 _PROCESS_CREATION = ("fork", "vfork", "clone")
 
@@ -136,13 +140,18 @@ class _Program:
         return b"".join(out)
 
 
-def build_filter(allow_processes: bool, *, deny_unbounded_ram: bool = True, machine: str | None = None) -> bytes | None:
-    """The filter as bytes of ``struct sock_filter``, or ``None`` on an architecture not described here."""
+def build_filter(allow_processes: bool, *, deny_unbounded_ram: bool = True, machine: str | None = None,
+                 allow: tuple[str, ...] = ()) -> bytes | None:
+    """The filter as bytes of ``struct sock_filter``, or ``None`` on an architecture not described here.
+
+    ``allow``: names of the shared-file observation list (:data:`SHARED_FILE_CALLS`) to let through anyway (a
+    harness's toolchain needs ``flock`` and ``inotify``: :mod:`.command_sandbox`)."""
     arch = _ARCHES.get(machine or platform.machine())
     if arch is None:
         return None
     audit_arch, numbers = arch
-    names = list(_DENIED) + (list(_UNBOUNDED_RAM) if deny_unbounded_ram else [])
+    assert set(allow) <= set(SHARED_FILE_CALLS), sorted(set(allow) - set(SHARED_FILE_CALLS))
+    names = [n for n in _DENIED if n not in allow] + (list(_UNBOUNDED_RAM) if deny_unbounded_ram else [])
     if not allow_processes:
         names += _PROCESS_CREATION
     denied = [numbers[name] for name in names if name in numbers]
@@ -172,7 +181,7 @@ def build_filter(allow_processes: bool, *, deny_unbounded_ram: bool = True, mach
         p.op(_RET_K, _RET_ALLOW)
     p.label("fcntl")  # fcntl(fd, cmd, ...): no lock queries, no directory notifications, no leases
     p.op(_LD_W_ABS, _ARG_OFFSET + 8)
-    for cmd in (F_GETLK, F_OFD_GETLK, F_NOTIFY, F_SETLEASE):
+    for cmd in ((F_NOTIFY, F_SETLEASE) if "fcntl_getlk" in allow else (F_GETLK, F_OFD_GETLK, F_NOTIFY, F_SETLEASE)):
         p.op(_JEQ_K, cmd, jt="deny_arg")
     p.op(_RET_K, _RET_ALLOW)
     p.label("madvise")  # madvise(addr, len, advice): no eviction of (shared) file pages

@@ -36,6 +36,7 @@ ADD = AddTool().get_openai_tool_schema()
 ROWS = [{"prompt": [{"role": "system", "content": "You can use tools."}, {"role": "user", "content": f"Q-add {i}"}],
          "data_source": "test", "reward_model": {"ground_truth": "5"}} for i in range(2)]
 PY = sys.executable
+LIMITS = AgentSandboxLimits(memory_cgroup="auto")  # the tests run where bubblewrap does, with or without cgroups
 
 # The agent: the standard library only (the sandbox binds the trainer's interpreter, not its site-packages). It talks
 # to its session at OPENAI_BASE_URL with urllib, runs the add tool itself, writes its answer into its work directory
@@ -107,7 +108,7 @@ def tok():
 @pytest.fixture(scope="module")
 def bwrap_works(tmp_path_factory):
     try:
-        CommandSandbox(AgentSandboxLimits(), sample_dirs=str(tmp_path_factory.mktemp("probe"))).close()
+        CommandSandbox(LIMITS, sample_dirs=str(tmp_path_factory.mktemp("probe"))).close()
     except ConfigError as exc:
         pytest.skip(f"bubblewrap cannot run here: {exc}")
 
@@ -124,6 +125,7 @@ def _template(tmp_path: Path) -> Path:
 
 def _roll(tok: Any, sample_dirs: Path, rows: list[dict] = ROWS, **agent: Any) -> tuple[Any, AgentSource]:
     agent.setdefault("sandbox", "bwrap")
+    agent.setdefault("sandbox_limits", LIMITS)
     cfg = RolloutConfig(prompt_length=512, response_length=512, n=1, seed=7,
                         multi_turn=MultiTurnConfig(max_assistant_turns=5),
                         agent=AgentConfig(sample_dirs=str(sample_dirs), **agent))
@@ -175,7 +177,7 @@ def test_a_sandboxed_command_cannot_write_to_the_host_or_reach_another_address(t
     cfg = RolloutConfig(prompt_length=512, response_length=512, n=1, seed=7,
                         multi_turn=MultiTurnConfig(max_assistant_turns=5),
                         agent=AgentConfig(command=f"{PY} -I agent.py", sandbox="bwrap", workdir=str(repo),
-                                          reward_command=GRADE, sample_dirs=str(dirs)))
+                                          reward_command=GRADE, sample_dirs=str(dirs), sandbox_limits=LIMITS))
     source = AgentSource(cfg, ScriptedEngine(tok, SCRIPTS), ChatTokenizer(tok), version=lambda: 3)
     listener = socket.socket()  # a port open on the host's loopback
     listener.bind(("127.0.0.1", 0))
@@ -224,6 +226,45 @@ def test_a_timed_out_sandbox_leaves_no_process_and_no_directory(tok, tmp_path, b
         except OSError:
             pass
     assert alive == []
+    assert _state_dirs(dirs) == []
+
+
+def test_the_samples_memory_and_process_limits_hold(tok, tmp_path, bwrap_works):
+    """``memory_mb`` is the memory cgroup's limit (all the sample's processes together); ``max_processes`` is the
+    sample's own uid's process count (a root trainer's dedicated uid). Each sample first makes its one request."""
+    repo, dirs = _template(tmp_path), tmp_path / "samples"
+    dirs.mkdir()
+    (repo / "hog.py").write_text(textwrap.dedent("""
+        import json, os, subprocess, sys, time
+        mode = json.load(open(os.environ["MCORE_AGENTIC_ROW"]))["extra_info"]["mode"]
+        subprocess.run([sys.executable, "-I", "agent.py"], stdout=subprocess.DEVNULL, check=True)  # its one request
+        if mode == "memory":  # two processes of 200 MB each: each under memory_mb, together over it
+            code = "b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(3)"
+            procs = [subprocess.Popen([sys.executable, "-I", "-c", code]) for _ in range(2)]
+            print(json.dumps({"score": float(sum(p.wait() != 0 for p in procs))}))
+        else:  # forty sleepers, with room for sixteen
+            started = 0
+            for _ in range(40):
+                try:
+                    subprocess.Popen(["/bin/sleep", "5"])
+                    started += 1
+                except OSError:
+                    pass
+            print(json.dumps({"score": float(started)}))
+    """))
+    rows = [{**ROWS[i], "extra_info": {"mode": mode}} for i, mode in enumerate(("memory", "processes"))]
+    limits = AgentSandboxLimits(memory_cgroup="auto", memory_mb=300, disk_mb=16, max_processes=16)
+    batch, source = _roll(tok, dirs, rows=rows, command=f"{PY} -I hog.py", workdir=str(repo), sandbox_limits=limits)
+    try:
+        sandbox = source.runner.sandbox
+        assert _failures(batch) == []
+        killed, started = batch["source_reward"]
+        if sandbox._cgroups is not None:
+            assert killed >= 1  # the cgroup's OOM killer took one of them
+        if sandbox._host_user.drops_root:
+            assert started < 16  # the bootstrap, its interpreter's threads and the agent count too
+    finally:
+        source.close()
     assert _state_dirs(dirs) == []
 
 
@@ -279,10 +320,10 @@ def test_a_command_the_sandbox_cannot_see_is_one_line_naming_the_fix(tmp_path, b
     tool.write_text("#!/bin/sh\necho 1\n")
     tool.chmod(0o755)
     with pytest.raises(ConfigError) as e:
-        CommandRunner(str(tool), sandbox="bwrap", limits=AgentSandboxLimits(), sample_dirs=str(tmp_path))
+        CommandRunner(str(tool), sandbox="bwrap", limits=LIMITS, sample_dirs=str(tmp_path))
     assert e.value.field == "rollout.agent.command" and "extra_read_paths" in str(e.value)
-    runner = CommandRunner(str(tool), sandbox="bwrap", limits=AgentSandboxLimits(extra_read_paths=(str(tool.parent),)),
-                           sample_dirs=str(tmp_path))
+    runner = CommandRunner(str(tool), sandbox="bwrap", sample_dirs=str(tmp_path),
+                           limits=AgentSandboxLimits(memory_cgroup="auto", extra_read_paths=(str(tool.parent),)))
     runner.close()
     assert [p for p in tmp_path.iterdir() if p.name.startswith(STATE_PREFIX)] == []
 
@@ -299,15 +340,76 @@ def test_preflight_reports_the_sandboxs_problems_in_one_line_each(tmp_path, bwra
 
     missing = check(command="/nonexistent/harness --flag", sandbox="bwrap", sample_dirs=str(tmp_path / "nosuch"),
                     reward_command="nosuch-grader", sandbox_limits=AgentSandboxLimits(
-                        extra_read_paths=(str(tmp_path / "missing"),)))
+                        memory_cgroup="auto", extra_read_paths=(str(tmp_path / "missing"),)))
     assert [p.field for p in missing] == ["rollout.agent.command", "rollout.agent.reward_command",
                                           "rollout.agent.sample_dirs", "rollout.agent.sandbox_limits.extra_read_paths"]
     tool = tmp_path / "bin" / "harness"
     tool.parent.mkdir()
     tool.write_text("#!/bin/sh\necho 1\n")
     tool.chmod(0o755)
-    (outside,) = check(command=str(tool), sandbox="bwrap", sample_dirs=str(tmp_path))  # one sandbox started
+    (outside,) = check(command=str(tool), sandbox="bwrap", sample_dirs=str(tmp_path), sandbox_limits=LIMITS)
     assert outside.field == "rollout.agent.command" and "extra_read_paths" in str(outside)
     assert check(command=f"{tool} --flag", sandbox="bwrap", sample_dirs=str(tmp_path), reward_command="./grade.sh",
-                 sandbox_limits=AgentSandboxLimits(extra_read_paths=(str(tool.parent),))) == []
+                 sandbox_limits=AgentSandboxLimits(memory_cgroup="auto", extra_read_paths=(str(tool.parent),))) == []
     assert [p for p in tmp_path.iterdir() if p.name.startswith(STATE_PREFIX)] == []
+
+
+# -- the npm harnesses themselves (where `npm install --prefix .harnesses ...` put them: tests/fixtures/harness_requests)
+HARNESSES = ROOT / ".harnesses"
+CODEX_SETUP = """mkdir -p "$HOME/.codex" && cat > "$HOME/.codex/config.toml" <<TOML
+model = "policy"
+model_provider = "session"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+[analytics]
+enabled = false
+[model_providers.session]
+name = "session"
+base_url = "$OPENAI_BASE_URL"
+env_key = "OPENAI_API_KEY"
+wire_api = "responses"
+TOML
+"""
+OPENCODE_SETUP = """cat > "$HOME/opencode.json" <<JSON
+{"model": "session/policy", "small_model": "session/policy", "autoupdate": false, "share": "disabled",
+ "permission": {"*": "allow"}, "provider": {"session": {"npm": "@ai-sdk/openai-compatible", "name": "session",
+ "options": {"baseURL": "$OPENAI_BASE_URL", "apiKey": "{env:OPENAI_API_KEY}"},
+ "models": {"policy": {"name": "policy", "tool_call": true, "limit": {"context": 32768, "output": 8192}}}}}}
+JSON
+export OPENCODE_CONFIG="$HOME/opencode.json" OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_MODELS_FETCH=1
+"""
+HARNESS_RUNS = {  # (run.sh, binary): each says "hi" once to its session from /workspace
+    "claude": ('env DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 "$BIN/claude" -p hi '
+               "--output-format json --model policy --dangerously-skip-permissions", "claude"),
+    "codex": (CODEX_SETUP + 'exec "$BIN/codex" exec --skip-git-repo-check hi </dev/null', "codex"),
+    "qwen": ('env OPENAI_MODEL=policy "$BIN/qwen" hi --auth-type openai --approval-mode yolo --output-format json',
+             "qwen"),
+    "opencode": (OPENCODE_SETUP + 'exec "$BIN/opencode" run hi </dev/null', "opencode"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HARNESS_RUNS))
+def test_an_npm_harness_runs_sandboxed_against_its_session(tok, tmp_path, bwrap_works, name):
+    script, binary = HARNESS_RUNS[name]
+    if not (HARNESSES / "node_modules" / ".bin" / binary).exists():
+        pytest.skip(f"{binary} is not installed under {HARNESSES} (tests/fixtures/harness_requests/regenerate.sh)")
+    repo, dirs = tmp_path / "repo", tmp_path / "samples"
+    repo.mkdir()
+    dirs.mkdir()
+    (repo / "run.sh").write_text(f"BIN={HARNESSES}/node_modules/.bin\n{script}\n")
+    rows = [{"prompt": [{"role": "user", "content": "hi"}], "data_source": "test"}]
+    cfg = RolloutConfig(prompt_length=131072, response_length=1024, n=1, seed=7,
+                        multi_turn=MultiTurnConfig(tokenization_sanity_check_mode="disable"),
+                        agent=AgentConfig(command="/bin/sh run.sh", sandbox="bwrap", workdir=str(repo), timeout_s=120,
+                                          reward_command="/bin/echo 1", sample_dirs=str(dirs),
+                                          sandbox_limits=AgentSandboxLimits(memory_cgroup="auto",
+                                                                            extra_read_paths=(str(HARNESSES),))))
+    source = AgentSource(cfg, ScriptedEngine(tok, {"": ["Done."]}), ChatTokenizer(tok), version=lambda: 0)
+    try:
+        batch = source.roll_out(rows, cfg)
+    finally:
+        source.close()
+    assert _failures(batch) == [], _failures(batch)
+    assert batch["request_metrics"][-1]["agent_samples"] >= 1 and batch["source_reward"][-1] == 1.0
+    assert _state_dirs(dirs) == []
