@@ -9,7 +9,8 @@ and kill), and nothing else of the host. What the command sees:
 
 * ``/workspace`` (its working directory, ``$MCORE_AGENTIC_WORKDIR``): read-write, a per-sample copy of the task's
   directory made on the host (or empty); ``/home/agent`` (``$HOME``): read-write, per sample, empty at start;
-* ``/tmp`` (``$TMPDIR``; ``/dev/shm`` points there): a tmpfs of ``disk_mb``;
+* ``/tmp`` (``$TMPDIR``): a tmpfs of ``disk_mb``; ``/dev`` bwrap's own (the usual devices and a devpts of the
+  sandbox's own: shell tools run commands under a pseudo-terminal), read-only, with a 64 MiB ``/dev/shm``;
 * read-only: ``/usr``, the system's ``/bin``, ``/sbin`` and library directories, the trainer's Python (the
   bootstrap's interpreter), a few ``/etc`` files (:data:`ETC_FILES`: users and groups, the loader's cache,
   certificates, time zone, ``alternatives``; a ``hosts`` of ``localhost`` only, no ``resolv.conf``), the row as JSON
@@ -49,7 +50,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mcore_agentic.tools.bwrap import (
-    _DEVICES,
     _NAMESPACES,
     SANDBOX_UID,
     SETPRIV_PATH,
@@ -412,6 +412,10 @@ class CommandSandbox:
             _remove_tree(self._socket_dir)
 
 
+_SHM_MB = 64
+"""Size of the sandbox's ``/dev/shm`` tmpfs."""
+
+
 def command_argv(bwrap: str, binds: list[tuple[str, str]], symlinks: list[tuple[str, str]],
                  writable: list[tuple[str, str]], disk_mb: int, *, seccomp_fd: int, info_fd: int, userns_block_fd: int,
                  setpriv: str | None) -> list[str]:
@@ -425,12 +429,11 @@ def command_argv(bwrap: str, binds: list[tuple[str, str]], symlinks: list[tuple[
     argv += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if setpriv is not None:
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
-    argv += ["--proc", "/proc", "--remount-ro", "/proc", "--tmpfs", "/dev"]
-    for name in _DEVICES:
-        argv += ["--dev-bind" if name == "null" else "--dev-bind-try", f"/dev/{name}", f"/dev/{name}"]
-    for i, name in enumerate(("stdin", "stdout", "stderr")):
-        argv += ["--symlink", f"/proc/self/fd/{i}", f"/dev/{name}"]
-    argv += ["--symlink", "/proc/self/fd", "/dev/fd", "--symlink", "/tmp", "/dev/shm"]
+    # bwrap's own /dev: null, zero, full, random, urandom, tty and a devpts instance of the sandbox's own (a harness's
+    # shell tool runs commands under a pseudo-terminal: Qwen Code's forkpty), read-only once built; /dev/shm a small
+    # tmpfs (the memory cgroup counts it with the rest).
+    argv += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(_SHM_MB * _MB), "--perms", "1777", "--tmpfs", "/dev/shm"]
     argv += ["--size", str(disk_mb * _MB), "--perms", "1777", "--tmpfs", "/tmp"]
     for target, path in symlinks:
         argv += ["--symlink", target, path]
