@@ -9,7 +9,12 @@ ARGS ?=
 # pytest-xdist workers; one test file stays on one worker (its module-scoped process groups are built once).
 TEST_WORKERS ?= 2
 
-.PHONY: venv train test lint bench clean
+# The coding harnesses the endpoint is tested against (docs/agents.md, "Coding harnesses"), pinned to the versions
+# of its conformance table, from the npm registry into .harnesses/.
+HARNESSES := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 @qwen-code/qwen-code@0.15.10 opencode-ai@1.18.33
+HARNESS_STAMP := .harnesses/.installed-$(shell echo "$(HARNESSES)" | cksum | cut -d' ' -f1)
+
+.PHONY: venv train test lint bench clean harnesses
 
 venv: $(STAMP)
 
@@ -26,6 +31,12 @@ train: venv
 
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+
+harnesses: $(HARNESS_STAMP)
+
+$(HARNESS_STAMP):
+	npm install --silent --no-audit --no-fund --prefix .harnesses $(HARNESSES)
+	touch $(HARNESS_STAMP)
 
 lint: venv
 	$(VENV)/bin/ruff check .
