@@ -33,6 +33,7 @@ INPUT_PATHS: dict[str, str] = {
     "rollout.multi_turn.interaction_config_path": "file",
     "reward.custom_reward_function": "file:name",
     "rollout.agent.workdir": "dir",
+    "rollout.agent.sandbox_limits.extra_read_paths": "dir",
     "trainer.resume_from_path": "dir",
 }
 """Input path keys and what they hold: a directory, file(s), or ``file.py:name`` (only the file part is a path)."""

@@ -45,6 +45,16 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
         num_experts_per_tok=2,
         moe_intermediate_size=32,
     ),
+    # The tiny Qwen2 with a 32k context and 16384 BPE ranks, for agent harnesses' long prompts (configs/harness_tiny.yaml).
+    "tiny_long": dict(
+        vocab_size=16384,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=32768,
+    ),
     # ~101M parameters with the qwen2 arch (untied, 16384 BPE ranks -> 16448 ids); for bench/.
     "100m": dict(
         vocab_size=16384,
@@ -195,10 +205,12 @@ def _config_for(tokenizer: Any, arch: TinyArch, **sizes: Any) -> Any:
 
 
 def preset_for_path(path: str | os.PathLike) -> str:
-    """The preset a missing checkpoint under ``outputs/`` is created from: ``100m`` or ``moe`` in its name pick
-    those, anything else the tiny Qwen2."""
+    """The preset a missing checkpoint under ``outputs/`` is created from: ``100m``, ``moe`` or ``long`` in its name
+    pick those, anything else the tiny Qwen2."""
     name = Path(path).name
-    return "100m" if "100m" in name else ("tiny_moe" if "moe" in name else "tiny")
+    if "100m" in name:
+        return "100m"
+    return "tiny_moe" if "moe" in name else ("tiny_long" if "long" in name else "tiny")
 
 
 def tiny_preset_hf_config(preset: str) -> Any:
