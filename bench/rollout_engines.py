@@ -8,7 +8,7 @@ seeded), same tools, the real driver and agent loop. Per engine:
 * one weight sync: the checkpoint's tensors in ``sharding.bucket_size_mb`` buckets, ``update_weights``
   per bucket then ``finish_weight_update`` (the engine side of the sharding manager's sync);
 * the rollout ``--repeats`` times: trajectories/s, sampled tokens/s (loss-mask tokens);
-* vLLM's prefix-cache hit rate (prompt tokens served from cache / prompt tokens);
+* the prefix-cache hit rate (prompt tokens served from cache / prompt tokens; ``prefix_cache_stats()``);
 * what ``release_memory`` frees: the process's resident memory before and after it (MiB).
 
 Usage: ``python bench/rollout_engines.py [--prompts 32] [--repeats 2] [overrides ...]`` (overrides as for
@@ -28,6 +28,7 @@ import torch
 from mcore_agentic.config.load import compose, load_config
 from mcore_agentic.rollout.driver import generate_sequences_sync
 from mcore_agentic.rollout.engines import build_engine
+from mcore_agentic.rollout.engines.base import prefix_cache_stats
 from mcore_agentic.trainer.build import build_datasets, build_tokenizer, build_tools, ensure_model, model_spec
 
 
@@ -72,7 +73,7 @@ def run_engine(name: str, cfg: Any, rows: list[dict], tools: dict, interactions:
     wall = sum(walls)
     out = {"startup_s": startup, "sync_s": sync, "traj_per_s": trajectories / wall, "tok_per_s": tokens / wall,
            "first_s": walls[0], "hit_rate": float("nan")}
-    cache = getattr(engine, "cache", None)
+    cache = prefix_cache_stats(engine)
     if cache is not None:
         out["hit_rate"] = cache.hit_rate
     process = psutil.Process()

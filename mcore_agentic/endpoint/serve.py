@@ -6,6 +6,12 @@ export, say) and its tokenizer into an engine and serves the session endpoint. I
 own API key and its base URLs. The session's routes are the training endpoint's (``endpoint/server.py``),
 ``GET /sessions/{id}/samples`` included: the exact ids, text pieces, loss mask, log-probs and fork reasons the
 trainer would train on. Here the client's sampling settings (temperature, top_p) are honoured.
+
+The engine (``--engine``, default ``auto``): vLLM where it is installed for this device and takes the model (on CPU,
+vLLM's CPU build: its attention needs a head size it has kernels for), with its prefix cache, so a harness that
+re-sends a long system prompt and tool list every turn prefills only what each turn adds; else transformers
+(``hf``), which reuses the KV caches of a few finished requests. The line that prints the URL names the engine
+and, for ``auto``, why; the prefix cache's hit rate is logged every ``--stats-every`` seconds while it changes.
 """
 
 from __future__ import annotations
@@ -73,10 +79,55 @@ def session_admin(registry: SessionRegistry, factory: Any, admin_token: str, max
     return install
 
 
+def choose_engine(requested: str, model_path: str, device: str) -> tuple[str, str]:
+    """The engine ``--engine requested`` means for this model and device, and why (``auto`` only): vLLM where it is
+    installed for the device's kind and takes the model, else transformers."""
+    if requested != "auto":
+        return requested, ""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "hf", "vLLM is not installed"
+    try:
+        from vllm.platforms import current_platform
+    except Exception as exc:  # noqa: BLE001 -- a broken vLLM install: serve with transformers
+        return "hf", f"vLLM does not import ({type(exc).__name__}: {exc})"
+    kind = "cpu" if device == "cpu" else device.split(":")[0]
+    if (kind == "cpu") != bool(current_platform.is_cpu()):
+        return "hf", f"the installed vLLM is not built for {kind}"
+    if kind == "cpu":
+        import json
+        from pathlib import Path
+
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        config = config.get("text_config", config)
+        head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+        if head_dim not in CPUAttentionBackend.get_supported_head_sizes():
+            return "hf", f"vLLM's CPU attention has no kernel for this model's head_dim {head_dim}"
+    return "vllm", "vLLM's CPU build is installed" if kind == "cpu" else "vLLM is installed"
+
+
+def _log_prefix_cache(engine: Any, every_s: float, stop: threading.Event) -> None:
+    """Log the engine's prefix-cache counts every ``every_s`` seconds when they changed."""
+    from mcore_agentic.rollout.engines.base import prefix_cache_stats
+
+    last = prefix_cache_stats(engine)
+    while last is not None and not stop.wait(every_s):
+        now = prefix_cache_stats(engine)
+        if now is not None and now != last:
+            step = now - last
+            logger.info("prefix cache: %d of %d prompt tokens served from the cache (%.1f%%; %.1f%% since start)",
+                        step.cached_tokens, step.prompt_tokens, 100 * step.hit_rate, 100 * now.hit_rate)
+            last = now
+
+
 def serve(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mcore_agentic.endpoint serve", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="an HF-format model directory (config, weights, tokenizer)")
-    parser.add_argument("--engine", default="hf", choices=("hf", "vllm", "sglang"))
+    parser.add_argument("--engine", default="auto", choices=("auto", "hf", "vllm", "sglang"),
+                        help="auto: vLLM where installed for the device and able to take the model, else hf")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--host", default="127.0.0.1", help="loopback by default; anything else serves the network")
@@ -86,6 +137,9 @@ def serve(argv: list[str] | None = None) -> None:
     parser.add_argument("--response-length", type=int, default=4096)
     parser.add_argument("--max-sessions", type=int, default=256)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--kv-cache-mb", type=int, default=None,
+                        help="vLLM on CPU: MiB of KV cache (default: room for 8 sequences of the longest sample)")
+    parser.add_argument("--stats-every", type=float, default=60.0, help="seconds between prefix-cache log lines")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -100,7 +154,15 @@ def serve(argv: list[str] | None = None) -> None:
         parser.exit(2, f"error: --model: the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                        f"{vocab}: its special tokens would index past the embedding; export the model with its own "
                        "tokenizer\n")
-    cfg = RolloutConfig(name=args.engine, prompt_length=args.prompt_length, response_length=args.response_length)
+    name, why = choose_engine(args.engine, args.model, args.device)
+    kv_mb = args.kv_cache_mb
+    if name == "vllm" and kv_mb is None and args.device == "cpu":  # not rollout's 64 sequences: a developer's few
+        from mcore_agentic.rollout.engines.vllm import default_kv_cache_bytes
+
+        kv_mb = -(-default_kv_cache_bytes(args.model, max_model_len=args.prompt_length + args.response_length,
+                                          dtype=args.dtype, sequences=8) // 2**20)
+    cfg = RolloutConfig(name=name, prompt_length=args.prompt_length, response_length=args.response_length,
+                        kv_cache_memory_mb=kv_mb)
     engine = build_engine(cfg, _Model(args.model, args.dtype), device=args.device, seed=args.seed)
     bound = getattr(engine, "event_loop", None)  # SGLang: its loop must run for the sessions' calls (engine_call)
     if bound is not None and not bound.is_running():
@@ -118,12 +180,16 @@ def serve(argv: list[str] | None = None) -> None:
 
     app = build_app(registry, Limits(), admin=session_admin(registry, new_session, admin_token, args.max_sessions))
     server = EndpointServer(app, host=args.host, port=args.port)
-    print(f"serving {args.model} on {server.url}\nadmin token: {admin_token}\n"
+    stop_stats = threading.Event()
+    threading.Thread(target=_log_prefix_cache, args=(engine, args.stats_every, stop_stats), name="prefix-cache-stats",
+                     daemon=True).start()
+    print(f"serving {args.model} with {name}{f' ({why})' if why else ''} on {server.url}\nadmin token: {admin_token}\n"
           f"open a session: curl -X POST -H 'Authorization: Bearer {admin_token}' {server.url}/sessions", flush=True)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        stop_stats.set()
         server.close()
         shutdown = getattr(engine, "shutdown", None)  # its scheduler thread ends before the interpreter does
         if shutdown is not None:

@@ -60,6 +60,7 @@ from mcore_agentic.parallel import comm
 from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.driver import generate_sequences_sync, mismatch_line
+from mcore_agentic.rollout.engines.base import PrefixCacheStats, prefix_cache_stats
 from mcore_agentic.rollout.failures import FailureReport, summarize_failures
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.tools.schema import openai_schemas
@@ -259,6 +260,9 @@ class Rollout:
     collected: Collected
     version: int
     metrics: dict[str, float]
+    prefix_cache: PrefixCacheStats | None = None
+    """What this leader's engine prefilled and served from its prefix cache during the step's rollout (whatever
+    rolled out: the built-in loop or agent programs); None off the leaders and for engines that do not count."""
 
 
 @dataclass
@@ -318,8 +322,7 @@ class Feed:
         """The step's prompts rolled out and scored, in rounds until the step has its groups (collective; call it
         while the engine holds the current weights)."""
         s, r = self.settings, self.roller
-        cache = getattr(r.engine, "cache", None)  # vLLM's prefix-cache counters
-        cached_before = (cache.prompt_tokens, cache.cached_tokens) if cache is not None else (0, 0)
+        cache_before = prefix_cache_stats(r.engine)  # the engine's cumulative prompt / cached tokens (None: none)
         filtering = s.filter_metric is not None
         wanted = s.prompts_per_step
         first = self.prompts.next()
@@ -352,11 +355,9 @@ class Feed:
         if r.leads:  # what failed, said once per step; a timing (under timing_s/): rank 0's group when logged
             self.report(collected.generated, step, "train")
             metrics["timing_s/rollout_event_loop_max_stall"] = collected.stall_s
-        if cache is not None:
-            prompt_tokens = cache.prompt_tokens - cached_before[0]
-            hits = cache.cached_tokens - cached_before[1]
-            metrics["rollout/prefix_cache_hit_rate"] = hits / prompt_tokens if prompt_tokens else 0.0
-        return Rollout(step, collected, r.version(), metrics)
+        cache_after = prefix_cache_stats(r.engine)
+        cache = cache_after - cache_before if cache_after is not None and cache_before is not None else None
+        return Rollout(step, collected, r.version(), metrics, prefix_cache=cache)
 
     def hand_off(self, rollout: Rollout) -> StepRows:
         """Each replica's rows of the step, tensors only, and the step's rollout metrics (collective). The leaders'
@@ -376,7 +377,7 @@ class Feed:
             if s.episodes:
                 local = tag_episodes(local, first_row)
             local = local.update({"weight_version": torch.tensor(local["oldest_version"], dtype=torch.long)})
-        stats = rollout_stats(c.generated).reduce(world=True)
+        stats = rollout_stats(c.generated, prefix_cache=rollout.prefix_cache).reduce(world=True)
         shapes = gather_shapes(local, r.placement, counts)
         rows = sum(counts)  # the step's mini-batches stay as many; each holds its share of the rows
         plan = plan_step(

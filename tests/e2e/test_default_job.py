@@ -129,6 +129,11 @@ def test_tensor_parallel_actor_and_rollout_groups(tmp_path: Path, rollout_tp: in
         assert row["rollout/num_sequences"] == 4 * 2  # data.train_batch_size x rollout.n, no duplicates
         assert row["rollout/logprob_diff_max"] < 1e-3, row["rollout/logprob_diff_max"]
         assert row["response_length/mean"] > 0
+        # the engines' prompt tokens summed over the world (a rank without an engine adds none), and the share of
+        # them not prefilled again: a group's samples share their prompt's prefill, later turns reuse earlier ones
+        assert row["rollout/prefix_cache_prompt_tokens"] > 0
+        rate = row["rollout/prefix_cache_hit_tokens"] / row["rollout/prefix_cache_prompt_tokens"]
+        assert 0 < rate < 1 and row["rollout/prefix_cache_hit_rate"] == pytest.approx(rate)
     assert 0.0 <= rows[2]["val/reward/mean"] <= 1.0
 
 

@@ -67,8 +67,13 @@ NUMERIC_NOISE = ("rollout/logprob_diff_", "rollout_corr/")
 decides, so a resumed run matches them to 1e-5, not bitwise (the sampled ids and everything else bitwise)."""
 
 
+SCHEDULING = ("rollout/prefix_cache_",)
+"""What the engine served from its prefix cache: which requests were admitted together and which caches the engine
+still held decide it (timing), not what was sampled."""
+
+
 def _comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/", *NUMERIC_NOISE))}
+    return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/", *SCHEDULING, *NUMERIC_NOISE))}
 
 
 def _noisy(row: dict) -> dict:

@@ -39,7 +39,8 @@ def build_engine(cfg: RolloutConfig, model: EngineModel, *, device: str, seed: i
     mixture-of-experts model whose routed experts each request returns.
 
     ``hf``: :class:`~mcore_agentic.rollout.engines.hf.HFEngine` on ``device`` (rollout TP only sets how
-    many ranks share it: the model is not sharded). ``vllm``:
+    many ranks share it: the model is not sharded), reusing finished requests' KV caches unless
+    ``rollout.enable_prefix_caching`` is off. ``vllm``:
     :class:`~mcore_agentic.rollout.engines.vllm.VLLMEngine` in this process (TP=1). ``sglang``: an
     in-process :class:`~mcore_agentic.rollout.engines.sglang.SGLangEngine` with TP =
     ``rollout.tensor_model_parallel_size`` over the group's GPUs, starting at ``device``'s, and one
@@ -53,8 +54,11 @@ def build_engine(cfg: RolloutConfig, model: EngineModel, *, device: str, seed: i
         from mcore_agentic.rollout.engines.hf import HFEngine
 
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        reuse = cfg.enable_prefix_caching
         return HFEngine.from_pretrained(
-            model_path, dtype=torch_dtype, device=str(dev), seed=seed or 0, record_routing=routing_shape is not None
+            model_path, dtype=torch_dtype, device=str(dev), seed=seed or 0, record_routing=routing_shape is not None,
+            prefix_cache_entries=cfg.prefix_cache_entries if reuse else 0,
+            prefix_cache_bytes=cfg.prefix_cache_memory_mb * 2**20 if reuse else 0,
         )
     if cfg.name == "vllm":
         if routing_shape is not None:

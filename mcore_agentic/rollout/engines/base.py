@@ -105,6 +105,14 @@ class RolloutEngine(Protocol):
     An engine whose async machinery is bound to one event loop exposes it as ``event_loop``
     (optional attribute); :func:`~mcore_agentic.rollout.driver.generate_sequences_sync` then
     runs every rollout on that loop.
+
+    Prefix cache (optional): ``prefix_cache_stats()`` returns a :class:`PrefixCacheStats`, cumulative since the
+    engine was built: the prompt tokens of every request it admitted, and how many of them it served from KV it
+    already held instead of computing them again (transformers: the LRU of conversations' caches, and a prompt
+    several requests admitted together share, computed once; vLLM: its scheduler's prefix-cache hits; SGLang:
+    ``meta_info.cached_tokens``). Read it with :func:`prefix_cache_stats`
+    before and after a rollout and subtract: the feed reports the step's sums over the world and their ratio
+    (``rollout/prefix_cache_prompt_tokens``, ``rollout/prefix_cache_hit_tokens``, ``rollout/prefix_cache_hit_rate``).
     """
 
     weight_version: int
@@ -120,6 +128,35 @@ class RolloutEngine(Protocol):
     def resume_memory(self, tags: Sequence[str] | None = None) -> None: ...
 
     def flush_cache(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """An engine's prompt tokens and the part of them served from a cache (:meth:`RolloutEngine` docstring)."""
+
+    prompt_tokens: int = 0
+    """Prompt tokens of the requests admitted (a request re-admitted after a preemption counts once)."""
+    cached_tokens: int = 0
+    """Of those, the tokens whose KV came from a cache (or from another request's prefill): not computed again."""
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def hit_rate(self) -> float:
+        """``cached_tokens / prompt_tokens`` (0 with no prompt tokens)."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def __sub__(self, earlier: PrefixCacheStats) -> PrefixCacheStats:
+        """What happened between an ``earlier`` reading and this one."""
+        return PrefixCacheStats(self.prompt_tokens - earlier.prompt_tokens, self.cached_tokens - earlier.cached_tokens)
+
+
+def prefix_cache_stats(engine: object) -> PrefixCacheStats | None:
+    """``engine.prefix_cache_stats()`` where the engine reports one, else None."""
+    report = getattr(engine, "prefix_cache_stats", None)
+    return report() if callable(report) else None
 
 
 def memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:

@@ -24,12 +24,27 @@ router (``model.layers.L.mlp.gate``, whose third output is the chosen expert ids
 top-k; a prefill hands each row its prompt tokens' rows (left padding dropped), a decoding step the row of
 the token it fed. A finished request returns them as ``GenerationOutput.routed_experts``.
 
+Prefix reuse (:class:`PrefixStore`): a finished request leaves its KV cache — the ids it fed, its prompt and
+its samples but the last — in a small LRU (``prefix_cache_entries`` caches, ``prefix_cache_bytes`` in all; a
+new cache drops those whose ids it extends). A request whose prompt shares a prefix with a kept cache (a
+conversation's next turn: prompt + samples + the new environment tokens; or another conversation with the same
+system prompt and tools) takes that prefix's keys and values and prefills only the rest. Causal attention makes
+the reused part exact: a position's keys and values depend only on the ids up to it, and the rotary phases are
+those of the same positions; the log-probs equal the no-reuse path's to float rounding (a padded batched forward's,
+as above). Batching: an admission runs at most two prefill forwards, one over the requests that reuse at least
+half of their prompt (their caches left-padded to the longest reuse, their new ids left-padded after them, with
+masked holes between), one over the others as before (a short common prefix, a chat template's first ids, is
+not worth widening that batch's keys). Requests admitted together with the same prompt (a group's ``n`` samples)
+share one row of the forward, which their rows then copy (with the store on). :meth:`prefix_cache_stats` counts
+the prompt tokens admitted and those not computed for them (reused, or computed once for several). A weight update,
+:meth:`flush_cache` and :meth:`release_memory` drop every kept cache.
+
 Memory: :meth:`release_memory` moves the parameters to the ``meta`` device
 (frees them; the small non-persistent buffers such as rotary frequencies are kept
 aside); :meth:`resume_memory` (tag ``weights``) allocates uninitialised storage, and ``generate``
 refuses until the next completed weight sync fills it. Weights and memory may only
-change while no request is running. KV caches live only as long as their requests,
-so :meth:`flush_cache` and the ``kv_cache`` tag have nothing to act on.
+change while no request is running. A running request's KV cache lives in the running batch; only the prefix
+store outlives requests, so the ``kv_cache`` tag has nothing to allocate.
 
 Device: the worker thread makes the model's GPU its current CUDA device before its first
 forward (a new thread's current device is GPU 0).
@@ -54,6 +69,7 @@ import torch
 
 from mcore_agentic.rollout.engines.base import (
     GenerationOutput,
+    PrefixCacheStats,
     SamplingParams,
     bind_thread_to_device,
     deliver,
@@ -92,6 +108,87 @@ class _Row:
     out_lps: list[float] = field(default_factory=list)
     routing: list[np.ndarray] = field(default_factory=list)
     """Routed experts of the tokens fed so far, ``[tokens, moe_layers, top_k]`` pieces (``record_routing``)."""
+    finish: str = ""
+    """Why it finished (``stop``, ``length``), once it has."""
+
+
+@dataclass(eq=False)  # compared by identity (the LRU list removes the one object)
+class _Kept:
+    """A finished request's KV cache: the ids it fed and, per layer, their keys and values ``[1, heads, T, dim]``."""
+
+    ids: np.ndarray
+    kv: Legacy
+    routing: np.ndarray | None
+    """``[T, moe_layers, top_k]`` routed experts of those ids (``record_routing``), else None."""
+    nbytes: int
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
+class PrefixStore:
+    """A bounded LRU of finished requests' KV caches (module docstring), on the model's device.
+
+    ``max_entries`` caches and ``max_bytes`` of keys and values in all; on CUDA a cache is also kept only while the
+    device keeps ``min_free_fraction`` of its memory free after the copy. A cache whose ids extend a kept one's
+    replaces it (everything the shorter served, the longer serves). Not thread-safe: the engine's worker holds the
+    engine lock around every call.
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int, *, min_free_fraction: float = 0.1):
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.min_free_fraction = min_free_fraction
+        self.entries: list[_Kept] = []  # least recently used first
+        self.nbytes = 0
+        self.dropped = 0  # caches not kept (too large) or evicted, for tests and logs
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_entries > 0 and self.max_bytes > 0
+
+    def lookup(self, prompt: np.ndarray) -> tuple[_Kept | None, int]:
+        """The kept cache sharing the longest prefix with ``prompt`` and that length, at most ``len(prompt) - 1``
+        (the last prompt id is always fed: its logits sample the first token); ``(None, 0)`` when none shares one."""
+        best, length = None, 0
+        for entry in self.entries:
+            n = common_prefix(entry.ids, prompt)
+            if n >= length and n > 0:  # ties: the most recently used (later in the list)
+                best, length = entry, n
+        if best is None:
+            return None, 0
+        self.entries.remove(best)
+        self.entries.append(best)
+        return best, min(length, len(prompt) - 1)
+
+    def fits(self, nbytes: int, device: torch.device) -> bool:
+        if not self.enabled or nbytes > self.max_bytes:
+            return False
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            return free - nbytes >= self.min_free_fraction * total
+        return True
+
+    def add(self, ids: np.ndarray, kv: Legacy, routing: np.ndarray | None) -> None:
+        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        for entry in [e for e in self.entries if len(e.ids) <= len(ids) and common_prefix(e.ids, ids) == len(e.ids)]:
+            self._drop(entry)  # the new cache extends it
+        self.entries.append(_Kept(ids, kv, routing, nbytes))
+        self.nbytes += nbytes
+        while len(self.entries) > self.max_entries or self.nbytes > self.max_bytes:
+            self._drop(self.entries[0])
+            self.dropped += 1
+
+    def _drop(self, entry: _Kept) -> None:
+        self.entries.remove(entry)
+        self.nbytes -= entry.nbytes
+
+    def clear(self) -> None:
+        self.entries, self.nbytes = [], 0
 
 
 class HFEngine:
@@ -108,7 +205,10 @@ class HFEngine:
         idle_exit_s: float = 1.0,
         seed: int = 0,
         record_routing: bool = False,
+        prefix_cache_entries: int = 4,
+        prefix_cache_bytes: int = 1 << 30,
     ):
+        """``prefix_cache_entries``/``prefix_cache_bytes``: the :class:`PrefixStore`'s bounds (0: no reuse)."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         config = model.config
@@ -138,6 +238,9 @@ class HFEngine:
         self.record_routing = record_routing
         if record_routing:
             self._hook_routers()
+        self.prefix_store = PrefixStore(prefix_cache_entries, prefix_cache_bytes)
+        self._prompt_tokens = 0  # admitted (prefix_cache_stats)
+        self._cached_tokens = 0  # of those, served from the prefix store
         # statistics, for tests and logs
         self.prefills_run = 0
         self.steps_run = 0
@@ -248,38 +351,123 @@ class HFEngine:
     def _admit(
         self, rows: list[_Row], cache: Legacy | None, mask: torch.Tensor | None, incoming: list[_Pending]
     ) -> tuple[list[_Row], Legacy | None, torch.Tensor | None]:
-        """Prefill ``incoming``, sample their first tokens, and merge the survivors into the running batch."""
-        lengths = [len(p.prompt_ids) for p in incoming]
-        width = max(lengths)
-        ids = torch.full((len(incoming), width), self.pad_token_id, dtype=torch.long)
-        new_mask = torch.zeros((len(incoming), width), dtype=torch.long)
-        for r, p in enumerate(incoming):
-            ids[r, width - lengths[r] :] = torch.tensor(p.prompt_ids)
-            new_mask[r, width - lengths[r] :] = 1
-        # Left padding: positions count real tokens only, as in an unpadded forward.
-        positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
+        """Prefill ``incoming`` (at most two forwards: those that reuse a kept cache for at least half their prompt,
+        and the others), sample their first tokens, and merge the survivors into the running batch."""
+        reusing: list[tuple[_Pending, _Kept | None, int]] = []
+        fresh: list[tuple[_Pending, _Kept | None, int]] = []
+        for p in incoming:
+            kept, length = None, 0
+            if self.prefix_store.entries:
+                kept, length = self.prefix_store.lookup(np.asarray(p.prompt_ids, dtype=np.int64))
+            if kept is not None and length > 0 and 2 * length >= len(p.prompt_ids):
+                reusing.append((p, kept, length))
+            else:
+                fresh.append((p, None, 0))
+        for group in (fresh, reusing):
+            if group:
+                new_rows, new_cache, new_mask = self._prefill(group)
+                if not new_rows:
+                    continue
+                if not rows:
+                    rows, cache, mask = new_rows, new_cache, new_mask
+                else:
+                    assert cache is not None and mask is not None and new_cache is not None and new_mask is not None
+                    cache, mask = _merge(cache, mask, new_cache, new_mask.to(mask.device))
+                    rows = rows + new_rows
+        return rows, cache, mask
+
+    def _prefill(
+        self, requests: list[tuple[_Pending, _Kept | None, int]]
+    ) -> tuple[list[_Row], Legacy | None, torch.Tensor | None]:
+        """One forward over the requests' prompts past their reused lengths, each row laid out as
+        ``[pad | reused KV | pad | new ids]`` (the reused KV as past keys), a prompt that several requests share
+        (a group's ``n`` samples) once; sample each request's first token."""
+        rows_of: dict[Any, int] = {}
+        share = self.prefix_store.enabled  # no reuse: every request computes its own prompt
+        expand = [rows_of.setdefault((id(kept), length, tuple(p.prompt_ids)) if share else i, len(rows_of))
+                  for i, (p, kept, length) in enumerate(requests)]
+        group = [requests[expand.index(u)] for u in range(len(rows_of))]  # the distinct prompts, first seen first
+        reused = [length for _, _, length in group]
+        tails = [p.prompt_ids[length:] for p, _, length in group]
+        past, width = max(reused), max(len(t) for t in tails)
+        n = len(group)
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, past + width), dtype=torch.long)
+        for r, tail in enumerate(tails):
+            ids[r, width - len(tail) :] = torch.tensor(tail)
+            mask[r, past - reused[r] : past] = 1
+            mask[r, past + width - len(tail) :] = 1
+        # Positions count real tokens only, as in an unpadded forward.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
         dev = self.device
-        out = self.model(input_ids=ids.to(dev), attention_mask=new_mask.to(dev), position_ids=positions.to(dev), use_cache=True)
+        past_kv = _from_legacy(self._past(group, past)) if past else None
+        out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
+                         past_key_values=past_kv, use_cache=True)
         self.prefills_run += 1
-        new_rows = [
-            _Row(p, torch.Generator().manual_seed(p.seed), next_position=lengths[i]) for i, p in enumerate(incoming)
-        ]
+        computed = sum(len(t) for t in tails)
+        total = sum(len(p.prompt_ids) for p, _, _ in requests)
+        self._prompt_tokens += total
+        self._cached_tokens += total - computed  # reused, or computed once for several requests
+        new_rows = [_Row(p, torch.Generator().manual_seed(p.seed), next_position=len(p.prompt_ids))
+                    for p, _, _ in requests]
         routed = self._forward_routing()
-        if routed is not None:  # [rows x width, L, k], left-padded rows: keep each row's prompt tokens
-            routed = routed.view(len(incoming), width, *routed.shape[1:])
-            for i, row in enumerate(new_rows):
-                row.routing.append(routed[i, width - lengths[i] :].numpy())
-        keep = self._sample_all(new_rows, out.logits[:, -1, :])
+        if routed is not None:  # [rows x width, L, k], left-padded rows: keep each row's new prompt tokens
+            routed = routed.view(n, width, *routed.shape[1:])
+            for row, u, (_, kept, length) in zip(new_rows, expand, requests):
+                if length:
+                    assert kept is not None and kept.routing is not None
+                    row.routing.append(kept.routing[:length])
+                row.routing.append(routed[u, width - len(tails[u]) :].numpy())
+        legacy, logits = _to_legacy(out.past_key_values), out.logits[:, -1, :]
+        if n < len(requests):  # each request its prompt's row
+            legacy, logits, mask = _select(legacy, expand), logits[expand], mask[expand]
+        keep, finished = self._sample_all(new_rows, logits)
+        self._finish(new_rows, finished, legacy, mask)
         if not keep:
-            return rows, cache, mask
-        new_cache = _select(_to_legacy(out.past_key_values), keep)
-        new_rows = [new_rows[i] for i in keep]
-        new_mask = new_mask[keep]
-        if not rows:
-            return new_rows, new_cache, new_mask
-        assert cache is not None and mask is not None
-        merged_cache, merged_mask = _merge(cache, mask, new_cache, new_mask.to(mask.device))
-        return rows + new_rows, merged_cache, merged_mask
+            return [], None, None
+        return [new_rows[i] for i in keep], _select(legacy, keep), mask[keep]
+
+    def _past(self, group: list[tuple[_Pending, _Kept | None, int]], past: int) -> Legacy:
+        """The reused keys and values of ``group``, each row's right-aligned in ``past`` columns (zeros before)."""
+        if len(group) == 1:
+            kept, length = group[0][1], group[0][2]
+            assert kept is not None
+            return tuple((k[:, :, :length], v[:, :, :length]) for k, v in kept.kv)
+        like = next(kept for _, kept, _ in group if kept is not None).kv
+        layers = []
+        for layer, (k0, v0) in enumerate(like):
+            keys = k0.new_zeros((len(group), k0.shape[1], past, k0.shape[3]))
+            values = v0.new_zeros((len(group), v0.shape[1], past, v0.shape[3]))
+            for r, (_, kept, length) in enumerate(group):
+                if length:
+                    assert kept is not None
+                    keys[r, :, past - length :] = kept.kv[layer][0][0, :, :length]
+                    values[r, :, past - length :] = kept.kv[layer][1][0, :, :length]
+            layers.append((keys, values))
+        return tuple(layers)
+
+    def _keep_finished(self, rows: list[_Row], finished: list[int], legacy: Legacy, mask: torch.Tensor) -> None:
+        """Put each finished row's KV cache (the ids it fed: its prompt and its samples but the last) in the
+        prefix store, when it fits."""
+        store = self.prefix_store
+        if not store.enabled:
+            return
+        per_token = sum(k.shape[1] * k.shape[3] * k.element_size() + v.shape[1] * v.shape[3] * v.element_size()
+                        for k, v in legacy)
+        for i in finished:
+            row = rows[i]
+            fed = row.req.prompt_ids + row.out_ids[:-1]
+            if not store.fits(per_token * len(fed), self.device):
+                store.dropped += 1
+                continue
+            columns = mask[i].nonzero().squeeze(-1)
+            if len(columns) != len(fed):
+                raise RuntimeError(f"a finished row holds {len(columns)} cached positions for {len(fed)} fed ids")
+            columns = columns.to(legacy[0][0].device)
+            kv = tuple((k[i : i + 1].index_select(2, columns), v[i : i + 1].index_select(2, columns))
+                       for k, v in legacy)
+            routing = np.concatenate(row.routing) if row.routing else None
+            store.add(np.asarray(fed, dtype=np.int64), kv, routing)
 
     def _step(
         self, rows: list[_Row], cache: Legacy, mask: torch.Tensor
@@ -305,10 +493,11 @@ class HFEngine:
                 row.routing.append(routed[i : i + 1].numpy())
         for r in rows:
             r.next_position += 1
-        keep = self._sample_all(rows, out.logits[:, -1, :])
+        legacy = _to_legacy(out.past_key_values)
+        keep, finished = self._sample_all(rows, out.logits[:, -1, :])
+        self._finish(rows, finished, legacy, mask)
         if not keep:
             return [], None, None
-        legacy = _to_legacy(out.past_key_values)
         if len(keep) < n:
             legacy, mask, rows = _select(legacy, keep), mask[keep], [rows[i] for i in keep]
         # Drop leading columns that are padding for every remaining row.
@@ -318,12 +507,13 @@ class HFEngine:
             mask = mask[:, first:]
         return rows, legacy, mask
 
-    def _sample_all(self, rows: list[_Row], logits: torch.Tensor) -> list[int]:
-        """Sample one token per row; deliver finished rows; return the indices of the others."""
+    def _sample_all(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Sample one token per row; return the indices of the rows to go on and of the finished ones (not yet
+        delivered: :meth:`_finish`)."""
         logits = logits.float().cpu()
         if self.suppress_token_ids:
             logits[:, self.suppress_token_ids] = float("-inf")
-        keep = []
+        keep, finished = [], []
         for i, row in enumerate(rows):
             if row.req.future.cancelled():  # the caller gave up: free the row
                 continue
@@ -335,12 +525,27 @@ class HFEngine:
             row.out_lps.append(logprob)
             row.last = token
             if token in params.stop_token_ids:
-                _deliver(row.req, self._output(row, "stop"))
+                row.finish = "stop"
+                finished.append(i)
             elif len(row.out_ids) >= params.max_new_tokens:
-                _deliver(row.req, self._output(row, "length"))
+                row.finish = "length"
+                finished.append(i)
             else:
                 keep.append(i)
-        return keep
+        return keep, finished
+
+    def _finish(self, rows: list[_Row], finished: list[int], legacy: Legacy, mask: torch.Tensor) -> None:
+        """Keep the finished rows' caches in the prefix store, then deliver their results (so the caller's next
+        turn, or a reader of the store, finds the cache)."""
+        try:
+            self._keep_finished(rows, finished, legacy, mask)
+        finally:
+            for i in finished:
+                _deliver(rows[i].req, self._output(rows[i], rows[i].finish))
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prompt tokens admitted since the engine was built, and those whose KV came from the prefix store."""
+        return PrefixCacheStats(self._prompt_tokens, self._cached_tokens)
 
     def _output(self, row: _Row, reason: str) -> GenerationOutput:
         routed = np.concatenate(row.routing) if row.routing else None
@@ -379,6 +584,7 @@ class HFEngine:
             raise RuntimeError("HFEngine.update_weights while memory is released; call resume_memory() first")
         with self._lock, torch.no_grad():
             self._check_idle("update_weights")
+            self.prefix_store.clear()  # computed under the weights being replaced
             for name, tensor in named_tensors:
                 target = self._params.get(name)
                 expert = self._expert_slice(name) if target is None else None
@@ -413,6 +619,7 @@ class HFEngine:
     def release_memory(self) -> None:
         with self._lock:
             self._check_idle("release_memory")
+            self.prefix_store.clear()
             if not self._released:
                 # Non-persistent buffers (rotary inv_freq, ...) are not part of a weight sync: keep them.
                 persistent = set(self.model.state_dict().keys())
@@ -443,7 +650,9 @@ class HFEngine:
                 self._weights_invalid = True
 
     def flush_cache(self) -> None:
-        """Nothing to flush: KV caches live only as long as their requests."""
+        """Drop the prefix store's caches (running requests keep theirs)."""
+        with self._lock:
+            self.prefix_store.clear()
 
     def shutdown(self) -> None:
         """Stop the scheduler thread and wait for it; requests still queued or running get an error.

@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams, memory_tags
+from mcore_agentic.rollout.engines.base import GenerationOutput, PrefixCacheStats, SamplingParams, memory_tags
 
 logger = logging.getLogger(__name__)
 
@@ -371,6 +371,8 @@ class SGLangEngine:
         self._weights_valid = True  # False from resume_memory() or a sync's first bucket until a sync finishes
         self._seed_rng = random.Random(seed)
         self._warned_seed = False
+        self._prompt_tokens = 0  # prefix_cache_stats
+        self._cached_tokens = 0
         # SGLang's request handler task lives on the loop of the first request; every rollout must
         # run there (the driver runs engines that have an ``event_loop`` on it, never asyncio.run).
         self.event_loop: asyncio.AbstractEventLoop = getattr(self._engine, "loop", None) or asyncio.new_event_loop()
@@ -398,7 +400,15 @@ class SGLangEngine:
         request = to_sglang_request(prompt_ids, params, deterministic=self.deterministic,
                                     return_routed_experts=self.routing_shape is not None)
         output = await self._engine.async_generate(**request)
+        meta = output.get("meta_info") if isinstance(output, dict) else None
+        self._prompt_tokens += len(prompt_ids)
+        self._cached_tokens += int((meta or {}).get("cached_tokens") or 0)  # its radix cache's prefix hit
         return from_sglang_output(output, prompt_len=len(prompt_ids), routing_shape=self.routing_shape)
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prompt tokens of the requests it returned, and those SGLang's radix cache served
+        (``meta_info.cached_tokens``)."""
+        return PrefixCacheStats(self._prompt_tokens, self._cached_tokens)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         """Load one bucket; a sync's first bucket opens SGLang's weight-update session."""

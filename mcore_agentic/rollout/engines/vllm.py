@@ -20,6 +20,13 @@ the transformers engine; with the RL defaults ``top_p=1, top_k=-1`` both engines
 ``generation_config.suppress_tokens`` lists the embedding table's padding ids gets them
 excluded through ``allowed_token_ids``, as the transformers engine does.
 
+Prefix cache (``enable_prefix_caching``, on by default): a conversation's next turn finds its earlier turns' KV
+blocks, full blocks of ``block_size`` tokens (128 on CPU unless ``engine_kwargs`` set ``block_size``, a multiple
+of 32 there). :meth:`VLLMEngine.prefix_cache_stats` reads vLLM's own counts: the scheduler's prefix-cache hits,
+summed by :class:`PrefixCacheCounter`, a stat logger handed to ``LLMEngine``; the prompt tokens are the adapter's
+count of what it admitted (with prefix caching on they equal vLLM's ``queries``). A weight sync and
+:meth:`flush_cache` drop the cache.
+
 Weights: vLLM's RL weight-update path (``start_weight_update`` / ``update_weights`` /
 ``finish_weight_update`` on the worker) with the weight-transfer backend ``mcore_inproc`` of
 :mod:`~mcore_agentic.rollout.engines.vllm_weights`: buckets of Hugging Face-named tensors go to
@@ -88,6 +95,7 @@ from mcore_agentic.rollout.engines.base import (
     MEMORY_TAGS,
     EngineFinishReason,
     GenerationOutput,
+    PrefixCacheStats,
     SamplingParams,
     bind_thread_to_device,
     deliver,
@@ -273,7 +281,6 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
-    cache_counted: bool = False
 
 
 @dataclass
@@ -285,16 +292,49 @@ class _AbortOrder:
     count: int = 0
 
 
-@dataclass
-class CacheStats:
-    """Prompt tokens the engine was asked to prefill, and how many of them the prefix cache served."""
+class PrefixCacheCounter:
+    """vLLM's own prefix-cache statistics, summed over the engine's life.
 
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
+    A per-engine stat logger (the interface of ``vllm.v1.metrics.loggers.StatLoggerBase``), handed to
+    ``LLMEngine.from_engine_args(stat_loggers=[...])``: each ``LLMEngine.step`` records the step's
+    ``SchedulerStats``, whose ``prefix_cache_stats`` the scheduler's KV cache manager filled as it admitted requests
+    (``KVCacheManager.record_prefix_cache_stats``): ``queries``, the tokens it looked up (a new request's prompt),
+    and ``hits``, those its prefix cache held. Re-admissions after a preemption come apart (``preempted_*``) and are
+    left out, as vLLM's own hit-rate log leaves them. ``reset`` (the cache was dropped) resets nothing here: these are
+    cumulative counts. Needs the engine's stat logging on (vLLM's default; ``disable_log_stats`` turns it off)."""
 
-    @property
-    def hit_rate(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    def __init__(self) -> None:
+        self.queries = 0
+        self.hits = 0
+        self.records = 0
+        self._lock = threading.Lock()
+
+    def factory(self, vllm_config: Any = None, engine_index: int = 0) -> PrefixCacheCounter:
+        """vLLM's ``PerEngineStatLoggerFactory``: this counter for the (one) engine."""
+        return self
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:
+        stats = getattr(scheduler_stats, "prefix_cache_stats", None)
+        if stats is None:
+            return
+        with self._lock:
+            self.queries += int(stats.queries)
+            self.hits += int(stats.hits)
+            self.records += 1
+
+    def read(self) -> tuple[int, int]:
+        with self._lock:
+            return self.queries, self.hits
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def record_sleep_state(self, is_awake: int, level: int) -> None:
+        pass
 
 
 class VLLMEngine:
@@ -352,12 +392,24 @@ class VLLMEngine:
         # training shares the process, so all three are put back.
         threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
         rng = RngState.capture()
+        self.prefix_counter = PrefixCacheCounter()
         try:
-            self._engine = LLMEngine.from_engine_args(EngineArgs(**args))
+            self._engine = LLMEngine.from_engine_args(EngineArgs(**args), stat_loggers=[self.prefix_counter.factory])
         finally:
             torch.set_num_threads = set_num_threads
             torch.set_num_threads(threads)
             rng.restore()
+        cache_config = self._engine.vllm_config.cache_config
+        self.prefix_caching = bool(cache_config.enable_prefix_caching)
+        """Whether vLLM holds a prefix cache (it turns one it cannot run off, e.g. MLA models on CPU)."""
+        self.block_size = int(cache_config.block_size)
+        """Tokens per KV block: prefix-cache hits come in whole blocks."""
+        if enable_prefix_caching and not self.prefix_caching:
+            logging.getLogger(__name__).warning(
+                "vLLM turned prefix caching off for this model on %s: every turn prefills its whole prompt", device)
+        if not self._engine.log_stats:
+            logging.getLogger(__name__).warning(
+                "vLLM's stat logging is off (disable_log_stats): prefix_cache_stats() counts no cache hits")
         self._engine.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
         self.draws_before_supported = bool(self._engine.collective_rpc(install_draws_before)[0])
         self.allowed_token_ids = _allowed_token_ids(self.model_path, int(model_config["vocab_size"]))
@@ -368,7 +420,7 @@ class VLLMEngine:
         """The adapter's own state around ``self._engine`` (``self.device`` set): queues, locks, memory flags."""
         self._thread_device = resolve_device(self.device)  # the worker thread's current CUDA device
         self.weight_version = 0
-        self.cache = CacheStats()
+        self._prompt_tokens = 0  # of the requests admitted (prefix_cache_stats)
         self._ids = itertools.count()
         self._inbox: queue.Queue[_Pending] = queue.Queue()
         self._aborts: queue.Queue[_AbortOrder] = queue.Queue()
@@ -490,7 +542,7 @@ class VLLMEngine:
                             _deliver(p, exc)
                             continue
                         self._running[p.request_id] = p
-                        self.cache.prompt_tokens += len(p.prompt_ids)
+                        self._prompt_tokens += len(p.prompt_ids)
                     outputs = self._engine.step() if self._running else []
                     finished = [self._absorb(out) for out in outputs]
             except Exception as exc:  # noqa: BLE001 -- every waiting caller gets the error; the worker goes on
@@ -514,9 +566,6 @@ class VLLMEngine:
         pending = self._running.get(out.request_id)
         if pending is None:
             return None
-        if out.num_cached_tokens and not pending.cache_counted:  # reported with every delta; count it once
-            self.cache.cached_tokens += int(out.num_cached_tokens)
-            pending.cache_counted = True
         completion = out.outputs[0]
         ids = list(completion.token_ids)
         pending.token_ids.extend(ids)
@@ -529,6 +578,12 @@ class VLLMEngine:
         del self._running[out.request_id]
         reason = from_vllm_finish_reason(completion.finish_reason)
         return pending, GenerationOutput(pending.token_ids, pending.log_probs, reason)
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prompt tokens of the requests admitted, and the tokens vLLM's scheduler found in its prefix cache
+        (:class:`PrefixCacheCounter`; whole KV blocks: ``block_size`` tokens, 128 on CPU by default)."""
+        counter = getattr(self, "prefix_counter", None)
+        return PrefixCacheStats(self._prompt_tokens, counter.read()[1] if counter is not None else 0)
 
     # -- weights and memory -------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
@@ -715,7 +770,7 @@ def _allowed_token_ids(path: Path, vocab_size: int) -> list[int] | None:
 
 __all__ = [
     "DRAWS_BEFORE_ARG",
-    "CacheStats",
+    "PrefixCacheCounter",
     "VLLMEngine",
     "continues_draws",
     "default_kv_cache_bytes",

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 
-from mcore_agentic.rollout.engines.base import SamplingParams
+from mcore_agentic.rollout.engines.base import PrefixCacheStats, SamplingParams
 from mcore_agentic.rollout.engines.sglang import (
     SGLangEngine,
     from_sglang_output,
@@ -152,7 +152,8 @@ class _SGLangEngine:
         self.handler_loop = self.handler_loop or loop
         if loop is not self.handler_loop:
             raise RuntimeError("async_generate on another event loop than the handler's: SGLang would hang here")
-        meta = {"id": "9f1c", "finish_reason": {"type": self.finish}, "prompt_tokens": len(request["input_ids"])}
+        meta = {"id": "9f1c", "finish_reason": {"type": self.finish}, "prompt_tokens": len(request["input_ids"]),
+                "completion_tokens": len(self.reply), "cached_tokens": len(request["input_ids"]) // 2}
         if request.get("return_logprob"):
             meta["output_token_logprobs"] = [(-0.5 / (i + 1), t, None) for i, t in enumerate(self.reply)]
         if request.get("return_routed_experts") and self.kwargs.get("enable_return_routed_experts"):
@@ -360,6 +361,7 @@ def test_adapter_calls_sglang_engine_as_the_sharding_manager_needs(fake_sglang):
     out = _generate(engine, [1, 2], SamplingParams(max_new_tokens=2))
     assert (out.token_ids, out.log_probs, out.finish_reason) == ([11, 12], [-0.5, -0.25], "length")
     assert inner.calls[-1][1]["input_ids"] == [1, 2] and inner.calls[-1][1]["return_logprob"] is True
+    assert engine.prefix_cache_stats() == PrefixCacheStats(2, 1)  # meta_info.cached_tokens: the radix cache's hit
 
 
 def test_weights_load_inside_a_weight_update_session(fake_sglang):

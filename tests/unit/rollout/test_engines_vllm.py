@@ -171,13 +171,17 @@ def test_stop_token_is_returned_last(engine):
 
 
 def test_prefix_cache_serves_earlier_turns(engine):
+    """The hits are vLLM's own (its scheduler's prefix-cache stats), in whole blocks of the engine's block size."""
+    assert engine.prefix_caching and engine.block_size == 128  # vLLM's CPU default
     turn1 = list(range(40, 40 + 300))
     out = _gather(engine, [turn1], [SamplingParams(max_new_tokens=8, seed=1)])[0]
-    before = engine.cache.cached_tokens
+    before, queried_before = engine.prefix_cache_stats(), engine.prefix_counter.read()[0]
     turn2 = turn1 + out.token_ids + list(range(100, 120))  # the next turn's prompt extends the conversation
     _gather(engine, [turn2], [SamplingParams(max_new_tokens=8, seed=2)])
-    assert engine.cache.cached_tokens - before >= 256  # whole KV blocks of the first turn were reused
-    assert 0 < engine.cache.hit_rate <= 1
+    delta = engine.prefix_cache_stats() - before
+    assert delta.prompt_tokens == len(turn2) == engine.prefix_counter.read()[0] - queried_before  # vLLM's queries
+    assert delta.cached_tokens == 256  # the first turn's two whole KV blocks (300 + 7 fed ids) were reused
+    assert 0 < engine.prefix_cache_stats().hit_rate <= 1
 
 
 def test_abort_returns_what_was_sampled(engine):

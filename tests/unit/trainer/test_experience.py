@@ -308,6 +308,29 @@ def test_rollout_stats_without_rows():
     assert all(v == 0.0 for v in m.values())
 
 
+def test_prefix_cache_metrics_are_the_world_sums_and_their_ratio():
+    """Each leader adds its engine's prompt and cached tokens of the step; the rate is the ratio of the world's sums
+    (not a mean of the leaders' rates), and a rank without an engine adds the names with no value."""
+    from mcore_agentic.rollout.engines.base import PrefixCacheStats
+
+    ranks = [rollout_stats([_scored(ROWS[:2])], prefix_cache=PrefixCacheStats(1000, 900)),
+             rollout_stats([_scored(ROWS[2:])], prefix_cache=PrefixCacheStats(500, 100)),
+             rollout_stats([])]
+    assert all(set(st.sums) == set(ranks[0].sums) for st in ranks)  # same names: the all-reduce lines up
+    world = Stats()  # what Stats.reduce computes over the ranks
+    for st in ranks:
+        for name in st.sums:
+            world.sums[name] = world.sums.get(name, 0.0) + st.sums[name]
+            world.counts[name] = world.counts.get(name, 0.0) + st.counts[name]
+            world.maxs[name] = max(world.maxs.get(name, -float("inf")), st.maxs[name])
+            world.mins[name] = min(world.mins.get(name, float("inf")), st.mins[name])
+    m = rollout_metrics(world)
+    assert m["rollout/prefix_cache_prompt_tokens"] == 1500 and m["rollout/prefix_cache_hit_tokens"] == 1000
+    assert m["rollout/prefix_cache_hit_rate"] == pytest.approx(1000 / 1500)
+    assert "rollout/prefix_cache_hit_rate" not in rollout_metrics(rollout_stats([_scored(ROWS)]))  # nobody counted
+    assert PrefixCacheStats(1500, 1000) - PrefixCacheStats(1000, 900) == PrefixCacheStats(500, 100)
+
+
 # ----------------------------------------------------------------------------------- Stats
 def test_stats_reduce_without_a_group_is_a_no_op():
     st = Stats().add("x", torch.tensor([1.0, 2.0, 6.0])).add("x", [3.0]).add("e", [])
