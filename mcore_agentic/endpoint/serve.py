@@ -44,6 +44,16 @@ class _Model:
     routing_shape: tuple[int, int] | None = None
 
 
+def default_lengths(context: int | None, prompt: int | None, response: int | None) -> tuple[int, int]:
+    """``(prompt length, response length)``: as given, else sized from the model's context (``context``, its
+    ``max_position_embeddings``; 32768 when unknown): a response of 8192 tokens (at most half the context) and the
+    rest for the prompt, so a harness's long first prompt fits whatever the model."""
+    context = context or 32768
+    response = response if response is not None else min(8192, context // 2)
+    prompt = prompt if prompt is not None else max(context - response, 1)
+    return prompt, response
+
+
 def session_admin(registry: SessionRegistry, factory: Any, admin_token: str, max_sessions: int) -> Any:
     """The standalone server's ``POST /sessions`` (admin token only) and ``DELETE /sessions/{id}`` (its own token)."""
 
@@ -133,8 +143,11 @@ def serve(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="loopback by default; anything else serves the network")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--tool-format", default="hermes", help="the model's tool-call format (rollout.multi_turn.format)")
-    parser.add_argument("--prompt-length", type=int, default=4096)
-    parser.add_argument("--response-length", type=int, default=4096)
+    parser.add_argument("--prompt-length", type=int, default=None,
+                        help="longest first prompt of a sample; default: the model's context less the response "
+                             "length (coding harnesses send 10-40k tokens of system prompt and tools)")
+    parser.add_argument("--response-length", type=int, default=None,
+                        help="a sample's token budget after its prompt; default: 8192, at most half the context")
     parser.add_argument("--max-sessions", type=int, default=256)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--kv-cache-mb", type=int, default=None,
@@ -149,7 +162,10 @@ def serve(argv: list[str] | None = None) -> None:
     from mcore_agentic.rollout.engines import build_engine
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    vocab = getattr(AutoConfig.from_pretrained(args.model), "vocab_size", None)
+    model_config = AutoConfig.from_pretrained(args.model)
+    args.prompt_length, args.response_length = default_lengths(
+        getattr(model_config, "max_position_embeddings", None), args.prompt_length, args.response_length)
+    vocab = getattr(model_config, "vocab_size", None)
     if vocab is not None and len(tokenizer) > vocab:
         parser.exit(2, f"error: --model: the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                        f"{vocab}: its special tokens would index past the embedding; export the model with its own "

@@ -19,7 +19,7 @@ RUN_CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "ppo
 
 def _world_size(cfg: RLConfig) -> int:
     # GPU presets are tuned for one 8-GPU node; the tiny model runs on 2 CPU processes.
-    return 2 if cfg.model.model_path.endswith("tiny_qwen2") else 8
+    return 2 if cfg.model.model_path.endswith("_qwen2") and "/models/tiny" in cfg.model.model_path else 8
 
 
 # What a config leaves for the command line (``???``), filled as its documented command fills it.

@@ -36,3 +36,12 @@ def test_auto_takes_vllms_cpu_build_when_it_has_kernels_for_the_model(tmp_path):
     name, why = choose_engine("auto", _model(tmp_path / "b", 16), "cpu")
     assert name == "hf" and "head_dim 16" in why
     assert choose_engine("auto", _model(tmp_path / "c", 32), "cuda:0") == ("hf", "the installed vLLM is not built for cuda")
+
+
+def test_default_lengths_fit_a_harness_prompt_in_the_models_context():
+    from mcore_agentic.endpoint.serve import default_lengths
+
+    assert default_lengths(32768, None, None) == (24576, 8192)  # a 15-25k harness prompt fits
+    assert default_lengths(2048, None, None) == (1024, 1024)
+    assert default_lengths(None, None, 100) == (32668, 100)
+    assert default_lengths(131072, 4096, None) == (4096, 8192)
