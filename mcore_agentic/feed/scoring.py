@@ -78,8 +78,11 @@ def score_rollout(
         j = judged[i]
         if j not in results:
             given = batch["source_reward"][j] if "source_reward" in batch.meta else None
+            program_failed = (batch["request_metrics"][j] or {}).get("agent_program_failed")
             if given is not None:  # the rollout source's own reward (an agent program's)
                 results[j] = float(given)
+            elif program_failed:
+                results[j] = 0.0  # a failed agent program's row trains nothing: no reward function to consult
             else:
                 results[j] = reward_fn(batch["data_source"][j], texts[j], batch["ground_truth"][j],
                                        dict(extra_infos[j] or {}))

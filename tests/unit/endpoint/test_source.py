@@ -209,6 +209,12 @@ def test_a_failing_program_fails_its_row_not_the_rollout(tok, entry, kind):
     if entry == "agent_hangs":
         assert [m["agent_timed_out"] for m in batch["request_metrics"]] == [1, 1]
 
+    def no_rule(*args: Any) -> float:  # the run's reward function knows no rule for a harness task's data source
+        raise ConfigError("data_source", "no built-in reward rule")
+
+    scored = score_rollout(batch, no_rule, tok, [{}] * len(batch))  # a failed program's row scores 0, not a crash
+    assert scored["seq_scores"].tolist() == [0.0, 0.0]
+
 
 def test_a_command_program_gets_the_endpoint_in_its_environment(tok, tmp_path):
     script = tmp_path / "agent.py"
