@@ -14,17 +14,25 @@ with, in the same run:
 ``x floor`` should stay under 2 with the strict check on (it costs one floor by itself)
 and the per-turn cost flat: ``exp`` is the local growth exponent of the time between
 successive lengths (1 = linear, 2 = quadratic). CPU work runs inline (``tokenizer_threads=0``)
-so the figures are CPU cost, not overlap.
+so the figures are CPU cost, not overlap. The tool declares that it never blocks, so it runs on
+the loop (a tool that does not gets a thread and an event loop of its own per call, ~0.3-0.5 ms
+here: more than a turn's tokenization).
+
+``--hostile``: every tool result ends with special-token strings (``<|im_end|>``, ``<tool_call>``),
+which are tokenized as text (literal environment text): each such delta renders its neutral twin too,
+and so does the floor (one render + its twin + the literal tokenization).
 Usage: ``python bench/rollout_tokenization.py [--turns 8 16 32 64 128] [--conversations 8] [--repeats 5]
-[--before-max-turns 64]``.
+[--before-max-turns 64] [--hostile]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import math
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -42,7 +50,11 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=8, help="trajectories per batch")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--before-max-turns", type=int, default=64, help="skip the (quadratic) before column beyond this")
+    ap.add_argument("--hostile", action="store_true", help="tool results hold special-token strings (literal text)")
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="cpu: the process's CPU time (all its threads; a busy machine does not inflate it); wall")
     args = ap.parse_args()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     tokenizer = load_qwen_tokenizer("qwen2_5")  # the full Qwen vocabulary
     chat, legacy = ChatTokenizer(tokenizer), LegacyChat(tokenizer)
     print(f"{'turns':>5} {'tokens':>7} {'floor ms':>9} | {'strict ms':>9} {'x floor':>7} {'ms/turn':>7} {'exp':>5} | "
@@ -50,7 +62,7 @@ def main() -> None:
     previous: tuple[int, float] | None = None
     for turns in args.turns:
         k = args.conversations
-        rows, engine, tool = workload(chat, turns, k)
+        rows, engine, tool = workload(chat, turns, k, hostile=args.hostile)
 
         def run(strict: bool, engine=engine, rows=rows, tool=tool, turns=turns):
             engine.reset()
@@ -66,8 +78,9 @@ def main() -> None:
         batch = run(True)
         schemas = [tool.tool_schema]
 
-        def floor(conversations=batch.meta["messages"], schemas=schemas):
-            return [chat.encode(chat.render(m, tools=schemas, add_generation_prompt=False)) for m in conversations]
+        def floor(conversations=batch.meta["messages"], schemas=schemas):  # literal text: with its neutral twin
+            render = functools.partial(chat.render, tools=schemas, add_generation_prompt=False)
+            return [chat.encode_render(m, render) for m in conversations]
 
         # interleaved, fastest of each: the machine's speed drifts, so all columns see the same drift
         timed = {"strict": lambda: run(True), "floor": floor, "free": lambda: run(False)}
@@ -76,7 +89,7 @@ def main() -> None:
         best = dict.fromkeys(timed, float("inf"))
         for _ in range(args.repeats):
             for name, fn in timed.items():
-                seconds, _ = best_of(fn, 1)
+                seconds, _ = best_of(fn, 1, clock)
                 best[name] = min(best[name], seconds / k)
         strict_s, floor_s, free_s = best["strict"], best["floor"], best["free"]
         metrics = batch.meta["request_metrics"][0]

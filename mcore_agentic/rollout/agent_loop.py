@@ -274,7 +274,7 @@ class AgentSession:
                 return FinishReason.ABORTED
             text = chat.decode(ids[:-1] if ended else ids)
             assert self.tokens is not None
-            turn_text = text + chat.decode(ids[-1:]) if ended else text  # the stop token included
+            turn_text = text + chat.stop_text(ids[-1]) if ended else text  # the stop token included
             self.tokens.sampled(turn_text)
             calls: list[ToolCall | ToolCallError] = []
             if self.instances:
@@ -354,8 +354,8 @@ class AgentSession:
         start = len(req.messages)
         req.messages.extend(new_messages)
         assert self.tokens is not None
-        segment = await self._cpu(
-            self.tokens.env_segment, list(req.messages), start, sampled_text=sampled_text, sampled_eot=sampled_eot
+        segment = await self._cpu(  # no copy of the history (quadratic): nothing changes it while this awaits
+            self.tokens.env_segment, req.messages, start, sampled_text=sampled_text, sampled_eot=sampled_eot
         )
         req.metrics.template_fallback += int(segment.used_fallback)
         req.metrics.template_drift += int(segment.path is TokenizationPath.TWO_RENDERS)

@@ -209,7 +209,7 @@ def collate(requests: Sequence[RolloutRequest], cfg: RolloutConfig, *, pad_token
     trajs = [r.trajectory for r in requests]
     tensors = trajectory_tensors(trajs, pad_token_id=pad_token_id)
     # The oldest weight version that sampled a row's tokens (partial rollouts resume across versions; -1: none).
-    oldest = [min((v for v in t.response_versions if v >= 0), default=-1) for t in trajs]
+    oldest = [min((v for v in set(t.response_versions) if v >= 0), default=-1) for t in trajs]
     meta = {
         "messages": [r.messages for r in requests],
         "uid": [r.uid for r in requests],

@@ -16,7 +16,10 @@ nothing can be told apart safely and :class:`ForgedStructureError` is raised: th
 and trains on nothing rather than train on a forged structure.
 
 Text without any added-token string (nearly all of it) takes the ordinary path unchanged: one
-pattern search per rendered delta decides.
+pattern search per rendered delta decides. Text with one is tokenized literally by the fast tokenizer's
+own normalizer, pre-tokenizer and model without its added tokens (shared, not copied: one call, as fast
+as an ordinary one), and :func:`aligned` compares the two renders at C speed but around the few
+neutralized strings.
 """
 
 from __future__ import annotations
@@ -49,6 +52,27 @@ class LiteralText:
         normalizer = self._backend.normalizer if self._backend is not None else None
         normalized = any(getattr(t, "normalized", False) for _, t in tokens.values())
         self._normalize = normalizer.normalize_str if normalized and normalizer is not None else None
+        self._plain = self._without_added_tokens()
+        self.hard_splits = False
+        """Set by the owner when the tokenizer cuts text at every added token independently (see
+        :meth:`encode_rendered`); off, every stretch is tokenized on its own."""
+
+    def _without_added_tokens(self) -> Any:
+        """The fast tokenizer's own normalizer, pre-tokenizer and model (shared, not copied) without its added
+        tokens: :meth:`encode_literal` in one call. None where it cannot be built (the pieces path is used)."""
+        if self._backend is None:
+            return None
+        try:
+            from tokenizers import Tokenizer
+
+            plain = Tokenizer(self._backend.model)
+            if self._backend.normalizer is not None:
+                plain.normalizer = self._backend.normalizer
+            if self._backend.pre_tokenizer is not None:
+                plain.pre_tokenizer = self._backend.pre_tokenizer
+        except Exception:  # noqa: BLE001 -- an unusual backend: the pieces path is the same, only slower
+            return None
+        return plain
 
     def contains(self, text: str) -> bool:
         """Whether ``text`` holds the text of any added token (or, for normalized tokens, normalizes to one)."""
@@ -103,6 +127,12 @@ class LiteralText:
         """Ids of ``text`` with no added token recognised: added-token strings become the ordinary tokens of their text."""
         if not self.contains(text):
             return self._encode(text)
+        if self._plain is not None:
+            return self._plain.encode(text, add_special_tokens=False).ids
+        return self._encode_literal_by_pieces(text)
+
+    def _encode_literal_by_pieces(self, text: str) -> list[int]:
+        """:meth:`encode_literal` step by step: normalize, pre-tokenize, and the model on each piece."""
         if self._backend is None:  # a slow tokenizer: its own switch (which splits every added token there)
             return list(self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
         normalizer, pre = self._backend.normalizer, self._backend.pre_tokenizer
@@ -115,32 +145,60 @@ class LiteralText:
         """Ids of a render ``text`` whose literal contents are neutralized in ``neutral`` (the same render otherwise).
 
         The template's added-token strings (those at the same place in ``neutral``) become their tokens and cut
-        the text, as the tokenizer cuts it; every stretch between them is tokenized literally.
+        the text, as the tokenizer cuts it; every stretch between them is tokenized literally. With
+        :attr:`hard_splits` (the tokenizer cuts text at its added tokens before anything else, and no two of
+        them can overlap), the stretches without any added-token string and the template's tokens between them
+        are tokenized by one ordinary call: the same ids, in fewer calls.
         """
-        if len(text) != len(neutral) or not _differ_only_at_neutral(text, neutral):
+        if not aligned(text, neutral):
             raise ForgedStructureError(
                 "environment text holds the chat template's special-token strings and the template renders it "
                 "transformed, so its own special tokens cannot be told apart from the environment's; the request "
                 "is failed rather than trained on forged structure"
             )
         assert self.pattern is not None
-        structural = [m for m in self.pattern.finditer(neutral)]
         out: list[int] = []
-        pos = 0
-        for m in structural:
+        pos = run = 0  # the next stretch starts at pos; text[run:pos] is an ordinary run not yet tokenized
+        for m in self.pattern.finditer(neutral):
             token = m.group()
             if text[m.start() : m.end()] != token or m.start() < pos:
                 raise ForgedStructureError(f"the template's {token!r} is not where its neutral render has it")
-            out += self.encode_literal(text[pos : m.start()])
-            out.append(self.ids[token])
+            stretch = text[pos : m.start()]
+            if not self.hard_splits or self.contains(stretch):
+                if run < pos:
+                    out += self._encode(text[run:pos])
+                out += self.encode_literal(stretch)
+                out.append(self.ids[token])
+                run = m.end()
             pos = m.end()
-        out += self.encode_literal(text[pos:])
-        return out
+        tail = text[pos:]
+        if not self.hard_splits or self.contains(tail):
+            if run < pos:
+                out += self._encode(text[run:pos])
+            return out + self.encode_literal(tail)
+        return out + self._encode(text[run:])
 
 
-def _differ_only_at_neutral(text: str, neutral: str) -> bool:
-    """Whether the two renders are the same text but where the neutral one has its ``x`` (so they are aligned)."""
-    if text == neutral:
-        return True
-    diff = [i for i, (a, b) in enumerate(zip(text, neutral)) if a != b]
-    return all(neutral[i] == _NEUTRAL for i in diff)
+_LEAF = 32  # characters below which a differing stretch is compared character by character
+
+
+def aligned(text: str, neutral: str) -> bool:
+    """Whether the two renders are the same text but where the neutral one has its ``x`` (so they are aligned).
+
+    Nearly all at C speed: differing stretches are halved until short (equal halves are dropped by one string
+    comparison each), and only those few short stretches, each around a neutralized string, are walked
+    character by character.
+    """
+    if len(text) != len(neutral):
+        return False
+    stack = [(0, len(text))]
+    while stack:
+        lo, hi = stack.pop()
+        if text[lo:hi] == neutral[lo:hi]:
+            continue
+        if hi - lo > _LEAF:
+            mid = (lo + hi) // 2
+            stack += [(mid, hi), (lo, mid)]
+        elif any(b != _NEUTRAL for a, b in zip(text[lo:hi], neutral[lo:hi]) if a != b):
+            return False
+    return True

@@ -49,7 +49,11 @@ Environment text is literal (:mod:`.literal_text`): in every render tokenized he
 delta, the sanity check's reference), the contents of messages other than the assistant's are
 tokenized with their added-token strings as ordinary text, so a tool result or a user turn cannot
 forge ``<|im_end|>``/``<|im_start|>`` or a ``<tool_call>``; only the template's own structure is
-special. Sampled ids are never re-tokenized into the trajectory.
+special. Sampled ids are never re-tokenized into the trajectory. Text without such strings (nearly
+all) costs one pattern search per delta; text with them costs each such delta a second local render
+(its neutral twin), and the sanity check one more full render: its shortcut then matches the
+template's own added tokens (the twin's) one to one with the trajectory's and still re-tokenizes only
+the sampled stretches (:meth:`ChatTokenizer._literal_encodes_to`).
 
 Thread safety: renders and tokenizations may run in worker threads (the agent loop does,
 to keep its event loop free); the fast tokenizer's ``encode`` releases the GIL.
@@ -57,8 +61,8 @@ to keep its event loop free); the fast tokenizer's ``encode`` releases the GIL.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import itertools
 import json
 import logging
 import re
@@ -69,7 +73,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from mcore_agentic.rollout.literal_text import ForgedStructureError, LiteralText
+from mcore_agentic.rollout.literal_text import ForgedStructureError, LiteralText, aligned
 
 logger = logging.getLogger(__name__)
 
@@ -133,13 +137,20 @@ class ChatTokenizer:
         if tokenizer.eos_token_id is not None:
             stops.add(int(tokenizer.eos_token_id))
         self._stop_token_ids = sorted(stops)
+        self._stop_texts = {i: self.decode([i]) for i in self._stop_token_ids}
         self._split_ids = self._hard_split_ids()
         self.literal = LiteralText(tokenizer, self.encode)
+        self.literal.hard_splits = self._split_ids is not None
 
     @property
     def stop_token_ids(self) -> list[int]:
         """Token ids that end an assistant turn: the template's end-of-turn and the tokenizer's eos."""
         return list(self._stop_token_ids)
+
+    def stop_text(self, token_id: int) -> str:
+        """``decode([token_id])`` of a stop token (:attr:`stop_token_ids`), decoded once."""
+        text = self._stop_texts.get(token_id)
+        return self.decode([token_id]) if text is None else text
 
     # -- primitives ---------------------------------------------------------------------------------
 
@@ -255,8 +266,10 @@ class ChatTokenizer:
         segment = text_of(new)
         neutral_new = self.literal.neutralize(new)
         if neutral_new is None:
-            return dataclasses.replace(segment, ids=self.encode(segment.text))
-        return dataclasses.replace(segment, ids=self.literal.encode_rendered(segment.text, text_of(neutral_new).text))
+            ids = self.encode(segment.text)
+        else:
+            ids = self.literal.encode_rendered(segment.text, text_of(neutral_new).text)
+        return EnvSegment(ids, segment.text, segment.used_fallback, segment.path)
 
     def _base_fallback(
         self, new: Messages, *, tools: list[dict] | None, sampled_eot: bool | None, path: TokenizationPath
@@ -333,7 +346,9 @@ class ChatTokenizer:
                 return None
         return frozenset(int(i) for i in tokens)
 
-    def encodes_to(self, text: str, ids: list[int], sampled: list[int], *, ids_text: str | None = None) -> bool:
+    def encodes_to(
+        self, text: str, ids: list[int], sampled: list[int], *, ids_text: str | None = None, neutral: str | None = None
+    ) -> bool:
         """Whether ``encode(text) == ids``, where ``ids`` is this module's tokenization of a conversation.
 
         ``sampled[i]`` is 1 where the engine sampled ``ids[i]``: everything else came from :meth:`encode`
@@ -345,7 +360,13 @@ class ChatTokenizer:
 
         ``ids_text``: the text ``ids`` were made from (:attr:`ConversationTokenizer.text`), when known:
         compared with ``text`` as it is, it saves decoding ``ids`` and normalising ``text``.
+
+        ``neutral``: ``text``'s neutral twin when some literal content holds special-token text
+        (:mod:`.literal_text`); the reference is then ``literal.encode_rendered(text, neutral)``, and the
+        shortcut is :meth:`_literal_encodes_to`'s (it raises :class:`ForgedStructureError` as that does).
         """
+        if neutral is not None:
+            return self._literal_encodes_to(text, neutral, ids, sampled, ids_text=ids_text)
         splits = self._split_ids
         if splits is None or len(sampled) != len(ids):
             return self.encode(text) == ids
@@ -356,7 +377,8 @@ class ChatTokenizer:
             normalizer = self._backend.normalizer
             if self.decode(ids) != (normalizer.normalize_str(text) if normalizer is not None else text):
                 return False  # decode(encode(x)) is normalize(x) for a byte-level tokenizer
-        start: int | None = None  # the open stretch holding sampled ids
+        stretches: list[list[int]] = []  # each stretch between added tokens that holds sampled ids
+        start: int | None = None  # the open one
         for is_sampled, lo, hi in _runs(sampled):
             if is_sampled:
                 if start is None:
@@ -369,10 +391,66 @@ class ChatTokenizer:
             cut = next((k for k in range(lo, hi) if ids[k] in splits), None)
             if cut is None:
                 continue  # no added token in this environment stretch: the sampled stretch goes on
-            if self.encode(self.decode(ids[start:cut])) != ids[start:cut]:
-                return False
+            stretches.append(ids[start:cut])
             start = None
-        return start is None or self.encode(self.decode(ids[start:])) == ids[start:]
+        if start is not None:
+            stretches.append(ids[start:])
+        return all(self.encode(text) == stretch for text, stretch in zip(self._decode_all(stretches), stretches))
+
+    def _decode_all(self, pieces: list[list[int]]) -> list[str]:
+        """``[decode(p) for p in pieces]``, in one call to the fast tokenizer when there is one."""
+        if self._backend is not None and self._backend.decoder is not None:
+            return self._backend.decode_batch(pieces, skip_special_tokens=False)
+        return [self.decode(p) for p in pieces]
+
+    def _literal_encodes_to(
+        self, text: str, neutral: str, ids: list[int], sampled: list[int], *, ids_text: str | None = None
+    ) -> bool:
+        """Whether ``literal.encode_rendered(text, neutral) == ids``: :meth:`encodes_to` for a conversation whose
+        literal contents hold special-token text.
+
+        The reference cuts ``text`` at the template's added tokens (those of ``neutral``) and tokenizes each
+        stretch between them literally. ``ids`` holds an added-token id exactly at each cut when it is that
+        tokenization (environment stretches never tokenize to one), so the cuts are matched one to one; then a
+        stretch holding a sampled id is re-tokenized (literally), and every other stretch only has to decode to
+        the reference's text there (it was tokenized from that text when it was added: :meth:`encodes_to`'s
+        premise). Any doubt (no hard splits, a different number of cuts, a stretch that differs) takes the full
+        tokenization, which also raises :class:`ForgedStructureError` where the reference cannot be aligned.
+        """
+        literal, splits = self.literal, self._split_ids
+        assert literal.pattern is not None  # neutral twins exist only for vocabularies with added tokens
+
+        def full() -> bool:
+            return literal.encode_rendered(text, neutral) == ids
+
+        if splits is None or len(sampled) != len(ids) or (ids_text is not None and ids_text != text):
+            return full()
+        if not aligned(text, neutral):
+            return full()  # raises ForgedStructureError
+        structural = list(literal.pattern.finditer(neutral))
+        cuts = list(itertools.compress(range(len(ids)), map(splits.__contains__, ids)))  # at C speed
+        if len(cuts) != len(structural):
+            return full()
+        normalizer = self._backend.normalizer if self._backend is not None else None
+        env_ids: list[list[int]] = []
+        env_texts: list[str] = []
+        lo_ids = lo_text = 0
+        for k, m in zip([*cuts, len(ids)], [*structural, None]):
+            hi_text = len(text) if m is None else m.start()
+            if m is not None and (text[m.start() : m.end()] != m.group() or ids[k] != literal.ids[m.group()]):
+                return full()
+            piece_ids, piece = ids[lo_ids:k], text[lo_text:hi_text]
+            if 1 in sampled[lo_ids:k]:
+                if literal.encode_literal(piece) != piece_ids:
+                    return full()
+            elif piece_ids or piece:
+                env_ids.append(piece_ids)
+                env_texts.append(piece)
+            lo_ids, lo_text = k + 1, (len(text) if m is None else m.end())
+        for have, want in zip(self._decode_all(env_ids), env_texts):
+            if have != want and (normalizer is None or have != normalizer.normalize_str(want)):
+                return full()  # decode(encode(x)) is normalize(x)
+        return True
 
     def check_trajectory(
         self,
@@ -401,8 +479,12 @@ class ChatTokenizer:
             )
             return self.sanity_check(ids, reference, mode=mode, truncated=truncated)
         text, neutral = self._reference_texts(ids, messages, tools)
-        if not truncated and neutral is None and self.encodes_to(text, ids, loss_mask, ids_text=ids_text):
-            return []
+        if not truncated:
+            try:
+                if self.encodes_to(text, ids, loss_mask, ids_text=ids_text, neutral=neutral):
+                    return []
+            except ForgedStructureError:
+                pass  # reported below
         try:
             reference = self._encode_reference(text, neutral)  # the mismatch is described against the render made
         except ForgedStructureError as exc:  # the reference cannot be aligned: a mismatch to report, not a failure
