@@ -395,13 +395,9 @@ class ChatTokenizer:
             start = None
         if start is not None:
             stretches.append(ids[start:])
-        return all(self.encode(text) == stretch for text, stretch in zip(self._decode_all(stretches), stretches))
-
-    def _decode_all(self, pieces: list[list[int]]) -> list[str]:
-        """``[decode(p) for p in pieces]``, in one call to the fast tokenizer when there is one."""
-        if self._backend is not None and self._backend.decoder is not None:
-            return self._backend.decode_batch(pieces, skip_special_tokens=False)
-        return [self.decode(p) for p in pieces]
+        # (decode one at a time: the fast tokenizer's decode_batch hands a batch to its thread pool, which costs
+        # more than these short stretches do)
+        return all(self.encode(self.decode(stretch)) == stretch for stretch in stretches)
 
     def _literal_encodes_to(
         self, text: str, neutral: str, ids: list[int], sampled: list[int], *, ids_text: str | None = None
@@ -447,7 +443,8 @@ class ChatTokenizer:
                 env_ids.append(piece_ids)
                 env_texts.append(piece)
             lo_ids, lo_text = k + 1, (len(text) if m is None else m.end())
-        for have, want in zip(self._decode_all(env_ids), env_texts):
+        for piece_ids, want in zip(env_ids, env_texts):
+            have = self.decode(piece_ids)
             if have != want and (normalizer is None or have != normalizer.normalize_str(want)):
                 return full()  # decode(encode(x)) is normalize(x)
         return True
