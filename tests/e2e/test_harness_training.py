@@ -1,6 +1,7 @@
 """Claude Code, Codex CLI and Qwen Code, installed from npm and run unmodified from their recipes
-(``examples/harnesses``), train a long-context copy of the tiny model: 2 RL steps on 2 gloo ranks, each row's
-harness in a bubblewrap sandbox of its own (``rollout.agent.sandbox=bwrap``) against its session of the endpoint.
+(``examples/harnesses``), train a long-context copy of the tiny model: the shipped ``configs/harness_tiny.yaml``,
+2 RL steps on 2 gloo ranks, each row's harness in a bubblewrap sandbox of its own (``rollout.agent.sandbox=bwrap``)
+against its session of the endpoint.
 
 The run's real engine is forced to a script (``_harness_job.py``: the harness's shell call, then an answer, with the
 real model's log-probs), because a tiny random model would not call a shell tool. Checked: no program fails (no API
@@ -52,36 +53,22 @@ def test_three_harnesses_train_two_steps_sandboxed_and_exact(tmp_path: Path) -> 
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    from mcore_agentic.models.tiny import make_tiny_hf_model_from_preset
-
-    model = make_tiny_hf_model_from_preset(tmp_path / "model", "tiny", vocab_size=16384, max_position_embeddings=32768)
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({
         "prompt": [{"role": "user", "content": TASK}], "data_source": "harness",
         "reward_model": {"ground_truth": "hello.txt"}, "extra_info": {"harness": name}}) + "\n"
         for name in [*HARNESSES, "claude_code"]))  # 4 prompts: 2 per rollout engine
-    (tmp_path / "repo").mkdir()
-    (tmp_path / "repo" / "README").write_text("the task's repository\n")
     records = tmp_path / "records"
     records.mkdir()
-    command = f"env HARNESS_BIN={HARNESS_BIN} HARNESS_LEAN=1 /bin/sh {RECIPES / 'by_row.sh'}"
-    overrides = [
-        "--config-name", "default_tiny",
-        f"model.model_path={model}", "data.synthetic.enable=false", f"data.train_files=[{rows}]",
-        "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=2",
-        "data.max_prompt_length=12288", "data.max_response_length=512",
-        "trainer.total_training_steps=2", "trainer.sft_warmup_steps=0", "trainer.val_before_train=false",
-        "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,jsonl]",
+    overrides = [  # the shipped configs/harness_tiny.yaml (its recipe command, sandbox and reward command), 4 rows
+        "--config-name", "harness_tiny", f"data.train_files=[{rows}]",
+        "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "trainer.logger=[console,jsonl]",
         f"trainer.log_dir={tmp_path / 'logs'}", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-        "rollout.multi_turn.tool_config_path=null", "rollout.multi_turn.tool_schemas_in_prompt=true",
-        f"rollout.agent.command='{command}'", "rollout.agent.sandbox=bwrap", f"rollout.agent.workdir={tmp_path / 'repo'}",
-        "rollout.agent.reward_command='/bin/sh -c \"test -f hello.txt && echo 1 || echo 0\"'",
-        "rollout.agent.timeout_s=240", f"rollout.agent.sample_dirs={tmp_path / 'samples'}",
-        "rollout.agent.sandbox_limits.memory_cgroup=auto",
-        f"rollout.agent.sandbox_limits.extra_read_paths=[{ROOT / '.harnesses'},{RECIPES}]",
+        f"rollout.agent.sample_dirs={tmp_path / 'samples'}",
     ]
     (tmp_path / "samples").mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HARNESS_RECORD_DIR": str(records)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HARNESS_RECORD_DIR": str(records),
+           "PWD": str(ROOT)}  # the config's command names its recipe under ${oc.env:PWD}, as `make train` runs it
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "tests" / "e2e" / "_harness_job.py"), *overrides]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=560)
@@ -101,7 +88,7 @@ def test_three_harnesses_train_two_steps_sandboxed_and_exact(tmp_path: Path) -> 
 
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(model))
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "outputs" / "models" / "tiny_long_qwen2"))
     trained = [json.loads(line) for f in sorted(records.glob("rank*.jsonl")) for line in f.read_text().splitlines()]
     assert len(trained) == 16
     for r in trained:  # the side calls never reach a trained row; the rows are exactly their re-render

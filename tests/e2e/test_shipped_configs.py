@@ -51,6 +51,7 @@ RUN_HERE = {"gsm8k_multiturn_grpo": gsm8k_overrides, "ppo_trainer": gsm8k_overri
 COVERED_ELSEWHERE = {
     "default_tiny": "tests/e2e/test_default_job.py (its generator: data.synthetic)",
     "byo_task": "tests/e2e/test_user_task.py (a user's own tool, data and reward function)",
+    "harness_tiny": "tests/e2e/test_harness_training.py (Claude Code, Codex CLI and Qwen Code, sandboxed)",
 }
 
 
