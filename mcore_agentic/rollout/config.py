@@ -343,6 +343,10 @@ class RolloutConfig:
     """Reuse the KV cache of a conversation's earlier turns (and of any prompt prefix the engine still holds): vLLM's
     prefix cache, the transformers engine's LRU of finished requests' caches (``prefix_cache_entries``); SGLang's
     radix cache is always on. ``rollout/prefix_cache_hit_rate`` is the share of the step's prompt tokens served."""
+    vllm_block_size: int | None = None
+    """``vllm``: tokens per KV-cache block (null: vLLM's default, 128 on CPU, 16 on GPUs). Its prefix cache reuses
+    whole blocks only, so a turn prefills its new tokens plus up to one block of the history: smaller blocks prefill
+    less of a harness's resent prompt (bench/harness_prefix.py: 2.04x the new tokens at 128, 1.28x at 32 on CPU)."""
     prefix_cache_entries: int = 4
     """``hf``: most finished requests' KV caches kept for reuse (an LRU; a conversation's next turn replaces its
     last). Each holds its sequence's keys and values on the engine's device."""
@@ -378,6 +382,9 @@ class RolloutConfig:
             "rollout.tensor_model_parallel_size",
             f"must be >= 1, got {self.tensor_model_parallel_size}",
         )
+        require(self.vllm_block_size is None or (self.vllm_block_size > 0 and self.vllm_block_size % 16 == 0),
+                "rollout.vllm_block_size", f"must be a positive multiple of 16 (32 or more on CPU) or null, got "
+                f"{self.vllm_block_size}")
         require(self.prefix_cache_entries >= 0, "rollout.prefix_cache_entries",
                 f"must be >= 0 (0 keeps none), got {self.prefix_cache_entries}")
         require(self.prefix_cache_memory_mb >= 0, "rollout.prefix_cache_memory_mb",

@@ -81,6 +81,7 @@ def build_engine(cfg: RolloutConfig, model: EngineModel, *, device: str, seed: i
             max_model_len=cfg.effective_max_model_len,
             kv_cache_memory_bytes=kv_bytes,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            engine_kwargs={"block_size": cfg.vllm_block_size} if cfg.vllm_block_size else None,
         )
     from mcore_agentic.rollout.engines.sglang import SGLangEngine
 

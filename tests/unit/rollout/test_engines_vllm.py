@@ -32,7 +32,18 @@ def model_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dirs):
-    engine = VLLMEngine(model_dirs[0], seed=0, max_model_len=2048, kv_cache_memory_bytes=64 << 20)
+    """Built as the trainer builds it (``build_engine`` from the rollout config), with 32-token KV blocks
+    (``rollout.vllm_block_size``: the smallest vLLM's CPU kernels take)."""
+    from types import SimpleNamespace
+
+    from mcore_agentic.rollout.config import RolloutConfig
+    from mcore_agentic.rollout.engines import build_engine
+
+    cfg = RolloutConfig(name="vllm", prompt_length=1024, response_length=1024, kv_cache_memory_mb=64,
+                        vllm_block_size=32)
+    spec = SimpleNamespace(model_path=str(model_dirs[0]), dtype="float32", routing_shape=None)
+    engine = build_engine(cfg, spec, device="cpu", seed=0)
+    assert isinstance(engine, VLLMEngine)
     yield engine
     engine.shutdown()
 
@@ -172,7 +183,7 @@ def test_stop_token_is_returned_last(engine):
 
 def test_prefix_cache_serves_earlier_turns(engine):
     """The hits are vLLM's own (its scheduler's prefix-cache stats), in whole blocks of the engine's block size."""
-    assert engine.prefix_caching and engine.block_size == 128  # vLLM's CPU default
+    assert engine.prefix_caching and engine.block_size == 32  # rollout.vllm_block_size (vLLM's CPU default: 128)
     turn1 = list(range(40, 40 + 300))
     out = _gather(engine, [turn1], [SamplingParams(max_new_tokens=8, seed=1)])[0]
     before, queried_before = engine.prefix_cache_stats(), engine.prefix_counter.read()[0]
@@ -180,7 +191,7 @@ def test_prefix_cache_serves_earlier_turns(engine):
     _gather(engine, [turn2], [SamplingParams(max_new_tokens=8, seed=2)])
     delta = engine.prefix_cache_stats() - before
     assert delta.prompt_tokens == len(turn2) == engine.prefix_counter.read()[0] - queried_before  # vLLM's queries
-    assert delta.cached_tokens == 256  # the first turn's two whole KV blocks (300 + 7 fed ids) were reused
+    assert delta.cached_tokens == 288  # the first turn's 9 whole 32-token KV blocks (300 + 7 fed ids) were reused
     assert 0 < engine.prefix_cache_stats().hit_rate <= 1
 
 
