@@ -16,13 +16,14 @@ template's own formats are sampled: hermes calls (qwen2_5, qwen3 with a thinking
   first request.
 
 Usage: ``python bench/harness_conformance.py [--harness claude_code codex ...] [--template qwen2_5 ...] [--lean]
-[--sandbox]``; prints a markdown table (docs/agents.md's conformance table is its output, kept current by
+[--sandbox] [--jobs 3]``; prints a markdown table (docs/agents.md's conformance table is its output, kept current by
 ``tests/e2e/test_harness_conformance.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import shutil
 import sys
@@ -170,22 +171,29 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def run_all(harnesses: list[str], templates: list[str], *, lean: bool = False, sandbox: bool = False,
+            jobs: int = 1) -> list[Row]:
+    """:func:`run_one` for every harness x template, ``jobs`` at a time (each its own endpoint, engine and program:
+    the harnesses' start-up is most of a run), in table order."""
+    pairs = [(h, t) for h in harnesses for t in templates]
+    for template in templates:  # transformers' lazy imports are not thread-safe: import them here first
+        load_qwen_tokenizer(template)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        return list(pool.map(lambda p: run_one(*p, lean=lean, sandbox=sandbox), pairs))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--harness", nargs="+", default=list(HARNESSES), choices=list(HARNESSES))
     ap.add_argument("--template", nargs="+", default=list(TEMPLATES), choices=list(TEMPLATES))
     ap.add_argument("--lean", action="store_true", help="HARNESS_LEAN=1: the shell tool and a one-line prompt")
     ap.add_argument("--sandbox", action="store_true", help="rollout.agent.sandbox=bwrap")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once")
     args = ap.parse_args()
-    rows = []
-    for harness in args.harness:
-        if not (HARNESS_BIN / HARNESSES[harness][0]).exists():
-            print(f"{harness}: not installed under {HARNESS_BIN} (make harnesses)", file=sys.stderr)
-            continue
-        for template in args.template:
-            rows.append(run_one(harness, template, lean=args.lean, sandbox=args.sandbox))
-            print(" | ".join(rows[-1].cells()), file=sys.stderr, flush=True)
-    print(table(rows))
+    installed = [h for h in args.harness if (HARNESS_BIN / HARNESSES[h][0]).exists()]
+    for harness in sorted(set(args.harness) - set(installed)):
+        print(f"{harness}: not installed under {HARNESS_BIN} (make harnesses)", file=sys.stderr)
+    print(table(run_all(installed, args.template, lean=args.lean, sandbox=args.sandbox, jobs=args.jobs)))
 
 
 if __name__ == "__main__":

@@ -272,8 +272,8 @@ def _passed_back(encrypted: str | None) -> str | None:
 
 def _tools(tools: list[Any] | None, hosted: list[str]) -> tuple[list[dict[str, Any]] | None, frozenset[str]]:
     """The function and custom tools in the common form, and the names of the custom (freeform) ones among them;
-    the types of hosted tools (web search, file search, computer use...), which the model is not offered, appended
-    to ``hosted``."""
+    the types of hosted tools (web search, file search, computer use, a tool ``namespace`` such as Codex's sub-agent
+    group...), which the model is not offered, appended to ``hosted``."""
     out, freeform = [], set()
     for i, tool in enumerate(tools or []):
         path = join_path("tools", i)
@@ -286,12 +286,10 @@ def _tools(tools: list[Any] | None, hosted: list[str]) -> tuple[list[dict[str, A
         if kind == "function":
             get_bool(tool, "strict", path, default=False)
             out.append(function_tool(name, get_str(tool, "description", path), get_dict(tool, "parameters", path)))
-        elif kind == "custom":
+        else:
             out.append(function_tool(name, get_str(tool, "description", path),
                                      _freeform_parameters(get_dict(tool, "format", path), join_path(path, "format"))))
             freeform.add(name)
-        else:
-            hosted.append(kind)
     return out or None, frozenset(freeform)
 
 

@@ -1,6 +1,6 @@
 """Claude Code, Codex CLI and Qwen Code, installed from npm and run unmodified from their recipes
 (``examples/harnesses``), train a long-context copy of the tiny model: the shipped ``configs/harness_tiny.yaml``,
-2 RL steps on 2 gloo ranks, each row's harness in a bubblewrap sandbox of its own (``rollout.agent.sandbox=bwrap``)
+2 RL steps on 2 gloo ranks (REINFORCE++, one episode per prompt), each row's harness in a bubblewrap sandbox of its own (``rollout.agent.sandbox=bwrap``)
 against its session of the endpoint.
 
 The run's real engine is forced to a script (``_harness_job.py``: the harness's shell call, then an answer, with the
@@ -63,6 +63,8 @@ def test_three_harnesses_train_two_steps_sandboxed_and_exact(tmp_path: Path) -> 
     overrides = [  # the shipped configs/harness_tiny.yaml (its recipe command, sandbox and reward command), 4 rows
         "--config-name", "harness_tiny", f"data.train_files=[{rows}]",
         "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "trainer.logger=[console,jsonl]",
+        # one episode per prompt (the suite's time): an estimator without group statistics still trains on it
+        "rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus",
         f"trainer.log_dir={tmp_path / 'logs'}", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
         f"rollout.agent.sample_dirs={tmp_path / 'samples'}",
     ]
@@ -78,19 +80,19 @@ def test_three_harnesses_train_two_steps_sandboxed_and_exact(tmp_path: Path) -> 
     steps = [m for m in metrics if "agent/episodes" in m]
     assert [m["step"] for m in steps] == [1, 2]
     for m in steps:
-        assert m["agent/episodes"] == 8 and m["agent/program_failures"] == 0 and m["agent/timeouts"] == 0, m
+        assert m["agent/episodes"] == 4 and m["agent/program_failures"] == 0 and m["agent/timeouts"] == 0, m
         assert m["reward/mean"] == 1.0, m  # every episode's shell command wrote hello.txt in its sandbox
         assert m["rollout/sanity_check_mismatches"] == 0 and m["agent/forks"] == 0, m
-        assert m["agent/side_requests"] >= 4, m  # Claude Code's title call, once per episode
-        assert m["agent/trained_samples"] == 8 and m["agent/untrained_samples"] == m["agent/side_samples"], m
-        assert m["agent/ignored_fields/context_management"] >= 2 and m["agent/ignored_fields/client_metadata"] >= 2, m
+        assert m["agent/side_requests"] >= 2, m  # Claude Code's title call, once per episode
+        assert m["agent/trained_samples"] == 4 and m["agent/untrained_samples"] == m["agent/side_samples"], m
+        assert m["agent/ignored_fields/context_management"] >= 2 and m["agent/ignored_fields/client_metadata"] >= 1, m
         assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"]), m
 
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(ROOT / "outputs" / "models" / "tiny_long_qwen2"))
     trained = [json.loads(line) for f in sorted(records.glob("rank*.jsonl")) for line in f.read_text().splitlines()]
-    assert len(trained) == 16
+    assert len(trained) == 8
     for r in trained:  # the side calls never reach a trained row; the rows are exactly their re-render
         assert TASK in json.dumps(r["messages"]) and r["tools"], r["messages"][:2]
         text = tok.apply_chat_template(r["messages"], tools=r["tools"], tokenize=False)
