@@ -1,8 +1,8 @@
 """The conformance table in docs/agents.md cannot go stale: ``bench/harness_conformance.py`` writes it (every
 harness as shipped, from its recipe, under every chat template, through the real ``AgentSource`` and endpoint), and
 this re-runs every harness under qwen2_5 and Codex (the Responses API: custom tools, reasoning passed back) under the
-other two templates — six of the twelve rows, the suite's time — and checks those rows of the documented table: runs to the end, samples, forks, side requests and exactness must be what
-the run gives; the prefix-reuse share and the first prompt's size are measured figures (the prompts carry the date
+other two templates (six of the twelve rows, for the suite's time) and checks those rows of the documented table:
+runs to the end, samples, forks, side requests and exactness must be what the run gives; the prefix-reuse share and the first prompt's size are measured figures (the prompts carry the date
 and the harness's paths) and must stay within a few points. Skips, with the reason, where the harnesses are not
 installed (``make harnesses``)."""
 
