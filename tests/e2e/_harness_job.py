@@ -32,12 +32,11 @@ import mcore_agentic.rollout.engines as engines  # noqa: E402
 from mcore_agentic.endpoint.source import AgentSource  # noqa: E402
 from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams  # noqa: E402
 
-TASK = "Create a file hello.txt containing hi using the shell, then say done."
-SHELL_CALLS = {  # the shell tool each harness offers, and the call that writes hello.txt
-    "Bash": {"command": "echo hi > hello.txt", "description": "Write hello.txt"},
-    "exec_command": {"cmd": "echo hi > hello.txt"},
-    "run_shell_command": {"command": "echo hi > hello.txt", "description": "Write hello.txt"},
-}
+sys.path.insert(0, str(ROOT / "bench"))
+from harness_conformance import HARNESSES, TASK  # noqa: E402  (the task and each harness's shell call)
+
+SHELL_CALLS = {tool: arguments for _binary, tool, arguments in HARNESSES.values()}
+"""The shell tool each harness offers (by its exact name), and the call that writes hello.txt."""
 
 
 class ForcedHarnessEngine:
