@@ -107,12 +107,15 @@ def has_key(value: Any, key: str, *, depth: int = 6) -> bool:
     return False
 
 
-def log_new(fields: Iterable[str], api: str) -> None:
-    """One line per field name the process has not ignored before (whatever the session)."""
+def log_new(fields: Iterable[str], api: str, known: frozenset[str] = frozenset()) -> None:
+    """One line per field name the process has not ignored before (whatever the session); ``known``: the API's
+    request fields in the installed client, so the line says whether the SDK knows the field (a harness ahead of
+    the SDKs sends some it does not)."""
     with _lock:
         new = [f for f in dict.fromkeys(fields) if f not in _logged]
         _logged.update(new)
     for name in new:
         where = f"agent/ignored_fields/{metric_name(name)}"
-        logger.info("endpoint: %s request field %r accepted and ignored (it changes nothing sampled here; counted "
-                    "as %s)", api, name, where)
+        origin = "a field of the installed client" if name in known else "a field no installed client defines"
+        logger.info("endpoint: %s request field %r (%s) accepted and ignored (it changes nothing sampled here; "
+                    "counted as %s)", api, name, origin, where)

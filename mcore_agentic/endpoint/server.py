@@ -129,7 +129,7 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
         parsed = parser(body)
         if api is anthropic_messages and headers.get("anthropic-beta"):
             parsed = dataclasses.replace(parsed, ignored=(*parsed.ignored, "anthropic-beta"))
-        field_policy.log_new(parsed.ignored, api.__name__.rsplit(".", 1)[-1])
+        field_policy.log_new(parsed.ignored, api.__name__.rsplit(".", 1)[-1], api.KNOWN_FIELDS)
         return parsed
 
     async def turn(api: ModuleType, session_id: str, request: Request) -> Any:

@@ -62,8 +62,12 @@ def test_one_log_line_per_new_name(caplog):
     with caplog.at_level(logging.INFO, logger="mcore_agentic.endpoint.field_policy"):
         field_policy.log_new(["a_field_for_this_test", "a_field_for_this_test"], "chat")
         field_policy.log_new(["a_field_for_this_test"], "responses")
+        field_policy.log_new(["store"], "chat", openai_chat.KNOWN_FIELDS)
     lines = [r for r in caplog.records if "a_field_for_this_test" in r.getMessage()]
     assert len(lines) == 1 and "agent/ignored_fields/other" in lines[0].getMessage()
+    assert "no installed client defines" in lines[0].getMessage()
+    known = [r.getMessage() for r in caplog.records if "'store'" in r.getMessage()]
+    assert all("a field of the installed client" in m for m in known)
 
 
 @pytest.mark.parametrize(("api", "body", "param"), [
