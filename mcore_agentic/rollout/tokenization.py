@@ -373,6 +373,11 @@ class ChatTokenizer:
         if ids_text is not None:
             if ids_text != text:
                 return self.encode(text) == ids  # e.g. the same text up to normalisation
+            pieces = self._pieces(text, text, ids)
+            if pieces is not None:  # the stretches' texts are slices of ``text``: nothing to decode
+                return all(
+                    self.encode(text[a:b]) == ids[lo:hi] for lo, hi, a, b in pieces if 1 in sampled[lo:hi]
+                )
         else:
             normalizer = self._backend.normalizer
             if self.decode(ids) != (normalizer.normalize_str(text) if normalizer is not None else text):
@@ -423,31 +428,45 @@ class ChatTokenizer:
             return full()
         if not aligned(text, neutral):
             return full()  # raises ForgedStructureError
-        structural = list(literal.pattern.finditer(neutral))
-        cuts = list(itertools.compress(range(len(ids)), map(splits.__contains__, ids)))  # at C speed
-        if len(cuts) != len(structural):
+        pieces = self._pieces(text, neutral, ids)
+        if pieces is None:
             return full()
         normalizer = self._backend.normalizer if self._backend is not None else None
         env_ids: list[list[int]] = []
         env_texts: list[str] = []
-        lo_ids = lo_text = 0
-        for k, m in zip([*cuts, len(ids)], [*structural, None]):
-            hi_text = len(text) if m is None else m.start()
-            if m is not None and (text[m.start() : m.end()] != m.group() or ids[k] != literal.ids[m.group()]):
-                return full()
-            piece_ids, piece = ids[lo_ids:k], text[lo_text:hi_text]
-            if 1 in sampled[lo_ids:k]:
+        for lo, hi, a, b in pieces:
+            piece_ids, piece = ids[lo:hi], text[a:b]
+            if 1 in sampled[lo:hi]:
                 if literal.encode_literal(piece) != piece_ids:
                     return full()
             elif piece_ids or piece:
                 env_ids.append(piece_ids)
                 env_texts.append(piece)
-            lo_ids, lo_text = k + 1, (len(text) if m is None else m.end())
         for piece_ids, want in zip(env_ids, env_texts):
             have = self.decode(piece_ids)
             if have != want and (normalizer is None or have != normalizer.normalize_str(want)):
                 return full()  # decode(encode(x)) is normalize(x)
         return True
+
+    def _pieces(self, text: str, marks: str, ids: list[int]) -> list[tuple[int, int, int, int]] | None:
+        """``ids`` and ``text`` cut at the template's added tokens, as ``(lo, hi, a, b)``: ``ids[lo:hi]`` stands for
+        ``text[a:b]``. The added tokens are found in ``marks`` (``text`` itself, or its neutral twin when literal
+        contents hold special-token text) and must match the ids' hard splits one to one, each the same token;
+        None when they do not (the caller then takes a slower, full comparison)."""
+        literal, splits = self.literal, self._split_ids
+        if literal.pattern is None or splits is None:
+            return None
+        structural = list(literal.pattern.finditer(marks))
+        cuts = list(itertools.compress(range(len(ids)), map(splits.__contains__, ids)))  # at C speed
+        if len(cuts) != len(structural):
+            return None
+        tokens = [m.group() for m in structural]
+        if list(map(ids.__getitem__, cuts)) != list(map(literal.ids.__getitem__, tokens)):
+            return None
+        starts, ends = [m.start() for m in structural], [m.end() for m in structural]
+        if marks is not text and list(map(text.__getitem__, map(slice, starts, ends))) != tokens:
+            return None
+        return list(zip([0, *(k + 1 for k in cuts)], [*cuts, len(ids)], [0, *ends], [*starts, len(text)]))
 
     def check_trajectory(
         self,

@@ -127,6 +127,8 @@ def test_encodes_to_agrees_with_a_full_tokenization():
                 word = chat.decode(sampled[k : k + 1])
                 if len(word) > 1 and sampled[k] not in chat._split_ids:
                     sampled = sampled[:k] + chat.encode(word[:1]) + chat.encode(word[1:]) + sampled[k + 1 :]
+            elif rng.random() < 0.2:  # an added token's text sampled as ordinary tokens: the text's cuts and the ids' differ
+                sampled = chat.literal.encode_literal("<tool_call>") + sampled
             pieces.append((sampled, True))
             pieces.append(("\n<|im_start|>user\n" + rng.choice(words) + "<|im_end|>\n<|im_start|>assistant\n", False))
         ids, mask = _mask_and_text(chat, pieces)
