@@ -61,6 +61,7 @@ PATCH_NAMES: tuple[str, ...] = (
     "moe_devices",
     "moe_dispatch_splits",
     "moe_router_gemm_without_te",
+    "checkpoint_without_output_fp8",
     "dist_checkpointing_weights_only",
     "distopt_load_unstepped",
     "distopt_load_step_key",

@@ -208,6 +208,15 @@ def check_model_split(
     )
 
 
+def check_recompute_split(cfg: RLConfig, par: ParallelConfig, num_layers: int) -> None:
+    """The actor's and critic's recomputation units against each model chunk's layers (the critic shares the actor's
+    layout)."""
+    layers_per_chunk = num_layers // (par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1))
+    cfg.actor.recompute.check_split(layers_per_chunk, "actor")
+    if cfg.algorithm.needs_critic:
+        cfg.critic.recompute.check_split(layers_per_chunk, "critic")
+
+
 def check_rollout_groups(tensor_parallel_size: int, world_size: int, local_world_size: int) -> None:
     """Rollout groups of ``rollout.tensor_model_parallel_size`` consecutive ranks tile the world and stay on one node.
 
@@ -296,6 +305,7 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
     num_experts = shape.pop("num_experts", None)
     if model_shape is not None:
         check_model_split(par, **shape)
+        check_recompute_split(cfg, par, int(shape["num_layers"]))
     check_expert_split(par, world_size, num_experts=num_experts)
     teacher_tp = cfg.teacher.tensor_model_parallel_size if cfg.teacher.enabled else None
     require(teacher_tp is None or world_size % teacher_tp == 0, "teacher.tensor_model_parallel_size",

@@ -58,6 +58,7 @@ class Actor:
             use_distributed_optimizer=cfg.use_distributed_optimizer,
             total_training_steps=total_training_steps,
             moe=cfg.moe,
+            recompute=cfg.recompute,
         )
         self.batching = MicroBatching(
             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,

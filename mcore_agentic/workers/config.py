@@ -108,6 +108,81 @@ def _validate_batching(cfg: ActorConfig | CriticConfig, group: str) -> None:
     cfg.optim.validate(f"{prefix}optim")
 
 
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mlp", "moe")
+"""The selective-recomputation modules of megatron-core 0.16 that apply to the models here. Its others need what
+the bridges never build: ``moe_act`` grouped-GEMM experts, ``mla_up_proj`` multi-latent attention,
+``shared_experts`` shared experts."""
+
+
+@dataclass(frozen=True)
+class RecomputeConfig:
+    """Activation recomputation of a trained model (``actor.recompute_*``, ``critic.recompute_*``): megatron-core's
+    own, under its own names. Forward-only models (reference, teacher, every log-prob pass) keep no activations for
+    a backward pass, so they have nothing to recompute.
+
+    ``full``: only the input of each unit of ``recompute_num_layers`` layers is kept; the unit's forward runs again
+    in the backward pass (``uniform``: every unit of each model chunk; ``block``: only the first
+    ``recompute_num_layers`` layers of each chunk, the others keep everything). ``selective``: inside every layer
+    the ``recompute_modules`` keep only their inputs (``core_attn``: attention's softmax, quadratic in the row
+    length when attention is not fused; ``layernorm``: the two norms' outputs; ``mlp``: the dense MLP's
+    intermediates; ``moe``: a mixture-of-experts layer's)."""
+
+    recompute_granularity: str | None = None
+    """``full``, ``selective``, or null (off: every activation is kept)."""
+    recompute_method: str | None = None
+    """With ``full``: ``uniform`` (the default) or ``block``."""
+    recompute_num_layers: int | None = None
+    """With ``full``: layers per recomputed unit (``uniform``; it must divide each model chunk's layers) or layers
+    recomputed per chunk (``block``); default 1."""
+    recompute_modules: tuple[str, ...] | None = None
+    """With ``selective``: which of :data:`RECOMPUTE_MODULES`; default ``[core_attn]`` (megatron-core's)."""
+
+    def check(self, group: str) -> None:
+        """Every problem as one :class:`~mcore_agentic.utils.errors.ConfigError` naming ``<group>.<key>``."""
+        g = self.recompute_granularity
+        require(g in (None, "full", "selective"), f"{group}.recompute_granularity",
+                f"{g!r} is not supported: use full, selective or null (off)")
+        if g != "full":
+            for key in ("recompute_method", "recompute_num_layers"):
+                require(getattr(self, key) is None, f"{group}.{key}",
+                        f"applies only with recompute_granularity=full (it is {g}): drop it")
+        else:
+            require(self.recompute_method in (None, "uniform", "block"), f"{group}.recompute_method",
+                    f"{self.recompute_method!r} is not supported: use uniform or block")
+            n = self.recompute_num_layers
+            require(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1),
+                    f"{group}.recompute_num_layers", f"{n!r} must be an integer >= 1")
+        if g != "selective":
+            require(self.recompute_modules is None, f"{group}.recompute_modules",
+                    f"applies only with recompute_granularity=selective (it is {g}): drop it")
+        elif self.recompute_modules is not None:
+            modules = list(self.recompute_modules)
+            unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+            require(not unknown and modules, f"{group}.recompute_modules",
+                    f"{unknown or modules!r}: use a non-empty list of {', '.join(RECOMPUTE_MODULES)}")
+
+    def check_split(self, layers_per_chunk: int, group: str) -> None:
+        """Full ``uniform`` recomputation cuts each model chunk (``num_layers / (PP x VPP)`` layers) into units of
+        ``recompute_num_layers``: they must divide it (megatron-core would index past the chunk's last layer)."""
+        if self.recompute_granularity != "full" or (self.recompute_method or "uniform") != "uniform":
+            return
+        n = self.recompute_num_layers or 1
+        fits = [d for d in range(1, layers_per_chunk + 1) if layers_per_chunk % d == 0]
+        require(layers_per_chunk % n == 0, f"{group}.recompute_num_layers",
+                f"={n} does not divide the {layers_per_chunk} layers of each model chunk (num_layers / (PP x VPP)): "
+                f"use one of {', '.join(map(str, fits))}, or recompute_method=block")
+
+    def megatron_kwargs(self) -> dict[str, object]:
+        """The ``TransformerConfig`` fields (defaults filled in: ``uniform``, 1 layer, ``[core_attn]``); {} when off."""
+        g = self.recompute_granularity
+        if g is None:
+            return {}
+        if g == "full":
+            return {"recompute_granularity": "full", "recompute_method": self.recompute_method or "uniform",
+                    "recompute_num_layers": self.recompute_num_layers or 1}
+        return {"recompute_granularity": "selective", "recompute_modules": list(self.recompute_modules or ["core_attn"])}
+
+
 @dataclass(frozen=True)
 class MoEConfig:
     """Router losses of a mixture-of-experts actor (``actor.moe.*``; a dense model ignores them). Each is a mean
@@ -181,9 +256,12 @@ class ActorConfig:
     """Optimizer and LR schedule."""
     moe: MoEConfig = field(default_factory=MoEConfig)
     """Router losses of a mixture-of-experts model (``actor.moe.*``)."""
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig, metadata=_FLAT)
+    """Activation recomputation in the update (keys ``actor.recompute_granularity`` ...)."""
 
     def __post_init__(self) -> None:
         _validate_batching(self, "actor")
+        self.recompute.check("actor")
         require(
             isinstance(self.offload_pinned_mb, int) and not isinstance(self.offload_pinned_mb, bool)
             and self.offload_pinned_mb >= 0,
@@ -279,10 +357,13 @@ class CriticConfig:
     """Move optimizer state off the device between critic updates."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     """Optimizer and LR schedule of the critic."""
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig, metadata=_FLAT)
+    """Activation recomputation in the critic's update (keys ``critic.recompute_granularity`` ...)."""
 
     def __post_init__(self) -> None:
         _validate_batching(self, "critic")
+        self.recompute.check("critic")
         require(self.warmup_steps >= 0, "critic.warmup_steps", f"{self.warmup_steps} must be >= 0")
 
 
-__all__ = ["ActorConfig", "CriticConfig", "OptimConfig", "RefConfig"]
+__all__ = ["ActorConfig", "CriticConfig", "OptimConfig", "RecomputeConfig", "RefConfig"]

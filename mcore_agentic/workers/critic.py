@@ -103,6 +103,8 @@ class Critic:
             total_training_steps=total_training_steps,
             customize=_attach_value_heads,
             lm_head=False,  # the value head sits where the LM head was: the body's export skips it
+            recompute=cfg.recompute,
+            role="critic",
         )
         self.batching = MicroBatching(
             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,

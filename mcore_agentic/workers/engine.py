@@ -44,7 +44,7 @@ from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import ParallelLayout
 from mcore_agentic.parallel.own_layout import OwnLayout
-from mcore_agentic.workers.config import OptimConfig
+from mcore_agentic.workers.config import OptimConfig, RecomputeConfig
 from mcore_agentic.workers.micro_batch import (
     HeadFn,
     LossFn,
@@ -96,6 +96,8 @@ class MegatronEngine:
     process's parallel layout, whose process groups the model is built with. ``customize(chunks)`` runs after
     the HF weights are loaded and before DDP wrapping (the critic swaps its output layer for a value head there).
     ``moe``: the actor's ``actor.moe`` (router losses, routing replay) of a mixture-of-experts model.
+    ``recompute``: the activation recomputation of a trained model (``<role>.recompute_*``), megatron-core's own; it
+    acts in the passes that keep activations for a backward pass (a forward-only pass keeps none).
     """
 
     def __init__(
@@ -109,6 +111,8 @@ class MegatronEngine:
         customize: Callable[[list[Any]], None] | None = None,
         lm_head: bool = True,
         moe: Any = None,
+        recompute: RecomputeConfig | None = None,
+        role: str = "actor",
     ) -> None:
         """Log-probs normalise over ``spec.vocab_size`` ids — the tokenizer's, which the rollout engine samples
         from (a checkpoint's embedding table may be padded past it, and a softmax over ids the engine never samples
@@ -155,6 +159,7 @@ class MegatronEngine:
             # Unbatched p2p posts sends/recvs in Megatron's even/odd order instead.
             batch_p2p_comm=not (interleaved and not torch.cuda.is_available()),
             **self._moe_overrides(moe),
+            **self._recompute_overrides(recompute, role, trained=optim is not None),
         )
         # The layout's process groups (TP, PP, CP, DP, EP): the bridge's load and export read them off the model.
         chunks = self.bridge.build_model(self.hf_config, self.tcfg, use_te=use_te, pg_collection=layout.process_groups())
@@ -198,6 +203,15 @@ class MegatronEngine:
             "moe_aux_loss_coeff": aux,
             "moe_z_loss_coeff": z if z > 0 else None,
         }
+
+    def _recompute_overrides(self, recompute: RecomputeConfig | None, role: str, *, trained: bool) -> dict[str, Any]:
+        """megatron-core's recomputation fields for a trained model (a frozen one has no backward pass)."""
+        if recompute is None or not trained:
+            return {}
+        parallel = self.parallel
+        chunks = parallel.pipeline_model_parallel_size * (parallel.virtual_pipeline_model_parallel_size or 1)
+        recompute.check_split(int(self.hf_config.num_hidden_layers) // chunks, role)
+        return recompute.megatron_kwargs()
 
     def _wrap_ddp(self, chunks: list[Any], use_distributed_optimizer: bool) -> list[Any]:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

@@ -351,6 +351,20 @@ def probe_moe() -> torch.Tensor:
         return model(ids, torch.arange(8).reshape(1, 8), attention_mask=None)
 
 
+def probe_checkpoint_without_output() -> torch.Tensor:
+    """Selective recomputation's checkpoint that drops its output (``recompute_modules`` layernorm and mlp): the
+    forward, the output discarded, then recomputed in the backward pass; returns the input's gradient."""
+    from megatron.core import tensor_parallel
+
+    x = torch.linspace(-2, 2, 12, requires_grad=True)
+    checkpoint = tensor_parallel.CheckpointWithoutOutput()
+    y = checkpoint.checkpoint(torch.nn.functional.silu, x)
+    z = y * 3
+    checkpoint.discard_output_and_register_recompute(z)
+    z.sum().backward()
+    return x.grad
+
+
 def _probe_table(tmp_root: str) -> dict[str, tuple[str, Callable[[], Any]]]:
     """patch name -> (probe label, probe). Each call to a dist-ckpt probe needs a fresh directory."""
     dirs = iter(os.path.join(tmp_root, f"ckpt{i}") for i in range(16))  # same paths on every rank
@@ -369,6 +383,7 @@ def _probe_table(tmp_root: str) -> dict[str, tuple[str, Callable[[], Any]]]:
         "moe_devices": ("moe", probe_moe),
         "moe_dispatch_splits": ("moe", probe_moe),
         "moe_router_gemm_without_te": ("moe", probe_moe),
+        "checkpoint_without_output_fp8": ("ckpt_no_output", probe_checkpoint_without_output),
         "dist_checkpointing_weights_only": ("ckpt_bytes", lambda: probe_dist_checkpointing_weights_only(next(dirs))),
         "distopt_load_unstepped": ("distopt_load", lambda: probe_distopt_load(next(dirs))),
         "distopt_load_step_key": ("distopt_load", lambda: probe_distopt_load(next(dirs))),
@@ -444,6 +459,7 @@ _EXPECTED_FAILURE = {
     "moe_devices": "RuntimeError: torch.cuda.Stream requires CUDA support",
     "moe_dispatch_splits": "TypeError: all_to_all_single(): incompatible function arguments",
     "moe_router_gemm_without_te": "NameError: name 'te_general_gemm' is not defined",
+    "checkpoint_without_output_fp8": "NameError: name 'FP8GlobalStateManager' is not defined",
 }
 # ... raised in this function (when the module alone does not pin it down).
 _EXPECTED_FUNCTION = {
@@ -466,6 +482,13 @@ def test_probe_fails_without_patch_where_the_patch_acts(records, name):
         assert set(failure["modules"]) & set(targets), (name, targets, failure["modules"][-6:])
         if name in _EXPECTED_FUNCTION:
             assert failure["functions"][-1] == _EXPECTED_FUNCTION[name], (name, failure["functions"][-6:])
+
+
+def test_checkpoint_without_output_recomputes_the_exact_gradient(records):
+    x = torch.linspace(-2, 2, 12, requires_grad=True)
+    (3 * torch.nn.functional.silu(x)).sum().backward()
+    for rec in records:
+        torch.testing.assert_close(rec["checkpoint_without_output_fp8/with"], x.grad, rtol=0, atol=0)
 
 
 def test_rng_tracker_forks_cpu_generator(records):
