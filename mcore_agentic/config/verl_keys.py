@@ -163,8 +163,6 @@ ACTOR_LAYOUT = "runs with the actor's parallel layout here (actor.tensor_model_p
 OLD_LOG_PROB = ("the old-log-prob forward runs on the actor with actor.ppo_micro_batch_size_per_gpu "
                 "(actor.ppo_max_token_len_per_gpu with actor.use_dynamic_bsz)")
 ENGINE_TUNING = "engine tuning: the engine's own defaults apply here (its memory: rollout.gpu_memory_utilization)"
-NO_RECOMPUTE = ("no activation-recomputation switch here: if activations do not fit, lower "
-                "actor.ppo_micro_batch_size_per_gpu (or actor.ppo_max_token_len_per_gpu with actor.use_dynamic_bsz)")
 BRIDGES = "models load through this project's HF-to-Megatron bridges (Qwen2/2.5, Qwen3, Qwen3-MoE, Llama)"
 GREEDY_VAL = "validation here is greedy, one sample per prompt"
 MEGATRON_CKPT = "models load from the Hugging Face checkpoint (model.model_path); resumes read this project's checkpoints"
@@ -198,11 +196,37 @@ def _optim_entries(verl: str, native: str) -> list[VerlKey]:
     return out
 
 
+def _checkpointing(value: Any) -> Any:
+    if value is True:
+        return "full"
+    if value is False or value is None:
+        return KEEP_DEFAULT
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _recompute_entries(verl_model: str, verl_megatron: str, group: str) -> list[VerlKey]:
+    """verl's recomputation switches of one model: ``model.enable_gradient_checkpointing`` (full, uniform, one layer
+    per unit unless ``gradient_checkpointing_kwargs`` says otherwise) and Megatron's own ``recompute_*`` under
+    ``megatron.override_transformer_config``, all to ``<group>.recompute_*``."""
+    m, o, g = verl_model + ".", verl_megatron + ".override_transformer_config.", group + "."
+    kwargs = m + "gradient_checkpointing_kwargs."
+    return [
+        alias(m + "enable_gradient_checkpointing", g + "recompute_granularity", convert=_checkpointing, fallback=True,
+              note="true: full recomputation (recompute_method uniform, one layer per unit, unless "
+                   "gradient_checkpointing_kwargs says otherwise)"),
+        alias(kwargs + "activations_checkpoint_granularity", g + "recompute_granularity", convert=_null_keeps_default),
+        alias(kwargs + "activations_checkpoint_method", g + "recompute_method", convert=_null_keeps_default),
+        alias(kwargs + "activations_checkpoint_num_layers", g + "recompute_num_layers", convert=_null_keeps_default),
+        ignored(kwargs + "*", "FSDP's checkpointing arguments (use_reentrant): recomputation here is megatron-core's"),
+        *(alias(o + key, g + key, convert=_null_keeps_default) for key in (
+            "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")),
+    ]
+
+
 def _model_entries(verl: str) -> list[VerlKey]:
     """The model keys the actor's and the critic's ``model`` sub-groups share in verl."""
     v = verl + "."
     return [
-        ignored(v + "enable_gradient_checkpointing", NO_RECOMPUTE),
         differs(v + "enable_activation_offload", "activation offload is not available here", accept=(False,)),
         ignored(v + "use_shm", "the checkpoint is read from its directory directly"),
         differs(v + "external_lib", BRIDGES, accept=(None,)),
@@ -235,8 +259,8 @@ def _megatron_entries(verl: str, group: str, own_layout: bool) -> list[VerlKey]:
             ignored(v + "use_mbridge", "HF-to-Megatron conversion is this project's own bridges (mcore_agentic/models/)"),
             differs(v + "override_ddp_config.*", "Megatron's DDP settings are not exposed here", accept=(None, {})),
             differs(v + "override_transformer_config.*",
-                    "Megatron TransformerConfig overrides (recomputation, fusions) are not exposed here",
-                    accept=(None, {}, ["core_attn"])),
+                    "Megatron TransformerConfig overrides other than recompute_* are not exposed here (fusions "
+                    "follow model.transformer_impl)", accept=(None, {}, ["core_attn"])),
         ]
     else:
         out.append(ignored(v + "*", f"the {dict(ref='reference').get(group, group)} " + ACTOR_LAYOUT))
@@ -359,6 +383,7 @@ TABLE: tuple[VerlKey, ...] = (
     ignored(M + "use_fused_kernels", "kernels follow model.transformer_impl (TransformerEngine or local)"),
     ignored(M + "fused_kernel_options.*", "kernels follow model.transformer_impl (TransformerEngine or local)"),
     *_model_entries("actor_rollout_ref.model"),
+    *_recompute_entries("actor_rollout_ref.model", "actor_rollout_ref.actor.megatron", "actor"),
     # ---------------------------------------------------------------------------------- critic
     alias("critic.model.path", "critic.model_path"),
     ignored("critic.model.tokenizer_path", "the tokenizer is model.model_path's"),
@@ -367,6 +392,7 @@ TABLE: tuple[VerlKey, ...] = (
     alias("critic.model.fsdp_config.optimizer_offload", "critic.optimizer_offload"),
     ignored("critic.model.fsdp_config.*", FSDP),
     *_model_entries("critic.model"),
+    *_recompute_entries("critic.model", "critic.megatron", "critic"),
     *_megatron_entries("critic", "critic", own_layout=False),
     alias("critic.grad_clip", "critic.optim.clip_grad", note="verl FSDP's name of the gradient-norm clip"),
     alias("critic.data_loader_seed", "critic.seed", convert=_null_keeps_default, note="seed of the mini-batch shuffle"),

@@ -19,7 +19,7 @@ from typing import Any
 
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.own_layout import own_tp_split
-from mcore_agentic.plan.activations import Dims, Split, forward_peak_bytes, update_peak_bytes
+from mcore_agentic.plan.activations import Dims, Recompute, Split, forward_peak_bytes, update_peak_bytes
 from mcore_agentic.plan.census import DTYPE_BYTES, RankState, census_request, run_census, stage_ranks
 from mcore_agentic.plan.devices import GIB, Device
 
@@ -118,6 +118,30 @@ def dims_of(hf_config: Any, padded_vocab: int) -> Dims:
     )
 
 
+def recomputed_fraction(dims: Dims, recompute: Recompute, layers_per_rank: int, chunks: int) -> float:
+    """The share of a forward pass's matmul FLOPs that ``recompute`` runs again in the backward pass: every layer
+    (``full uniform``), the first ``recompute_num_layers`` of each chunk (``block``), the dense MLPs' or the experts'
+    share of a layer (``selective`` ``mlp``/``moe``); norms and the attention kernel count no matmul FLOPs here (as
+    the step time's attention is not counted either)."""
+    if recompute.granularity == "full":
+        if recompute.method == "block":
+            return min(recompute.num_layers * chunks, layers_per_rank) / max(layers_per_rank, 1)
+        return 1.0
+    if recompute.granularity != "selective":
+        return 0.0
+    attention = dims.hidden * (2 * dims.heads + 2 * dims.kv_heads) * dims.head_dim
+    mlp = 3 * dims.hidden * dims.ffn
+    experts = dims.top_k * 3 * dims.hidden * dims.expert_ffn
+    moe_share = dims.moe_layers / max(dims.layers, 1)
+    per_layer = attention + (1 - moe_share) * mlp + moe_share * experts
+    share = 0.0
+    if recompute.selects("mlp"):
+        share += (1 - moe_share) * mlp
+    if recompute.selects("moe"):
+        share += moe_share * experts
+    return share / per_layer
+
+
 def _micro_rows(micro_rows: int, dynamic: bool, token_budget: int, max_len: int) -> list[int]:
     """The largest micro-batch's rows: a token budget's worth of the longest rows, or ``micro_rows`` of them."""
     if dynamic:
@@ -172,6 +196,8 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     forward_rows = _micro_rows(r.log_prob_micro_batch_size_per_gpu, r.use_dynamic_bsz,
                                r.log_prob_max_token_len_per_gpu, max_len)
     layers_per_rank = math.ceil(dims.layers / pp)
+    actor_recompute = Recompute.of(getattr(a, "recompute", None))
+    critic_recompute = Recompute.of(getattr(cfg.critic, "recompute", None))
     whole = answers[-1][0]
     total_params = whole.params
     # A token passes through top_k of each MoE layer's experts: the active parameters a decode step reads and a
@@ -231,7 +257,9 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
                                                teacher_bytes if teacher is not None and cfg.teacher.param_offload else 0),
                                            "forward activations and logits": fwd})
         upd_act = update_peak_bytes(dims, split, update_rows, layers=layers_per_rank, last_stage=last,
-                                    in_flight=in_flight)
+                                    in_flight=in_flight, recompute=actor_recompute, chunks=vpp)
+        critic_act = update_peak_bytes(dims, split, update_rows, layers=layers_per_rank, last_stage=last,
+                                       in_flight=in_flight, recompute=critic_recompute, chunks=vpp)
         actor_update = Phase("actor_update", 0, {**base, **state,
                                                  "others left on the GPU": resident_ref + resident_critic + resident_teacher,
                                                  "update activations and logits grad": upd_act})
@@ -239,7 +267,7 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
         if needs_critic:
             phases.append(Phase("critic_update", 0, {**base, "critic state": critic_bytes,
                                                      "others left on the GPU": resident_actor + resident_ref + resident_teacher,
-                                                     "update activations": upd_act}))
+                                                     "update activations": critic_act}))
         phases.append(actor_update)
         for ph in phases:
             ph.bytes = sum(ph.parts.values())
@@ -272,6 +300,12 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     forward_passes = 1 + needs_ref + (teacher is not None) + needs_critic
     train_flops = 2 * active_params * train_tokens * forward_passes + 6 * active_params * train_tokens * (1 + needs_critic)
     seconds["training passes (FLOPs / MFU)"] = train_flops / world_size / flops
+    # Recomputation runs the recomputed part of the forward pass again in each update's backward pass.
+    recompute_flops = 2 * active_params * train_tokens * (
+        recomputed_fraction(dims, actor_recompute, layers_per_rank, vpp)
+        + needs_critic * recomputed_fraction(dims, critic_recompute, layers_per_rank, vpp))
+    if recompute_flops:
+        seconds["activation recomputation (FLOPs / MFU)"] = recompute_flops / world_size / flops
     dp = max(world_size // (tp * pp * cp), 1)
     if tp > 1:  # per layer: 2 all-reduces (or SP's all-gather + reduce-scatter) forward, 2 backward, ring volume
         per_layer = 4 * (train_tokens / dp / cp) * dims.hidden * size * 2 * (tp - 1) / tp

@@ -1,8 +1,8 @@
 """Layouts and offload settings that fit, ranked by estimated step time (``python -m mcore_agentic.plan --suggest``).
 
 Candidates vary what the planner can change without changing the run's meaning: the actor's TP (with sequence
-parallelism above 1), PP, EP for a mixture of experts, the offload keys (none; the optimizer; parameters,
-gradients and optimizer) and the micro-batches (the actor's and reference's, halved until they fit: the same
+parallelism above 1), PP, EP for a mixture of experts, activation recomputation (the run's own, or full), the offload
+keys (none; the optimizer; parameters, gradients and optimizer) and the micro-batches (the actor's and reference's, halved until they fit: the same
 mini-batches, accumulated over more micro-batches). Batch sizes, lengths and the engine's settings stay the user's. Each candidate is planned
 exactly as the configured run is (the census answers every layout in one child process); a layout is offered
 with the least offload that makes it fit, which costs its host transfers in the step time.
@@ -92,33 +92,49 @@ def suggest(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teache
     run_census([r for par in layouts for r in census_requests(cfg, par, hf_config, teacher_hf_config, world_size)])
     found = []
     for par in layouts:
-        for shrink in (1, 2, 4, 8, 16):
-            batching = _smaller_micro_batches(cfg, shrink)
-            if batching is None:
-                break
-            for keys in OFFLOADS.values():
-                actor = dataclasses.replace(cfg.actor, parallel=par, **keys, **batching["actor"])
-                run = dataclasses.replace(cfg, actor=actor, ref=dataclasses.replace(cfg.ref, **batching["ref"]))
-                plan = make_plan(run, hf_config, device, world_size, teacher_hf_config=teacher_hf_config,
-                                 headroom=headroom, mfu=mfu or MFU)
-                if not plan.fits:
-                    continue  # try more offload
-                overrides = [f"actor.tensor_model_parallel_size={par.tensor_model_parallel_size}",
-                             f"actor.pipeline_model_parallel_size={par.pipeline_model_parallel_size}"]
-                if par.expert_model_parallel_size > 1 or getattr(hf_config, "num_experts", 0):
-                    overrides.append(f"actor.expert_model_parallel_size={par.expert_model_parallel_size}")
-                if par.sequence_parallel:
-                    overrides.append("actor.sequence_parallel=true")
-                overrides += [f"actor.{key}={str(value).lower()}" for key, value in keys.items() if value]
-                if shrink > 1:
-                    overrides += [f"{group}.{key}={value}" for group in ("actor", "ref")
-                                  for key, value in batching[group].items()]
-                found.append(Suggestion(overrides, par.tensor_model_parallel_size * par.pipeline_model_parallel_size
-                                        * par.expert_model_parallel_size, plan.peak.bytes,
-                                        sum(plan.step_seconds.values())))
-                break  # the least offload that fits this layout and micro-batch
-            else:
-                continue
-            break  # the largest micro-batch that fits this layout
+        for recompute in _recompute_options(cfg.actor.recompute):
+            for shrink in (1, 2, 4, 8, 16):
+                batching = _smaller_micro_batches(cfg, shrink)
+                if batching is None:
+                    break
+                for keys in OFFLOADS.values():
+                    actor = dataclasses.replace(cfg.actor, parallel=par, recompute=recompute, **keys,
+                                                **batching["actor"])
+                    run = dataclasses.replace(cfg, actor=actor, ref=dataclasses.replace(cfg.ref, **batching["ref"]))
+                    plan = make_plan(run, hf_config, device, world_size, teacher_hf_config=teacher_hf_config,
+                                     headroom=headroom, mfu=mfu or MFU)
+                    if not plan.fits:
+                        continue  # try more offload
+                    overrides = [f"actor.tensor_model_parallel_size={par.tensor_model_parallel_size}",
+                                 f"actor.pipeline_model_parallel_size={par.pipeline_model_parallel_size}"]
+                    if par.expert_model_parallel_size > 1 or getattr(hf_config, "num_experts", 0):
+                        overrides.append(f"actor.expert_model_parallel_size={par.expert_model_parallel_size}")
+                    if par.sequence_parallel:
+                        overrides.append("actor.sequence_parallel=true")
+                    if recompute != cfg.actor.recompute:  # full, one uniform layer per unit: the keys' defaults
+                        overrides.append("actor.recompute_granularity=full")
+                        overrides += [f"actor.{key}=null" for key in ("recompute_method", "recompute_num_layers",
+                                                                       "recompute_modules")
+                                      if getattr(cfg.actor.recompute, key) is not None]
+                    overrides += [f"actor.{key}={str(value).lower()}" for key, value in keys.items() if value]
+                    if shrink > 1:
+                        overrides += [f"{group}.{key}={value}" for group in ("actor", "ref")
+                                      for key, value in batching[group].items()]
+                    found.append(Suggestion(overrides, par.tensor_model_parallel_size
+                                            * par.pipeline_model_parallel_size * par.expert_model_parallel_size,
+                                            plan.peak.bytes, sum(plan.step_seconds.values())))
+                    break  # the least offload that fits this layout and micro-batch
+                else:
+                    continue
+                break  # the largest micro-batch that fits this layout
     found.sort(key=lambda s: (round(s.step_seconds, 2), s.model_parallel, s.peak_bytes))
     return found[:limit]
+
+
+def _recompute_options(configured: Any) -> list[Any]:
+    """The run's own recomputation, then full recomputation of every layer (when it is not that already): it costs
+    one more forward pass in each update and saves almost every activation, often faster than more model
+    parallelism or offload."""
+    full = dataclasses.replace(configured, recompute_granularity="full", recompute_method="uniform",
+                               recompute_num_layers=1, recompute_modules=None)
+    return [configured] if configured.megatron_kwargs() == full.megatron_kwargs() else [configured, full]

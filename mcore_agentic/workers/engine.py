@@ -249,8 +249,16 @@ class MegatronEngine:
             fp16=self.dtype == torch.float16,
             params_dtype=self.dtype,
             use_distributed_optimizer=use_distributed_optimizer,
+            # fp16: dynamic loss scaling from PyTorch's GradScaler start (Megatron's 2^32 overflows fp16 gradients
+            # and skips the first ~30 optimizer steps while it backs off: an RL run's first steps are precious).
+            initial_loss_scale=2.0**16,
         )
         self.optimizer = get_megatron_optimizer(ocfg, chunks)
+        if ocfg.fp16:
+            # The schedule scales each micro-batch's loss only through grad_scale_func, and the optimizer unscales the
+            # gradients by the scaler's scale: without it every fp16 gradient is 2^-16 too small (Megatron-LM's
+            # training loop sets it the same way).
+            self.tcfg.grad_scale_func = self.optimizer.scale_loss
         total = decay_horizon(optim, total_steps)
         if total is None or total <= 0:
             if optim.lr_decay_style != "constant":

@@ -184,3 +184,17 @@ def test_partial_rollout_budgets_are_checked():
                "rollout.partial_rollout.max_staleness=2")
     pr = cfg.rollout.partial_rollout
     assert (pr.max_turns_per_step, pr.max_tokens_per_step, pr.max_staleness) == (None, 64, 2)
+
+
+def test_recomputation_units_must_divide_each_model_chunk():
+    shape = {"num_attention_heads": 4, "num_query_groups": 2, "num_layers": 8}
+    validate(_cfg("actor.recompute_granularity=full", "actor.recompute_num_layers=4"), 2, model_shape=shape)
+    with pytest.raises(ConfigError) as info:  # PP=2 x VPP=2: chunks of 2 layers
+        validate(_cfg("actor.recompute_granularity=full", "actor.recompute_num_layers=4",
+                      "actor.pipeline_model_parallel_size=2", "actor.virtual_pipeline_model_parallel_size=2"), 2,
+                 model_shape=shape)
+    assert info.value.field == "actor.recompute_num_layers" and "the 2 layers of each model chunk" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg("algorithm.adv_estimator=gae", "critic.recompute_granularity=full",
+                      "critic.recompute_num_layers=3"), 2, model_shape=shape)
+    assert info.value.field == "critic.recompute_num_layers"

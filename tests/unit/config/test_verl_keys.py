@@ -69,7 +69,7 @@ GSM8K_SCRIPT_KEYS: list[tuple[str, str]] = [
     ("actor_rollout_ref.actor.kl_loss_coef=0.001", vk.ALIAS),
     ("actor_rollout_ref.actor.kl_loss_type=low_var_kl", vk.ALIAS),
     ("actor_rollout_ref.actor.entropy_coeff=0", vk.ALIAS),
-    ("actor_rollout_ref.model.enable_gradient_checkpointing=True", vk.IGNORED),
+    ("actor_rollout_ref.model.enable_gradient_checkpointing=True", vk.ALIAS),
     ("actor_rollout_ref.actor.fsdp_config.param_offload=False", vk.ALIAS),
     ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=False", vk.ALIAS),
     ("global_profiler.tool=torch_memory", vk.IGNORED),
@@ -344,6 +344,28 @@ def test_hints_are_never_empty_or_another_groups_key(key, good, wrong):
     assert not message.rstrip().endswith("known keys here:")
     if wrong:
         assert wrong not in message, message
+
+
+def test_verls_recomputation_switches_become_megatron_cores():
+    rewritten, _ = translate_overrides([
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.model.gradient_checkpointing_kwargs.activations_checkpoint_method=block",
+        "actor_rollout_ref.model.gradient_checkpointing_kwargs.activations_checkpoint_num_layers=2",
+        "actor_rollout_ref.model.gradient_checkpointing_kwargs.use_reentrant=False",
+        "critic.megatron.override_transformer_config.recompute_granularity=selective",
+        "critic.megatron.override_transformer_config.recompute_modules=[core_attn,mlp]",
+    ])
+    assert rewritten == ["actor.recompute_granularity='full'", "actor.recompute_method='block'",
+                         "actor.recompute_num_layers=2", "critic.recompute_granularity='selective'",
+                         "critic.recompute_modules=['core_attn','mlp']"]
+    off, _ = translate_overrides(["actor_rollout_ref.model.enable_gradient_checkpointing=False",
+                                  "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=null"])
+    assert off == []  # off, and verl's null: nothing set
+    megatron, _ = translate_overrides(
+        ["actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full"])
+    assert megatron == ["actor.recompute_granularity='full'"]
+    with pytest.raises(ConfigError, match="override_transformer_config.apply_rope_fusion"):
+        check_overrides(["actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion=True"])
 
 
 def test_keys_that_had_an_empty_or_wrong_hint_are_accepted_now():

@@ -7,7 +7,7 @@ from mcore_agentic.plan.check import launch_check
 from mcore_agentic.plan.devices import get_device
 
 H100 = get_device("h100-80g")
-BIG = ["trainer.device=cuda"]  # gsm8k_multiturn_grpo: Qwen2.5-3B, 8 x 2048-token rows per micro-batch, TP=1
+BIG = ["trainer.device=cuda", "actor.ppo_micro_batch_size_per_gpu=8"]  # Qwen2.5-3B, 8 x 2048-token rows per micro-batch, TP=1
 
 
 def test_error_refuses_in_one_line_naming_phase_rank_and_shortfall():

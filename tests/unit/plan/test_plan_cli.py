@@ -42,6 +42,13 @@ def test_every_model_preset_on_8_h100(preset, capsys):
     assert sum(plan["step_seconds"].values()) > 0
 
 
+def test_the_shipped_config_of_a_real_model_fits_the_gpus_its_header_names(capsys):
+    """gsm8k_multiturn_grpo (Qwen2.5-3B) says ``--nproc_per_node 8``: it fits 8 H100s as shipped."""
+    assert "--nproc_per_node 8" in (CONFIGS / "gsm8k_multiturn_grpo.yaml").read_text()
+    plan = _plan_json(capsys, ["--config-name", "gsm8k_multiturn_grpo", "--device", "h100-80g", "--suggest", "0"])
+    assert plan["world_size"] == 8 and plan["fits"]
+
+
 def test_bad_device_is_one_line(capsys):
     assert main(["--device", "a100-40g"]) == 2
     err = capsys.readouterr().err.strip()
@@ -55,18 +62,45 @@ def test_unknown_model_without_config_json_is_one_line(capsys, tmp_path):
 
 
 def test_a_run_that_does_not_fit_gets_suggestions_that_do(capsys):
-    """gsm8k_multiturn_grpo (Qwen2.5-3B, 8 rows of 2048 tokens per micro-batch, TP=1) does not fit 8 H100s; each
-    suggestion, applied as overrides and planned again, does."""
+    """gsm8k_multiturn_grpo (Qwen2.5-3B, TP=1) with 16 rows of 2048 tokens per micro-batch does not fit 8 H100s;
+    each suggestion, applied as overrides and planned again, does."""
     from mcore_agentic.plan.__main__ import compose
     from mcore_agentic.plan.check import plan_for
 
-    plan = _plan_json(capsys, ["--config-name", "gsm8k_multiturn_grpo", "--suggest", "2"])
+    big = ["actor.ppo_micro_batch_size_per_gpu=16"]
+    plan = _plan_json(capsys, ["--config-name", "gsm8k_multiturn_grpo", *big, "--suggest", "2"])
     assert not plan["fits"] and len(plan["suggestions"]) == 2
     steps = [s["step_seconds"] for s in plan["suggestions"]]
     assert steps == sorted(steps)
     for suggestion in plan["suggestions"]:
-        again = plan_for(compose("gsm8k_multiturn_grpo", suggestion["overrides"]), world_size=8)
+        again = plan_for(compose("gsm8k_multiturn_grpo", [*big, *suggestion["overrides"]]), world_size=8)
         assert again.fits and again.peak.bytes == suggestion["peak_bytes"], suggestion["overrides"]
+
+
+LONG_ROWS = ["--config-name", "gsm8k_multiturn_grpo", "model=qwen3_8b", "data.max_prompt_length=2048",
+             "data.max_response_length=30720", "actor.ppo_micro_batch_size_per_gpu=1",
+             "ref.log_prob_micro_batch_size_per_gpu=1"]
+
+
+def test_recomputation_is_planned_and_suggested_for_32k_token_rows(capsys):
+    """Qwen3-8B with 32k-token rows on 8 H100s (the preset's TP=2): without recomputation one row's activations do
+    not fit; with full recomputation they do, at the price of one more forward pass per update in the step time.
+    The suggestions for the run without it all recompute, and each fits when planned again."""
+    from mcore_agentic.plan.__main__ import compose
+    from mcore_agentic.plan.check import plan_for
+
+    without = _plan_json(capsys, [*LONG_ROWS, "--suggest", "3"])
+    full = _plan_json(capsys, [*LONG_ROWS, "actor.recompute_granularity=full", "--suggest", "0"])
+    assert not without["fits"] and full["fits"]
+    update = {p["name"]: p for p in without["phases"]}["actor_update"]["bytes"]
+    assert {p["name"]: p for p in full["phases"]}["actor_update"]["bytes"] < update / 2
+    term = "activation recomputation (FLOPs / MFU)"
+    assert term not in without["step_seconds"] and full["step_seconds"][term] > 0
+    assert without["suggestions"]
+    for suggestion in without["suggestions"]:
+        assert "actor.recompute_granularity=full" in suggestion["overrides"]
+        again = plan_for(compose("gsm8k_multiturn_grpo", [*LONG_ROWS[2:], *suggestion["overrides"]]), world_size=8)
+        assert again.fits, suggestion["overrides"]
 
 
 def test_the_table_says_what_the_engine_holds(capsys):

@@ -49,3 +49,40 @@ def test_loader_fills_flattened_groups_and_prefixes_optim_errors():
 def test_warmup_from_ratio():
     assert OptimConfig(lr_warmup_steps_ratio=0.1).warmup_steps(50) == 5
     assert OptimConfig(lr_warmup_steps=3, lr_warmup_steps_ratio=0.5).warmup_steps(50) == 3
+
+
+@pytest.mark.parametrize(("kwargs", "field", "words"), [
+    ({"recompute_granularity": "partial"}, "actor.recompute_granularity", "full, selective or null"),
+    ({"recompute_method": "uniform"}, "actor.recompute_method", "only with recompute_granularity=full"),
+    ({"recompute_granularity": "selective", "recompute_num_layers": 2}, "actor.recompute_num_layers",
+     "only with recompute_granularity=full"),
+    ({"recompute_granularity": "full", "recompute_method": "even"}, "actor.recompute_method", "uniform or block"),
+    ({"recompute_granularity": "full", "recompute_num_layers": 0}, "actor.recompute_num_layers", ">= 1"),
+    ({"recompute_granularity": "full", "recompute_modules": ("mlp",)}, "actor.recompute_modules",
+     "only with recompute_granularity=selective"),
+    ({"recompute_granularity": "selective", "recompute_modules": ("moe_act",)}, "actor.recompute_modules",
+     "core_attn, layernorm, mlp, moe"),
+    ({"recompute_granularity": "selective", "recompute_modules": ()}, "actor.recompute_modules", "non-empty"),
+])
+def test_recomputation_keys_are_checked_in_one_line(kwargs, field, words):
+    from mcore_agentic.workers.config import RecomputeConfig
+
+    with pytest.raises(ConfigError) as info:
+        ActorConfig(recompute=RecomputeConfig(**kwargs))
+    assert info.value.field == field and words in str(info.value), str(info.value)
+
+
+def test_recomputation_defaults_are_megatron_cores():
+    from mcore_agentic.workers.config import RecomputeConfig
+
+    assert RecomputeConfig().megatron_kwargs() == {}
+    assert RecomputeConfig(recompute_granularity="full").megatron_kwargs() == {
+        "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    assert RecomputeConfig(recompute_granularity="selective").megatron_kwargs() == {
+        "recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+    unit = RecomputeConfig(recompute_granularity="full", recompute_num_layers=3)
+    unit.check_split(6, "critic")
+    with pytest.raises(ConfigError) as info:
+        unit.check_split(4, "critic")
+    assert info.value.field == "critic.recompute_num_layers" and "use one of 1, 2, 4" in str(info.value)
+    RecomputeConfig(recompute_granularity="full", recompute_method="block", recompute_num_layers=3).check_split(4, "a")
