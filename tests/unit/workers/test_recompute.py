@@ -110,4 +110,4 @@ def test_every_recomputation_mode_gives_the_same_loss_and_gradients(results, lay
             assert len(run["grads"]) == len(base["grads"])
             for i, (got, want) in enumerate(zip(run["grads"], base["grads"], strict=True)):
                 torch.testing.assert_close(got, want, rtol=TOL, atol=TOL * max(want.abs().max().item(), 1e-12),
-                                           msg=lambda m, i=i: f"{layout} {mode} rank {rank} grad {i}: {m}")
+                                           msg=lambda m, w=f"{layout} {mode} rank {rank} grad {i}": f"{w}: {m}")
