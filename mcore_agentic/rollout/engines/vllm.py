@@ -50,8 +50,10 @@ Distributed: vLLM joins the torch.distributed world the trainer already initiali
 creates its groups with ``new_group`` over all ranks, so every rank must build its engine at
 the same point (rollout TP=1: every rank leads its own group). On CPU the executor is
 ``uni``; on GPUs ``external_launcher`` (each rank's engine on its ``LOCAL_RANK`` GPU), a path
-no test here can run. A tensor-parallel vLLM engine over a rollout group would need vLLM's
-cross-process (CUDA IPC) weight transfer: not built; use SGLang for that.
+no test here can run. A GPU engine outside any torch.distributed world (the standalone endpoint
+server) runs ``uni``, on the first visible GPU (sleep mode works there too). A tensor-parallel vLLM
+engine over a rollout group would need vLLM's cross-process (CUDA IPC) weight transfer: not built;
+use SGLang for that.
 
 Continued generations (``SamplingParams.draws_before``): a seeded request in vLLM samples from its own
 ``torch.Generator`` seeded once with ``seed``, one draw per sampled token (on CPU one ``randint`` that seeds the
@@ -161,8 +163,12 @@ def vllm_engine_kwargs(
     kv_cache_memory_bytes: int | None,
     enable_prefix_caching: bool,
     extra: dict[str, Any] | None = None,
+    in_trainer_world: bool | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.EngineArgs`` for a colocated rollout engine (``extra`` overrides anything)."""
+    """Keyword arguments of ``vllm.EngineArgs`` for a colocated rollout engine (``extra`` overrides anything).
+
+    ``in_trainer_world``: whether this process is a rank of an initialised torch.distributed world (default: ask
+    torch.distributed); it picks the executor (:func:`executor_backend`)."""
     if tensor_model_parallel_size != 1:
         raise ValueError(
             f"VLLMEngine runs one engine per rank (tensor_model_parallel_size=1), got {tensor_model_parallel_size}: "
@@ -177,9 +183,7 @@ def vllm_engine_kwargs(
         "enable_prefix_caching": enable_prefix_caching,
         "logprobs_mode": "processed_logprobs",
         "weight_transfer_config": {"backend": INPROC_BACKEND},
-        # CPU: one process, rank 0 of vLLM's own view. GPU: each torchrun rank hosts its engine on its
-        # LOCAL_RANK's GPU inside the trainer's world (vLLM's SPMD mode, as verl colocates it).
-        "distributed_executor_backend": "uni" if device == "cpu" else "external_launcher",
+        "distributed_executor_backend": executor_backend(device, in_trainer_world),
         "enable_sleep_mode": device != "cpu",
     }
     if device == "cpu":
@@ -192,6 +196,24 @@ def vllm_engine_kwargs(
         kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     kwargs.update(extra or {})
     return kwargs
+
+
+def executor_backend(device: str, in_trainer_world: bool | None = None) -> str:
+    """vLLM's executor for an engine on ``device``: ``external_launcher`` on a GPU inside the trainer's
+    torch.distributed world (each torchrun rank hosts its engine on its ``LOCAL_RANK``'s GPU, vLLM's SPMD mode as
+    verl colocates it), else ``uni`` (CPU, or a standalone GPU engine such as ``mcore_agentic.endpoint serve``:
+    vLLM's own world of one, on the first visible GPU). ``in_trainer_world`` None: ask torch.distributed."""
+    if in_trainer_world is None:
+        import torch.distributed as dist
+
+        in_trainer_world = dist.is_available() and dist.is_initialized()
+    if device != "cpu" and in_trainer_world:
+        return "external_launcher"
+    index = torch.device(device).index
+    if index:  # uni puts its worker on vLLM's device, which carries no index: GPU 0 of those visible
+        raise ValueError(f"--device {device}: a vLLM engine outside torchrun runs on the first visible GPU; "
+                         f"select this one with CUDA_VISIBLE_DEVICES={index} and --device cuda")
+    return "uni"
 
 
 # ----------------------------------------------------------------------------------- continued draws
@@ -386,6 +408,7 @@ class VLLMEngine:
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             enable_prefix_caching=enable_prefix_caching,
             extra=engine_kwargs,
+            in_trainer_world=self._trainer_world,
         )
         # vLLM's CPU worker sets torch's thread count for serving and then disables
         # torch.set_num_threads for the whole process, and the engine seeds the global RNGs;
@@ -774,6 +797,7 @@ __all__ = [
     "VLLMEngine",
     "continues_draws",
     "default_kv_cache_bytes",
+    "executor_backend",
     "from_vllm_finish_reason",
     "install_draws_before",
     "to_vllm_sampling_kwargs",

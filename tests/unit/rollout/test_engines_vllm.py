@@ -302,6 +302,7 @@ def test_gpu_arguments_and_sleep_contract(model_dirs):
     args = vllm_engine_kwargs(
         str(model_dirs[0]), device="cuda", tensor_model_parallel_size=1, gpu_memory_utilization=0.4, seed=1,
         dtype="bfloat16", max_model_len=256, kv_cache_memory_bytes=None, enable_prefix_caching=True,
+        in_trainer_world=True,  # a torchrun rank's engine (the standalone server's: test_vllm_executor_backend.py)
     )
     assert args["distributed_executor_backend"] == "external_launcher" and args["enable_sleep_mode"]
     assert args["gpu_memory_utilization"] == 0.4 and "enforce_eager" not in args
