@@ -7,7 +7,8 @@ builds the rank's model chunks exactly as :class:`~mcore_agentic.workers.engine.
 (its padding rules), and the distributed optimizer's own range map says which slice of each buffer this rank's
 optimizer owns. Nothing here restates a shape or a sharding rule: the bytes are those of the build.
 
-It runs in a child process (:func:`run_census`; one per process, kept for later questions): the fake world must not meet the caller's process groups, and
+It runs in a child process (:func:`run_census`; one per process, kept for later questions until
+:func:`shutdown_census`): the fake world must not meet the caller's process groups, and
 on a machine without CUDA the CPU patches (``megatron_patches``) stand in for megatron-core's CUDA allocations,
 redirected to the meta device. ``python -m mcore_agentic.plan.census`` reads a JSON request on stdin and writes
 the answer on stdout.
@@ -185,7 +186,7 @@ class _Child:
         self.proc = subprocess.Popen([sys.executable, "-m", "mcore_agentic.plan.census", "--serve"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                      env=env)
-        atexit.register(self.close)
+        atexit.register(self.close)  # one left running at exit
 
     def ask(self, requests: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -203,15 +204,28 @@ class _Child:
         return answer
 
     def close(self) -> None:
+        """End the child (stdin closed: it finishes its loop), killed after 10 s."""
+        atexit.unregister(self.close)
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
 
 
 _CHILD: _Child | None = None
+
+
+def shutdown_census() -> None:
+    """End this process's census child, if one runs, and free its host memory (0.5-1 GB: torch, megatron-core and
+    transformers imported). The answers it gave stay in memory; a later new question starts a new child."""
+    global _CHILD
+    child, _CHILD = _CHILD, None
+    if child is not None:
+        child.close()
 
 
 def _run_child(requests: list[dict[str, Any]]) -> list[list[RankState]]:

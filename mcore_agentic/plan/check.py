@@ -66,7 +66,12 @@ def launch_check(cfg: Any, world_size: int, device: Device | None) -> tuple[str 
     mode = cfg.trainer.plan_check
     if mode == "off" or device is None or cfg.trainer.device == "cpu":
         return None, None
-    plan = plan_for(cfg, device=device, world_size=world_size)
+    from mcore_agentic.plan.census import shutdown_census
+
+    try:
+        plan = plan_for(cfg, device=device, world_size=world_size)
+    finally:  # the run asks nothing more: the child would hold its host memory on every rank for the whole run
+        shutdown_census()
     peak = plan.peak
     usable = plan.capacity_bytes * (1 - plan.headroom)
     if plan.fits:

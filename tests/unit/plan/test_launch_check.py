@@ -51,3 +51,23 @@ def test_local_gpu_reads_nvidia_smi(tmp_path, monkeypatch):
     gpu = local_gpu()
     assert gpu is not None and gpu.name == "NVIDIA H200 (as h200-141g)"
     assert abs(gpu.memory_gib - 143771 / 1024) < 1e-9 and gpu.hbm_tb_s == get_device("h200-141g").hbm_tb_s
+
+
+def test_the_census_child_ends_with_the_check(monkeypatch):
+    """GPU review P8: every torchrun rank runs the check; its census child (torch, megatron-core and transformers
+    imported) must not stay for the whole run."""
+    from mcore_agentic.plan import census
+
+    started: list[census._Child] = []
+
+    class Recorded(census._Child):
+        def __init__(self) -> None:
+            super().__init__()
+            started.append(self)
+
+    monkeypatch.setattr(census, "_Child", Recorded)
+    monkeypatch.setattr(census, "_ANSWERS", {})  # nothing answered from memory: a child is started
+    line, error = launch_check(compose("default_tiny", ["trainer.device=cuda", "trainer.plan_check=warn"]), 2, H100)
+    assert error is None and line.startswith("plan: ")
+    assert len(started) == 1 and census._CHILD is None
+    assert started[0].proc.poll() is not None, "the census child outlived the launch check"
