@@ -236,9 +236,23 @@ def plan_check(cfg: Any, world: int, *, say: bool = True) -> list[ConfigError]:
         if say:
             print(f"plan: skipped ({exc})", file=sys.stderr, flush=True)
         return []
+    except Exception as exc:  # noqa: BLE001 -- the planner itself failed (e.g. its census child died)
+        return planner_failed(cfg.trainer.plan_check, exc, say=say)
     if line and say:
         print(line, file=sys.stderr, flush=True)
     return [error] if error is not None else []
+
+
+def planner_failed(mode: str, exc: Exception, *, say: bool = True) -> list[ConfigError]:
+    """A planner that failed: ``trainer.plan_check=error`` stops the run in one line; ``warn`` says one and goes on."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    what = type(exc).__name__ + (f": {lines[0]}" if lines else "") + (f" ... {lines[-1]}" if len(lines) > 1 else "")
+    if mode == "error":
+        return [ConfigError("trainer.plan_check", f"the planner failed ({what}); trainer.plan_check=warn runs "
+                                                  "without its verdict")]
+    if say:
+        print(f"plan: WARNING, skipped: the planner failed ({what}); the run goes on", file=sys.stderr, flush=True)
+    return []
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1")

@@ -71,3 +71,31 @@ def test_the_census_child_ends_with_the_check(monkeypatch):
     assert error is None and line.startswith("plan: ")
     assert len(started) == 1 and census._CHILD is None
     assert started[0].proc.poll() is not None, "the census child outlived the launch check"
+
+
+def _planner_dies(monkeypatch, mode: str):
+    """The launcher's ``plan_check`` with a planner whose census child died (GPU review m1)."""
+    import mcore_agentic.plan.check as check
+
+    def dies(*args, **kwargs):
+        raise RuntimeError("the model census failed:\nTraceback (most recent call last):\nMemoryError")
+
+    monkeypatch.setattr(check, "launch_check", dies)
+    monkeypatch.setattr(check, "local_gpu", lambda: H100)
+    from launch.pretrain_rl import plan_check
+
+    return plan_check(compose("default_tiny", ["trainer.device=cuda", f"trainer.plan_check={mode}"]), 2)
+
+
+def test_a_failed_planner_warns_and_the_run_goes_on(monkeypatch, capsys):
+    assert _planner_dies(monkeypatch, "warn") == []
+    said = capsys.readouterr().err.strip()
+    assert said == ("plan: WARNING, skipped: the planner failed (RuntimeError: the model census failed: ... "
+                    "MemoryError); the run goes on")
+
+
+def test_a_failed_planner_stops_an_error_check_in_one_line(monkeypatch, capsys):
+    problems = _planner_dies(monkeypatch, "error")
+    assert len(problems) == 1 and "\n" not in str(problems[0])
+    assert str(problems[0]).startswith("trainer.plan_check: the planner failed (RuntimeError: ")
+    assert capsys.readouterr().err == ""
