@@ -17,6 +17,10 @@ instead of paying those imports (~6 s) on every call. A forked rank is otherwise
 nothing ran in the server but the imports, and each rank gets the caller's current environment, working
 directory and ``sys.path`` (multiprocessing sends the last two; :func:`_worker` applies the first).
 On a GPU machine the ranks are spawned as before (:func:`_context`).
+
+Ranks that do not each get a GPU of their own (more ranks than GPUs, or none) run with
+``CUDA_VISIBLE_DEVICES=""`` from their start: CPU ranks on a one-GPU workstation must not all put their models on
+``cuda:0`` (where gloo, the backend they then use, has no reduce-scatter).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from __future__ import annotations
 import os
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -41,7 +46,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any, env: dict) -> None:
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any, env: dict,
+            on_gpus: bool) -> None:
     os.environ.clear()
     os.environ.update(env)  # the caller's environment now, as a spawned rank would have it (not the server's)
     os.environ.update(
@@ -58,7 +64,6 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
 
         comm.enable_strict_from_env()  # the suite sets MCORE_AGENTIC_STRICT_COMM=1 (tests/conftest.py)
         # The launcher's mixed cpu:gloo,cuda:nccl where every rank has a GPU of its own (GPU tests), else gloo.
-        on_gpus = torch.cuda.is_available() and world_size <= torch.cuda.device_count()
         if on_gpus:
             torch.cuda.set_device(rank)
         dist.init_process_group(comm.backend_for("cuda" if on_gpus else "cpu"), rank=rank, world_size=world_size)
@@ -90,18 +95,43 @@ def _context() -> Any:
     return ctx
 
 
+def ranks_on_gpus(world_size: int) -> bool:
+    """Whether each of ``world_size`` ranks gets a GPU of its own (asked here, before any rank touches CUDA)."""
+    return torch.cuda.is_available() and world_size <= torch.cuda.device_count()
+
+
+@contextmanager
+def _cuda_hidden(hide: bool) -> Iterator[None]:
+    """``CUDA_VISIBLE_DEVICES=""`` in this process while ranks start (``hide``): a spawned rank's interpreter starts
+    with this environment, before unpickling its body may import a CUDA user (TransformerEngine)."""
+    if not hide:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 def run_distributed(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float = 540.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank."""
     ctx = _context()
     queue = ctx.SimpleQueue()
     port = free_port()
-    env = dict(os.environ)
+    on_gpus = ranks_on_gpus(world_size)
+    env = dict(os.environ) if on_gpus else {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, env), daemon=False)
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, env, on_gpus), daemon=False)
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    with _cuda_hidden(not on_gpus):
+        for p in procs:
+            p.start()
     results: dict[int, Any] = {}
     errors: list[str] = []
     for _ in range(world_size):
