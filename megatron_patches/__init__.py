@@ -11,7 +11,8 @@ megatron-core versions and when it can go. Two kinds:
   on the device, applied whether or not CUDA is available.
   ``mcore_agentic.trainer.model_checkpoint.load_worker`` refuses to load without them.
   ``moe_router_gemm_without_te`` is device-independent too (an MoE router without
-  TransformerEngine): :data:`DEVICE_INDEPENDENT_PATCH_NAMES` lists every patch applied on GPU.
+  TransformerEngine), and so is ``checkpoint_without_output_fp8`` (selective recomputation of norms and
+  MLPs without TransformerEngine): :data:`DEVICE_INDEPENDENT_PATCH_NAMES` lists every patch applied on GPU.
   So is ``save_results_in_process``: a synchronous save's write results stay in the saving process instead of
   going through a spawned ``multiprocessing.Manager`` (3 s on each rank's first save).
 

@@ -38,8 +38,20 @@ class ModelConfig:
     """Train and score on packed rows (THD: one sequence per micro-batch with ``cu_seqlens``, attention per row),
     so a micro-batch costs its real tokens; false runs padded ``[rows, longest]`` micro-batches (for debugging)."""
 
+    logits_chunk_mb: int = 256
+    """The logits are never made whole: each pass that reads them (log-probs, entropy, a teacher's top k, and their
+    backward) makes them for as many tokens at a time as fit this many MiB of fp32 on each rank, and the backward
+    pass makes each chunk again instead of keeping it. 0 makes them whole (megatron-core's output layer), as
+    before."""
+
     def __post_init__(self) -> None:
         require(bool(self.model_path), "model.model_path", "is empty: set it to a Hugging Face checkpoint directory")
+        require(
+            isinstance(self.logits_chunk_mb, int) and not isinstance(self.logits_chunk_mb, bool)
+            and self.logits_chunk_mb >= 0,
+            "model.logits_chunk_mb",
+            f"{self.logits_chunk_mb!r} must be an integer >= 0 (MiB of fp32 logits per chunk; 0: whole logits)",
+        )
         require(
             self.dtype in ("float32", "bfloat16", "float16"),
             "model.dtype",

@@ -36,6 +36,8 @@ class ModelSpec:
     """Megatron's vocabulary padding multiple (times TP) (``model.make_vocab_size_divisible_by``)."""
     use_remove_padding: bool = True
     """Packed (THD) micro-batches; false: padded ``[rows, longest]`` ones (``model.use_remove_padding``)."""
+    logits_chunk_mb: int = 256
+    """MiB of fp32 logits made at a time on each rank (``model.logits_chunk_mb``; 0: the whole logits at once)."""
     vocab_size: int | None = None
     """The ids log-probs normalise over: the tokenizer's, which the rollout engine samples from (a checkpoint's
     embedding table may be padded past it); None: the checkpoint's."""

@@ -20,11 +20,13 @@ and the heads, sequence parallelism divides the ``h`` terms too)
   over the experts, and per routed copy (``top_k`` per token) the permuted input ``h`` and ``6f_e`` (fc1's
   output, the activation's saved halves, fc2's input and output)
 
-plus, once per micro-batch on the last stage, the final norm ``2h``, the output layer's input ``h`` and the
-logits in fp32 (``V / TP`` per token): the log-softmax keeps them. The gradient of the logits (fp32, the same
-size) exists at the start of the backward pass, so an update's peak is the saved bytes plus one logits-sized
-buffer; a forward-only pass (old, reference, teacher log-probs, values) keeps nothing for backward and peaks at
-the logits and their log-softmax (two logits-sized buffers) plus one layer's working set.
+plus, once per micro-batch on the last stage, the final norm ``2h``, the output layer's input ``h`` and, with
+``model.logits_chunk_mb=0``, the logits in fp32 (``V / TP`` per token): the log-softmax keeps them. The gradient of
+the logits (fp32, the same size) exists at the start of the backward pass, so an update's peak is the saved bytes
+plus one logits-sized buffer; a forward-only pass (old, reference, teacher log-probs, values) keeps nothing for
+backward and peaks at the logits and their log-softmax (two logits-sized buffers) plus one layer's working set.
+With chunked logits (the default) none are kept, and every logits-sized buffer is one chunk's
+(:attr:`Split.logits_chunk_tokens` tokens).
 
 With activation recomputation (``actor.recompute_*``, megatron-core's), measured the same way:
 
@@ -79,6 +81,9 @@ class Split:
     sequence_parallel: bool = False
     fused_attention: bool = True
     dtype_bytes: int = 2
+    logits_chunk_tokens: int = 0
+    """Tokens whose logits exist at once (``model.logits_chunk_mb``; 0: the whole micro-batch's, kept for the
+    backward pass)."""
 
 
 @dataclass(frozen=True)
@@ -169,8 +174,13 @@ def saved_bytes(dims: Dims, split: Split, row_lengths: list[int], *, layers: int
     if not split.fused_attention and not recompute.selects("core_attn"):
         total += kept * _quadratic_bytes(dims, split, row_lengths)
     if last_stage:
-        total += tokens * 3 * dims.hidden * size
-        total += tokens * dims.vocab / split.tp * LOGITS_BYTES
+        if split.logits_chunk_tokens:
+            # chunked logits are made again in the backward pass, not kept: the final norm's input stays, and the
+            # model's output (its hidden states, cast to fp32) that each chunk's logits are made from
+            total += tokens * dims.hidden * (size + 4)
+        else:  # the final norm's input and output, the output layer's input, the logits
+            total += tokens * 3 * dims.hidden * size
+            total += tokens * dims.vocab / split.tp * LOGITS_BYTES
         total += tokens * HEAD_BYTES_PER_TOKEN
     return int(total)
 
@@ -191,8 +201,11 @@ def recompute_working_bytes(dims: Dims, split: Split, row_lengths: list[int], *,
 
 
 def logits_bytes(dims: Dims, split: Split, tokens: int) -> int:
-    """One fp32 logits buffer of ``tokens`` tokens on one rank."""
-    return int(tokens / split.cp * dims.vocab / split.tp * LOGITS_BYTES)
+    """One fp32 logits buffer of ``tokens`` tokens on one rank (of one chunk of them with chunked logits)."""
+    local = tokens / split.cp
+    if split.logits_chunk_tokens:
+        local = min(local, split.logits_chunk_tokens)
+    return int(local * dims.vocab / split.tp * LOGITS_BYTES)
 
 
 def update_peak_bytes(dims: Dims, split: Split, row_lengths: list[int], *, layers: int, last_stage: bool,
@@ -201,7 +214,8 @@ def update_peak_bytes(dims: Dims, split: Split, row_lengths: list[int], *, layer
     PP - stage of them), what recomputation rebuilds at once, and the logits' gradient on the last stage."""
     saved = saved_bytes(dims, split, row_lengths, layers=layers, last_stage=last_stage, recompute=recompute,
                         chunks=chunks)
-    grad = logits_bytes(dims, split, sum(row_lengths)) if last_stage else 0
+    # the logits' gradient; chunked, one chunk's logits made again, its softmax and its gradient at a time
+    grad = (3 if split.logits_chunk_tokens else 1) * logits_bytes(dims, split, sum(row_lengths)) if last_stage else 0
     rebuilt = recompute_working_bytes(dims, split, row_lengths, layers=layers, recompute=recompute, chunks=chunks)
     return in_flight * saved + rebuilt + grad
 

@@ -188,7 +188,10 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     teacher: list[RankState] | None = answers[1] if teacher_hf_config is not None else None
     padded_vocab = -(-hf_config.vocab_size // (multiple * tp)) * multiple * tp
     dims = dims_of(hf_config, padded_vocab)
-    split = Split(tp=tp, cp=cp, sequence_parallel=par.sequence_parallel, fused_attention=True, dtype_bytes=size)
+    chunk_mb = int(getattr(cfg.model, "logits_chunk_mb", 0))
+    chunk_tokens = max(chunk_mb * 2**20 // 4 // (padded_vocab // tp), 1) if chunk_mb else 0
+    split = Split(tp=tp, cp=cp, sequence_parallel=par.sequence_parallel, fused_attention=True, dtype_bytes=size,
+                  logits_chunk_tokens=chunk_tokens)
     max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
     a = cfg.actor
     update_rows = _micro_rows(a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, max_len)

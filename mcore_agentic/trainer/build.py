@@ -135,6 +135,7 @@ def model_spec(cfg: RLConfig, *, vocab_size: int | None) -> ModelSpec:
         transformer_impl=m.transformer_impl,
         make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
         use_remove_padding=m.use_remove_padding,
+        logits_chunk_mb=m.logits_chunk_mb,
         vocab_size=vocab_size,
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         routing_shape=replay_routing_shape(cfg),

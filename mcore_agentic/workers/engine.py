@@ -39,8 +39,10 @@ import torch
 import torch.distributed as dist
 
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.models.deferred_logits import defer_output_layer, deferred_weight
 from mcore_agentic.models.spec import ModelSpec
 from mcore_agentic.parallel import comm
+from mcore_agentic.parallel.chunked_logits import HiddenStates, chunk_tokens_for
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import ParallelLayout
 from mcore_agentic.parallel.own_layout import OwnLayout
@@ -166,6 +168,13 @@ class MegatronEngine:
         self.bridge.load_hf_weights(chunks, spec.model_path)
         if customize is not None:
             customize(chunks)
+        # Logits a chunk of tokens at a time (model.logits_chunk_mb): the last stage's model returns the output
+        # layer's input and the head makes the logits itself (a value head, which replaced the layer, is kept).
+        self.logits_chunk_tokens = 0
+        if spec.logits_chunk_mb > 0 and any([defer_output_layer(chunk) for chunk in chunks]):
+            tp = parallel.tensor_model_parallel_size
+            vocab_local = self.bridge.padded_vocab_size(tp) // tp
+            self.logits_chunk_tokens = chunk_tokens_for(vocab_local, spec.logits_chunk_mb * 2**20 // 4)
         self.trainable = optim is not None
         self.optimizer = None
         self.scheduler = None
@@ -363,7 +372,7 @@ class MegatronEngine:
                 input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None,
                 packed_seq_params=mb.packed_seq_params,
             )
-            return out, partial(self._post, mb, head_fn, loss_fn, forward_only)
+            return out, partial(self._post, mb, head_fn, loss_fn, forward_only, model)
 
         pp = self.layout.pipeline_model_parallel_size
         if len(self.chunks) > 1 and len(mbs) % pp:
@@ -388,9 +397,15 @@ class MegatronEngine:
         )
 
     def _post(
-        self, mb: MicroBatch, head_fn: HeadFn, loss_fn: LossFn | None, forward_only: bool, output: torch.Tensor
+        self, mb: MicroBatch, head_fn: HeadFn, loss_fn: LossFn | None, forward_only: bool, model: Any,
+        output: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """Last-stage loss function given to Megatron (see :func:`.micro_batch.post_process`)."""
+        """Last-stage loss function given to Megatron (see :func:`.micro_batch.post_process`); with deferred logits the
+        head gets the hidden states and the output weight (:class:`HiddenStates`)."""
+        if self.logits_chunk_tokens:
+            from mcore_agentic.models.bridge import unwrap_model
+
+            output = HiddenStates(output, deferred_weight(unwrap_model(model)), self.logits_chunk_tokens)
         cp = self.layout.context_parallel_size
         return post_process(
             mb, head_fn, loss_fn, forward_only, output, cp_size=cp, cp_group=self.layout.cp_group() if cp > 1 else None

@@ -17,6 +17,7 @@ import torch
 from mcore_agentic.algorithms.losses import LossNormalisers, loss_normalisers
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel import comm
+from mcore_agentic.parallel.chunked_logits import HiddenStates
 from mcore_agentic.parallel.vocab_parallel import (
     vocab_parallel_candidate_log_probs,
     vocab_parallel_log_probs,
@@ -64,21 +65,28 @@ def log_prob_head(
     layout = engine.layout
     group = layout.tp_group() if layout.tensor_model_parallel_size > 1 else None
 
-    def head(logits: torch.Tensor, mb) -> dict[str, torch.Tensor]:
+    def from_logits(logits: torch.Tensor, mb, positions: slice) -> dict[str, torch.Tensor]:
         kwargs = dict(group=group, temperature=temperature, vocab_start_index=layout.tp_rank * logits.shape[-1],
                       vocab_size=engine.vocab_size)
+        labels = mb.labels[:, positions]
         if with_entropy:
-            lp, ent = vocab_parallel_log_probs_and_entropy(logits, mb.labels, **kwargs)
+            lp, ent = vocab_parallel_log_probs_and_entropy(logits, labels, **kwargs)
             out = {"log_probs": lp, "entropys": ent}
         else:
-            out = {"log_probs": vocab_parallel_log_probs(logits, mb.labels, **kwargs)}
+            out = {"log_probs": vocab_parallel_log_probs(logits, labels, **kwargs)}
         if top_k:
             out["top_k_log_probs"], out["top_k_ids"] = vocab_parallel_top_k(logits, top_k, **kwargs)
         if candidates:
             if mb.candidates is None:
                 raise KeyError("candidate log-probs need the rows' teacher_top_k_ids (algorithm.distillation.top_k)")
-            out["candidate_log_probs"] = vocab_parallel_candidate_log_probs(logits, mb.candidates, **kwargs)
+            out["candidate_log_probs"] = vocab_parallel_candidate_log_probs(logits, mb.candidates[:, positions],
+                                                                            **kwargs)
         return out
+
+    def head(output: torch.Tensor | HiddenStates, mb) -> dict[str, torch.Tensor]:
+        if isinstance(output, HiddenStates):  # logits made a chunk of tokens at a time (model.logits_chunk_mb)
+            return output.per_token(lambda logits, positions: from_logits(logits, mb, positions))
+        return from_logits(output, mb, slice(None))
 
     return head
 

@@ -5,8 +5,9 @@ backward pass of one micro-batch (the actor's PPO update, one micro-batch per st
 storages, parameters excluded, when the backward pass starts (the first unpack: selective recomputation of the norms
 frees their outputs after they were saved) are the micro-batch's activation memory. The estimate
 (:func:`mcore_agentic.plan.activations.saved_bytes`) must be within ``TOLERANCE`` of it, for dense and MoE
-models, eager and fused attention, one rank and TP=2, and with each activation-recomputation mode
-(``actor.recompute_*``): full uniform and block, selective with each module.
+models, eager and fused attention, one rank and TP=2, with each activation-recomputation mode
+(``actor.recompute_*``): full uniform and block, selective with each module, and with the logits chunked (the
+default: none kept) or whole (``model.logits_chunk_mb=0``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ LENGTHS = [300, 40, 120, 7]  # response tokens per row (prompts add 1-6)
 CASES = {
     # name: (arch, hidden, ffn, heads, kv_heads, layers, fused, tp, recompute)
     "dense_fused": ("qwen2", 64, 128, 4, 2, 2, True, 1, {}),
+    "dense_fused_whole_logits": ("qwen2", 64, 128, 4, 2, 2, True, 1, {"logits_chunk_mb": 0}),
     "dense_eager": ("qwen2", 64, 128, 4, 2, 2, False, 1, {}),
     "wide_fused": ("qwen2", 128, 384, 4, 2, 3, True, 1, {}),
     "moe_fused": ("qwen3_moe", 64, 128, 4, 2, 2, True, 1, {}),
@@ -53,7 +55,7 @@ def _measure_all(rank: int, world_size: int, cases: list[tuple[str, bool, int, d
     return out
 
 
-def _measure(path: str, fused: bool, tp: int, recompute: dict) -> tuple[list[int], int]:
+def _measure(path: str, fused: bool, tp: int, settings: dict) -> tuple[list[int], int]:
     import megatron_patches
     from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.config import ParallelConfig
@@ -69,8 +71,9 @@ def _measure(path: str, fused: bool, tp: int, recompute: dict) -> tuple[list[int
     layout = initialize_parallel(par, 1)
     n = len(LENGTHS)
     actor = Actor(ActorConfig(parallel=par, ppo_mini_batch_size=n, ppo_micro_batch_size_per_gpu=n,
-                              optim=OptimConfig(lr=1e-4), recompute=RecomputeConfig(**recompute)),
-                  ModelSpec(path, "float32", parallel=par), layout, mini_batch_sequences=n)
+                              optim=OptimConfig(lr=1e-4), recompute=RecomputeConfig(**_recompute(settings))),
+                  ModelSpec(path, "float32", parallel=par, logits_chunk_mb=settings.get("logits_chunk_mb", 256)),
+                  layout, mini_batch_sequences=n)
     batch = actor.compute_log_prob(make_batch(n, response_lengths=LENGTHS))
     params = {p.untyped_storage().data_ptr() for c in actor.engine.chunks for p in c.parameters()}
     seen: dict[int, torch.UntypedStorage] = {}
@@ -90,6 +93,10 @@ def _measure(path: str, fused: bool, tp: int, recompute: dict) -> tuple[list[int
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         actor.update_policy(batch)
     return batch["attention_mask"].sum(1).tolist(), at_backward[0]
+
+
+def _recompute(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k.startswith("recompute_")}
 
 
 def _checkpoint(root, arch: str, hidden: int, ffn: int, heads: int, kv: int, layers: int) -> tuple[str, Dims]:
@@ -136,10 +143,13 @@ def measured(tmp_path_factory) -> dict[str, tuple[Dims, list[int], int]]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_saved_activation_estimate_within_tolerance(case, measured):
-    *_, layers, fused, tp, recompute = CASES[case]
+    *_, layers, fused, tp, settings = CASES[case]
     dims, rows, nbytes = measured[case]
     if tp > 1:
         dims = Dims(**{**dims.__dict__, "vocab": -(-dims.vocab // (128 * tp)) * 128 * tp})
-    estimate = saved_bytes(dims, Split(tp=tp, fused_attention=fused, dtype_bytes=4), rows, layers=layers,
-                           last_stage=True, recompute=Recompute.of(RecomputeConfig(**recompute)))
+    chunk_mb = settings.get("logits_chunk_mb", 256)  # the default: chunked logits, none kept for the backward pass
+    split = Split(tp=tp, fused_attention=fused, dtype_bytes=4,
+                  logits_chunk_tokens=chunk_mb * 2**20 // 4 // (dims.vocab // tp) if chunk_mb else 0)
+    estimate = saved_bytes(dims, split, rows, layers=layers, last_stage=True,
+                           recompute=Recompute.of(RecomputeConfig(**_recompute(settings))))
     assert abs(estimate - nbytes) <= TOLERANCE * nbytes, (case, estimate, nbytes, estimate / nbytes)
