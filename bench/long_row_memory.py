@@ -1,0 +1,147 @@
+"""Peak host memory and time of one actor update on a 32k-token row: whole vs chunked logits, with and without
+activation recomputation.
+
+Each variant runs in a fresh process (its peak RSS is ``ru_maxrss``) on one gloo rank: a tiny Qwen2 of long context
+(hidden 64, 2 layers, ``--vocab`` ids, fp32) builds an actor, scores one row of ``--tokens`` tokens (the old-log-prob
+pass, with entropy) and takes one PPO update on it (one micro-batch), attention fused (SDPA on CPU, as on a GPU).
+The variants:
+
+* ``whole``: ``model.logits_chunk_mb=0`` (megatron-core's output layer: the whole fp32 logits, kept for backward);
+* ``chunked``: the default 256 MiB chunks;
+* ``chunked+recompute``: and ``actor.recompute_granularity=full``.
+
+Usage: ``python bench/long_row_memory.py [--tokens 32768] [--vocab 32768] [--chunk-mb 256]``. The planner's figures
+for the same micro-batch are printed beside (its logits and activation terms, :mod:`mcore_agentic.plan.activations`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+VARIANTS = {
+    "whole": {"logits_chunk_mb": 0, "recompute": {}},
+    "chunked": {"logits_chunk_mb": None, "recompute": {}},
+    "chunked+recompute": {"logits_chunk_mb": None, "recompute": {"recompute_granularity": "full"}},
+}
+
+
+def make_model(path: Path, vocab: int, tokens: int) -> None:
+    import torch
+    import transformers
+
+    from tests.helpers.hf import redraw_weights, tiny_qwen2_config
+
+    config = tiny_qwen2_config(vocab=vocab, layers=2, max_positions=tokens + 64)
+    torch.manual_seed(0)
+    redraw_weights(transformers.Qwen2ForCausalLM(config).eval(), 0.1).save_pretrained(str(path))
+
+
+def one_variant(path: str, name: str, tokens: int, chunk_mb: int) -> dict:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0")
+    import torch
+
+    import megatron_patches
+    from mcore_agentic.data.batch import Batch
+    from mcore_agentic.models.spec import ModelSpec
+    from mcore_agentic.parallel.config import ParallelConfig
+    from mcore_agentic.parallel.layout import initialize_parallel
+    from mcore_agentic.parallel.local_attention import LocalDotProductAttention
+    from mcore_agentic.workers.actor import Actor
+    from mcore_agentic.workers.config import ActorConfig, OptimConfig, RecomputeConfig
+
+    torch.set_num_threads(1)
+    megatron_patches.apply()
+    LocalDotProductAttention.fused_devices = ("cuda", "cpu")
+    variant = VARIANTS[name]
+    par = ParallelConfig()
+    layout = initialize_parallel(par, 1)
+    mb = chunk_mb if variant["logits_chunk_mb"] is None else variant["logits_chunk_mb"]
+    actor = Actor(ActorConfig(parallel=par, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
+                              optim=OptimConfig(lr=1e-5), recompute=RecomputeConfig(**variant["recompute"])),
+                  ModelSpec(path, "float32", parallel=par, logits_chunk_mb=mb), layout, mini_batch_sequences=1)
+    vocab = actor.engine.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompt, response = 512, tokens - 512
+    ids = torch.randint(0, vocab, (1, tokens), generator=g)
+    mask = torch.ones(1, tokens, dtype=torch.long)
+    batch = Batch(tensors={
+        "prompts": ids[:, :prompt], "responses": ids[:, prompt:], "input_ids": ids, "attention_mask": mask,
+        "position_ids": torch.arange(tokens).unsqueeze(0), "response_mask": torch.ones(1, response, dtype=torch.long),
+        "advantages": torch.randn(1, response, generator=g),
+    })
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    scored = actor.compute_log_prob(batch, calculate_entropy=True)
+    scored_s = time.perf_counter() - start
+    metrics = actor.update_policy(scored)
+    total_s = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"variant": name, "peak_gb": peak / 2**20, "before_gb": before / 2**20, "log_prob_s": scored_s,
+            "update_s": total_s - scored_s, "grad_norm": metrics["grad_norm"],
+            "log_prob_sum": float(scored["old_log_probs"].sum()), "chunk_tokens": actor.engine.logits_chunk_tokens}
+
+
+def planner_bytes(vocab: int, tokens: int, chunk_mb: int, recompute: bool) -> tuple[float, float]:
+    from mcore_agentic.plan.activations import Dims, Recompute, Split, saved_bytes, update_peak_bytes
+
+    padded = -(-vocab // 128) * 128
+    dims = Dims(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, layers=2, vocab=padded)
+    chunk = chunk_mb * 2**20 // 4 // padded if chunk_mb else 0
+    split = Split(dtype_bytes=4, logits_chunk_tokens=chunk)
+    rc = Recompute(granularity="full") if recompute else Recompute()
+    rows = [tokens]
+    return (saved_bytes(dims, split, rows, layers=2, last_stage=True, recompute=rc) / 2**30,
+            update_peak_bytes(dims, split, rows, layers=2, last_stage=True, recompute=rc) / 2**30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--chunk-mb", type=int, default=256)
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one_variant(args.model, args.one, args.tokens, args.chunk_mb)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "long"
+        make_model(path, args.vocab, args.tokens)
+        print(f"one {args.tokens}-token row, vocabulary {args.vocab}, tiny Qwen2 (hidden 64, 2 layers, fp32), 1 rank")
+        print(f"{'variant':<20} {'peak RSS GB':>11} {'of it, passes':>13} {'log-prob s':>10} {'update s':>8} {'chunk':>6} "
+              f"{'plan saved GB':>13} {'plan update GB':>14} {'grad norm':>10}")
+        rows = []
+        for name, variant in VARIANTS.items():
+            out = subprocess.run([sys.executable, __file__, "--one", name, "--model", str(path), "--tokens",
+                                  str(args.tokens), "--chunk-mb", str(args.chunk_mb)],
+                                 capture_output=True, text=True, check=True, cwd=REPO)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            mb = args.chunk_mb if variant["logits_chunk_mb"] is None else variant["logits_chunk_mb"]
+            saved, peak = planner_bytes(args.vocab, args.tokens, mb, bool(variant["recompute"]))
+            rows.append(r)
+            print(f"{name:<20} {r['peak_gb']:>11.2f} {r['peak_gb'] - r['before_gb']:>13.2f} {r['log_prob_s']:>10.1f} "
+                  f"{r['update_s']:>8.1f} "
+                  f"{r['chunk_tokens']:>6} {saved:>13.2f} {peak:>14.2f} {r['grad_norm']:>10.4g}")
+        base = rows[0]
+        for r in rows[1:]:
+            passes = (base["peak_gb"] - base["before_gb"]) / max(r["peak_gb"] - r["before_gb"], 1e-9)
+            print(f"{r['variant']}: the passes' peak {passes:.2f}x lower than whole's; same log-probs: "
+                  f"{abs(r['log_prob_sum'] - base['log_prob_sum']) <= 1e-3 * abs(base['log_prob_sum'])}; "
+                  f"grad norm {r['grad_norm'] / base['grad_norm']:.6f} of whole's")
+
+
+if __name__ == "__main__":
+    main()
