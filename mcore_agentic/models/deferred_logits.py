@@ -26,7 +26,9 @@ def _deferred_forward(self: Any, input_: torch.Tensor, weight: torch.Tensor | No
         gather_from_sequence_parallel_region,
     )
 
-    self.deferred_weight = self.weight if weight is None else weight
+    # Kept out of the module's parameters: an assigned Parameter would be registered under a second name (the
+    # optimizer's and the checkpoint's names come from named_parameters).
+    vars(self)["deferred_weight"] = self.weight if weight is None else weight
     if self.sequence_parallel:
         return gather_from_sequence_parallel_region(input_, group=self.tp_group), None
     if self.tp_group is not None and self.tp_group.size() > 1:
@@ -42,14 +44,15 @@ def defer_output_layer(model: Any) -> bool:
     layer = getattr(model, "output_layer", None)
     if not getattr(model, "post_process", False) or type(layer) is not ColumnParallelLinear:
         return False
-    layer.deferred_weight = None
+    vars(layer)["deferred_weight"] = None
     layer.forward = types.MethodType(_deferred_forward, layer)
     return True
 
 
 def deferred_weight(model: Any) -> torch.Tensor:
     """The weight the deferred output layer of ``model`` would have multiplied by in its last forward."""
-    weight = getattr(getattr(model, "output_layer", None), "deferred_weight", None)
+    layer = getattr(model, "output_layer", None)
+    weight = vars(layer).get("deferred_weight") if layer is not None else None
     if weight is None:
         raise RuntimeError("the model's output layer is not deferred, or has not run a forward pass yet")
     return weight

@@ -58,6 +58,9 @@ def _run(path: str, par: Any, layout: Any, chunked: bool) -> dict[str, Any]:
     sums = engine.forward_backward(scored, log_prob_head(engine, actor.temperature, True),
                                    actor._ppo_loss_fn(norms, None), actor.batching)
     grads = [p.main_grad.detach().clone() for chunk in engine.chunks for p in chunk.parameters() if p.requires_grad]
+    # the deferred layer names no parameter twice (the optimizer's and the checkpoint's names come from here)
+    names = [n for chunk in engine.chunks for n, _ in chunk.named_parameters(remove_duplicate=False)]
+    assert len(names) == len(set(names)) and not any("deferred" in n for n in names), names
     return {"deferred": deferred, "log_probs": scored["old_log_probs"], "entropys": scored["entropys"],
             "top_k_log_probs": top["top_k_log_probs"], "top_k_ids": top["top_k_ids"], "sums": sums, "grads": grads}
 
