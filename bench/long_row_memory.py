@@ -12,6 +12,11 @@ The variants:
 
 Usage: ``python bench/long_row_memory.py [--tokens 32768] [--vocab 32768] [--chunk-mb 256]``. The planner's figures
 for the same micro-batch are printed beside (its logits and activation terms, :mod:`mcore_agentic.plan.activations`).
+
+On a GPU (the GPU check's memory step): ``--device cuda --dtype bfloat16 --hidden 1536 --layers 28 --heads 12
+--kv-heads 2 --ffn 8960 --vocab 151936 --tokens 8192`` (a Qwen2.5-1.5B-shaped body), where *peak* is
+``torch.cuda.max_memory_allocated`` over the two passes (weights, gradients and optimizer state included), and
+``--variants`` adds ``chunked+selective`` (core_attn, layernorm, mlp); ``--json PATH`` writes the rows.
 """
 
 from __future__ import annotations
@@ -33,21 +38,26 @@ VARIANTS = {
     "whole": {"logits_chunk_mb": 0, "recompute": {}},
     "chunked": {"logits_chunk_mb": None, "recompute": {}},
     "chunked+recompute": {"logits_chunk_mb": None, "recompute": {"recompute_granularity": "full"}},
+    "chunked+selective": {"logits_chunk_mb": None, "recompute": {
+        "recompute_granularity": "selective", "recompute_modules": ("core_attn", "layernorm", "mlp")}},
 }
+SHAPE = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=96)
 
 
-def make_model(path: Path, vocab: int, tokens: int) -> None:
+def make_model(path: Path, vocab: int, tokens: int, shape: dict) -> None:
     import torch
     import transformers
 
     from tests.helpers.hf import redraw_weights, tiny_qwen2_config
 
-    config = tiny_qwen2_config(vocab=vocab, layers=2, max_positions=tokens + 64)
+    config = tiny_qwen2_config(vocab=vocab, layers=shape["layers"], max_positions=tokens + 64)
+    config.hidden_size, config.intermediate_size = shape["hidden"], shape["ffn"]
+    config.num_attention_heads, config.num_key_value_heads = shape["heads"], shape["kv_heads"]
     torch.manual_seed(0)
     redraw_weights(transformers.Qwen2ForCausalLM(config).eval(), 0.1).save_pretrained(str(path))
 
 
-def one_variant(path: str, name: str, tokens: int, chunk_mb: int) -> dict:
+def one_variant(path: str, name: str, tokens: int, chunk_mb: int, device: str, dtype: str) -> dict:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), RANK="0", WORLD_SIZE="1",
                       LOCAL_RANK="0")
     import torch
@@ -61,7 +71,11 @@ def one_variant(path: str, name: str, tokens: int, chunk_mb: int) -> dict:
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, OptimConfig, RecomputeConfig
 
-    torch.set_num_threads(1)
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(0)
+    else:
+        torch.set_num_threads(1)
     megatron_patches.apply()
     LocalDotProductAttention.fused_devices = ("cuda", "cpu")
     variant = VARIANTS[name]
@@ -70,7 +84,7 @@ def one_variant(path: str, name: str, tokens: int, chunk_mb: int) -> dict:
     mb = chunk_mb if variant["logits_chunk_mb"] is None else variant["logits_chunk_mb"]
     actor = Actor(ActorConfig(parallel=par, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
                               optim=OptimConfig(lr=1e-5), recompute=RecomputeConfig(**variant["recompute"])),
-                  ModelSpec(path, "float32", parallel=par, logits_chunk_mb=mb), layout, mini_batch_sequences=1)
+                  ModelSpec(path, dtype, parallel=par, logits_chunk_mb=mb), layout, mini_batch_sequences=1)
     vocab = actor.engine.vocab_size
     g = torch.Generator().manual_seed(0)
     prompt, response = 512, tokens - 512
@@ -82,59 +96,90 @@ def one_variant(path: str, name: str, tokens: int, chunk_mb: int) -> dict:
         "advantages": torch.randn(1, response, generator=g),
     })
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     scored = actor.compute_log_prob(batch, calculate_entropy=True)
     scored_s = time.perf_counter() - start
     metrics = actor.update_policy(scored)
     total_s = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if cuda:  # the device's peak over the passes, and what was resident before them
+        resident = torch.cuda.memory_allocated() / 2**30
+        return {"variant": name, "peak_gb": torch.cuda.max_memory_allocated() / 2**30, "before_gb": resident,
+                "log_prob_s": scored_s, "update_s": total_s - scored_s, "grad_norm": metrics["grad_norm"],
+                "log_prob_sum": float(scored["old_log_probs"].float().sum()),
+                "chunk_tokens": actor.engine.logits_chunk_tokens}
     return {"variant": name, "peak_gb": peak / 2**20, "before_gb": before / 2**20, "log_prob_s": scored_s,
             "update_s": total_s - scored_s, "grad_norm": metrics["grad_norm"],
             "log_prob_sum": float(scored["old_log_probs"].sum()), "chunk_tokens": actor.engine.logits_chunk_tokens}
 
 
-def planner_bytes(vocab: int, tokens: int, chunk_mb: int, recompute: bool) -> tuple[float, float]:
+def planner_bytes(vocab: int, tokens: int, chunk_mb: int, recompute: dict, shape: dict, dtype: str,
+                  fused: bool) -> tuple[float, float]:
     from mcore_agentic.plan.activations import Dims, Recompute, Split, saved_bytes, update_peak_bytes
+    from mcore_agentic.workers.config import RecomputeConfig
 
     padded = -(-vocab // 128) * 128
-    dims = Dims(hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, layers=2, vocab=padded)
+    dims = Dims(hidden=shape["hidden"], heads=shape["heads"], kv_heads=shape["kv_heads"],
+                head_dim=shape["hidden"] // shape["heads"], ffn=shape["ffn"], layers=shape["layers"], vocab=padded)
     chunk = chunk_mb * 2**20 // 4 // padded if chunk_mb else 0
-    split = Split(dtype_bytes=4, logits_chunk_tokens=chunk)
-    rc = Recompute(granularity="full") if recompute else Recompute()
-    rows = [tokens]
-    return (saved_bytes(dims, split, rows, layers=2, last_stage=True, recompute=rc) / 2**30,
-            update_peak_bytes(dims, split, rows, layers=2, last_stage=True, recompute=rc) / 2**30)
+    split = Split(dtype_bytes=4 if dtype == "float32" else 2, fused_attention=fused, logits_chunk_tokens=chunk)
+    rc = Recompute.of(RecomputeConfig(**recompute))
+    rows, layers = [tokens], shape["layers"]
+    return (saved_bytes(dims, split, rows, layers=layers, last_stage=True, recompute=rc) / 2**30,
+            update_peak_bytes(dims, split, rows, layers=layers, last_stage=True, recompute=rc) / 2**30)
 
 
-def main() -> None:
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--chunk-mb", type=int, default=256)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    for key, value in SHAPE.items():
+        ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=value)
+    ap.add_argument("--variants", default="whole,chunked,chunked+recompute", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = _args()
     if args.one:
-        print(json.dumps(one_variant(args.model, args.one, args.tokens, args.chunk_mb)))
+        print(json.dumps(one_variant(args.model, args.one, args.tokens, args.chunk_mb, args.device, args.dtype)))
         return
+    shape = {key: getattr(args, key) for key in SHAPE}
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "long"
-        make_model(path, args.vocab, args.tokens)
-        print(f"one {args.tokens}-token row, vocabulary {args.vocab}, tiny Qwen2 (hidden 64, 2 layers, fp32), 1 rank")
+        make_model(path, args.vocab, args.tokens, shape)
+        print(f"one {args.tokens}-token row, vocabulary {args.vocab}, Qwen2 {shape}, {args.dtype}, 1 rank on "
+              f"{args.device} ({'device peak' if args.device == 'cuda' else 'peak RSS'})")
         print(f"{'variant':<20} {'peak RSS GB':>11} {'of it, passes':>13} {'log-prob s':>10} {'update s':>8} {'chunk':>6} "
               f"{'plan saved GB':>13} {'plan update GB':>14} {'grad norm':>10}")
         rows = []
-        for name, variant in VARIANTS.items():
+        for name in names:
+            variant = VARIANTS[name]
             out = subprocess.run([sys.executable, __file__, "--one", name, "--model", str(path), "--tokens",
-                                  str(args.tokens), "--chunk-mb", str(args.chunk_mb)],
-                                 capture_output=True, text=True, check=True, cwd=REPO)
+                                  str(args.tokens), "--chunk-mb", str(args.chunk_mb), "--device", args.device,
+                                  "--dtype", args.dtype], capture_output=True, text=True, check=True, cwd=REPO)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             mb = args.chunk_mb if variant["logits_chunk_mb"] is None else variant["logits_chunk_mb"]
-            saved, peak = planner_bytes(args.vocab, args.tokens, mb, bool(variant["recompute"]))
+            saved, peak = planner_bytes(args.vocab, args.tokens, mb, variant["recompute"], shape, args.dtype,
+                                        fused=True)
+            r.update(plan_saved_gb=saved, plan_update_peak_gb=peak)
             rows.append(r)
             print(f"{name:<20} {r['peak_gb']:>11.2f} {r['peak_gb'] - r['before_gb']:>13.2f} {r['log_prob_s']:>10.1f} "
                   f"{r['update_s']:>8.1f} "
                   f"{r['chunk_tokens']:>6} {saved:>13.2f} {peak:>14.2f} {r['grad_norm']:>10.4g}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"tokens": args.tokens, "vocab": args.vocab, "shape": shape,
+                                                   "dtype": args.dtype, "device": args.device, "rows": rows}))
         base = rows[0]
         for r in rows[1:]:
             passes = (base["peak_gb"] - base["before_gb"]) / max(r["peak_gb"] - r["before_gb"], 1e-9)

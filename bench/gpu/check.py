@@ -198,6 +198,21 @@ TRAIN_KEYS = ("packing", "attention", "tokens", "fwd_tok_s", "upd_tok_s", "fwd_m
               "params_per_rank")
 SYNC_KEYS = ("bucket_mb", "buckets", "seconds", "raw", "export_gb_s", "raw_gb_s", "export_over_raw", "peak", "bound")
 
+def long_row_cmd(ctx: Ctx) -> list[str]:
+    """A Qwen2.5-1.5B-shaped body on one 8k-token row: the device's peak over a log-prob pass and an update, whole
+    vs chunked logits, with and without recomputation, the planner's figures beside (toy sizes on CPU)."""
+    cuda = ctx.device == "cuda"
+    sizes = (["--hidden", "1536", "--layers", "28", "--heads", "12", "--kv-heads", "2", "--ffn", "8960",
+              "--vocab", "151936", "--tokens", "8192", "--dtype", "bfloat16",
+              "--variants", "whole,chunked,chunked+recompute,chunked+selective"] if cuda else
+             ["--tokens", "1024", "--vocab", "4096", "--variants", "whole,chunked,chunked+recompute"])
+    return [ctx.python, "bench/long_row_memory.py", "--device", ctx.device, *sizes,
+            "--json", str(ctx.work / "long_row_memory.json")]
+
+
+LONG_ROW_KEYS = ("variant", "peak_gb", "before_gb", "log_prob_s", "update_s", "chunk_tokens", "plan_saved_gb",
+                 "plan_update_peak_gb", "grad_norm")
+
 QWEN3_06B_BODY = ("--hidden", "1024", "--layers", "28", "--heads", "16", "--kv-heads", "8", "--ffn", "3072")
 
 STEPS: list[Step] = [
@@ -209,6 +224,10 @@ STEPS: list[Step] = [
          "weight sync, engine-vs-trainer log-prob gap, NVML per phase", 180, 60, job_cmd("default_job"),
          job_figures("default_job")),
     Step("gpu_tests", "pytest -m gpu (the GPU-marked tests)", 150, 30, gpu_tests_cmd, pytest_figures),
+    Step("memory_at_size", "a 1.5B-shaped body (Qwen2.5-1.5B, 152k vocab, bf16) on one 8k-token row: the device's "
+         "peak and time of a log-prob pass and an update with the whole logits, chunked logits, and chunked with "
+         "full or selective recomputation; the planner's saved and update-peak figures beside", 240, 120,
+         long_row_cmd, json_figures("long_row_memory", LONG_ROW_KEYS)),
     Step("train_step_100m", "actor log-prob and update throughput and MFU, 100m preset, packed vs padded, the "
          "local spec's fused attention vs its eager path", 150, 60, train_step_cmd("train_step_100m"), json_figures("train_step_100m", TRAIN_KEYS)),
     Step("weight_sync", "weight-sync export of a 1.3B model on CUDA: GB/s vs a raw copy of the same bytes", 120, 40,
