@@ -123,3 +123,13 @@ def test_a_teacher_on_its_own_split_is_planned_at_its_own_size(capsys):
     with_actor, own = others("null"), others("8")
     assert with_actor == pytest.approx(4 * own, rel=0.01)
     assert own == pytest.approx(8.19e9 * 2 / 8, rel=0.01)  # Qwen3-8B's parameters in bf16, over 8 GPUs
+
+
+def test_qwen3_30b_a3b_with_32k_token_rows_fits_4_nodes_of_8_h100_with_recomputation(capsys):
+    """The MoE preset (TP1 EP8, its offload keys) with one 32k-token row per micro-batch on 32 H100s: full
+    recomputation and the default chunked logits make it fit; without recomputation it does not."""
+    long = [*LONG_ROWS[:2], "model=qwen3_30b_a3b", *LONG_ROWS[3:], "--nodes", "4", "--suggest", "0"]
+    assert not _plan_json(capsys, long)["fits"]
+    plan = _plan_json(capsys, [*long, "actor.recompute_granularity=full"])
+    assert plan["world_size"] == 32 and plan["fits"], plan["peak_bytes"] / 2**30
+
