@@ -4,8 +4,9 @@ One spawned group of 2 gloo ranks runs each layout in turn (TP=2, TP=2 with sequ
 and tied embeddings at TP=2); per layout an actor is built with the whole logits (``logits_chunk_mb=0``,
 megatron-core's output layer) and one with deferred logits cut into chunks of 7 tokens (so every micro-batch spans
 many chunks and a row's tokens fall into several). Each runs the old-log-prob pass with entropy, a teacher's top-k
-pass, and one forward-backward of the PPO objective with an entropy bonus; the per-token outputs, the loss and each
-rank's gradient shards (the output weight's included) must agree within 1e-6 in fp32.
+pass, one forward-backward of the PPO objective with an entropy bonus, and a distilling update (candidate log-probs
+at the top k, and their gradient); the per-token outputs, the losses, each rank's gradient shards (the output
+weight's included) and the update's gradient norm must agree within 1e-6 in fp32.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ LAYOUTS = {
 
 
 def _run(path: str, par: Any, layout: Any, chunked: bool) -> dict[str, Any]:
-    from mcore_agentic.algorithms.config import PolicyLossConfig
+    from mcore_agentic.algorithms.config import DistillationConfig, PolicyLossConfig
     from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.config import ActorConfig, OptimConfig
@@ -61,8 +62,13 @@ def _run(path: str, par: Any, layout: Any, chunked: bool) -> dict[str, Any]:
     # the deferred layer names no parameter twice (the optimizer's and the checkpoint's names come from here)
     names = [n for chunk in engine.chunks for n, _ in chunk.named_parameters(remove_duplicate=False)]
     assert len(names) == len(set(names)) and not any("deferred" in n for n in names), names
+    # A distilling update: the student's candidate log-probs at the (here: its own) top k, and their gradient.
+    distilled = scored.update({"teacher_top_k_ids": top["top_k_ids"],
+                               "teacher_top_k_log_probs": top["top_k_log_probs"] * 0.9})
+    update = actor.update_policy(distilled, distillation=DistillationConfig(coef=0.5, top_k=TOP_K))
     return {"deferred": deferred, "log_probs": scored["old_log_probs"], "entropys": scored["entropys"],
-            "top_k_log_probs": top["top_k_log_probs"], "top_k_ids": top["top_k_ids"], "sums": sums, "grads": grads}
+            "top_k_log_probs": top["top_k_log_probs"], "top_k_ids": top["top_k_ids"], "sums": sums, "grads": grads,
+            "update": {k: update[k] for k in ("pg_loss", "distill_kl", "grad_norm")}}
 
 
 def _body(rank: int, world_size: int, paths: dict[bool, str]) -> bytes:
@@ -102,6 +108,9 @@ def test_chunked_logits_equal_the_whole_logits(results, layout):
         assert whole["sums"]["pg_loss"] != 0
         for key, value in whole["sums"].items():
             assert chunked["sums"][key] == pytest.approx(value, rel=TOL, abs=TOL), (layout, rank, key)
+        assert whole["update"]["distill_kl"] != 0
+        for key, value in whole["update"].items():  # the candidates' gradient is in the grad norm
+            assert chunked["update"][key] == pytest.approx(value, rel=TOL, abs=TOL), (layout, rank, key)
         assert len(chunked["grads"]) == len(whole["grads"])
         for i, (got, want) in enumerate(zip(chunked["grads"], whole["grads"], strict=True)):
             torch.testing.assert_close(got, want, rtol=TOL, atol=TOL * max(want.abs().max().item(), 1e-12),
