@@ -55,6 +55,7 @@ from mcore_agentic.workers.micro_batch import (
     build_micro_batch,
     merge_outputs,
     post_process,
+    rows_in_order,
     sum_metrics,
     to_device,
 )
@@ -426,19 +427,21 @@ class MegatronEngine:
             chunk.eval()
         with torch.no_grad():
             outputs = self._run(mbs, head_fn, None, forward_only=True)
-        merged = merge_outputs(outputs, groups, len(batch)) if self.layout.is_pipeline_last_stage else None
+        merged = merge_outputs(outputs) if self.layout.is_pipeline_last_stage else None  # micro-batch order
         # Each output's trailing shape and dtype (a teacher's top-k: [k] and int64), as the last stage has them.
         shapes = self._pp_last_broadcast_obj(
             {k: (tuple(v.shape[1:]), v.dtype) for k, v in merged.items()} if merged is not None else None
         )
+        rows = sum(len(g) for g in groups)
         result: dict[str, torch.Tensor] = {}
         for k, (tail, dtype) in sorted(shapes.items()):
-            t = merged[k] if merged is not None else comm.device_zeros(len(batch), *tail, dtype=dtype)
+            t = merged[k] if merged is not None else comm.device_zeros(rows, *tail, dtype=dtype)
             if self.layout.pipeline_model_parallel_size > 1:  # a payload: the last stage's device tensor
                 comm.broadcast_device(
                     t, group=self.layout.pp_group(), group_src=self.layout.pipeline_model_parallel_size - 1
                 )
-            result[k] = t.cpu()  # once per pass: the experience path works on the host
+            # once per pass to the host, where the experience path works; row order from the host's indices
+            result[k] = rows_in_order(t.cpu(), groups, len(batch))
         return result
 
     def forward_backward(

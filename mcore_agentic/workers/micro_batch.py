@@ -9,9 +9,10 @@ back to the host once per pass.
   advantages, returns...), to the compute device in one go: from pinned memory and non-blocking on CUDA.
 * :func:`post_process` runs on the last pipeline stage on device tensors only: head, CP gather, response layout,
   loss. No host sync on a device tensor happens there.
-* :func:`merge_outputs` puts a forward-only pass's per-micro-batch outputs back in row order on the device;
-  the engine returns them to the host once per pass, so the experience path (advantages, returns, metrics)
-  works on host tensors only.
+* :func:`merge_outputs` concatenates a forward-only pass's per-micro-batch outputs on the device; the engine
+  returns them to the host once per pass and :func:`rows_in_order` puts them back in row order there (with host
+  indices: no index is copied to the device), so the experience path (advantages, returns, metrics) works on host
+  tensors only.
 
 ``tests/unit/workers/test_device_policy.py`` runs this path on fake CUDA tensors (torch's ``FakeTensorMode``):
 a CPU tensor meeting a CUDA one, or a host read of a device value, fails there without a GPU.
@@ -217,14 +218,20 @@ def post_process(
     return loss, one, {k: v.detach().reshape(()) for k, v in metrics.items()}
 
 
-def merge_outputs(
-    outputs: Sequence[dict[str, torch.Tensor]], groups: Sequence[Sequence[int]], num_rows: int
-) -> dict[str, torch.Tensor]:
-    """A forward-only pass's per-micro-batch ``[b, R, ...]`` outputs in row order (on their device): floating
-    outputs as float32, integer ones (a teacher's top-k ids) as int64."""
+def merge_outputs(outputs: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A forward-only pass's per-micro-batch ``[b, R, ...]`` outputs, concatenated in micro-batch order on their
+    device (:func:`rows_in_order` puts them back in row order once they are on the host: an index made on the device
+    would be a synchronous copy from pageable memory per micro-batch and key): floating outputs as float32, integer
+    ones (a teacher's top-k ids) as int64."""
     keys = sorted(outputs[0])
-    merged = {k: scatter_rows([o[k] for o in outputs], groups, num_rows) for k in keys}
+    merged = {k: torch.cat([o[k] for o in outputs]) for k in keys}
     return {k: v.float() if v.is_floating_point() else v.long() for k, v in merged.items()}
+
+
+def rows_in_order(merged: torch.Tensor, groups: Sequence[Sequence[int]], num_rows: int) -> torch.Tensor:
+    """:func:`merge_outputs`' rows (micro-batch order, on the host) in the batch's row order."""
+    pieces = list(merged.split([len(g) for g in groups]))
+    return scatter_rows(pieces, groups, num_rows)
 
 
 def sum_metrics(outputs: Sequence[dict[str, torch.Tensor]]) -> dict[str, float]:
@@ -242,5 +249,6 @@ def sum_metrics(outputs: Sequence[dict[str, torch.Tensor]]) -> dict[str, float]:
 
 __all__ = [
     "HeadFn", "LossFn", "MicroBatch", "MicroBatching", "build_micro_batch", "merge_outputs", "post_process",
+    "rows_in_order",
     "sum_metrics", "to_device",
 ]

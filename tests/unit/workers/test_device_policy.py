@@ -25,7 +25,15 @@ from mcore_agentic.algorithms.losses import loss_normalisers
 from mcore_agentic.algorithms.objective import actor_objective, critic_objective
 from mcore_agentic.parallel.vocab_parallel import vocab_parallel_log_probs_and_entropy
 from mcore_agentic.workers import micro_batch
-from mcore_agentic.workers.micro_batch import build_micro_batch, merge_outputs, post_process, sum_metrics, to_device
+from mcore_agentic.workers.micro_batch import (
+    build_micro_batch,
+    merge_outputs,
+    post_process,
+    rows_in_order,
+    sum_metrics,
+    to_device,
+)
+from mcore_agentic.workers.sequence import scatter_rows
 from tests.unit.workers._fixtures import PROMPT, VOCAB, make_batch
 
 CUDA = torch.device("cuda", 0)
@@ -211,12 +219,19 @@ def test_a_forward_only_pass_returns_host_outputs_for_the_experience_path():
         dev = to_device(mb, META)
         logits = torch.randn(*dev.tokens.shape, VOCAB, device=META)
         outs.append(post_process(dev, _head, None, True, logits, cp_size=1, cp_group=None)[2])
-    merged = merge_outputs(outs, groups, len(rows))
+    merged = merge_outputs(outs)  # in micro-batch order, on the device
     assert all(v.device == META and v.shape == rows["responses"].shape for v in merged.values())
     with FakeTensorMode(allow_non_fake_inputs=True):
-        on_cuda = {k: torch.zeros(*v.shape, device=CUDA) for k, v in merged.items()}
-        host = {k: v.cpu() for k, v in on_cuda.items()}  # what MegatronEngine.forward_only returns
+        on_cuda = [{k: torch.zeros(len(g), *v.shape[1:], device=CUDA) for k, v in merged.items()} for g in groups]
+        with _NoHostToDevice():  # no row index made on the device (GPU review P7: a pageable copy per key)
+            device_merged = merge_outputs(on_cuda)
+            with pytest.raises(AssertionError, match="host data copied"):  # what the merge did before
+                scatter_rows([piece["log_probs"] for piece in on_cuda], groups, len(rows))
+        host = {k: v.cpu() for k, v in device_merged.items()}  # what MegatronEngine.forward_only copies back
     assert all(v.device.type == "cpu" and v.shape == rows["responses"].shape for v in host.values())
+    # ... and puts in row order on the host: row r of micro-batch k is the batch's row groups[k][r]
+    ordered = rows_in_order(torch.arange(6.0).unsqueeze(1), groups, 6)
+    assert ordered.squeeze(1).tolist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
     # The experience path (advantages) then meets host rows only.
     scores = torch.randn(len(rows))
     token_rewards = rows["response_mask"].float() * scores[:, None]
