@@ -50,7 +50,7 @@ def reverse_kl_per_token(student_log_probs: torch.Tensor, teacher_log_probs: tor
     """``log p_student - log p_teacher`` on the sampled tokens (``mask`` 1), 0 elsewhere: each token's sample of the
     reverse KL."""
     diff = student_log_probs.float() - teacher_log_probs.float()
-    return torch.where(mask.bool(), diff, torch.zeros((), dtype=diff.dtype))
+    return torch.where(mask.bool(), diff, diff.new_zeros(()))  # a device zero: no host scalar copied in
 
 
 def top_k_kl(student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor, *, direction: str) -> torch.Tensor:
@@ -80,7 +80,7 @@ def distillation_advantages(
     :func:`top_k_kl` instead: ``add`` keeps the task advantages, ``only`` zeroes them."""
     if mode not in ("add", "only"):
         raise ValueError(f"mode must be add or only, got {mode!r}")
-    task = torch.where(mask.bool(), advantages, torch.zeros((), dtype=advantages.dtype))
+    task = torch.where(mask.bool(), advantages, advantages.new_zeros(()))
     if top_k:
         return task if mode == "add" else torch.zeros_like(task)
     term = -coef * reverse_kl_per_token(student_log_probs, teacher_log_probs, mask)

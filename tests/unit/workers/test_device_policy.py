@@ -55,6 +55,10 @@ class _NoHostToDevice(TorchFunctionMode):
             on_device = isinstance(data, torch.Tensor) and data.device.type != "cpu"
             if dev is not None and torch.device(dev).type != "cpu" and not on_device:
                 raise AssertionError(f"host data copied to {dev} by {func.__name__}")
+        elif func is torch.where:  # a host 0-dim operand is copied to the device, synchronously
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            if any(t.device.type == "cpu" for t in tensors) and any(t.device.type != "cpu" for t in tensors):
+                raise AssertionError("a host tensor mixed into torch.where on the device")
         elif func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.copy_):
             src = args[1] if func is torch.Tensor.copy_ else args[0]
             dst = args[0].device if func is torch.Tensor.copy_ else _target_device(args[1:], kwargs)
@@ -254,3 +258,15 @@ def test_the_host_micro_batch_on_the_device_fails_without_the_copy():
     logits = torch.randn(*mb.tokens.shape, VOCAB, device=META)
     with pytest.raises(RuntimeError, match="meta|device"):
         post_process(mb, _head, _actor_loss(norms), False, logits, cp_size=1, cp_group=None)
+
+
+def test_the_distillation_terms_make_no_host_scalar_on_the_device():
+    """GPU review m6: ``torch.where`` with a host 0-dim zero copies it to the device synchronously."""
+    from mcore_agentic.algorithms.distillation import distillation_advantages, reverse_kl_per_token
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        student, teacher = torch.zeros(2, 5, device=CUDA), torch.zeros(2, 5, device=CUDA)
+        mask = torch.ones(2, 5, dtype=torch.long, device=CUDA)
+        with _NoHostToDevice():
+            assert reverse_kl_per_token(student, teacher, mask).device == CUDA
+            assert distillation_advantages(student, student, teacher, mask, mode="add", coef=0.5).device == CUDA
