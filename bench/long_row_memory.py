@@ -118,14 +118,15 @@ def one_variant(path: str, name: str, tokens: int, chunk_mb: int, device: str, d
 
 def planner_bytes(vocab: int, tokens: int, chunk_mb: int, recompute: dict, shape: dict, dtype: str,
                   fused: bool) -> tuple[float, float]:
+    from mcore_agentic.models.spec import logits_chunk_tokens
     from mcore_agentic.plan.activations import Dims, Recompute, Split, saved_bytes, update_peak_bytes
     from mcore_agentic.workers.config import RecomputeConfig
 
     padded = -(-vocab // 128) * 128
     dims = Dims(hidden=shape["hidden"], heads=shape["heads"], kv_heads=shape["kv_heads"],
                 head_dim=shape["hidden"] // shape["heads"], ffn=shape["ffn"], layers=shape["layers"], vocab=padded)
-    chunk = chunk_mb * 2**20 // 4 // padded if chunk_mb else 0
-    split = Split(dtype_bytes=4 if dtype == "float32" else 2, fused_attention=fused, logits_chunk_tokens=chunk)
+    split = Split(dtype_bytes=4 if dtype == "float32" else 2, fused_attention=fused,
+                  logits_chunk_tokens=logits_chunk_tokens(chunk_mb, padded))
     rc = Recompute.of(RecomputeConfig(**recompute))
     rows, layers = [tokens], shape["layers"]
     return (saved_bytes(dims, split, rows, layers=layers, last_stage=True, recompute=rc) / 2**30,

@@ -5,9 +5,9 @@ hidden states over TP (or copies them into the tensor-parallel region, whose bac
 this rank's ``[V / TP, h]`` weight (the tied embedding's when ``share_embeddings_and_output_weights``) and returns
 the logits, which the model transposes to ``[b, s, V / TP]``. :func:`defer_output_layer` replaces that layer's
 forward on one model chunk (its instance attribute; the class, the parameters and their names are untouched, so
-checkpoints, the weight export and DDP see the same model) with the input preparation alone, and remembers which
-weight the matmul would have used. The caller then makes the logits in chunks of tokens
-(:class:`mcore_agentic.parallel.chunked_logits.HiddenStates`).
+checkpoints, the weight export and DDP see the same model) with the input preparation alone. The caller then makes
+the logits in chunks of tokens (:class:`mcore_agentic.parallel.chunked_logits.HiddenStates`) with
+:func:`output_weight`, the weight the matmul would have used.
 """
 
 from __future__ import annotations
@@ -26,9 +26,6 @@ def _deferred_forward(self: Any, input_: torch.Tensor, weight: torch.Tensor | No
         gather_from_sequence_parallel_region,
     )
 
-    # Kept out of the module's parameters: an assigned Parameter would be registered under a second name (the
-    # optimizer's and the checkpoint's names come from named_parameters).
-    vars(self)["deferred_weight"] = self.weight if weight is None else weight
     if self.sequence_parallel:
         return gather_from_sequence_parallel_region(input_, group=self.tp_group), None
     if self.tp_group is not None and self.tp_group.size() > 1:
@@ -44,18 +41,16 @@ def defer_output_layer(model: Any) -> bool:
     layer = getattr(model, "output_layer", None)
     if not getattr(model, "post_process", False) or type(layer) is not ColumnParallelLinear:
         return False
-    vars(layer)["deferred_weight"] = None
     layer.forward = types.MethodType(_deferred_forward, layer)
     return True
 
 
-def deferred_weight(model: Any) -> torch.Tensor:
-    """The weight the deferred output layer of ``model`` would have multiplied by in its last forward."""
-    layer = getattr(model, "output_layer", None)
-    weight = vars(layer).get("deferred_weight") if layer is not None else None
-    if weight is None:
-        raise RuntimeError("the model's output layer is not deferred, or has not run a forward pass yet")
-    return weight
+def output_weight(model: Any) -> torch.Tensor:
+    """The ``[V / TP, h]`` weight ``model``'s (a last-stage ``GPTModel`` chunk) output layer multiplies by: the tied
+    embedding's when they share, as ``GPTModel`` passes it, else the layer's own."""
+    if model.share_embeddings_and_output_weights:
+        return model.shared_embedding_or_output_weight()
+    return model.output_layer.weight
 
 
-__all__ = ["defer_output_layer", "deferred_weight"]
+__all__ = ["defer_output_layer", "output_weight"]

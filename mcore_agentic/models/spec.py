@@ -68,4 +68,12 @@ class ModelSpec:
         return getattr(torch, self.dtype)
 
 
-__all__ = ["DTYPES", "ModelSpec"]
+def logits_chunk_tokens(chunk_mb: int, vocab_local: int) -> int:
+    """Tokens whose fp32 logits over ``vocab_local`` ids fit ``chunk_mb`` MiB (``model.logits_chunk_mb``), at least
+    one; 0 when ``chunk_mb`` is 0 (the whole logits at once)."""
+    if chunk_mb <= 0:
+        return 0
+    return max(chunk_mb * 2**20 // 4 // max(vocab_local, 1), 1)
+
+
+__all__ = ["DTYPES", "ModelSpec", "logits_chunk_tokens"]

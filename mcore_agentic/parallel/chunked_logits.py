@@ -38,11 +38,6 @@ class HiddenStates:
     def device(self) -> torch.device:
         return self.hidden.device
 
-    @property
-    def shape(self) -> torch.Size:
-        """The logits' shape, ``[b, s, V_local]``."""
-        return torch.Size((*self.hidden.shape[:-1], self.weight.shape[0]))
-
     def logits(self, positions: slice) -> torch.Tensor:
         """The logits of token ``positions``, in float32, as the output layer and the model's cast would give them."""
         h = self.hidden[:, positions]
@@ -69,9 +64,4 @@ def _chunk(states: HiddenStates, positions: slice, fn: ChunkFn) -> dict[str, tor
     return fn(states.logits(positions), positions)
 
 
-def chunk_tokens_for(vocab_local: int, budget_elements: int) -> int:
-    """Tokens per chunk so that one chunk's fp32 logits hold at most ``budget_elements`` values (at least one token)."""
-    return max(budget_elements // max(vocab_local, 1), 1)
-
-
-__all__ = ["ChunkFn", "HiddenStates", "chunk_tokens_for"]
+__all__ = ["ChunkFn", "HiddenStates"]

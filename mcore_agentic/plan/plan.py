@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mcore_agentic.models.spec import logits_chunk_tokens
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.own_layout import own_tp_split
 from mcore_agentic.plan.activations import Dims, Recompute, Split, forward_peak_bytes, update_peak_bytes
@@ -188,10 +189,8 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     teacher: list[RankState] | None = answers[1] if teacher_hf_config is not None else None
     padded_vocab = -(-hf_config.vocab_size // (multiple * tp)) * multiple * tp
     dims = dims_of(hf_config, padded_vocab)
-    chunk_mb = int(getattr(cfg.model, "logits_chunk_mb", 0))
-    chunk_tokens = max(chunk_mb * 2**20 // 4 // (padded_vocab // tp), 1) if chunk_mb else 0
     split = Split(tp=tp, cp=cp, sequence_parallel=par.sequence_parallel, fused_attention=True, dtype_bytes=size,
-                  logits_chunk_tokens=chunk_tokens)
+                  logits_chunk_tokens=logits_chunk_tokens(cfg.model.logits_chunk_mb, padded_vocab // tp))
     max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
     a = cfg.actor
     update_rows = _micro_rows(a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, max_len)
@@ -199,8 +198,8 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     forward_rows = _micro_rows(r.log_prob_micro_batch_size_per_gpu, r.use_dynamic_bsz,
                                r.log_prob_max_token_len_per_gpu, max_len)
     layers_per_rank = math.ceil(dims.layers / pp)
-    actor_recompute = Recompute.of(getattr(a, "recompute", None))
-    critic_recompute = Recompute.of(getattr(cfg.critic, "recompute", None))
+    actor_recompute = Recompute.of(a.recompute)
+    critic_recompute = Recompute.of(cfg.critic.recompute)
     whole = answers[-1][0]
     total_params = whole.params
     # A token passes through top_k of each MoE layer's experts: the active parameters a decode step reads and a

@@ -39,10 +39,10 @@ import torch
 import torch.distributed as dist
 
 from mcore_agentic.data.batch import Batch
-from mcore_agentic.models.deferred_logits import defer_output_layer, deferred_weight
-from mcore_agentic.models.spec import ModelSpec
+from mcore_agentic.models.deferred_logits import defer_output_layer, output_weight
+from mcore_agentic.models.spec import ModelSpec, logits_chunk_tokens
 from mcore_agentic.parallel import comm
-from mcore_agentic.parallel.chunked_logits import HiddenStates, chunk_tokens_for
+from mcore_agentic.parallel.chunked_logits import HiddenStates
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import ParallelLayout
 from mcore_agentic.parallel.own_layout import OwnLayout
@@ -175,7 +175,7 @@ class MegatronEngine:
         if spec.logits_chunk_mb > 0 and any([defer_output_layer(chunk) for chunk in chunks]):
             tp = parallel.tensor_model_parallel_size
             vocab_local = self.bridge.padded_vocab_size(tp) // tp
-            self.logits_chunk_tokens = chunk_tokens_for(vocab_local, spec.logits_chunk_mb * 2**20 // 4)
+            self.logits_chunk_tokens = logits_chunk_tokens(spec.logits_chunk_mb, vocab_local)
         self.trainable = optim is not None
         self.optimizer = None
         self.scheduler = None
@@ -406,7 +406,7 @@ class MegatronEngine:
         if self.logits_chunk_tokens:
             from mcore_agentic.models.bridge import unwrap_model
 
-            output = HiddenStates(output, deferred_weight(unwrap_model(model)), self.logits_chunk_tokens)
+            output = HiddenStates(output, output_weight(unwrap_model(model)), self.logits_chunk_tokens)
         cp = self.layout.context_parallel_size
         return post_process(
             mb, head_fn, loss_fn, forward_only, output, cp_size=cp, cp_group=self.layout.cp_group() if cp > 1 else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mcore_agentic.models.spec import logits_chunk_tokens
 from mcore_agentic.plan.activations import Dims, Recompute, Split, saved_bytes
 from mcore_agentic.workers.config import RecomputeConfig
 from tests.helpers.distributed import run_distributed
@@ -149,7 +150,7 @@ def test_saved_activation_estimate_within_tolerance(case, measured):
         dims = Dims(**{**dims.__dict__, "vocab": -(-dims.vocab // (128 * tp)) * 128 * tp})
     chunk_mb = settings.get("logits_chunk_mb", 256)  # the default: chunked logits, none kept for the backward pass
     split = Split(tp=tp, fused_attention=fused, dtype_bytes=4,
-                  logits_chunk_tokens=chunk_mb * 2**20 // 4 // (dims.vocab // tp) if chunk_mb else 0)
+                  logits_chunk_tokens=logits_chunk_tokens(chunk_mb, dims.vocab // tp))
     estimate = saved_bytes(dims, split, rows, layers=layers, last_stage=True,
                            recompute=Recompute.of(RecomputeConfig(**_recompute(settings))))
     assert abs(estimate - nbytes) <= TOLERANCE * nbytes, (case, estimate, nbytes, estimate / nbytes)

@@ -1,8 +1,8 @@
 """A 32k-token agent row trains at CP=2 with activation recomputation, chunked logits and packing, and its numbers
 are the single-process reference's: TP=1, CP=1, no recomputation, the whole logits.
 
-Rows: one of 32,768 tokens (a 512-token prompt, a 32,256-token response with a tool-result hole in its loss mask, as
-an agent's) packed with two short ones. Each layout scores the old log-probs (with entropy), takes one PPO update
+Rows: one of up to 32,768 tokens (a prompt of up to 512 tokens, a 32,256-token response with a tool-result hole in
+its loss mask, as an agent's) packed with two short ones. Each layout scores the old log-probs (with entropy), takes one PPO update
 (one micro-batch per replica) and scores again; the log-probs before and after the update (so the update itself)
 must agree within 1e-5 (fp32; CP changes the reduction order of attention). Attention runs fused (SDPA on CPU, as
 on a GPU): eager attention would keep a 16k x 32k score matrix per head.
@@ -19,31 +19,23 @@ from tests.helpers.distributed import run_distributed
 
 TOL = 1e-5
 LONG, PROMPT = 32768, 512
-SHORT = [(6, 40), (3, 9)]  # (prompt, response) tokens of the other rows
+SHORT = [40, 9]  # response tokens of the other rows
 
 
 def _batch() -> Any:
     from mcore_agentic.data.batch import Batch
+    from tests.helpers.batches import padded_rows
     from tests.unit.workers._fixtures import VOCAB
 
     g = torch.Generator().manual_seed(0)
-    lengths = [(PROMPT, LONG - PROMPT), *SHORT]
-    p_width, r_width = max(p for p, _ in lengths), max(r for _, r in lengths)
-    n = len(lengths)
-    prompts = torch.zeros(n, p_width, dtype=torch.long)
-    responses = torch.zeros(n, r_width, dtype=torch.long)
-    attention = torch.zeros(n, p_width + r_width, dtype=torch.long)
-    mask = torch.zeros(n, r_width, dtype=torch.long)
-    for i, (p, r) in enumerate(lengths):
-        prompts[i, p_width - p:] = torch.randint(1, VOCAB, (p,), generator=g)  # left-padded prompts
-        responses[i, :r] = torch.randint(1, VOCAB, (r,), generator=g)
-        attention[i, p_width - p: p_width + r] = 1
-        mask[i, :r] = 1
-    mask[0, 1000:1400] = 0  # a tool result inside the long row: environment tokens
+    # a prompt of up to 512 tokens and a 32,256-token response with a tool result (positions 1000-1400) in its mask
+    rows = padded_rows(g, 1 + len(SHORT), prompt_width=PROMPT, response_width=LONG - PROMPT, vocab=VOCAB,
+                       min_response=2, hole=slice(1000, 1400), response_lengths=[LONG - PROMPT, *SHORT])
+    mask = rows.loss_mask
     return Batch(tensors={
-        "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
-        "attention_mask": attention, "position_ids": (attention.cumsum(1) - 1).clamp(min=0), "response_mask": mask,
-        "advantages": torch.randn(n, r_width, generator=g) * mask,
+        "prompts": rows.prompts, "responses": rows.responses, "input_ids": torch.cat([rows.prompts, rows.responses], 1),
+        "attention_mask": rows.attention_mask, "position_ids": (rows.attention_mask.cumsum(1) - 1).clamp(min=0),
+        "response_mask": mask, "advantages": torch.randn(mask.shape, generator=g) * mask,
     })
 
 
