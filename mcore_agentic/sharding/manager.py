@@ -6,6 +6,7 @@ on enter (the order keeps the peak low: the KV cache, the engine's largest part,
   1. ``actor.offload_before_export()``: the actor's gradient buffers and optimizer state off the
      device as verl's ``actor.grad_offload`` / ``actor.optimizer_offload`` ask (the export does
      not read them), then the freed blocks back to the driver (:func:`return_cached_memory`);
+     a host barrier;
   2. ``engine.resume_memory(["weights"])``;
   3. stream the actor's weights into the engine in buckets (:class:`StreamingExporter` ->
      transport) under the trainer's :class:`WeightVersion`; every engine gets the *full* model
@@ -13,7 +14,7 @@ on enter (the order keeps the peak low: the KV cache, the engine's largest part,
      an engine (``engine=None``: a rollout group's non-leader, see
      :mod:`mcore_agentic.parallel.rollout_placement`) joins it through :class:`NoEngine`;
   4. ``actor.offload_after_export()``: its parameters too with ``actor.param_offload``, and the
-     freed blocks back to the driver;
+     freed blocks back to the driver; a host barrier;
   5. ``engine.resume_memory(["kv_cache"])``;
   6. check the engine's version (``check_weight_version``); the engine's own
      ``finish_weight_update`` dropped whatever it cached under the old weights;
@@ -22,7 +23,19 @@ on enter (the order keeps the peak low: the KV cache, the engine's largest part,
 
 on exit (also after an error in the rollout)
   restore the training RNG states, ``engine.release_memory()`` and the freed blocks back to the
-  driver, ``actor.reload()``.
+  driver, a host barrier (not after an error: see :meth:`ShardingManager.__exit__`), ``actor.reload()``.
+
+Why the barriers: an engine may span other ranks' GPUs (an SGLang engine of rollout TP=k, launched by
+its group's leader, runs schedulers on the GPUs of the group's k-1 other ranks), and the offloads and
+the reload are each rank's own, with no collective between them and the leader's resume or release.
+Without the barriers the leader could map the engine's weights or KV cache on GPU j while rank j still
+holds its optimizer state or parameters, or rank j could reload while the engine's KV cache still
+occupies its GPU (GPU review C1). They are :func:`comm.barrier` host calls over the world (gloo).
+
+Why the device synchronisation: each phase is timed by :func:`~mcore_agentic.utils.timing.timer`, which
+synchronises the device around it once CUDA is initialised, so ``timing_s/sharding/*`` include the
+copies and kernels the phase queued (GPU review m4), and a rank's device-to-host copies are done before
+it reaches the barrier that lets the leader map memory on its GPU.
 
 Why the driver: what the trainer frees stays in torch's caching allocator, where neither SGLang's
 processes nor vLLM's sleep-mode allocator (which maps memory outside it) can take it, and where
@@ -34,14 +47,15 @@ The actor is any :class:`RolloutPolicy`: the trainer's
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from mcore_agentic.models.bridge import Bridge
+from mcore_agentic.parallel import comm
 from mcore_agentic.sharding.config import ShardingConfig
 from mcore_agentic.sharding.exporter import StreamingExporter
 from mcore_agentic.sharding.transports import (
@@ -52,6 +66,7 @@ from mcore_agentic.sharding.transports import (
     make_transport,
 )
 from mcore_agentic.utils.seeding import RngState
+from mcore_agentic.utils.timing import timer
 
 
 class ExportableModel(Protocol):
@@ -108,6 +123,8 @@ class PhaseTimes:
     sync: float = 0.0
     release: float = 0.0
     reload: float = 0.0
+    wait: float = 0.0
+    """At the barriers, for the other ranks."""
 
 
 class ShardingManager:
@@ -142,6 +159,30 @@ class ShardingManager:
     def _read_gpu(self) -> Any:
         return self.gpu.read() if self.gpu is not None else None
 
+    @contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        """Add the block's seconds to ``self.times.<phase>``, the device synchronised around it once CUDA is
+        initialised (the models are on it; before that no device work can be queued, and CUDA is left alone)."""
+        spent: dict[str, float] = {}
+        with timer(phase, spent, sync=torch.cuda.is_initialized()):
+            yield
+        setattr(self.times, phase, getattr(self.times, phase) + spent[phase])
+
+    def _barrier(self) -> None:
+        """Wait for every rank (a gloo host call; nothing at world 1).
+
+        Over the world, always, also where every engine is a rank's own (rollout TP=1): the manager is not
+        told the rollout groups, the world holds every group an engine spans, and the barriers cost
+        little. They are three one-integer gloo all-reduces a step. The first is followed by the export,
+        a collective over all ranks that waits for the slowest anyway; the exit's follows the rollout's
+        rounds table (a world collective), so it waits for what the leaders do after it, which the
+        hand-off would wait for anyway. Only the second (before the KV cache) adds a wait: the engine
+        wakes its KV cache once the slowest rank has offloaded its parameters, as one that spans
+        several ranks' GPUs must.
+        """
+        with self._timed("wait"):
+            comm.barrier()
+
     # ------------------------------------------------------------------ weights
     def sync_weights(self) -> SyncStats:
         """Stream the actor's weights into the engine under the current version (collective)."""
@@ -165,33 +206,31 @@ class ShardingManager:
         self.times = PhaseTimes()
         self.offloaded_bytes = 0
         try:
-            t = time.perf_counter()
-            before = self._read_gpu()
-            self.offloaded_bytes += self.actor.offload_before_export()
-            return_cached_memory()
-            if self.gpu is not None:
-                self.gpu.freed("actor_offload", before, self._read_gpu())
-            self.times.offload += time.perf_counter() - t
-            t = time.perf_counter()
-            self.engine.resume_memory(tags=["weights"])
-            self.times.resume += time.perf_counter() - t
-            t = time.perf_counter()
-            self.sync_weights()
-            self.times.sync = time.perf_counter() - t
-            t = time.perf_counter()
-            before = self._read_gpu()
-            self.offloaded_bytes += self.actor.offload_after_export()
-            return_cached_memory()
-            if self.gpu is not None:  # adds to the first part's
-                self.gpu.freed("actor_offload", before, self._read_gpu())
-            self.times.offload += time.perf_counter() - t
-            t = time.perf_counter()
-            self.engine.resume_memory(tags=["kv_cache"])
-            self.times.resume += time.perf_counter() - t
+            with self._timed("offload"):
+                before = self._read_gpu()
+                self.offloaded_bytes += self.actor.offload_before_export()
+                return_cached_memory()
+                if self.gpu is not None:
+                    self.gpu.freed("actor_offload", before, self._read_gpu())
+            self._barrier()  # every rank's grads and optimizer state off before an engine maps weights on its GPU
+            with self._timed("resume"):
+                self.engine.resume_memory(tags=["weights"])
+            with self._timed("sync"):
+                self.sync_weights()
+            with self._timed("offload"):
+                before = self._read_gpu()
+                self.offloaded_bytes += self.actor.offload_after_export()
+                return_cached_memory()
+                if self.gpu is not None:  # adds to the first part's
+                    self.gpu.freed("actor_offload", before, self._read_gpu())
+            self._barrier()  # every rank's parameters off before an engine maps its KV cache on its GPU
+            with self._timed("resume"):
+                self.engine.resume_memory(tags=["kv_cache"])
             if self.cfg.check_weight_version:
                 self.check()
         except BaseException:
-            # Leave things as before the rollout: engine released, actor trainable.
+            # Leave things as before the rollout: engine released, actor trainable. No barrier here: a rank
+            # that failed alone would wait at it while the others wait in a collective of the enter.
             try:
                 self.engine.release_memory()
                 return_cached_memory()
@@ -207,16 +246,19 @@ class ShardingManager:
             self._rollout_rng = RngState.capture()  # the next rollout continues this stream
             self._training_rng.restore()
             self._training_rng = None
-        t = time.perf_counter()
-        before = self._read_gpu()
-        self.engine.release_memory()
-        return_cached_memory()
-        if self.gpu is not None:
-            self.gpu.freed("engine_release", before, self._read_gpu())
-        self.times.release = time.perf_counter() - t
-        t = time.perf_counter()
-        self.actor.reload()
-        self.times.reload = time.perf_counter() - t
+        with self._timed("release"):
+            before = self._read_gpu()
+            self.engine.release_memory()
+            return_cached_memory()
+            if self.gpu is not None:
+                self.gpu.freed("engine_release", before, self._read_gpu())
+        if exc_info[0] is None:
+            # Every engine released before any rank reloads onto a GPU it spans. Not after an error in the
+            # rollout: a rank that failed alone would wait here while the others wait in the rollout's
+            # collectives (a mismatched collective, a hang until the timeout, instead of a failed run).
+            self._barrier()
+        with self._timed("reload"):
+            self.actor.reload()
 
 
 __all__ = ["NoEngine", "PhaseTimes", "RolloutPolicy", "ShardingManager", "return_cached_memory"]
