@@ -136,36 +136,63 @@ def cp_split(tensor: torch.Tensor, cp_size: int, cp_rank: int, seq_dim: int = 1)
     )
 
 
+def _gather_order(
+    local_len: int, cp_size: int, cu_seqlens: torch.Tensor | list[int] | None, device: torch.device
+) -> torch.Tensor:
+    """``[2, cp_size * local_len]`` long on ``device``: row 0 the global position of each rank-major gathered token
+    (rank 0's ``local_len`` tokens, then rank 1's, ...), row 1 its inverse (where each global position sits in the
+    rank-major order).
+
+    Built on the host from host offsets (``cu_seqlens`` as a list or a CPU tensor; a device tensor is read to the
+    host once) and copied to ``device`` in one go — pinned and non-blocking to a GPU — instead of two
+    ``torch.arange`` per row and CP rank on the device (GPU review P6)."""
+    if cu_seqlens is None:
+        indices = [cp_positions(local_len * cp_size, cp_size, r) for r in range(cp_size)]
+    else:
+        bounds = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
+        indices = [cp_packed_indices(bounds, cp_size, r) for r in range(cp_size)]
+        if indices[0].numel() != local_len:
+            raise ValueError(
+                f"cp_gather: cu_seqlens describe {indices[0].numel() * cp_size} packed tokens, "
+                f"i.e. {indices[0].numel()} per rank, but the local tensor has {local_len}"
+            )
+    perm = torch.cat(indices)
+    order = torch.empty((2, perm.numel()), dtype=torch.long)
+    order[0] = perm
+    order[1, perm] = torch.arange(perm.numel())
+    if device.type == "cpu":
+        return order
+    if device.type == "cuda" and torch.cuda.is_available():
+        return order.pin_memory().to(device, non_blocking=True)
+    return order.to(device)
+
+
 class _CPGather(torch.autograd.Function):
-    """All-gather shards and place each rank's tokens at its global positions ``indices[r]``."""
+    """All-gather shards and put the rank-major tokens in sequence order (``order``: :func:`_gather_order`)."""
 
     @staticmethod
     def forward(
-        ctx, local: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, grad_mode: str, indices: list[torch.Tensor]
+        ctx, local: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, grad_mode: str, order: torch.Tensor,
+        cp_size: int,
     ) -> torch.Tensor:
-        cp_size = len(indices)
-        ctx.group, ctx.seq_dim, ctx.grad_mode, ctx.indices = group, seq_dim, grad_mode, indices
+        ctx.group, ctx.seq_dim, ctx.grad_mode, ctx.order, ctx.cp_size = group, seq_dim, grad_mode, order, cp_size
         local = local.contiguous()
         shards = [comm.device_empty(*local.shape, dtype=local.dtype, device=local.device) for _ in range(cp_size)]
         comm.all_gather_device(shards, local, group=group)
-        shape = list(local.shape)
-        shape[seq_dim] *= cp_size
-        full = local.new_empty(shape)
-        for idx, shard in zip(indices, shards):
-            full.index_copy_(seq_dim, idx, shard)
-        return full
+        return torch.cat(shards, dim=seq_dim).index_select(seq_dim, order[1])
 
     @staticmethod
     def backward(ctx, grad_full: torch.Tensor):
-        group, seq_dim, indices = ctx.group, ctx.seq_dim, ctx.indices
-        cp_rank = dist.get_rank(group)
-        none = (None, None, None, None)
+        group, seq_dim, order = ctx.group, ctx.seq_dim, ctx.order
+        none = (None, None, None, None, None)
         if ctx.grad_mode == "slice":
-            return (grad_full.index_select(seq_dim, indices[cp_rank]), *none)
+            local_len = order.shape[1] // ctx.cp_size
+            mine = order[0].narrow(0, dist.get_rank(group) * local_len, local_len)
+            return (grad_full.index_select(seq_dim, mine), *none)
         # "sum": every rank's loss may depend on every rank's tokens; the gradient of
         # the summed loss w.r.t. my tokens is the sum of all ranks' grads at my
         # positions. Rearrange to rank-major order so this is a reduce-scatter.
-        rank_major = torch.cat([grad_full.index_select(seq_dim, idx) for idx in indices], dim=seq_dim)
+        rank_major = grad_full.index_select(seq_dim, order[0])
         mine = comm.reduce_scatter_device(rank_major.movedim(seq_dim, 0).contiguous(), group=group)
         return (mine.movedim(0, seq_dim).contiguous(), *none)
 
@@ -203,15 +230,7 @@ def cp_gather(
         raise ValueError(f"cp_gather: grad_mode={grad_mode!r}; use 'sum' or 'slice'")
     seq_dim = seq_dim % local.dim()
     local_len = local.shape[seq_dim]
-    if cu_seqlens is None:
-        if local_len % 2 != 0:
-            raise ValueError(f"cp_gather: local length {local_len} must be even (two chunks per rank)")
-        indices = [cp_positions(local_len * cp_size, cp_size, r, device=local.device) for r in range(cp_size)]
-    else:
-        indices = [cp_packed_indices(cu_seqlens, cp_size, r, device=local.device) for r in range(cp_size)]
-        if indices[0].numel() != local_len:
-            raise ValueError(
-                f"cp_gather: cu_seqlens describe {indices[0].numel() * cp_size} packed tokens, "
-                f"i.e. {indices[0].numel()} per rank, but the local tensor has {local_len}"
-            )
-    return _CPGather.apply(local, group, seq_dim, grad_mode, indices)
+    if cu_seqlens is None and local_len % 2 != 0:
+        raise ValueError(f"cp_gather: local length {local_len} must be even (two chunks per rank)")
+    order = _gather_order(local_len, cp_size, cu_seqlens, local.device)
+    return _CPGather.apply(local, group, seq_dim, grad_mode, order, cp_size)
