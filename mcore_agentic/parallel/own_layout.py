@@ -16,10 +16,12 @@ the own split scores the rows of every student replica among its ranks (the teac
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
+from mcore_agentic.parallel import layout as _layout
 from mcore_agentic.parallel.config import ParallelConfig
 from mcore_agentic.parallel.layout import ParallelLayout, new_groups
 
@@ -86,10 +88,11 @@ def own_tp_layout(tp: int, student: ParallelLayout) -> OwnLayout:
     if tp < 1 or world % tp:
         raise ValueError(f"a tensor-parallel split of {tp} does not divide the world of {world} ranks")
     blocks = [list(range(b * tp, (b + 1) * tp)) for b in range(world // tp)]
-    groups = {
-        "tp": new_groups(blocks, rank),
-        "dp": new_groups([list(range(i, world, tp)) for i in range(tp)], rank),
-        "self": new_groups([[r] for r in range(world)], rank),
+    alone = _self_group(rank)
+    groups = {  # a split of single ranks (TP 1, or DP 1) is the rank alone: no group made per rank of the world
+        "tp": new_groups(blocks, rank) if tp > 1 else alone,
+        "dp": new_groups([list(range(i, world, tp)) for i in range(tp)], rank) if tp < world else alone,
+        "self": alone,
     }
     return OwnLayout(
         world_size=world, rank=rank, tensor_model_parallel_size=tp, pipeline_model_parallel_size=1,
@@ -97,6 +100,17 @@ def own_tp_layout(tp: int, student: ParallelLayout) -> OwnLayout:
         tp_rank=rank % tp, pp_rank=0, cp_rank=0, dp_rank=rank // tp, expert_model_parallel_size=1, ep_rank=0,
         backend=student.backend, groups=groups, student_dp_rank=student.dp_rank,
     )
+
+
+def _self_group(rank: int) -> dist.ProcessGroup:
+    """A process group of ``rank`` alone, made by this rank only (GPU review m5): ``new_group`` with local
+    synchronisation, which the other ranks do not enter, instead of every rank making every rank's group (``world``
+    calls on each rank). It takes no name from the world's count of groups, so the groups the ranks make together
+    afterwards keep the same names on every rank."""
+    group = dist.new_group([rank], timeout=timedelta(minutes=_layout._TIMEOUT_MINUTES), use_local_synchronization=True)
+    if not isinstance(group, dist.ProcessGroup):
+        raise RuntimeError(f"rank {rank} could not make a process group of itself alone (got {group!r})")
+    return group
 
 
 def own_tp_split(par: ParallelConfig, tp: int) -> ParallelConfig:
