@@ -39,14 +39,18 @@ def test_off_cpu_or_no_gpu_plans_nothing():
 
 
 def test_local_gpu_reads_nvidia_smi(tmp_path, monkeypatch):
-    """No GPU here: a stand-in ``nvidia-smi`` prints what the real one prints for an H200, and without one on PATH
-    there is no GPU to plan for."""
+    """No GPU here: a stand-in ``nvidia-smi`` prints what the real one prints for an H200 (its list, then the visible
+    GPU's name and memory), and without one on PATH there is no GPU to plan for (more in test_local_gpu.py)."""
     from mcore_agentic.plan.check import local_gpu
 
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert local_gpu() is None
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771'\necho 'NVIDIA H200, 143771'\n")
+    smi.write_text("#!/bin/sh\nif [ \"$1\" = -L ]; then\n"
+                   "echo 'GPU 0: NVIDIA H200 (UUID: GPU-3a1f0c9e-7b2d-4e65-9c18-5d4e2f7a0b93)'\n"
+                   "echo 'GPU 1: NVIDIA H200 (UUID: GPU-e4c27b15-0a9f-4d3c-8b61-7f2a9d5c1e08)'\n"
+                   "else echo 'NVIDIA H200, 143771'; fi\n")
     smi.chmod(0o755)
     gpu = local_gpu()
     assert gpu is not None and gpu.name == "NVIDIA H200 (as h200-141g)"
