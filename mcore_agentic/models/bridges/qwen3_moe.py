@@ -4,12 +4,21 @@ Routing: softmax over all experts, top-k, renormalised when ``norm_topk_prob`` (
 ``moe_router_pre_softmax=False`` (top-k of the logits, then a softmax over the k) is the same
 renormalised distribution; ``norm_topk_prob=False`` is ``pre_softmax=True``. No shared expert.
 
+Experts. With the TransformerEngine spec (on CUDA) they are megatron-core's ``TEGroupedMLP``: one grouped GEMM per
+projection over a rank's local experts (``moe_grouped_gemm``, as Megatron names it), whose parameters TE names
+``weight<j>`` per local expert ``j``. With the local spec (CPU) they are ``SequentialMLP``, one MLP per expert: the
+local spec's grouped alternative, megatron's ``GroupedMLP``, needs the ``grouped_gemm`` CUDA package and keeps all
+experts in one ``weight1``/``weight2`` (see :meth:`Qwen3MoeBridge.layer_spec`). Either way the per-expert tensors
+have the same layout, ``[2I, H]`` and ``[H, I]``.
+
 Megatron (global names: the expert index is the *global* one, ``ep_rank * E / EP + j`` for local
 expert ``j``)                                       HF (the per-expert names transformers writes to disk)
 ``decoder.layers.i.mlp.router.weight [E, H]``       ``model.layers.i.mlp.gate.weight``
-``decoder.layers.i.mlp.experts.local_experts.e.linear_fc1.weight [2I, H]``
+``decoder.layers.i.mlp.experts.linear_fc1.weight<e> [2I, H]`` (grouped)
+``decoder.layers.i.mlp.experts.local_experts.e.linear_fc1.weight [2I, H]`` (sequential)
                                                     ``[model.layers.i.mlp.experts.e.gate_proj.weight; ...up_proj.weight]``
-``decoder.layers.i.mlp.experts.local_experts.e.linear_fc2.weight [H, I]``
+``decoder.layers.i.mlp.experts.linear_fc2.weight<e> [H, I]`` (grouped)
+``decoder.layers.i.mlp.experts.local_experts.e.linear_fc2.weight [H, I]`` (sequential)
                                                     ``model.layers.i.mlp.experts.e.down_proj.weight``
 
 Experts are whole on each expert-parallel rank (expert TP = 1): a rank loads only its own experts,
@@ -27,9 +36,18 @@ import torch
 
 from mcore_agentic.models.bridge import ParallelSizes, config_error
 from mcore_agentic.models.bridges.qwen3 import Qwen3Bridge
+from mcore_agentic.utils.errors import ConfigError
 
-_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
-_LOCAL_EXPERT = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts\.local_experts\.)(\d+)(\..+)$")
+# An expert's parameter within its layer: SequentialMLP's ``local_experts.<e>.<fc>.weight`` or TEGroupedMLP's
+# ``<fc>.weight<e>`` (TE's GroupedLinear names one weight per GEMM).
+_EXPERT = re.compile(
+    r"^mlp\.experts\.(?:local_experts\.(?P<seq>\d+)\.(?P<seq_fc>linear_fc[12])\.weight"
+    r"|(?P<grouped_fc>linear_fc[12])\.weight(?P<grouped>\d+))$"
+)
+# The same in a layer-local name, split around the local expert index that global_name makes global.
+_LOCAL_EXPERT = re.compile(
+    r"^(decoder\.layers\.\d+\.mlp\.experts\.(?:local_experts\.|linear_fc[12]\.weight))(\d+)(\..+)?$"
+)
 _HF_EXPERT = re.compile(r"^mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -71,7 +89,6 @@ class Qwen3MoeBridge(Qwen3Bridge):
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=0.0,
             moe_token_dispatcher_type="alltoall",
-            moe_grouped_gemm=False,
             expert_model_parallel_size=ep,
             expert_tensor_parallel_size=int(getattr(parallel, "expert_tensor_parallel_size", 1)),
         )
@@ -80,9 +97,14 @@ class Qwen3MoeBridge(Qwen3Bridge):
         self, hf_config: Any, parallel: ParallelSizes, *, params_dtype: torch.dtype = torch.float32,
         use_te: bool | None = None, **overrides: Any
     ) -> Any:
+        """The dense mapping, the MoE fields, and ``moe_grouped_gemm``: on with the TE spec (``use_te``; None: auto),
+        off with the local spec (:meth:`layer_spec` builds the experts it names). An override wins."""
+        from mcore_agentic.models.transformer_impl import te_spec_here
+
+        grouped = {"moe_grouped_gemm": te_spec_here(use_te)}
         return super().transformer_config(
             hf_config, parallel, params_dtype=params_dtype, use_te=use_te,
-            **{**self.moe_kwargs(hf_config, parallel), **overrides},
+            **{**self.moe_kwargs(hf_config, parallel), **grouped, **overrides},
         )
 
     # ------------------------------------------------------------------ model
@@ -92,13 +114,25 @@ class Qwen3MoeBridge(Qwen3Bridge):
         if use_te is None:
             use_te = _te_usable()
         experts = tcfg.num_moe_experts
+        grouped = bool(tcfg.moe_grouped_gemm)
         if use_te:
             from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+            from megatron.core.transformer.moe.experts import SequentialMLP, TEGroupedMLP
 
-            # Sequential experts keep the per-expert parameter names the bridge maps (TE's grouped GEMM renames them).
-            return get_gpt_layer_with_transformer_engine_spec(
-                num_experts=experts, moe_grouped_gemm=False, qk_layernorm=self.qk_layernorm
+            # Grouped: TEGroupedMLP, one grouped GEMM per projection over the local experts (weight<j> per expert).
+            spec = get_gpt_layer_with_transformer_engine_spec(
+                num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=self.qk_layernorm
             )
+            built = spec.submodules.mlp.submodules.experts.module
+            if built is not (TEGroupedMLP if grouped else SequentialMLP):  # megatron's legacy GroupedMLP (old TE)
+                raise ConfigError("moe_grouped_gemm", f"megatron-core chose {built.__name__} for the experts: this "
+                                  "TransformerEngine has no GroupedLinear (TE >= 1.9), and the bridge maps "
+                                  "TEGroupedMLP's and SequentialMLP's parameters only")
+            return spec
+        if grouped:
+            raise ConfigError("moe_grouped_gemm", "is TransformerEngine's grouped GEMM (TEGroupedMLP): the local spec "
+                              "runs the experts as SequentialMLP (megatron's local GroupedMLP needs the grouped_gemm "
+                              "CUDA package); build the transformer config with use_te=False, or leave it false")
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
         if tcfg.sequence_parallel:  # the dense local spec takes it; its experts under SP are not tested on CPU
@@ -115,18 +149,27 @@ class Qwen3MoeBridge(Qwen3Bridge):
 
     # ------------------------------------------------------------------ naming
     def global_name(self, chunk: Any, local_name: str) -> str:  # type: ignore[override]
-        """The base's global layer index, and the global expert index of a local expert."""
+        """The base's global layer index, and the global expert index of a local expert (sequential or grouped)."""
         name = super().global_name(chunk, local_name)
         match = _LOCAL_EXPERT.match(name)
         if not match:
             return name
         local_layer = int(local_name.split(".")[2])
         indices = chunk.decoder.layers[local_layer].mlp.local_expert_indices
-        return f"{match.group(1)}{indices[int(match.group(2))]}{match.group(3)}"
+        return f"{match.group(1)}{indices[int(match.group(2))]}{match.group(3) or ''}"
+
+    def expert(self, global_name: str) -> tuple[int, str] | None:
+        """``(global expert index, "linear_fc1" | "linear_fc2")`` of an expert's parameter, else None."""
+        _, suffix = self._split(global_name)
+        match = _EXPERT.match(suffix)
+        if match is None:
+            return None
+        if match.group("seq") is not None:
+            return int(match.group("seq")), match.group("seq_fc")
+        return int(match.group("grouped")), match.group("grouped_fc")
 
     def is_expert(self, global_name: str) -> bool:
-        _, suffix = self._split(global_name)
-        return bool(_EXPERT.match(suffix))
+        return self.expert(global_name) is not None
 
     def hf_names(self, global_name: str) -> list[str]:
         layer, suffix = self._split(global_name)
@@ -134,10 +177,10 @@ class Qwen3MoeBridge(Qwen3Bridge):
             prefix = f"model.layers.{layer}.mlp."
             if suffix == "mlp.router.weight":
                 return [prefix + "gate.weight"]
-            match = _EXPERT.match(suffix)
-            if match:
-                e = match.group(1)
-                if match.group(2) == "linear_fc1":
+            found = self.expert(global_name)
+            if found is not None:
+                e, fc = found
+                if fc == "linear_fc1":
                     return [f"{prefix}experts.{e}.gate_proj.weight", f"{prefix}experts.{e}.up_proj.weight"]
                 return [f"{prefix}experts.{e}.down_proj.weight"]
         return super().hf_names(global_name)
@@ -153,8 +196,12 @@ class Qwen3MoeBridge(Qwen3Bridge):
             return (hidden, inner) if match.group(1) == "down_proj" else (inner, hidden)
         return super()._hf_shape(hf_name)
 
+    def _expert_fc1(self, global_name: str) -> bool:
+        found = self.expert(global_name)
+        return found is not None and found[1] == "linear_fc1"
+
     def hf_to_megatron_param(self, global_name: str, hf_state: Any, *, tp_size: int = 1) -> torch.Tensor:
-        if global_name.endswith("linear_fc1.weight") and self.is_expert(global_name):
+        if self._expert_fc1(global_name):
             from mcore_agentic.models.bridge import hf_tensor
 
             names = self.hf_names(global_name)
@@ -162,7 +209,7 @@ class Qwen3MoeBridge(Qwen3Bridge):
         return super().hf_to_megatron_param(global_name, hf_state, tp_size=tp_size)
 
     def megatron_param_to_hf(self, global_name: str, full_tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        if global_name.endswith("linear_fc1.weight") and self.is_expert(global_name):
+        if self._expert_fc1(global_name):
             names = self.hf_names(global_name)
             return [(n, t.contiguous()) for n, t in zip(names, full_tensor.chunk(2, dim=0), strict=True)]
         return super().megatron_param_to_hf(global_name, full_tensor)
