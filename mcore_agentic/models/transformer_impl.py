@@ -51,11 +51,11 @@ def te_spec_here(use_te: bool | None) -> bool:
 
 def wgrad_fusion_kernel_available() -> bool:
     """apex's ``fused_weight_gradient_mlp_cuda``, which megatron's own linear layers (the output layer, even
-    under the TE spec) require for ``gradient_accumulation_fusion``."""
+    under the TE spec) require for ``gradient_accumulation_fusion``; TE's linears fuse without it."""
     return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
 
 
-def fusion_settings(use_te: bool, device: str, *, wgrad_kernel: bool) -> dict[str, bool]:
+def fusion_settings(use_te: bool, device: str) -> dict[str, bool]:
     """The ``TransformerConfig`` fusion flags for a model built with the TE spec (``use_te``) on ``device``.
 
     All on with the TE spec on CUDA, all off otherwise: the local spec must run on CPU, where these kernels do
@@ -67,10 +67,12 @@ def fusion_settings(use_te: bool, device: str, *, wgrad_kernel: bool) -> dict[st
     * ``apply_rope_fusion``: TE's fused RoPE. For packed rows it is TE's THD kernel, which reads ``cu_seqlens``
       on the GPU; megatron's unfused THD path calls ``.tolist()`` on them in every attention layer (a host
       sync per layer, twice: query and key);
-    * ``gradient_accumulation_fusion``: weight gradients accumulated straight into Megatron's fp32
-      ``main_grad``. Only with ``wgrad_kernel`` (:func:`wgrad_fusion_kernel_available`): TE's linears fuse on
-      their own, but megatron's ``ColumnParallelLinear`` (the output layer, also under the TE spec) refuses to
-      be built without apex's kernel.
+    * ``gradient_accumulation_fusion``: every TE linear (``fuse_wgrad_accumulation``) accumulates its weight
+      gradient straight into Megatron's fp32 ``main_grad``, with TE's own kernel: no bf16 ``weight.grad``, no
+      extra add. It needs no apex. Megatron's own ``ColumnParallelLinear`` (the output layer, also under the TE
+      spec) does need apex's kernel for it and refuses to be built without it; without apex the model is built
+      so that the output layer alone takes the plain path (:func:`mcore_agentic.models.wgrad_fusion.
+      split_wgrad_fusion`).
 
     ``persist_layer_norm`` stays off: it selects apex's persistent ``FusedLayerNorm`` kernel, which neither spec
     builds (TE's norms ignore it, torch's refuse it).
@@ -81,16 +83,14 @@ def fusion_settings(use_te: bool, device: str, *, wgrad_kernel: bool) -> dict[st
         "bias_dropout_fusion": on,
         "masked_softmax_fusion": on,
         "apply_rope_fusion": on,
-        "gradient_accumulation_fusion": on and wgrad_kernel,
+        "gradient_accumulation_fusion": on,
         "persist_layer_norm": False,
     }
 
 
 def fusions_here(use_te: bool | None) -> dict[str, bool]:
     """:func:`fusion_settings` on this machine for a layer spec's ``use_te`` (None: ``auto``)."""
-    return fusion_settings(
-        te_spec_here(use_te), "cuda" if torch.cuda.is_available() else "cpu", wgrad_kernel=wgrad_fusion_kernel_available()
-    )
+    return fusion_settings(te_spec_here(use_te), "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def thd_offsets_on_host(use_te: bool) -> bool:

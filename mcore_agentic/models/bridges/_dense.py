@@ -240,15 +240,18 @@ class DenseDecoderBridge(Bridge):
         vp_size = tcfg.virtual_pipeline_model_parallel_size
         stages = [vp_stage] if vp_stage is not None else (list(range(vp_size)) if vp_size else [None])
         use_te = _te_usable() if use_te is None else use_te
-        spec = self.layer_spec(tcfg, use_te=use_te)
+        # Without apex, the output layer cannot take the TE linears' wgrad fusion: the model gets a config without it.
+        from mcore_agentic.models.wgrad_fusion import split_wgrad_fusion
+
+        model_config, spec = split_wgrad_fusion(tcfg, self.layer_spec(tcfg, use_te=use_te))
         chunks = []
         for stage in stages:
             first_vp = stage is None or stage == 0
             last_vp = stage is None or stage == vp_size - 1
             chunks.append(
                 GPTModel(
-                    config=tcfg,
-                    transformer_layer_spec=spec if use_te else local_block_spec(spec, tcfg, stage, pp_rank),
+                    config=model_config,
+                    transformer_layer_spec=spec if use_te else local_block_spec(spec, model_config, stage, pp_rank),
                     vocab_size=self.padded_vocab_size(tp_size),
                     max_sequence_length=hf_config.max_position_embeddings,
                     pre_process=pp_rank == 0 and first_vp,

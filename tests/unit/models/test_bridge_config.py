@@ -250,14 +250,12 @@ def test_gpu_fusions_follow_the_spec_and_device() -> None:
 
     names = {"bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion", "apply_rope_fusion",
              "gradient_accumulation_fusion", "persist_layer_norm"}
-    for use_te, device, wgrad in [(False, "cpu", False), (False, "cuda", True), (True, "cpu", True)]:
-        flags = fusion_settings(use_te, device, wgrad_kernel=wgrad)
+    for use_te, device in [(False, "cpu"), (False, "cuda"), (True, "cpu")]:
+        flags = fusion_settings(use_te, device)
         assert set(flags) == names and not any(flags.values()), (use_te, device)
-    on = fusion_settings(True, "cuda", wgrad_kernel=True)
+    on = fusion_settings(True, "cuda")
     assert all(on[n] for n in names - {"persist_layer_norm"}) and on["persist_layer_norm"] is False
-    # megatron's own ColumnParallelLinear (the output layer) refuses the wgrad fusion without apex's kernel
-    assert fusion_settings(True, "cuda", wgrad_kernel=False)["gradient_accumulation_fusion"] is False
-    assert fusion_settings(True, "cuda", wgrad_kernel=False)["apply_rope_fusion"] is True
+    # TE's wgrad fusion needs no apex (the output layer, which does, is built without it: test_wgrad_fusion.py)
 
 
 @pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "Qwen3MoeForCausalLM"])
@@ -272,7 +270,7 @@ def test_transformer_config_takes_the_fusions_of_its_spec(arch: str, monkeypatch
     def fusions(use_te: bool | None) -> dict[str, bool]:
         seen.append(use_te)
         # the flags TransformerConfig accepts without CUDA/TE (fused RoPE needs TE to be importable)
-        return {**ti.fusion_settings(False, "cpu", wgrad_kernel=False), "bias_activation_fusion": bool(use_te),
+        return {**ti.fusion_settings(False, "cpu"), "bias_activation_fusion": bool(use_te),
                 "bias_dropout_fusion": bool(use_te), "masked_softmax_fusion": bool(use_te)}
 
     monkeypatch.setattr(ti, "fusions_here", fusions)
@@ -284,7 +282,7 @@ def test_transformer_config_takes_the_fusions_of_its_spec(arch: str, monkeypatch
     assert seen == [True, False, None]  # None: auto, resolved like layer_spec's
     monkeypatch.undo()
     t = bridge.transformer_config(hf, _Par())  # this CPU machine: auto is the local spec, every fusion off
-    assert not any(getattr(t, n) for n in ti.fusion_settings(True, "cuda", wgrad_kernel=True))
+    assert not any(getattr(t, n) for n in ti.fusion_settings(True, "cuda"))
 
 
 def test_transformer_impl_maps_to_the_layer_spec(monkeypatch) -> None:

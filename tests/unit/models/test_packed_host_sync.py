@@ -19,7 +19,7 @@ def test_offsets_live_on_the_host_for_the_local_spec_only():
     from mcore_agentic.models.transformer_impl import fusion_settings, thd_offsets_on_host
 
     assert thd_offsets_on_host(False) is True and thd_offsets_on_host(True) is False
-    assert fusion_settings(True, "cuda", wgrad_kernel=False)["apply_rope_fusion"]  # TE's THD kernel reads them on the GPU
+    assert fusion_settings(True, "cuda")["apply_rope_fusion"]  # TE's THD kernel reads them on the GPU
 
 
 def _forward_on_meta(rank: int, world_size: int, path: str) -> dict[str, str]:
