@@ -78,6 +78,9 @@ class _InertStream:
     def record(self, *args: Any) -> None:
         pass
 
+    def wait(self, *args: Any) -> None:
+        pass
+
     def synchronize(self) -> None:
         pass
 

@@ -35,12 +35,25 @@ _MODULE = "megatron.core.optimizer.distrib_optimizer"
 
 
 def prime_unstepped_adam_state(optimizer: Any) -> bool:
-    """Give ``optimizer``'s inner torch Adam the state of its first step if it has none; True if it did."""
+    """Give ``optimizer``'s inner torch Adam the state of its first step if it has none; True if it did.
+
+    The CPU-offloaded optimizer (``HybridDeviceOptimizer``) keeps torch Adams of its own: each is primed, then their
+    state is gathered into the hybrid optimizer's as its own steps do (megatron-core's alternative, ``dummy_step``,
+    steps the model's parameters with random gradients)."""
     from megatron.core.optimizer import distrib_optimizer
 
     inner = getattr(optimizer, "optimizer", None)
-    if distrib_optimizer.HAVE_APEX_OR_TE or not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+    if distrib_optimizer.HAVE_APEX_OR_TE:
         return False
+    if isinstance(inner, distrib_optimizer.HybridDeviceOptimizer):
+        primed = [_prime(sub) for sub in inner.sub_optimizers if isinstance(sub, torch.optim.Adam | torch.optim.AdamW)]
+        if any(primed):
+            inner._sync_sub_optimizers_state_to_hdo()
+        return any(primed)
+    return isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and _prime(inner)
+
+
+def _prime(inner: torch.optim.Optimizer) -> bool:
     # ``state`` is a defaultdict: a lookup leaves an empty entry behind, so "never stepped" is "no entry has a key".
     if any(len(s) for s in inner.state.values()):
         return False

@@ -217,6 +217,18 @@ def check_recompute_split(cfg: RLConfig, par: ParallelConfig, num_layers: int) -
         cfg.critic.recompute.check_split(layers_per_chunk, "critic")
 
 
+def check_host_optimizer(cfg: RLConfig) -> None:
+    """``<group>.optim.optimizer_cpu_offload`` steps the shards of a bf16/fp16 model: megatron-core's hybrid optimizer
+    re-registers the distributed optimizer's shards, and an fp32 model's shards are views of its parameters, which
+    torch refuses to optimise ("can't optimize a non-leaf Tensor")."""
+    groups = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.algorithm.needs_critic else [])
+    for name, group in groups:
+        require(not group.optim.optimizer_cpu_offload or cfg.model.dtype in ("bfloat16", "float16"),
+                f"{name}.optim.optimizer_cpu_offload",
+                f"steps a bf16 or fp16 model's shards (its fp32 masters live on the host), not model.dtype="
+                f"{cfg.model.dtype}: set model.dtype=bfloat16, or {name}.optim.optimizer_cpu_offload=false")
+
+
 def check_rollout_groups(tensor_parallel_size: int, world_size: int, local_world_size: int) -> None:
     """Rollout groups of ``rollout.tensor_model_parallel_size`` consecutive ranks tile the world and stay on one node.
 
@@ -307,6 +319,7 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
         check_model_split(par, **shape)
         check_recompute_split(cfg, par, int(shape["num_layers"]))
     check_expert_split(par, world_size, num_experts=num_experts)
+    check_host_optimizer(cfg)
     teacher_tp = cfg.teacher.tensor_model_parallel_size if cfg.teacher.enabled else None
     require(teacher_tp is None or world_size % teacher_tp == 0, "teacher.tensor_model_parallel_size",
             f"={teacher_tp} does not divide the world size {world_size}: use one of {_divisors(world_size)}")

@@ -174,6 +174,7 @@ NCCL_FIX = "set trainer.dist_timeout_minutes=<minutes> instead, above your longe
 def _optim_entries(verl: str, native: str) -> list[VerlKey]:
     """verl's optimizer keys (FSDP and Megatron spellings) of one model, ``verl`` -> ``native`` (``actor.optim``)."""
     v, n = verl + ".", native + "."
+    o = v + "override_optimizer_config."
     shared = ["lr", "weight_decay", "lr_warmup_steps", "lr_warmup_steps_ratio", "total_training_steps",
               "min_lr", "clip_grad", "lr_decay_style"]
     out = [alias(v + key, n + key) for key in shared]
@@ -192,6 +193,12 @@ def _optim_entries(verl: str, native: str) -> list[VerlKey]:
         differs(v + "weight_decay_incr_style", "weight decay is constant here", accept=("constant",)),
         alias(v + "use_checkpoint_opt_param_scheduler", "trainer.resume_optim_from", convert=_resume_optim,
               note="on resume, whose learning-rate schedule wins: true = the checkpoint's, false = this run's config"),
+        *(alias(o + key, n + key) for key in (
+            "optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d")),
+        ignored(o + "use_precision_aware_optimizer", "implied by optimizer_cpu_offload (megatron-core's hybrid optimizer "
+                "runs on its path); without it the fp32 main params and Adam moments are fp32 as they are here"),
+        ignored(o + "pin_cpu_grads", "the host optimizer's buffers are pinned wherever there is a GPU"),
+        ignored(o + "pin_cpu_params", "the host optimizer's buffers are pinned wherever there is a GPU"),
     ]
     return out
 

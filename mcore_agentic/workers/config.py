@@ -47,6 +47,18 @@ class OptimConfig:
     total_training_steps: int = -1
     """Length of the LR schedule (warmup ratio and decay) in optimizer steps; -1: the run's optimizer steps,
     computed by the trainer (RL steps x mini-batches x ppo_epochs, plus the SFT warm start for the actor)."""
+    optimizer_cpu_offload: bool = False
+    """Keep Adam on the host: megatron-core's hybrid device optimizer holds the fp32 main params and both moments
+    of ``optimizer_offload_fraction`` of this rank's shard in host memory and steps them on the CPU (the gradients
+    go down, the updated params come back each step). Frees 12 bytes per trained parameter / data-parallel size of
+    device memory at the cost of host memory and a host step. Needs a bf16/fp16 model and the distributed optimizer
+    (``use_distributed_optimizer``); replaces ``optimizer_offload``. Megatron's ``--optimizer-cpu-offload``."""
+    optimizer_offload_fraction: float = 1.0
+    """With ``optimizer_cpu_offload``: the fraction of the shard's parameters (by count, in order) stepped on the
+    host; the rest keeps a device optimizer. Megatron's ``--optimizer-offload-fraction``."""
+    overlap_cpu_optimizer_d2h_h2d: bool = True
+    """With ``optimizer_cpu_offload`` on a GPU: copy gradients down and parameters up on their own CUDA streams,
+    each parameter stepped by its own host optimizer as soon as its gradient arrives."""
 
     def __post_init__(self) -> None:
         # Bare field names: the config loader puts the group path (actor.optim) in front.
@@ -83,6 +95,11 @@ class OptimConfig:
             f"{prefix}total_training_steps",
             "must be > 0, or -1 to let the trainer set it from the dataset size",
         )
+        require(
+            0.0 < self.optimizer_offload_fraction <= 1.0,
+            f"{prefix}optimizer_offload_fraction",
+            f"{self.optimizer_offload_fraction} must be in (0, 1] (the share of the optimizer kept on the host)",
+        )
 
     def warmup_steps(self, total_steps: int) -> int:
         """Warmup length in optimizer steps for a run of ``total_steps``."""
@@ -106,6 +123,13 @@ def _validate_batching(cfg: ActorConfig | CriticConfig, group: str) -> None:
     )
     require(cfg.ppo_epochs >= 1, f"{prefix}ppo_epochs", f"{cfg.ppo_epochs} must be >= 1")
     cfg.optim.validate(f"{prefix}optim")
+    if cfg.optim.optimizer_cpu_offload:
+        require(cfg.use_distributed_optimizer, f"{prefix}optim.optimizer_cpu_offload",
+                f"needs the distributed optimizer: set {prefix}use_distributed_optimizer=true (megatron-core's hybrid "
+                "optimizer steps the distributed optimizer's shards)")
+        require(not cfg.optimizer_offload, f"{prefix}optimizer_offload",
+                f"the optimizer already lives on the host with {prefix}optim.optimizer_cpu_offload=true: set "
+                f"{prefix}optimizer_offload=false (or raise {prefix}optim.optimizer_offload_fraction to 1.0)")
 
 
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mlp", "moe")

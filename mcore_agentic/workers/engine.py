@@ -69,6 +69,37 @@ from mcore_agentic.workers.sequence import (
 )
 
 
+def host_optimizer_kwargs(optim: OptimConfig, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """megatron-core's ``OptimizerConfig`` fields for ``optim.optimizer_cpu_offload`` (none without it).
+
+    The hybrid optimizer reuses the precision-aware path (its host copies are the fp32 masters, the device keeps
+    only the model's own params), as Megatron-LM requires. Pinned host buffers and copy streams exist only where
+    there is a device to copy from."""
+    if not optim.optimizer_cpu_offload:
+        return {}
+    if dtype == torch.float32:  # config/rules.py::check_host_optimizer says so before a run starts
+        raise ValueError("optim.optimizer_cpu_offload steps a bf16 or fp16 model's shards, not float32 ones: set "
+                         "model.dtype=bfloat16, or optim.optimizer_cpu_offload=false")
+    on_device = device.type != "cpu"
+    if on_device and optim.optimizer_offload_fraction < 1.0:
+        from megatron.core.optimizer import USING_PYTORCH_OPTIMIZER
+
+        if USING_PYTORCH_OPTIMIZER:
+            # Its device and host optimizers are then the same class (torch's AdamW), and a checkpoint load moves
+            # the device optimizer's state to the host by that class (hybrid_optimizer._move_new_state_to_right_device).
+            raise ValueError(
+                f"optim.optimizer_offload_fraction={optim.optimizer_offload_fraction} needs TransformerEngine's or "
+                "apex's FusedAdam for the device share: install one, or set optim.optimizer_offload_fraction=1.0")
+    return dict(
+        optimizer_cpu_offload=True,
+        optimizer_offload_fraction=optim.optimizer_offload_fraction,
+        overlap_cpu_optimizer_d2h_h2d=optim.overlap_cpu_optimizer_d2h_h2d and on_device,
+        use_precision_aware_optimizer=True,
+        pin_cpu_grads=on_device,
+        pin_cpu_params=on_device,
+    )
+
+
 def decay_horizon(optim: OptimConfig, run_optimizer_steps: int | None) -> int | None:
     """The LR schedule's length: ``<worker>.optim.total_training_steps`` when set (> 0), else the run's optimizer steps."""
     return optim.total_training_steps if optim.total_training_steps > 0 else run_optimizer_steps
@@ -262,6 +293,7 @@ class MegatronEngine:
             # fp16: dynamic loss scaling from PyTorch's GradScaler start (Megatron's 2^32 overflows fp16 gradients
             # and skips the first ~30 optimizer steps while it backs off: an RL run's first steps are precious).
             initial_loss_scale=2.0**16,
+            **host_optimizer_kwargs(optim, self.device, self.dtype),
         )
         self.optimizer = get_megatron_optimizer(ocfg, chunks)
         if ocfg.fp16:

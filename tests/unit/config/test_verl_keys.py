@@ -368,6 +368,20 @@ def test_verls_recomputation_switches_become_megatron_cores():
         check_overrides(["actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion=True"])
 
 
+def test_verls_optimizer_offload_overrides_become_the_host_optimizer():
+    # verl's Megatron recipe for optimizer offload, as its examples spell it.
+    o = "actor_rollout_ref.actor.optim.override_optimizer_config."
+    rewritten, _ = translate_overrides([
+        f"+{o}optimizer_offload_fraction=1", f"+{o}overlap_cpu_optimizer_d2h_h2d=True",
+        f"+{o}use_precision_aware_optimizer=True", f"+{o}optimizer_cpu_offload=True",
+        "+critic.optim.override_optimizer_config.optimizer_cpu_offload=True",
+    ])
+    assert rewritten == ["++actor.optim.optimizer_offload_fraction=1", "++actor.optim.overlap_cpu_optimizer_d2h_h2d=True",
+                         "++actor.optim.optimizer_cpu_offload=True", "++critic.optim.optimizer_cpu_offload=True"]
+    with pytest.raises(ConfigError, match="override_optimizer_config.fp8_recipe"):
+        check_overrides([f"{o}fp8_recipe=blockwise"])
+
+
 def test_keys_that_had_an_empty_or_wrong_hint_are_accepted_now():
     # Each gave "known keys here: " with nothing after it, or named another group's key.
     once_empty_or_wrong = ["actor_rollout_ref.model.path=/m", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
