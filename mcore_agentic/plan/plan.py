@@ -36,9 +36,18 @@ GPUS_PER_NODE = 8
 HOST_LINK_GB_S = 25.0
 """Host <-> GPU copies of offloaded state, GB/s each way (pinned memory over PCIe Gen5 x16 reaches about half its
 64 GB/s peak in practice; an assumption)."""
+HOST_ADAM_PARAMS_PER_S = 1.0e9
+"""Parameters one rank's host Adam (torch's fused AdamW, ``optim.optimizer_cpu_offload``) steps per second: memory
+bound at ~28 bytes per parameter; one core of the 2-core CI machine steps 0.72e9/s (docs/planner.md), and a GPU
+node gives each rank several cores but shares the sockets' bandwidth among its GPUs (an assumption)."""
 ENGINE_ACTIVATION_BYTES = 2 * GIB
 """What vLLM's and SGLang's profiling run reserves for the engine's own activations inside its share (an
 assumption: it depends on their batched-token limit); the rest of the share after the weights is KV cache."""
+
+
+def _host_fraction(group: Any) -> float:
+    """The share of a trained model's optimizer (fp32 masters and Adam moments) kept on the host."""
+    return group.optim.optimizer_offload_fraction if group.optim.optimizer_cpu_offload else 0.0
 
 
 def kv_bytes_per_token(hf_config: Any, dtype_bytes: int, rollout_tp: int = 1) -> int:
@@ -225,22 +234,26 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     offloaded = 0  # bytes that leave the GPU and come back each step, on the worst stage
     for stage, st in enumerate(actor):
         last = stage == pp - 1
+        # optim.optimizer_cpu_offload: that fraction of the masters and moments lives on the host for good.
+        on_device = 1 - _host_fraction(a)
         state = {"actor params": st.param_bytes, "actor grads": st.grad_bytes,
-                 "actor master params": st.main_param_bytes, "actor Adam": st.optimizer_bytes}
+                 "actor master params": int(st.main_param_bytes * on_device),
+                 "actor Adam": int(st.optimizer_bytes * on_device)}
         resident_actor = ((0 if a.param_offload else st.param_bytes) + (0 if a.grad_offload else st.grad_bytes)
-                          + (0 if a.optimizer_offload else st.main_param_bytes + st.optimizer_bytes))
+                          + (0 if a.optimizer_offload else state["actor master params"] + state["actor Adam"]))
         ref_bytes = st.frozen_param_bytes if needs_ref else 0
         resident_ref = 0 if r.param_offload else ref_bytes
-        critic_bytes = (st.param_bytes + st.grad_bytes + st.main_param_bytes + st.optimizer_bytes) if needs_critic else 0
         c = cfg.critic
+        critic_optimizer = int((st.main_param_bytes + st.optimizer_bytes) * (1 - _host_fraction(c)))
+        critic_bytes = (st.param_bytes + st.grad_bytes + critic_optimizer) if needs_critic else 0
         resident_critic = 0
         if needs_critic:
             resident_critic = ((0 if c.param_offload else st.param_bytes) + (0 if c.grad_offload else st.grad_bytes)
-                               + (0 if c.optimizer_offload else st.main_param_bytes + st.optimizer_bytes))
+                               + (0 if c.optimizer_offload else critic_optimizer))
         teacher_bytes = teacher[min(stage, len(teacher) - 1)].frozen_param_bytes if teacher is not None else 0
         resident_teacher = 0 if (teacher is None or cfg.teacher.param_offload) else teacher_bytes
         resident = resident_actor + resident_ref + resident_critic + resident_teacher
-        everything = (st.param_bytes + st.grad_bytes + st.main_param_bytes + st.optimizer_bytes + ref_bytes
+        everything = (st.param_bytes + st.grad_bytes + state["actor master params"] + state["actor Adam"] + ref_bytes
                       + critic_bytes + teacher_bytes)
         offloaded = max(offloaded, everything - resident)
         base = {"CUDA context and fragmentation": CUDA_CONTEXT_BYTES}
@@ -327,6 +340,13 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     # Micro-batches per optimizer step on one rank: each mini-batch fills and drains the pipeline once.
     mini_batches = max(cfg.data.train_batch_size // max(cfg.actor.ppo_mini_batch_size, 1), 1)
     micro = max(sequences // dp // max(len(update_rows), 1) // mini_batches, 1)
+    # A host optimizer takes each step's gradients down and its updated params up (fp32, 4 bytes each way) and
+    # steps its share of the shard on the CPU, once per mini-batch.
+    host_params = max(st.main_param_bytes // 4 for st in actor) * (
+        _host_fraction(a) + needs_critic * _host_fraction(cfg.critic))
+    if host_params:
+        seconds["host optimizer (grads down, params up, CPU Adam)"] = mini_batches * a.ppo_epochs * host_params * (
+            8 / (HOST_LINK_GB_S * 1e9) + 1 / HOST_ADAM_PARAMS_PER_S)
     if pp > 1:
         seconds["pipeline bubble"] = seconds["training passes (FLOPs / MFU)"] * (pp - 1) / (micro * vpp)
     layout = (f"TP{tp} PP{pp}" + (f" VPP{vpp}" if vpp > 1 else "") + f" CP{cp} EP{par.expert_model_parallel_size} "

@@ -2,7 +2,7 @@
 
 Candidates vary what the planner can change without changing the run's meaning: the actor's TP (with sequence
 parallelism above 1), PP, EP for a mixture of experts, activation recomputation (the run's own, or full), the offload
-keys (none; the optimizer; parameters, gradients and optimizer) and the micro-batches (the actor's and reference's, halved until they fit: the same
+keys (none; the optimizer; the host optimizer; parameters, gradients and optimizer) and the micro-batches (the actor's and reference's, halved until they fit: the same
 mini-batches, accumulated over more micro-batches). Batch sizes, lengths and the engine's settings stay the user's. Each candidate is planned
 exactly as the configured run is (the census answers every layout in one child process); a layout is offered
 with the least offload that makes it fit, which costs its host transfers in the step time.
@@ -21,8 +21,26 @@ from mcore_agentic.plan.devices import Device
 OFFLOADS: dict[str, dict[str, bool]] = {
     "none": dict(param_offload=False, grad_offload=False, optimizer_offload=False),
     "optimizer": dict(param_offload=False, grad_offload=False, optimizer_offload=True),
+    "host optimizer": dict(param_offload=False, grad_offload=False, optimizer_offload=False, host_optimizer=True),
     "all": dict(param_offload=True, grad_offload=True, optimizer_offload=True),
+    "all, host optimizer": dict(param_offload=True, grad_offload=True, optimizer_offload=False, host_optimizer=True),
 }
+"""Offload settings in the order they are tried (the least that fits wins). ``optimizer``/``all`` move state off the
+GPU for the rollout only; ``host_optimizer`` (``actor.optim.optimizer_cpu_offload``) keeps the fp32 masters and Adam
+moments on the host for good, the update included, at the cost of a host Adam step (bf16/fp16 models with the
+distributed optimizer only)."""
+
+
+def _offloaded(actor: Any, keys: dict[str, bool], model_dtype: str) -> Any:
+    """``actor`` with the offload ``keys``; None where they cannot apply (a host optimizer for an fp32 model or
+    without the distributed optimizer)."""
+    keys = dict(keys)
+    host = keys.pop("host_optimizer", False)
+    if host and (model_dtype not in ("bfloat16", "float16") or not actor.use_distributed_optimizer):
+        return None
+    optim = dataclasses.replace(actor.optim, optimizer_cpu_offload=host, optimizer_offload_fraction=1.0) \
+        if host else actor.optim
+    return dataclasses.replace(actor, optim=optim, **keys)
 
 
 @dataclass(frozen=True)
@@ -98,8 +116,10 @@ def suggest(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teache
                 if batching is None:
                     break
                 for keys in OFFLOADS.values():
-                    actor = dataclasses.replace(cfg.actor, parallel=par, recompute=recompute, **keys,
-                                                **batching["actor"])
+                    offloaded = _offloaded(cfg.actor, keys, cfg.model.dtype)
+                    if offloaded is None:
+                        continue
+                    actor = dataclasses.replace(offloaded, parallel=par, recompute=recompute, **batching["actor"])
                     run = dataclasses.replace(cfg, actor=actor, ref=dataclasses.replace(cfg.ref, **batching["ref"]))
                     plan = make_plan(run, hf_config, device, world_size, teacher_hf_config=teacher_hf_config,
                                      headroom=headroom, mfu=mfu or MFU)
@@ -116,7 +136,10 @@ def suggest(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teache
                         overrides += [f"actor.{key}=null" for key in ("recompute_method", "recompute_num_layers",
                                                                        "recompute_modules")
                                       if getattr(cfg.actor.recompute, key) is not None]
-                    overrides += [f"actor.{key}={str(value).lower()}" for key, value in keys.items() if value]
+                    overrides += [f"actor.{key}={str(value).lower()}" for key, value in keys.items()
+                                  if value and key != "host_optimizer"]
+                    if keys.get("host_optimizer") and not cfg.actor.optim.optimizer_cpu_offload:
+                        overrides.append("actor.optim.optimizer_cpu_offload=true")
                     if shrink > 1:
                         overrides += [f"{group}.{key}={value}" for group in ("actor", "ref")
                                       for key, value in batching[group].items()]

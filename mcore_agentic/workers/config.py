@@ -128,8 +128,8 @@ def _validate_batching(cfg: ActorConfig | CriticConfig, group: str) -> None:
                 f"needs the distributed optimizer: set {prefix}use_distributed_optimizer=true (megatron-core's hybrid "
                 "optimizer steps the distributed optimizer's shards)")
         require(not cfg.optimizer_offload, f"{prefix}optimizer_offload",
-                f"the optimizer already lives on the host with {prefix}optim.optimizer_cpu_offload=true: set "
-                f"{prefix}optimizer_offload=false (or raise {prefix}optim.optimizer_offload_fraction to 1.0)")
+                f"moves the optimizer off the GPU for the rollout, but with {prefix}optim.optimizer_cpu_offload=true it "
+                f"lives on the host already: set {prefix}optimizer_offload=false")
 
 
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mlp", "moe")

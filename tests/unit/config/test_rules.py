@@ -198,3 +198,22 @@ def test_recomputation_units_must_divide_each_model_chunk():
         validate(_cfg("algorithm.adv_estimator=gae", "critic.recompute_granularity=full",
                       "critic.recompute_num_layers=3"), 2, model_shape=shape)
     assert info.value.field == "critic.recompute_num_layers"
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["actor.optim.optimizer_cpu_offload=true"], "actor.optim.optimizer_cpu_offload"),  # default_tiny is fp32
+    (["model.dtype=bfloat16", "actor.optim.optimizer_cpu_offload=true", "actor.optimizer_offload=true"],
+     "actor.optimizer_offload"),
+    (["model.dtype=bfloat16", "actor.optim.optimizer_cpu_offload=true", "actor.use_distributed_optimizer=false"],
+     "actor.optim.optimizer_cpu_offload"),
+    (["model.dtype=bfloat16", "actor.optim.optimizer_cpu_offload=true", "actor.optim.optimizer_offload_fraction=0"],
+     "actor.optim.optimizer_offload_fraction"),
+])
+def test_the_host_optimizer_refuses_what_it_cannot_honour_in_one_line(overrides, field):
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(*overrides), 1)
+    assert info.value.field == field and "\n" not in str(info.value)
+
+
+def test_the_host_optimizer_is_accepted_for_a_bf16_model():
+    validate(_cfg("model.dtype=bfloat16", "actor.optim.optimizer_cpu_offload=true"), 1)

@@ -85,7 +85,8 @@ LONG_ROWS = ["--config-name", "gsm8k_multiturn_grpo", "model=qwen3_8b", "data.ma
 def test_recomputation_is_planned_and_suggested_for_32k_token_rows(capsys):
     """Qwen3-8B with 32k-token rows on 8 H100s (the preset's TP=2): without recomputation one row's activations do
     not fit; with full recomputation they do, at the price of one more forward pass per update in the step time.
-    The suggestions for the run without it all recompute, and each fits when planned again."""
+    The suggestions for the run without it each recompute or keep the optimizer on the host (what frees the update's
+    memory: more model parallelism alone does not), recomputation among them, and each fits when planned again."""
     from mcore_agentic.plan.__main__ import compose
     from mcore_agentic.plan.check import plan_for
 
@@ -97,8 +98,10 @@ def test_recomputation_is_planned_and_suggested_for_32k_token_rows(capsys):
     term = "activation recomputation (FLOPs / MFU)"
     assert term not in without["step_seconds"] and full["step_seconds"][term] > 0
     assert without["suggestions"]
+    assert any("actor.recompute_granularity=full" in s["overrides"] for s in without["suggestions"])
     for suggestion in without["suggestions"]:
-        assert "actor.recompute_granularity=full" in suggestion["overrides"]
+        assert {"actor.recompute_granularity=full", "actor.optim.optimizer_cpu_offload=true"} & set(
+            suggestion["overrides"]), suggestion["overrides"]
         again = plan_for(compose("gsm8k_multiturn_grpo", [*LONG_ROWS[2:], *suggestion["overrides"]]), world_size=8)
         assert again.fits, suggestion["overrides"]
 
@@ -133,3 +136,23 @@ def test_qwen3_30b_a3b_with_32k_token_rows_fits_4_nodes_of_8_h100_with_recomputa
     plan = _plan_json(capsys, [*long, "actor.recompute_granularity=full"])
     assert plan["world_size"] == 32 and plan["fits"], plan["peak_bytes"] / 2**30
 
+
+
+def test_the_host_optimizer_frees_the_masters_and_moments_for_a_host_step(capsys):
+    """``actor.optim.optimizer_cpu_offload``: the update no longer holds the fp32 masters and Adam moments (all of
+    them, or the fraction not on the host), and the step time gains the host step (gradients down, params up, Adam
+    on the CPU)."""
+    base = ["--config-name", "gsm8k_multiturn_grpo", "model=qwen3_8b", "actor.optimizer_offload=false", "--suggest", "0"]
+    term = "host optimizer (grads down, params up, CPU Adam)"
+
+    def update(extra: list[str]) -> tuple[dict, dict]:
+        plan = _plan_json(capsys, [*base, *extra])
+        return {p["name"]: p for p in plan["phases"]}["actor_update"], plan["step_seconds"]
+
+    (device, device_s), (host, host_s) = update([]), update(["actor.optim.optimizer_cpu_offload=true"])
+    (half, half_s) = update(["actor.optim.optimizer_cpu_offload=true", "actor.optim.optimizer_offload_fraction=0.5"])
+    optimizer = device["parts"]["actor master params"] + device["parts"]["actor Adam"]
+    assert optimizer > 0 and host["parts"]["actor master params"] == host["parts"]["actor Adam"] == 0
+    assert device["bytes"] - host["bytes"] == optimizer
+    assert half["parts"]["actor Adam"] == pytest.approx(device["parts"]["actor Adam"] / 2, abs=1)
+    assert term not in device_s and host_s[term] == pytest.approx(2 * half_s[term])
