@@ -38,8 +38,9 @@ def _offloaded(actor: Any, keys: dict[str, bool], model_dtype: str) -> Any:
     host = keys.pop("host_optimizer", False)
     if host and (model_dtype not in ("bfloat16", "float16") or not actor.use_distributed_optimizer):
         return None
-    optim = dataclasses.replace(actor.optim, optimizer_cpu_offload=host, optimizer_offload_fraction=1.0) \
-        if host else actor.optim
+    # Each candidate says where the optimizer lives (a run's own host optimizer is the "host optimizer" candidate).
+    optim = dataclasses.replace(actor.optim, optimizer_cpu_offload=host,
+                                optimizer_offload_fraction=1.0 if host else actor.optim.optimizer_offload_fraction)
     return dataclasses.replace(actor, optim=optim, **keys)
 
 
@@ -136,10 +137,11 @@ def suggest(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teache
                         overrides += [f"actor.{key}=null" for key in ("recompute_method", "recompute_num_layers",
                                                                        "recompute_modules")
                                       if getattr(cfg.actor.recompute, key) is not None]
+                    # Every key this candidate sets differently from the run (a preset's offloads included).
                     overrides += [f"actor.{key}={str(value).lower()}" for key, value in keys.items()
-                                  if value and key != "host_optimizer"]
-                    if keys.get("host_optimizer") and not cfg.actor.optim.optimizer_cpu_offload:
-                        overrides.append("actor.optim.optimizer_cpu_offload=true")
+                                  if key != "host_optimizer" and value != getattr(cfg.actor, key)]
+                    if actor.optim.optimizer_cpu_offload != cfg.actor.optim.optimizer_cpu_offload:
+                        overrides.append(f"actor.optim.optimizer_cpu_offload={str(actor.optim.optimizer_cpu_offload).lower()}")
                     if shrink > 1:
                         overrides += [f"{group}.{key}={value}" for group in ("actor", "ref")
                                       for key, value in batching[group].items()]
