@@ -83,7 +83,9 @@ def session_admin(registry: SessionRegistry, factory: Any, admin_token: str, max
                 registry.authorised(session_id, request_token(request.headers))
             except ApiError as exc:
                 return refuse(exc)
-            registry.remove(session_id)
+            session = registry.remove(session_id)
+            if session is not None:
+                session.close()  # aborts what it still generates
             return {"session_id": session_id, "deleted": True}
 
     return install

@@ -28,13 +28,23 @@ served and recorded, trained only when ``rollout.agent.side_requests=train``.
 
 Every sample's loss mask covers exactly the tokens the engine sampled for it; :meth:`Session.samples` hands
 them to the trainer (or, standalone, to the samples route).
+
+A turn that samples nothing — the engine aborted it, or failed — leaves its sample as it was before the request:
+the request's new messages are taken back out (ids, messages, what the client echoes, the tokenizer's text), so a
+retry of the same request extends the sample again. :meth:`Session.close` ends the episode from another thread
+(the rollout's): no request starts any more and the engine aborts the turns still generating (each is such a turn);
+:attr:`Session.serving` says when the last of them has ended. The endpoint's loop changes the session only under
+:attr:`Session.lock` (never across an await), and whoever reads a closed session's samples holds it too, so a
+sample is never read half-changed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import secrets
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +52,7 @@ from typing import Any
 
 from mcore_agentic.endpoint.turn import ApiError, TokenLogprob, ToolCallOut, TurnFinish, TurnRequest, TurnResult
 from mcore_agentic.rollout.agent_loop import assistant_message
-from mcore_agentic.rollout.engines.base import RolloutEngine, SamplingParams
+from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams
 from mcore_agentic.rollout.request import Trajectory
 from mcore_agentic.rollout.tokenization import ChatTokenizer, ConversationTokenizer
 from mcore_agentic.rollout.tool_call import ToolCall, ToolCallError, ToolCallParser
@@ -50,6 +60,7 @@ from mcore_agentic.rollout.tool_call import ToolCall, ToolCallError, ToolCallPar
 MAX_STORED_RESPONSES = 64
 """Responses a session keeps for ``previous_response_id`` (the latest ones)."""
 FORK_REASONS: tuple[str, ...] = ("start", "tools_changed", "thinking_dropped", "retried", "rewritten", "concurrent")
+_TURN_NUMBERS = itertools.count()  # turn keys are unique in the process: an engine's request ids, shared by sessions
 
 
 @dataclass(frozen=True)
@@ -143,9 +154,53 @@ class Sample:
         return self.turns > 0 and bool(self.echo) and self.echo[-1][0] == "assistant"
 
 
+@dataclass(frozen=True)
+class _Mark:
+    """Where a sample stood before a request's new messages went in: a turn that samples nothing goes back to it."""
+
+    length: int
+    messages: int
+    echo: int
+    texts: int
+    paths: Counter[Any]
+    used_fallback: bool
+
+    @classmethod
+    def of(cls, sample: Sample) -> _Mark:
+        tokens = sample.tokens
+        # ConversationTokenizer keeps the trajectory's text piece by piece (its ``text``, the sanity check's input).
+        return cls(len(sample.trajectory), len(sample.messages), len(sample.echo), len(tokens._texts),
+                   Counter(tokens.paths), tokens.used_fallback)
+
+    def restore(self, sample: Sample) -> None:
+        tokens = sample.tokens
+        sample.trajectory.truncate(self.length)
+        del sample.messages[self.messages:], sample.echo[self.echo:], tokens._texts[self.texts:]
+        tokens.paths.clear()
+        tokens.paths.update(self.paths)
+        tokens.used_fallback = self.used_fallback
+
+
+@dataclass
+class _Turn:
+    """One request's turn while the engine samples it."""
+
+    key: str
+    """The session's name of the turn (the engine's request id, when the engine can abort)."""
+    sample: Sample
+    messages: list[dict[str, Any]]
+    request: TurnRequest
+    mark: _Mark
+    prompt_ids: list[int]
+    params: SamplingParams
+    budget: int
+    answered: bool = False
+    """The engine has answered (nothing left to abort)."""
+
+
 class Session:
-    """One agent episode (see the module docstring). Thread-compatible with one event loop: every request of a
-    session runs on the endpoint's loop."""
+    """One agent episode (see the module docstring). Every request of a session runs on the endpoint's loop;
+    :meth:`close` and the reads of a closed session come from another thread, under :attr:`lock`."""
 
     def __init__(self, session_id: str, *, engine: RolloutEngine, chat: ChatTokenizer, parser: ToolCallParser,
                  settings: SessionSettings, version: Callable[[], int] = lambda: 0, seed: int | None = None,
@@ -173,12 +228,63 @@ class Session:
         self.latest_turn: tuple[Sample, int] | None = None
         self.ignored: Counter[str] = Counter()
         """Requests that carried each field the endpoint accepts and ignores (:mod:`.field_policy`), by name."""
+        self.lock = threading.Lock()
+        """Held while the endpoint's loop changes the session (never across an await), by :meth:`close`, and by
+        whoever reads a closed session's samples (the rollout takes its rows under it)."""
+        self._turns: dict[str, _Turn] = {}  # the turns the engine is sampling, by key
+        self._abortable = callable(getattr(engine, "abort", None))  # a scripted stand-in may not abort
+
+    # ------------------------------------------------------------------------------------------- closing
+    def close(self) -> None:
+        """End the episode: no request starts any more, and the engine aborts the turns still generating (they
+        sample nothing: each sample stays as its last complete turn left it). Thread-safe; idempotent."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            keys = [key for key, turn in self._turns.items() if not turn.answered]
+        if keys and self._abortable:
+            self.engine.abort(keys)
+
+    @property
+    def serving(self) -> bool:
+        """Whether a turn is still being sampled (after :meth:`close`: until the engine has answered the aborts)."""
+        return bool(self._turns)
+
+    def _closed_error(self) -> ApiError:
+        return ApiError(409, f"session {self.id} is closed: its episode has ended", code="session_closed")
 
     # ------------------------------------------------------------------------------------------- a turn
     async def complete(self, request: TurnRequest) -> TurnResult:
         """Sample the assistant turn ``request`` asks for, on the sample it extends or on a new one."""
         if self.closed:
-            raise ApiError(409, f"session {self.id} is closed: its episode has ended", code="session_closed")
+            raise self._closed_error()
+        with self.lock:
+            turn = self._begin(request)
+        try:
+            out = await engine_call(self.engine, turn.prompt_ids, turn.params,
+                                    request_id=turn.key if self._abortable else None)
+        except BaseException:
+            with self.lock:
+                self._end(turn, sampled=False)
+            raise
+        turn.answered = True
+        with self.lock:
+            if self.closed or out.finish_reason == "abort":
+                self._end(turn, sampled=False)
+                if self.closed:
+                    raise self._closed_error()
+                raise ApiError(503, "the engine aborted this generation (its weights are being updated); retry",
+                               type="api_error")
+            try:
+                return self._sampled(turn, out)
+            finally:
+                self._end(turn, sampled=True)
+
+    def _begin(self, request: TurnRequest) -> _Turn:
+        """Match ``request`` to a sample, add its new messages, and register the turn (session lock held)."""
+        if self.closed:
+            raise self._closed_error()
         messages = self._conversation(request)
         if len(messages) > self.settings.max_messages:
             raise ApiError(400, f"{len(messages)} messages exceed the endpoint's limit of {self.settings.max_messages}",
@@ -190,17 +296,34 @@ class Session:
         self.ignored.update(request.ignored)
         keys = [message_key(m) for m in messages]
         thread = ThreadKey.of(request.model, messages, request.tools)
-        sample, new = self._match(messages, keys, request.tools, thread)  # no await inside: atomic on the loop
+        sample, start = self._match(messages, keys, request.tools, thread)
         sample.busy = True
+        mark = _Mark.of(sample)
         try:
-            return await self._turn(sample, messages, keys, new, request)
+            room = self._add_messages(sample, messages, keys, start)
+            budget = room if request.max_tokens is None else min(room, request.max_tokens)
+            params = self._sampling(request, budget)
         except BaseException:
-            if sample.turns == 0:  # a new sample that never sampled: nothing to keep
-                self.samples.remove(sample)
-                self.forks[sample.fork_reason] -= 1
-            raise
-        finally:
             sample.busy = False
+            self._drop_if_empty(sample)
+            raise
+        turn = _Turn(f"{self.id}-{next(_TURN_NUMBERS)}", sample, messages, request, mark,
+                     list(sample.trajectory.ids), params, budget)
+        self._turns[turn.key] = turn
+        return turn
+
+    def _end(self, turn: _Turn, *, sampled: bool) -> None:
+        """The turn is over (session lock held); one that sampled nothing takes its messages back out."""
+        del self._turns[turn.key]
+        turn.sample.busy = False
+        if not sampled:
+            turn.mark.restore(turn.sample)
+        self._drop_if_empty(turn.sample)
+
+    def _drop_if_empty(self, sample: Sample) -> None:
+        if sample.turns == 0 and sample in self.samples:  # a new sample that never sampled: nothing to keep
+            self.samples.remove(sample)
+            self.forks[sample.fork_reason] -= 1
 
     def _conversation(self, request: TurnRequest) -> list[dict[str, Any]]:
         """The request's whole conversation: a Responses request's earlier one first, its instructions as system."""
@@ -220,9 +343,11 @@ class Session:
     def count_tokens(self, request: TurnRequest) -> int:
         """The prompt tokens ``request`` would be fed as a new sample: its messages rendered with its tools and the
         generation prompt (Anthropic's ``count_tokens``; a side request, counted, never a sample)."""
-        self.counts["count_tokens"] += 1
-        self.ignored.update(request.ignored)
-        messages = [renderable(m) for m in self._conversation(request)]
+        with self.lock:
+            self.counts["count_tokens"] += 1
+            self.ignored.update(request.ignored)
+            conversation = self._conversation(request)
+        messages = [renderable(m) for m in conversation]
         in_prompt = (request.tools or None) if self.settings.tools_in_prompt else None
         return len(self.chat.conversation(messages, tools=in_prompt).prompt_ids)
 
@@ -278,9 +403,10 @@ class Session:
         self.forks[reason] += 1
         return sample
 
-    async def _turn(self, sample: Sample, messages: list[dict[str, Any]], keys: list[tuple[Any, ...]], start: int,
-                    request: TurnRequest) -> TurnResult:
-        s, chat, traj = self.settings, self.chat, sample.trajectory
+    def _add_messages(self, sample: Sample, messages: list[dict[str, Any]], keys: list[tuple[Any, ...]],
+                      start: int) -> int:
+        """Add an extension's new messages to ``sample`` (a delta of ids); the room left in its budget."""
+        s, traj = self.settings, sample.trajectory
         if start < len(messages) and sample.turns > 0:  # an extension: the environment's new messages, as a delta
             new = [renderable(m) for m in messages[start:]]
             sample.messages.extend(new)
@@ -297,15 +423,16 @@ class Session:
             raise ApiError(400, f"the sample has no room left: {traj.response_len} response tokens of "
                                 f"{s.response_length} (the endpoint's response length)", param="messages",
                            code="context_length_exceeded")
-        budget = room if request.max_tokens is None else min(room, request.max_tokens)
-        out = await engine_call(self.engine, list(traj.ids), self._sampling(request, budget))
+        return room
+
+    def _sampled(self, turn: _Turn, out: GenerationOutput) -> TurnResult:
+        """Record what the engine sampled for ``turn`` on its sample; the client's view of it (session lock held)."""
+        sample, request, chat, traj = turn.sample, turn.request, self.chat, turn.sample.trajectory
+        budget, messages = turn.budget, turn.messages
         self.generations += 1
         sample.last_generation = self.generations
         if sample.first_generation < 0:
             sample.first_generation = self.generations
-        if out.finish_reason == "abort":
-            raise ApiError(503, "the engine aborted this generation (its weights are being updated); retry",
-                           type="api_error")
         ids, log_probs = list(out.token_ids[:budget]), list(out.log_probs[:budget])
         stop_text = None
         if request.stop:
@@ -404,6 +531,10 @@ class Session:
         """Add ``value`` to the episode's reward; with ``turn`` (a response id the client got — ``chatcmpl-…``,
         ``resp_…``, ``msg_…`` — or ``"latest"``) it is also that turn's own reward, which ``algorithm.turn_rewards``
         places on the turn's last sampled token."""
+        with self.lock:
+            self._post_reward(value, turn)
+
+    def _post_reward(self, value: float, turn: str | None) -> None:
         if turn is not None:
             ref = self.latest_turn if turn == "latest" else self.turn_refs.get(_bare_id(turn))
             if ref is None:
@@ -462,14 +593,18 @@ class Session:
                 "ignored_fields": dict(self.ignored), "side_requests": self.side_requests(), "reward": self.reward}
 
 
-async def engine_call(engine: RolloutEngine, prompt_ids: list[int], params: SamplingParams) -> Any:
-    """``engine.generate`` from the endpoint's own event loop. An engine bound to one loop (``engine.event_loop``:
-    SGLang's request handler lives on the loop of its first request) gets the call on that loop, which the rollout
-    runs (``driver.run_sync``) or, standalone, a thread of its own (:mod:`.serve`)."""
+async def engine_call(engine: RolloutEngine, prompt_ids: list[int], params: SamplingParams, *,
+                      request_id: str | None = None) -> GenerationOutput:
+    """``engine.generate`` from the endpoint's own event loop, as request ``request_id`` (which ``engine.abort``
+    takes; None: the engine names it). An engine bound to one loop (``engine.event_loop``: SGLang's request handler
+    lives on the loop of its first request) gets the call on that loop, which the rollout runs
+    (``driver.run_sync``) or, standalone, a thread of its own (:mod:`.serve`)."""
+    call = (engine.generate(prompt_ids, params) if request_id is None
+            else engine.generate(prompt_ids, params, request_id=request_id))
     bound = getattr(engine, "event_loop", None)
     if bound is None or bound is asyncio.get_running_loop():
-        return await engine.generate(prompt_ids, params)
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(engine.generate(prompt_ids, params), bound))
+        return await call
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, bound))
 
 
 # ----------------------------------------------------------------------------------------- messages

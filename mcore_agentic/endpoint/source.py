@@ -20,7 +20,12 @@ and becomes one training row, like a built-in loop request:
 * the end-of-trajectory sanity check compares the row with a full render of its messages, as for the loop;
 * a program that fails, times out, returns no reward, or never made a request fails its row (trains on nothing);
   but one that stops because the endpoint answered ``context_length_exceeded`` (the sample's budget is spent)
-  leaves a row truncated by length, reward 0 plus what it posted, as the built-in loop ends such a request.
+  leaves a row truncated by length, reward 0 plus what it posted, as the built-in loop ends such a request;
+* when the program ends (returns, fails, times out, is killed) its session closes: the engine aborts the requests it
+  left generating and the rollout waits for them (:func:`_settled`), so no request is live once the rollout ends
+  (the sharding manager then releases the engine's memory). An aborted turn adds nothing: its sample ends at its
+  last complete turn, and the row trains (or fails) by the program's outcome as any other. The rows are taken under
+  the session's lock, which the endpoint holds while it changes a sample.
 """
 
 from __future__ import annotations
@@ -129,10 +134,11 @@ class AgentSource:
                 outcome = await run_program(self.entry, self.cfg.agent.command, access, row, self.cfg.agent.timeout_s,
                                             runner=self.runner)
             finally:
-                session.closed = True
+                session.close()  # aborts what the program left generating
                 self.registry.remove(session.id)
             await _settled(session)
-        return self._finish(req, session, outcome)
+        with session.lock:  # a turn the engine never answered (past _settled's bound) cannot change a sample now
+            return self._finish(req, session, outcome)
 
     def _finish(self, req: RolloutRequest, session: Session, outcome: ProgramOutcome) -> list[RolloutRequest]:
         """The session's last sample as ``req``'s row, rewarded, checked and ended; with ``train_samples=all`` its
@@ -231,10 +237,16 @@ class AgentSource:
 
 
 async def _settled(session: Session, wait_s: float = 30.0) -> None:
-    """Wait (bounded) until no request of a closed session is still sampling: its samples are final then."""
+    """Wait until no turn of a closed session is still being sampled: its samples are final, and none of its
+    requests is live in the engine. The engine aborted them (:meth:`Session.close`), so this takes a step of the
+    engine; ``wait_s`` bounds it for an engine that cannot abort (a scripted stand-in) or never answers."""
     deadline = time.monotonic() + wait_s
-    while any(s.busy for s in session.samples) and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
+    while session.serving and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    if session.serving:
+        logger.warning("session %s: a request is still generating %.0f s after the session closed and aborted it; "
+                       "its row is taken as it stands (the engine may refuse to release its memory)",
+                       session.id, wait_s)
 
 
 def _ignored_metrics(ignored: Counter[str]) -> dict[str, int]:

@@ -17,6 +17,7 @@ its trajectory, and the trainer can replay them (``actor.moe.routing_replay``).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -113,11 +114,24 @@ class RolloutEngine(Protocol):
     ``meta_info.cached_tokens``). Read it with :func:`prefix_cache_stats`
     before and after a rollout and subtract: the feed reports the step's sums over the world and their ratio
     (``rollout/prefix_cache_prompt_tokens``, ``rollout/prefix_cache_hit_tokens``, ``rollout/prefix_cache_hit_rate``).
+
+    Abort: ``generate(..., request_id=...)`` names a request (unique over the engine's life; None: the engine names
+    it); ``abort(request_ids)`` ends those requests (None: every request queued or running). Each one's caller
+    gets what was sampled so far with finish ``"abort"``, once the engine has dropped it (transformers: from its
+    running batch at the next step; vLLM and SGLang: their own ``abort_request``), so a caller that awaits its
+    ``generate`` knows the request is no longer live. An id aborted before its ``generate`` arrives is remembered:
+    that call returns at once with finish ``"abort"`` and nothing sampled (the endpoint aborts a closed session's
+    requests from another thread than the one that issues them). ``abort`` is thread-safe and never waits for a
+    step. ``drain(timeout_s)`` (optional, like ``shutdown``) aborts every request and waits until none is left.
     """
 
     weight_version: int
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput: ...
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> GenerationOutput: ...
+
+    def abort(self, request_ids: Sequence[str] | None = None) -> None: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None: ...
 
@@ -151,6 +165,40 @@ class PrefixCacheStats:
     def __sub__(self, earlier: PrefixCacheStats) -> PrefixCacheStats:
         """What happened between an ``earlier`` reading and this one."""
         return PrefixCacheStats(self.prompt_tokens - earlier.prompt_tokens, self.cached_tokens - earlier.cached_tokens)
+
+
+class AbortBook:
+    """What an engine was told to abort (:meth:`RolloutEngine.abort`); thread-safe.
+
+    ``abort(ids)`` remembers each id until a request of that id is seen (:meth:`hit`): it may be running, queued,
+    or not yet issued. ``abort(None)`` moves the epoch on: every request issued before it (its :attr:`epoch` read
+    when it was issued is older) is aborted; later ones are not.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: set[str] = set()
+        self.epoch = 0
+
+    def abort(self, request_ids: Sequence[str] | None) -> None:
+        with self._lock:
+            if request_ids is None:
+                self.epoch += 1
+            else:
+                self._ids.update(request_ids)
+
+    def hit(self, request_id: str | None, epoch: int | None = None) -> bool:
+        """Whether the request ``request_id``, issued at ``epoch``, is aborted; its id is forgotten then."""
+        with self._lock:
+            if request_id is not None and request_id in self._ids:
+                self._ids.discard(request_id)
+                return True
+            return epoch is not None and epoch < self.epoch
+
+
+def aborted_output() -> GenerationOutput:
+    """The result of a request aborted before it sampled anything."""
+    return GenerationOutput([], [], "abort")
 
 
 def prefix_cache_stats(engine: object) -> PrefixCacheStats | None:

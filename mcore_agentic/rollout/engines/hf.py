@@ -46,6 +46,10 @@ refuses until the next completed weight sync fills it. Weights and memory may on
 change while no request is running. A running request's KV cache lives in the running batch; only the prefix
 store outlives requests, so the ``kv_cache`` tag has nothing to allocate.
 
+Abort (:meth:`HFEngine.abort`): the scheduler drops the requests named (or every one) before its next forward —
+a running row leaves the batch with what it sampled, a queued request with nothing — and each caller gets finish
+``abort``; :meth:`HFEngine.drain` aborts everything and waits until the scheduler holds no request.
+
 Device: the worker thread makes the model's GPU its current CUDA device before its first
 forward (a new thread's current device is GPU 0).
 """
@@ -68,9 +72,11 @@ import numpy as np
 import torch
 
 from mcore_agentic.rollout.engines.base import (
+    AbortBook,
     GenerationOutput,
     PrefixCacheStats,
     SamplingParams,
+    aborted_output,
     bind_thread_to_device,
     deliver,
     memory_tags,
@@ -94,6 +100,9 @@ class _Pending:
     seed: int
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    request_id: str | None = None
+    epoch: int = 0
+    """:attr:`AbortBook.epoch` when it was issued (``abort()`` of every request aborts the older ones)."""
 
 
 @dataclass
@@ -227,6 +236,10 @@ class HFEngine:
         self._thread_lock = threading.Lock()
         self._lock = threading.Lock()  # held while the model runs or weights change
         self._active = 0  # running requests (owned by the worker thread)
+        self._aborts = AbortBook()
+        self._count_lock = threading.Lock()
+        self._submitted = 0  # requests put on the inbox ...
+        self._answered = 0  # ... and those the scheduler has let go of (answered, or dropped when cancelled)
         self._released = False
         self._shut_down = False
         self._weights_invalid = False  # after resume_memory, until a finished sync
@@ -286,16 +299,41 @@ class HFEngine:
 
     # -- generation ---------------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> GenerationOutput:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         self._check_usable()
+        if self._aborts.hit(request_id):  # aborted before it was issued
+            return aborted_output()
         loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
-        pending = _Pending(list(prompt_ids), params, seed, loop.create_future(), loop)
+        pending = _Pending(list(prompt_ids), params, seed, loop.create_future(), loop, request_id, self._aborts.epoch)
+        with self._count_lock:
+            self._submitted += 1
         self._inbox.put(pending)
         self._ensure_worker()
         return await pending.future
+
+    def abort(self, request_ids: Sequence[str] | None = None) -> None:
+        """Abort the requests ``request_ids`` names (None: every request issued so far); the scheduler drops them
+        before its next forward and each caller gets finish ``abort`` with what it sampled. Returns at once."""
+        self._aborts.abort(request_ids)
+
+    def drain(self, timeout_s: float = 30.0) -> bool:
+        """Abort every request and wait, at most ``timeout_s``, until the scheduler holds none; whether it holds none."""
+        self.abort()
+        deadline = time.monotonic() + timeout_s
+        while not self._idle():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _idle(self) -> bool:
+        with self._count_lock:
+            return self._answered == self._submitted
 
     def _ensure_worker(self) -> None:
         with self._thread_lock:
@@ -328,14 +366,18 @@ class HFEngine:
                     break
             if any(p is _SHUTDOWN for p in incoming):
                 stopped = RuntimeError("the HF engine was shut down")
-                for pending in [r.req for r in rows] + [p for p in incoming if p is not _SHUTDOWN]:
+                held = [r.req for r in rows] + [p for p in incoming if p is not _SHUTDOWN]
+                for pending in held:
                     _deliver(pending, stopped)
+                self._answer(len(held))
                 with self._thread_lock:
                     self._thread = None
                 return
-            incoming = [p for p in incoming if not p.future.cancelled()]
+            held = len(rows) + len(incoming)
             try:
                 with self._lock, torch.no_grad():
+                    rows, cache, mask, incoming = self._drop_aborted(rows, cache, mask, incoming)
+                    incoming = [p for p in incoming if not p.future.cancelled()]
                     self._check_usable()
                     if incoming:
                         rows, cache, mask = self._admit(rows, cache, mask, incoming)
@@ -347,6 +389,33 @@ class HFEngine:
                     _deliver(pending, exc)
                 rows, cache, mask = [], None, None
                 self._active = 0
+            self._answer(held - len(rows))
+
+    def _answer(self, count: int) -> None:
+        """``count`` requests left the scheduler (answered, failed, aborted, or dropped when their caller gave up)."""
+        with self._count_lock:
+            self._answered += count
+
+    def _drop_aborted(
+        self, rows: list[_Row], cache: Legacy | None, mask: torch.Tensor | None, incoming: list[_Pending]
+    ) -> tuple[list[_Row], Legacy | None, torch.Tensor | None, list[_Pending]]:
+        """Answer the aborted requests (:meth:`abort`) with what they sampled and drop them: from ``incoming``, and
+        from the running batch (its KV cache and mask with it)."""
+        waiting = []
+        for p in incoming:
+            if self._aborts.hit(p.request_id, p.epoch):
+                _deliver(p, aborted_output())
+            else:
+                waiting.append(p)
+        keep = [i for i, r in enumerate(rows) if not self._aborts.hit(r.req.request_id, r.req.epoch)]
+        if len(keep) == len(rows):
+            return rows, cache, mask, waiting
+        for i in sorted(set(range(len(rows))) - set(keep)):
+            _deliver(rows[i].req, self._output(rows[i], "abort"))
+        if not keep:
+            return [], None, None, waiting
+        assert cache is not None and mask is not None
+        return [rows[i] for i in keep], _select(cache, keep), mask[keep], waiting
 
     def _admit(
         self, rows: list[_Row], cache: Legacy | None, mask: torch.Tensor | None, incoming: list[_Pending]

@@ -37,6 +37,12 @@ Memory: ``release_memory`` releases every memory type SGLang 0.5.23 has (``kv_ca
 ``cuda_graph``); ``resume_memory(["weights"])`` resumes the weights (the sync refills them: no CPU backup),
 ``resume_memory(["kv_cache"])`` the KV cache and the CUDA graphs' memory, which only generation needs.
 
+Abort (:meth:`SGLangEngine.abort`): every request carries its ``rid``; an aborted one gets SGLang's
+``TokenizerManager.abort_request(rid)`` (once the tokenizer manager knows the rid: a request still being tokenized
+is aborted a moment later), sent on the engine's event loop, whose scheduler then ends it with finish ``abort``.
+The caller's coroutine returns when SGLang answers, which needs that loop to run: :meth:`SGLangEngine.drain` runs it
+(as the engine's own sync calls do) until every request has returned.
+
 Process state: SGLang's start-up (``_set_envs_and_config``) installs a SIGQUIT handler that kills this
 process's whole tree (torchrun forwards SIGQUIT to the trainer), writes ``NCCL_CUMEM_ENABLE``,
 ``NCCL_NVLS_ENABLE`` (and ``NCCL_GRAPH_MIXING_SUPPORT``) and ``CUDA_DEVICE_MAX_CONNECTIONS=8`` into this
@@ -58,6 +64,8 @@ import os
 import random
 import signal
 import threading
+import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -65,7 +73,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from mcore_agentic.rollout.engines.base import GenerationOutput, PrefixCacheStats, SamplingParams, memory_tags
+from mcore_agentic.rollout.engines.base import (
+    AbortBook,
+    GenerationOutput,
+    PrefixCacheStats,
+    SamplingParams,
+    aborted_output,
+    memory_tags,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -203,14 +218,19 @@ def from_sglang_output(
     Ids and logprobs come from ``meta_info["output_token_logprobs"]`` (``(logprob, id, None)``
     triples, one per sampled token); ``output_ids``, when present, must agree.
     ``meta_info["finish_reason"]`` is ``{"type": "stop"|"length"|"abort", ...}`` (or None while
-    unfinished, read as abort). With ``routing_shape`` (``(moe_layers, top_k)``), ``meta_info["routed_experts"]``
+    unfinished, read as abort; an abort before the prefill carries no output fields: nothing sampled). With
+    ``routing_shape`` (``(moe_layers, top_k)``), ``meta_info["routed_experts"]``
     becomes ``routed_experts`` for the ``prompt_len`` prompt tokens and the samples but the last.
     """
     meta = output.get("meta_info")
     if not isinstance(meta, dict):
         raise ValueError(f"SGLang output has no meta_info dict: keys {sorted(output)}")
+    reason = meta.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else reason
     triples = meta.get("output_token_logprobs")
     if triples is None:
+        if kind == "abort":  # aborted before its prefill: SGLang answers without any output field
+            return aborted_output()
         raise ValueError("SGLang output has no meta_info.output_token_logprobs; call async_generate(return_logprob=True)")
     token_ids = [int(t[1]) for t in triples]
     log_probs = [float(t[0]) for t in triples]
@@ -218,12 +238,10 @@ def from_sglang_output(
         raise ValueError(
             f"SGLang output_ids ({len(output['output_ids'])}) disagree with output_token_logprobs ({len(token_ids)})"
         )
-    reason = meta.get("finish_reason")
-    kind = reason.get("type") if isinstance(reason, dict) else reason
     if kind not in ("stop", "length", "abort"):
         kind = "abort"
     routed = None
-    if routing_shape is not None:
+    if routing_shape is not None and not (kind == "abort" and meta.get("routed_experts") is None):
         if meta.get("routed_experts") is None:
             raise ValueError("SGLang output has no meta_info.routed_experts; start the engine with "
                              "enable_return_routed_experts and call async_generate(return_routed_experts=True)")
@@ -373,11 +391,16 @@ class SGLangEngine:
         self._warned_seed = False
         self._prompt_tokens = 0  # prefix_cache_stats
         self._cached_tokens = 0
+        self._aborts = AbortBook()
+        self._live: dict[str, int] = {}  # rid -> AbortBook.epoch, of every request SGLang has not answered yet
+        self._aborted: set[str] = set()  # rids whose abort_request was sent
         # SGLang's request handler task lives on the loop of the first request; every rollout must
         # run there (the driver runs engines that have an ``event_loop`` on it, never asyncio.run).
         self.event_loop: asyncio.AbstractEventLoop = getattr(self._engine, "loop", None) or asyncio.new_event_loop()
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> GenerationOutput:
         if self._released:
             raise RuntimeError(
                 f"SGLangEngine.generate while memory is released ({', '.join(sorted(self._released))}); call "
@@ -397,13 +420,80 @@ class SGLangEngine:
                 "SamplingParams.seed has no effect on SGLangEngine(deterministic=False): SGLang uses sampling_seed "
                 "only with enable_deterministic_inference; pass deterministic=True for reproducible samples"
             )
+        if self._aborts.hit(request_id):  # aborted before it was issued
+            return aborted_output()
+        rid = request_id if request_id is not None else uuid.uuid4().hex
         request = to_sglang_request(prompt_ids, params, deterministic=self.deterministic,
                                     return_routed_experts=self.routing_shape is not None)
-        output = await self._engine.async_generate(**request)
+        self._live[rid] = self._aborts.epoch
+        try:
+            output = await self._engine.async_generate(**request, rid=rid)
+        except Exception:
+            if rid in self._aborted:  # a version that raises for an aborted request
+                return aborted_output()
+            raise
+        finally:
+            self._live.pop(rid, None)
+            self._aborted.discard(rid)
         meta = output.get("meta_info") if isinstance(output, dict) else None
         self._prompt_tokens += len(prompt_ids)
         self._cached_tokens += int((meta or {}).get("cached_tokens") or 0)  # its radix cache's prefix hit
         return from_sglang_output(output, prompt_len=len(prompt_ids), routing_shape=self.routing_shape)
+
+    def abort(self, request_ids: Sequence[str] | None = None) -> None:
+        """Abort the requests ``request_ids`` names (None: every request issued so far): SGLang's ``abort_request``
+        for each, sent on the engine's loop (from another thread: scheduled there). Returns at once."""
+        self._aborts.abort(request_ids)
+        loop = self.event_loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop or not loop.is_running():
+            self._send_aborts()
+        else:
+            loop.call_soon_threadsafe(self._send_aborts)
+
+    def _send_aborts(self) -> None:
+        for rid, epoch in list(self._live.items()):
+            if rid not in self._aborted and self._aborts.hit(rid, epoch):
+                self._aborted.add(rid)
+                self._abort_rid(rid)
+
+    def _abort_rid(self, rid: str) -> None:
+        """``abort_request(rid)`` once SGLang's tokenizer manager holds the request (it ignores an unknown rid)."""
+        if rid not in self._live:
+            return
+        manager = self._engine.tokenizer_manager
+        known = getattr(manager, "rid_to_state", None)
+        if known is not None and rid not in known:  # still being tokenized: try again on the loop's next turns
+            self.event_loop.call_later(0.005, self._abort_rid, rid)
+            return
+        manager.abort_request(rid=rid)
+
+    def drain(self, timeout_s: float = 30.0) -> bool:
+        """Abort every request and run the engine's loop (at most ``timeout_s``) until SGLang has answered each;
+        whether it has. Not from a coroutine on that loop (it cannot run the loop it is inside)."""
+        self.abort()
+        loop = self.event_loop
+        deadline = time.monotonic() + timeout_s
+        if not loop.is_running():
+
+            async def answered() -> None:
+                while self._live and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+
+            loop.run_until_complete(answered())
+        else:
+            try:
+                inside = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                inside = False
+            if inside:
+                raise RuntimeError("SGLangEngine.drain from a coroutine on the engine's own loop: await the requests")
+            while self._live and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return not self._live
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
         """Prompt tokens of the requests it returned, and those SGLang's radix cache served

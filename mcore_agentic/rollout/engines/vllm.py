@@ -71,6 +71,9 @@ runner (vLLM's default on GPUs with Triton) keys its seeded noise by (seed, posi
 continuation already draws as the uncut request: nothing is installed.
 Speculative decoding (the rejection sampler's draws) is not covered.
 
+Abort (:meth:`VLLMEngine.abort`): the worker thread carries the order out between two steps, with vLLM's own
+``abort_request`` for the running requests; each caller gets what was sampled so far, finish ``abort``.
+
 Process-wide side effects of vLLM's start-up that the adapter undoes: the global RNG seeding,
 the torch thread count and vLLM's disabling of ``torch.set_num_threads``; and at shutdown the
 destruction of the default process group when the trainer owns it.
@@ -95,10 +98,12 @@ import torch
 
 from mcore_agentic.rollout.engines.base import (
     MEMORY_TAGS,
+    AbortBook,
     EngineFinishReason,
     GenerationOutput,
     PrefixCacheStats,
     SamplingParams,
+    aborted_output,
     bind_thread_to_device,
     deliver,
     memory_tags,
@@ -301,6 +306,8 @@ class _Pending:
     params: SamplingParams
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    epoch: int = 0
+    """:attr:`AbortBook.epoch` when it was issued."""
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
 
@@ -311,7 +318,6 @@ class _AbortOrder:
 
     request_ids: list[str] | None
     done: threading.Event = field(default_factory=threading.Event)
-    count: int = 0
 
 
 class PrefixCacheCounter:
@@ -447,6 +453,7 @@ class VLLMEngine:
         self._ids = itertools.count()
         self._inbox: queue.Queue[_Pending] = queue.Queue()
         self._aborts: queue.Queue[_AbortOrder] = queue.Queue()
+        self._abort_book = AbortBook()  # ids aborted before the worker saw their request (RolloutEngine.abort)
         self._running: dict[str, _Pending] = {}
         self._lock = threading.Lock()  # every call into vLLM
         self._thread: threading.Thread | None = None
@@ -457,10 +464,14 @@ class VLLMEngine:
         self._weights_invalid = False
 
     # -- generation ---------------------------------------------------------------------------------
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str | None = None
+    ) -> GenerationOutput:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         self._check_usable()
+        if self._abort_book.hit(request_id):  # aborted before it was issued
+            return aborted_output()
         if continues_draws(params) and not getattr(self, "draws_before_supported", False):
             if not getattr(self, "_warned_draws", False):
                 self._warned_draws = True
@@ -470,7 +481,8 @@ class VLLMEngine:
                     "valid samples but a cut turn no longer equals the uncut one")
             params = dataclasses.replace(params, draws_before=0)
         loop = asyncio.get_running_loop()
-        pending = _Pending(f"r{next(self._ids)}", list(prompt_ids), params, loop.create_future(), loop)
+        pending = _Pending(request_id if request_id is not None else f"r{next(self._ids)}", list(prompt_ids), params,
+                           loop.create_future(), loop, self._abort_book.epoch)
         self._inbox.put(pending)
         self._ensure_worker()
         try:
@@ -479,17 +491,22 @@ class VLLMEngine:
             self._abort_ids([pending.request_id])
             raise
 
-    def abort(self) -> int:
-        """Abort every queued and running request; each caller gets what was sampled so far, finish ``abort``.
+    def abort(self, request_ids: Sequence[str] | None = None) -> None:
+        """Abort the requests ``request_ids`` names (None: every queued and running request); each caller gets
+        what was sampled so far, finish ``abort``. Returns at once: the worker thread carries the order out between
+        two steps (it holds the engine lock while it steps, so an abort from outside could wait for the batch)."""
+        self._abort_book.abort(request_ids)
+        self._aborts.put(_AbortOrder(None if request_ids is None else list(request_ids)))
+        self._ensure_worker()
 
-        The worker thread carries the order out between two steps (it holds the engine lock while it
-        steps, so an abort from outside could wait for the whole batch); returns how many were aborted.
-        """
+    def drain(self, timeout_s: float | None = 30.0) -> bool:
+        """Abort every queued and running request and wait (at most ``timeout_s``; None: no limit) until the worker
+        has; whether it has."""
+        self._abort_book.abort(None)
         order = _AbortOrder(None)
         self._aborts.put(order)
         self._ensure_worker()
-        order.done.wait()
-        return order.count
+        return order.done.wait(timeout_s)
 
     def _abort_ids(self, request_ids: list[str]) -> None:
         self._aborts.put(_AbortOrder(list(request_ids)))
@@ -515,11 +532,11 @@ class VLLMEngine:
                     victims = [self._running[r] for r in order.request_ids if r in self._running]
                 for p in victims:
                     del self._running[p.request_id]
+                    self._abort_book.hit(p.request_id)  # seen: forgotten
                 if victims:
                     self._engine.abort_request([p.request_id for p in victims])
                 for p in waiting + victims:
                     _deliver(p, GenerationOutput(p.token_ids, p.log_probs, "abort"))
-                order.count = len(waiting) + len(victims)
             finally:
                 order.done.set()
 
@@ -554,6 +571,9 @@ class VLLMEngine:
                         except queue.Empty:
                             break
                         if p.future.cancelled():
+                            continue
+                        if self._abort_book.hit(p.request_id, p.epoch):
+                            _deliver(p, aborted_output())
                             continue
                         try:  # a request vLLM refuses (too long, bad params) fails alone
                             sp = VSamplingParams(
@@ -710,7 +730,7 @@ class VLLMEngine:
         """Abort what runs and stop the engine. vLLM's teardown destroys torch.distributed's default group;
         one the trainer created before the engine is left alone (vLLM's own groups are destroyed). The worker
         thread is waited for: one still ending as the process exits can free tensors after the GIL is gone."""
-        self.abort()
+        self.drain(None)
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()

@@ -207,3 +207,61 @@ def test_shutdown_waits_for_the_scheduler_thread_and_fails_what_it_held(model_di
     with pytest.raises(RuntimeError, match="after shutdown"):
         _gather(engine, [PROMPTS[1]], [SamplingParams(max_new_tokens=3)])
     engine.shutdown()  # again: nothing to stop
+
+
+def test_abort_drops_the_named_row_and_answers_with_what_it_sampled(engine):
+    """``abort([id])``: that request leaves the running batch at the next step (its caller gets the tokens it sampled,
+    the uncut run's, finish abort); the others go on. An id aborted before its request arrives is answered at once;
+    ``abort()`` ends every request issued before it, not the later ones."""
+    long = SamplingParams(max_new_tokens=1000, seed=1)
+
+    async def main():
+        cut = asyncio.create_task(engine.generate(PROMPTS[0], long, request_id="a"))
+        other = asyncio.create_task(engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=30, seed=2),
+                                                    request_id="b"))
+        while engine.steps_run < 3:
+            await asyncio.sleep(0.001)
+        engine.abort(["a"])
+        results = [await cut, await other]
+        prefills = engine.prefills_run
+        engine.abort(["later"])
+        results.append(await engine.generate(PROMPTS[2], long, request_id="later"))
+        assert engine.prefills_run == prefills  # never reached the model
+        steps = engine.steps_run
+        everything = [asyncio.create_task(engine.generate(p, long)) for p in PROMPTS[:2]]
+        while engine.steps_run < steps + 3:
+            await asyncio.sleep(0.001)
+        engine.abort()
+        results += await asyncio.gather(*everything)
+        results.append(await engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=3, seed=4)))  # after abort()
+        return results
+
+    cut, other, later, *everything, after = asyncio.run(main())
+    assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) < long.max_new_tokens
+    assert len(cut.log_probs) == len(cut.token_ids)
+    uncut = _gather(engine, [PROMPTS[0]], [SamplingParams(max_new_tokens=len(cut.token_ids), seed=1)])[0]
+    assert uncut.token_ids == cut.token_ids
+    assert torch.allclose(torch.tensor(uncut.log_probs), torch.tensor(cut.log_probs), atol=1e-5, rtol=0)
+    assert other.finish_reason == "length" and len(other.token_ids) == 30
+    assert (later.finish_reason, later.token_ids, later.log_probs) == ("abort", [], [])
+    assert [o.finish_reason for o in everything] == ["abort", "abort"]
+    assert after.finish_reason == "length" and len(after.token_ids) == 3
+    engine.release_memory()  # nothing left generating
+
+
+def test_drain_aborts_everything_and_waits_until_the_scheduler_holds_nothing(engine):
+    """What the sharding manager can call before ``release_memory`` (which refuses while a request generates)."""
+
+    async def main():
+        running = [asyncio.create_task(engine.generate(p, SamplingParams(max_new_tokens=1000, seed=i)))
+                   for i, p in enumerate(PROMPTS)]
+        while engine.steps_run < 2:
+            await asyncio.sleep(0.001)
+        with pytest.raises(RuntimeError, match="while 3 requests are generating"):
+            engine.release_memory()
+        assert await asyncio.to_thread(engine.drain, 30.0)
+        return await asyncio.gather(*running)
+
+    assert [o.finish_reason for o in asyncio.run(main())] == ["abort"] * 3
+    engine.release_memory()
+    assert engine.drain(0.0)  # idle: nothing to wait for

@@ -89,6 +89,9 @@ def test_engine_methods_the_adapter_calls():
     # the constructor binds the tokenizer manager's loop itself, to take back the signal handlers it adds
     manager = _module("sglang.srt.managers.tokenizer_manager").TokenizerManager
     assert "add_signal_handler" in inspect.getsource(manager.auto_create_handle_loop)
+    # abort: the tokenizer manager's abort_request by rid, sent once the rid is among the requests it waits on
+    assert {"rid", "abort_all"} <= set(inspect.signature(manager.abort_request).parameters)
+    assert "self.rid_to_state" in inspect.getsource(manager)
 
 
 def test_start_up_environment_writes_are_known():

@@ -9,7 +9,9 @@ memory calls (per memory type: ``kv_cache``, ``weights``, ``cuda_graph``), resul
 ``skip_tokenizer_init``, a constructor that rejects keys that are no ``ServerArgs`` field and, like
 ``_set_envs_and_config``, installs a SIGQUIT handler that kills the process tree and writes NCCL variables
 into the environment, and a tokenizer manager that adds SIGTERM/SIGQUIT handlers to its event loop at its
-first call. ``test_engines_sglang_api.py`` checks the adapter against the real classes where SGLang is installed.
+first call, knows a request's ``rid`` once it has tokenized it (``rid_to_state``), ends one on ``abort_request(rid)``
+with finish ``abort``, and whose scheduler refuses to release memory while a request is live (SGLang asserts
+``is_fully_idle()`` there, and the failed assertion SIGQUITs the trainer). ``test_engines_sglang_api.py`` checks the adapter against the real classes where SGLang is installed.
 """
 
 from __future__ import annotations
@@ -78,6 +80,16 @@ class _TokenizerManager:
 
     def __init__(self):
         self.event_loop = None
+        self.rid_to_state: dict[str, asyncio.Event] = {}  # the requests it waits on, by rid
+        self.aborted: list[str] = []  # the rids abort_request ended
+
+    def abort_request(self, rid: str = "", abort_all: bool = False):
+        """Like 0.5.23's: a rid it does not know (not yet tokenized, or answered) is ignored."""
+        if not abort_all and rid not in self.rid_to_state:
+            return
+        for r in list(self.rid_to_state) if abort_all else [rid]:
+            self.aborted.append(r)
+            self.rid_to_state[r].set()
 
     def auto_create_handle_loop(self):
         if self.event_loop is not None:
@@ -104,6 +116,7 @@ class _SGLangEngine:
 
     reply = [11, 12]
     finish = "length"
+    hold_over: int | None = None  # a request for more tokens generates until it is aborted (a long turn)
 
     def __init__(self, **kwargs):
         unknown = sorted(set(kwargs) - SERVER_ARGS_FIELDS)
@@ -152,16 +165,26 @@ class _SGLangEngine:
         self.handler_loop = self.handler_loop or loop
         if loop is not self.handler_loop:
             raise RuntimeError("async_generate on another event loop than the handler's: SGLang would hang here")
-        meta = {"id": "9f1c", "finish_reason": {"type": self.finish}, "prompt_tokens": len(request["input_ids"]),
-                "completion_tokens": len(self.reply), "cached_tokens": len(request["input_ids"]) // 2}
+        reply, finish = self.reply, self.finish
+        if self.hold_over is not None and request["sampling_params"]["max_new_tokens"] > self.hold_over:
+            await asyncio.sleep(0.01)  # tokenizing: the rid is not known yet
+            manager = self.tokenizer_manager
+            event = manager.rid_to_state[request["rid"]] = asyncio.Event()
+            try:
+                await event.wait()  # decoding, until abort_request
+            finally:
+                del manager.rid_to_state[request["rid"]]
+            reply, finish = self.reply[:1], "abort"
+        meta = {"id": "9f1c", "finish_reason": {"type": finish}, "prompt_tokens": len(request["input_ids"]),
+                "completion_tokens": len(reply), "cached_tokens": len(request["input_ids"]) // 2}
         if request.get("return_logprob"):
-            meta["output_token_logprobs"] = [(-0.5 / (i + 1), t, None) for i, t in enumerate(self.reply)]
+            meta["output_token_logprobs"] = [(-0.5 / (i + 1), t, None) for i, t in enumerate(reply)]
         if request.get("return_routed_experts") and self.kwargs.get("enable_return_routed_experts"):
             # int32 ids by token, layer (2), top-k slot (2) of every fed token, base64 (as SGLang's meta_info)
             fed = len(request["input_ids"]) + len(self.reply) - 1
             ids = (np.arange(fed * 4, dtype=np.int32) % 8).reshape(fed, 2, 2)
             meta["routed_experts"] = base64.b64encode(ids.tobytes()).decode()
-        return {"output_ids": list(self.reply), "meta_info": meta}  # skip_tokenizer_init: no "text"
+        return {"output_ids": list(reply), "meta_info": meta}  # skip_tokenizer_init: no "text"
 
     def begin_weight_update(self, selector: str = "all"):
         self.calls.append(("begin_weight_update",))
@@ -196,6 +219,8 @@ class _SGLangEngine:
 
     def release_memory_occupation(self, tags=None):
         self._through_tokenizer_manager()
+        if self.tokenizer_manager.rid_to_state:  # the scheduler's assertion (then SIGQUIT to the trainer)
+            raise AssertionError("release_memory_occupation should be called only when no ongoing request")
         self.calls.append(("release_memory_occupation", tags))
         for tag in tags or MEMORY_TYPES:
             if tag in self.released:  # the memory saver pauses a region only once
@@ -610,3 +635,94 @@ def test_routed_experts_are_asked_for_and_decoded_per_fed_token(fake_sglang):
         _generate(engine, [1, 2], SamplingParams(max_new_tokens=2))
     with pytest.raises(ValueError, match="5 tokens x 2 MoE layers"):
         decode_routed_experts(base64.b64encode(np.zeros(8, np.int32).tobytes()), routing_shape=(2, 2), tokens=5)
+
+
+def test_abort_ends_requests_through_sglangs_abort_request(fake_sglang, monkeypatch):
+    """``abort([rid])`` is SGLang's ``abort_request(rid)`` for that request only; one SGLang does not know yet (being
+    tokenized) is aborted once it does; ``abort()`` ends every request; an id aborted before its request is issued
+    is answered at once, without reaching SGLang."""
+    monkeypatch.setattr(_SGLangEngine, "hold_over", 100)
+    engine = SGLangEngine("/ckpt")
+    manager = engine._engine.tokenizer_manager
+    long = SamplingParams(max_new_tokens=1000)
+
+    async def main():
+        early = asyncio.create_task(engine.generate([1, 2], long, request_id="early"))
+        await asyncio.sleep(0)  # issued, still being tokenized
+        assert "early" in engine._live and "early" not in manager.rid_to_state
+        engine.abort(["early"])
+        cut = asyncio.create_task(engine.generate([1, 2], long, request_id="a"))
+        rest = asyncio.create_task(engine.generate([1, 2], long, request_id="b"))
+        while {"a", "b"} - set(manager.rid_to_state):
+            await asyncio.sleep(0.001)
+        engine.abort(["a"])
+        results = [await early, await cut]
+        assert not rest.done()
+        engine.abort()
+        results.append(await rest)
+        calls = len(engine._engine.calls)
+        engine.abort(["later"])
+        results.append(await engine.generate([1, 2], long, request_id="later"))
+        assert len(engine._engine.calls) == calls
+        return results
+
+    early, cut, rest, later = engine.event_loop.run_until_complete(main())
+    assert [o.finish_reason for o in (early, cut, rest, later)] == ["abort"] * 4
+    assert (cut.token_ids, cut.log_probs) == ([11], [-0.5]) and later.token_ids == []
+    assert sorted(manager.aborted) == ["a", "b", "early"] and manager.aborted[-1] == "b"
+    assert not engine._live and not manager.rid_to_state
+    assert [c[1]["rid"] for c in engine._engine.calls if c[0] == "async_generate"] == ["early", "a", "b"]
+
+
+def test_an_abort_answered_before_its_prefill_carries_nothing():
+    """SGLang answers a request aborted in its waiting queue with no output fields at all."""
+    out = from_sglang_output({"meta_info": {"id": "r", "finish_reason": {"type": "abort", "message": "Abort before "
+                                                                        "prefill"}, "prompt_tokens": 0}})
+    assert (out.token_ids, out.log_probs, out.finish_reason) == ([], [], "abort")
+    with pytest.raises(ValueError, match="return_logprob"):
+        from_sglang_output({"meta_info": {"finish_reason": {"type": "stop"}}})
+
+
+def test_drain_runs_the_engines_loop_until_sglang_answered(fake_sglang, monkeypatch):
+    """A request left suspended on SGLang's loop when the rollout's ``run_until_complete`` returned is live in the
+    scheduler, which refuses the release (SGLang: an assertion, then SIGQUIT to the trainer). ``drain`` aborts it and
+    runs the loop until SGLang has answered; the release then goes through."""
+    monkeypatch.setattr(_SGLangEngine, "hold_over", 100)
+    engine = SGLangEngine("/ckpt")
+    loop = engine.event_loop
+    left = loop.create_task(engine.generate([1, 2], SamplingParams(max_new_tokens=1000)))
+    loop.run_until_complete(asyncio.sleep(0.05))  # the rollout ends with the request generating
+    with pytest.raises(AssertionError, match="no ongoing request"):
+        engine.release_memory()
+    assert engine.drain(5.0)
+    assert left.done() and left.result().finish_reason == "abort"
+    engine.release_memory()
+    assert engine.drain(0.0)  # nothing left: nothing to wait for
+
+
+def test_an_agent_programs_request_is_aborted_before_the_rollout_ends(fake_sglang, monkeypatch):
+    """GPU review C2 on SGLang: a program returns with a request generating (its session's call runs on SGLang's
+    loop); the session's close aborts it and the rollout waits for SGLang's answer, so the release that follows the
+    rollout finds the scheduler idle. The row is the program's one complete turn."""
+    from mcore_agentic.endpoint.source import AgentSource
+    from mcore_agentic.models.tokenizer import load_qwen_tokenizer
+    from mcore_agentic.rollout.config import AgentConfig, RolloutConfig
+    from mcore_agentic.rollout.tokenization import ChatTokenizer
+
+    tok = load_qwen_tokenizer("qwen2_5", vocab_size=4096)
+    monkeypatch.setattr(_SGLangEngine, "reply", [*tok.encode("Blue."), tok.convert_tokens_to_ids("<|im_end|>")])
+    monkeypatch.setattr(_SGLangEngine, "finish", "stop")
+    monkeypatch.setattr(_SGLangEngine, "hold_over", 100)
+    engine = SGLangEngine("/ckpt")
+    program = "tests.unit.endpoint.test_session_close:agent_leaves_a_turn_generating"  # 4 tokens, then 400
+    cfg = RolloutConfig(prompt_length=256, response_length=768, n=1, agent=AgentConfig(entrypoint=program))
+    source = AgentSource(cfg, engine, ChatTokenizer(tok), version=lambda: 1)
+    try:
+        batch = source.roll_out([{"prompt": [{"role": "user", "content": "Name a colour."}]}], cfg)
+        engine.release_memory()  # the scheduler is idle
+    finally:
+        source.close()
+    assert engine._engine.tokenizer_manager.aborted and not engine._live
+    (metrics,) = batch["request_metrics"]
+    assert metrics["state"] == "completed" and metrics["assistant_turns"] == 1 and metrics["sanity_check_mismatch"] == 0
+    assert batch["messages"][0][-1] == {"role": "assistant", "content": "Blue."}

@@ -200,12 +200,55 @@ def test_abort_returns_what_was_sampled(engine):
         task = asyncio.ensure_future(engine.generate([9] * 8, SamplingParams(max_new_tokens=2000, seed=3)))
         while not any(p.token_ids for p in engine._running.copy().values()):
             await asyncio.sleep(0.005)
-        assert engine.abort() == 1
+        engine.abort()  # returns at once: the worker thread aborts between two steps
         return await task
 
     out = _run(main())
     assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 2000 and len(out.log_probs) == len(out.token_ids)
     assert not engine._running
+
+
+def test_abort_by_id_ends_that_request_with_vllms_abort_request(engine):
+    """``abort([id])`` ends the request of that id (vLLM's ``abort_request``), not the others; an id aborted before
+    its request arrives is answered at once, and the engine is idle after."""
+
+    async def main():
+        cut = asyncio.ensure_future(engine.generate([9] * 8, SamplingParams(max_new_tokens=2000, seed=3),
+                                                    request_id="c2-cut"))
+        other = asyncio.ensure_future(engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=40, seed=1),
+                                                      request_id="c2-other"))
+        while not (engine._running.get("c2-cut") and engine._running["c2-cut"].token_ids):
+            await asyncio.sleep(0.005)
+        engine.abort(["c2-cut"])
+        results = [await cut, await other]
+        engine.abort(["c2-later"])
+        results.append(await engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=40), request_id="c2-later"))
+        return results
+
+    cut, other, later = _run(main())
+    assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) < 2000 and len(cut.log_probs) == len(cut.token_ids)
+    assert other.finish_reason == "length" and len(other.token_ids) == 40
+    assert (later.finish_reason, later.token_ids) == ("abort", [])
+    assert not engine._running and not engine._abort_book.hit("c2-cut") and not engine._abort_book.hit("c2-later")
+
+
+def test_drain_aborts_every_request_and_waits(engine):
+    """What the sharding manager can call before ``release_memory`` (which refuses while a request generates)."""
+
+    async def main():
+        running = [asyncio.ensure_future(engine.generate([9] * 8, SamplingParams(max_new_tokens=2000, seed=s)))
+                   for s in (5, 6)]
+        while len(engine._running) < 2:
+            await asyncio.sleep(0.005)
+        with pytest.raises(RuntimeError, match="while requests are generating"):
+            engine.release_memory()
+        assert await asyncio.to_thread(engine.drain, 60.0)
+        return await asyncio.gather(*running)
+
+    assert [o.finish_reason for o in _run(main())] == ["abort", "abort"]
+    assert not engine._running
+    engine.release_memory()
+    engine.resume_memory()
 
 
 def test_cancelled_caller_frees_its_request(engine):
