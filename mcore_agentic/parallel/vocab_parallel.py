@@ -216,6 +216,35 @@ def _prepare(
     return logits_shard.reshape(-1, local_vocab), vocab_start_index, valid_local, chunk_tokens
 
 
+def vocab_parallel_log_probs_at(
+    logits_shard: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None,
+    with_entropy: bool,
+    temperature: float = 1.0,
+    vocab_start_index: int | None = None,
+    vocab_size: int | None = None,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(log softmax(logits / T) at ids [..., K], entropy [...] or None)`` in one pass over the vocabulary:
+    one max, one sum (with the entropy's) and one picked-logit all-reduce whatever ``K`` is, all differentiable.
+
+    The head asks for a token's label and its teacher's top-k candidates together (``ids = [label, cand_1..k]``),
+    so the update reads the ``[T, V/TP]`` logits once, not once per quantity (GPU review P5). Arguments as in
+    :func:`vocab_parallel_log_probs_and_entropy`.
+    """
+    if ids.dim() != logits_shard.dim():
+        raise ValueError(f"ids {tuple(ids.shape)} must be [..., K] for logits {tuple(logits_shard.shape)}")
+    flat, start, valid_local, chunk = _prepare(
+        logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
+    )
+    log_prob, entropy = _VocabParallelLogProbEntropy.apply(
+        flat, ids.reshape(-1, ids.shape[-1]), group, float(temperature), start, valid_local, chunk, with_entropy
+    )
+    return log_prob.reshape(ids.shape), entropy.reshape(ids.shape[:-1]) if with_entropy else None
+
+
 def vocab_parallel_log_probs_and_entropy(
     logits_shard: torch.Tensor,
     target: torch.Tensor,
@@ -278,15 +307,10 @@ def vocab_parallel_candidate_log_probs(
 
     Arguments as in :func:`vocab_parallel_log_probs_and_entropy`.
     """
-    if ids.dim() != logits_shard.dim():
-        raise ValueError(f"ids {tuple(ids.shape)} must be [..., K] for logits {tuple(logits_shard.shape)}")
-    flat, start, valid_local, chunk = _prepare(
-        logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
-    )
-    log_prob, _ = _VocabParallelLogProbEntropy.apply(
-        flat, ids.reshape(-1, ids.shape[-1]), group, float(temperature), start, valid_local, chunk, False
-    )
-    return log_prob.reshape(ids.shape)
+    return vocab_parallel_log_probs_at(
+        logits_shard, ids, group=group, with_entropy=False, temperature=temperature,
+        vocab_start_index=vocab_start_index, vocab_size=vocab_size, chunk_tokens=chunk_tokens,
+    )[0]
 
 
 @torch.no_grad()
@@ -299,14 +323,17 @@ def vocab_parallel_top_k(
     vocab_start_index: int | None = None,
     vocab_size: int | None = None,
     chunk_tokens: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    target: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
     """The ``k`` most likely next tokens: ``(log_probs [..., k] fp32, ids [..., k] long)``, most likely first,
-    log-probs normalised over the whole (sharded) vocabulary; not differentiable.
+    log-probs normalised over the whole (sharded) vocabulary; not differentiable. With ``target [...]`` (the
+    sampled ids) also their log-probs ``[...]`` from the same pass: ``(log_probs, ids, target_log_probs)``.
 
     Each rank takes the top ``k`` of its shard (its global ids), the candidates are all-gathered over ``group``
     (``k x TP`` per token) and the top ``k`` of those kept; the normaliser is the one max and one sum all-reduce
-    of :func:`vocab_parallel_log_probs`. Padded ids (``>= vocab_size``) are never candidates. ``k`` must not
-    exceed the vocabulary. Arguments as in :func:`vocab_parallel_log_probs_and_entropy`.
+    of :func:`vocab_parallel_log_probs`, shared with the target's (one more all-reduce of its picked logit), so a
+    teacher reads its logits once (GPU review P5). Padded ids (``>= vocab_size``) are never candidates. ``k`` must
+    not exceed the vocabulary. Arguments as in :func:`vocab_parallel_log_probs_and_entropy`.
     """
     flat, start, valid_local, chunk = _prepare(
         logits_shard, group, temperature, vocab_start_index, vocab_size, chunk_tokens
@@ -341,6 +368,19 @@ def vocab_parallel_top_k(
             dim=-1)
         values, pick = values.topk(k, dim=-1)
         ids = ids.gather(-1, pick)
-    log_probs = values - torch.log(sum_exp).unsqueeze(-1)
+    log_sum_exp = torch.log(sum_exp)
+    log_probs = values - log_sum_exp.unsqueeze(-1)
     shape = logits_shard.shape[:-1]
-    return log_probs.reshape(*shape, k), ids.reshape(*shape, k)
+    if target is None:
+        return log_probs.reshape(*shape, k), ids.reshape(*shape, k)
+    # The target's shifted logit from the rank that owns its id (zero elsewhere), summed over the group.
+    local = target.reshape(-1).long() - start
+    owned = (local >= 0) & (local < valid_local)
+    picked = torch.zeros(n, dtype=dtype, device=flat.device)
+    if valid_local > 0:
+        safe = torch.where(owned, local, torch.zeros_like(local))
+        shifted = valid.gather(-1, safe.unsqueeze(-1)).squeeze(-1).to(dtype) / temperature - max_logit
+        picked = torch.where(owned, shifted, picked)
+    if distributed:
+        comm.all_reduce_device(picked, op=dist.ReduceOp.SUM, group=group)
+    return log_probs.reshape(*shape, k), ids.reshape(*shape, k), (picked - log_sum_exp).reshape(target.shape)

@@ -19,9 +19,7 @@ from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.chunked_logits import HiddenStates
 from mcore_agentic.parallel.vocab_parallel import (
-    vocab_parallel_candidate_log_probs,
-    vocab_parallel_log_probs,
-    vocab_parallel_log_probs_and_entropy,
+    vocab_parallel_log_probs_at,
     vocab_parallel_top_k,
 )
 from mcore_agentic.workers.engine import HeadFn, LossFn, MegatronEngine, MicroBatching
@@ -69,18 +67,23 @@ def log_prob_head(
         kwargs = dict(group=group, temperature=temperature, vocab_start_index=layout.tp_rank * logits.shape[-1],
                       vocab_size=engine.vocab_size)
         labels = mb.labels[:, positions]
-        if with_entropy:
-            lp, ent = vocab_parallel_log_probs_and_entropy(logits, labels, **kwargs)
-            out = {"log_probs": lp, "entropys": ent}
-        else:
-            out = {"log_probs": vocab_parallel_log_probs(logits, labels, **kwargs)}
-        if top_k:
-            out["top_k_log_probs"], out["top_k_ids"] = vocab_parallel_top_k(logits, top_k, **kwargs)
+        if top_k:  # a teacher: its top k and the sampled tokens' log-probs from one pass (no gradient)
+            if with_entropy or candidates:
+                raise ValueError("a top-k head scores a frozen teacher: no entropy, no candidates")
+            top_lp, top_ids, lp = vocab_parallel_top_k(logits, top_k, target=labels, **kwargs)
+            return {"log_probs": lp, "top_k_log_probs": top_lp, "top_k_ids": top_ids}
+        # The label and the teacher's candidates as one [..., 1 + k] target: one pass, with the entropy's sums.
+        ids = labels.unsqueeze(-1)
         if candidates:
             if mb.candidates is None:
                 raise KeyError("candidate log-probs need the rows' teacher_top_k_ids (algorithm.distillation.top_k)")
-            out["candidate_log_probs"] = vocab_parallel_candidate_log_probs(logits, mb.candidates[:, positions],
-                                                                            **kwargs)
+            ids = torch.cat([ids, mb.candidates[:, positions].to(ids.dtype)], dim=-1)
+        lp, ent = vocab_parallel_log_probs_at(logits, ids, with_entropy=with_entropy, **kwargs)
+        out = {"log_probs": lp[..., 0]}
+        if with_entropy:
+            out["entropys"] = ent
+        if candidates:
+            out["candidate_log_probs"] = lp[..., 1:]
         return out
 
     def head(output: torch.Tensor | HiddenStates, mb) -> dict[str, torch.Tensor]:
