@@ -47,6 +47,7 @@ The actor is any :class:`RolloutPolicy`: the trainer's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ from mcore_agentic.sharding.transports import (
 )
 from mcore_agentic.utils.seeding import RngState
 from mcore_agentic.utils.timing import timer
+
+logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 30.0
+"""How long the release waits for an engine to finish aborting what it still generates (its ``drain``)."""
 
 
 class ExportableModel(Protocol):
@@ -248,6 +254,11 @@ class ShardingManager:
             self._training_rng = None
         with self._timed("release"):
             before = self._read_gpu()
+            # Nothing may generate while the engine's memory goes: a rollout that ended (or raised) with requests
+            # still out would otherwise meet release's refusal instead of its own error (SGLang: a SIGQUIT).
+            drain = getattr(self.engine, "drain", None)
+            if drain is not None and not drain(DRAIN_TIMEOUT_S):
+                logger.warning("the rollout engine still holds requests %.0f s after aborting them", DRAIN_TIMEOUT_S)
             self.engine.release_memory()
             return_cached_memory()
             if self.gpu is not None:

@@ -8,6 +8,7 @@ runs only once CUDA is initialised.
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -127,3 +128,34 @@ def test_no_engine_takes_tags():
     engine = NoEngine()
     engine.resume_memory(tags=["weights"])
     engine.resume_memory()
+
+
+class _DrainingEngine(_Engine):
+    """An engine with a request still generating: it refuses release until ``drain`` has aborted it."""
+
+    def __init__(self, log: list[str]):
+        super().__init__(log)
+        self.live = 1
+
+    def drain(self, timeout_s: float) -> bool:
+        self.log.append(f"engine.drain {timeout_s:.0f}s")
+        self.live = 0
+        return True
+
+    def release_memory(self) -> None:
+        if self.live:
+            raise RuntimeError(f"release_memory while {self.live} requests are generating")
+        super().release_memory()
+
+
+@pytest.mark.parametrize("error", [False, True])
+def test_the_release_drains_what_still_generates(log, error):
+    version = WeightVersion()
+    version.bump()
+    manager = ShardingManager(_Actor(log), _DrainingEngine(log), ShardingConfig(), version=version)
+    with pytest.raises(ValueError, match="the rollout's own error") if error else contextlib.nullcontext():
+        with manager:
+            log.append("rollout")
+            if error:
+                raise ValueError("the rollout's own error")  # not release's refusal
+    assert log[log.index("rollout") + 1:] == ["engine.drain 30s", "engine.release", "empty_cache", "actor.reload"]
