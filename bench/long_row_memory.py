@@ -8,7 +8,10 @@ The variants:
 
 * ``whole``: ``model.logits_chunk_mb=0`` (megatron-core's output layer: the whole fp32 logits, kept for backward);
 * ``chunked``: the default 256 MiB chunks;
-* ``chunked+recompute``: and ``actor.recompute_granularity=full``.
+* ``chunked+recompute``: and ``actor.recompute_granularity=full``;
+* ``chunked+recompute+host-adam`` (bf16/fp16 only, so the GPU check's): and ``actor.optim.optimizer_cpu_offload``
+  (the fp32 masters and Adam moments on the host: *before* drops by 12 bytes per parameter, the update pays a host
+  step).
 
 Usage: ``python bench/long_row_memory.py [--tokens 32768] [--vocab 32768] [--chunk-mb 256]``. The planner's figures
 for the same micro-batch are printed beside (its logits and activation terms, :mod:`mcore_agentic.plan.activations`).
@@ -16,7 +19,10 @@ for the same micro-batch are printed beside (its logits and activation terms, :m
 On a GPU (the GPU check's memory step): ``--device cuda --dtype bfloat16 --hidden 1536 --layers 28 --heads 12
 --kv-heads 2 --ffn 8960 --vocab 151936 --tokens 8192`` (a Qwen2.5-1.5B-shaped body), where *peak* is
 ``torch.cuda.max_memory_allocated`` over the two passes (weights, gradients and optimizer state included), and
-``--variants`` adds ``chunked+selective`` (core_attn, layernorm, mlp); ``--json PATH`` writes the rows.
+``--variants`` adds ``chunked+selective`` (core_attn, layernorm, mlp); ``--json PATH`` writes the rows. There each pass's
+own peak above what was resident before it (``log_prob_gb``, ``update_gb``) is printed beside the planner's figure
+for that phase (``plan_log_prob_gb``: :func:`~mcore_agentic.plan.activations.forward_peak_bytes`;
+``plan_update_peak_gb``: :func:`~mcore_agentic.plan.activations.update_peak_bytes`), the planner-vs-measured table.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ VARIANTS = {
     "chunked+recompute": {"logits_chunk_mb": None, "recompute": {"recompute_granularity": "full"}},
     "chunked+selective": {"logits_chunk_mb": None, "recompute": {
         "recompute_granularity": "selective", "recompute_modules": ("core_attn", "layernorm", "mlp")}},
+    "chunked+recompute+host-adam": {"logits_chunk_mb": None, "recompute": {"recompute_granularity": "full"},
+                                    "optim": {"optimizer_cpu_offload": True}},
 }
 SHAPE = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=96)
 
@@ -83,7 +91,8 @@ def one_variant(path: str, name: str, tokens: int, chunk_mb: int, device: str, d
     layout = initialize_parallel(par, 1)
     mb = chunk_mb if variant["logits_chunk_mb"] is None else variant["logits_chunk_mb"]
     actor = Actor(ActorConfig(parallel=par, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
-                              optim=OptimConfig(lr=1e-5), recompute=RecomputeConfig(**variant["recompute"])),
+                              optim=OptimConfig(lr=1e-5, **variant.get("optim", {})),
+                              recompute=RecomputeConfig(**variant["recompute"])),
                   ModelSpec(path, dtype, parallel=par, logits_chunk_mb=mb), layout, mini_batch_sequences=1)
     vocab = actor.engine.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -99,27 +108,42 @@ def one_variant(path: str, name: str, tokens: int, chunk_mb: int, device: str, d
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    resident = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
     start = time.perf_counter()
     scored = actor.compute_log_prob(batch, calculate_entropy=True)
     scored_s = time.perf_counter() - start
+    if cuda:  # each pass's own peak above what was resident before it
+        torch.cuda.synchronize()
+        log_prob_gb = torch.cuda.max_memory_allocated() / 2**30 - resident
+        before_update = torch.cuda.memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
     metrics = actor.update_policy(scored)
     total_s = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    if cuda:  # the device's peak over the passes, and what was resident before them
-        resident = torch.cuda.memory_allocated() / 2**30
-        return {"variant": name, "peak_gb": torch.cuda.max_memory_allocated() / 2**30, "before_gb": resident,
+    if cuda:
+        update_gb = torch.cuda.max_memory_allocated() / 2**30 - before_update
+        return {"variant": name, "peak_gb": resident + max(log_prob_gb, before_update - resident + update_gb),
+                "before_gb": resident, "log_prob_gb": log_prob_gb, "update_gb": update_gb,
                 "log_prob_s": scored_s, "update_s": total_s - scored_s, "grad_norm": metrics["grad_norm"],
                 "log_prob_sum": float(scored["old_log_probs"].float().sum()),
-                "chunk_tokens": actor.engine.logits_chunk_tokens}
+                "tokens_per_s": tokens / total_s, "chunk_tokens": actor.engine.logits_chunk_tokens}
     return {"variant": name, "peak_gb": peak / 2**20, "before_gb": before / 2**20, "log_prob_s": scored_s,
             "update_s": total_s - scored_s, "grad_norm": metrics["grad_norm"],
             "log_prob_sum": float(scored["old_log_probs"].sum()), "chunk_tokens": actor.engine.logits_chunk_tokens}
 
 
 def planner_bytes(vocab: int, tokens: int, chunk_mb: int, recompute: dict, shape: dict, dtype: str,
-                  fused: bool) -> tuple[float, float]:
+                  fused: bool) -> tuple[float, float, float]:
+    """The planner's saved bytes, update peak and log-prob-pass peak for this micro-batch, GiB."""
     from mcore_agentic.models.spec import logits_chunk_tokens
-    from mcore_agentic.plan.activations import Dims, Recompute, Split, saved_bytes, update_peak_bytes
+    from mcore_agentic.plan.activations import (
+        Dims,
+        Recompute,
+        Split,
+        forward_peak_bytes,
+        saved_bytes,
+        update_peak_bytes,
+    )
     from mcore_agentic.workers.config import RecomputeConfig
 
     padded = -(-vocab // 128) * 128
@@ -130,7 +154,8 @@ def planner_bytes(vocab: int, tokens: int, chunk_mb: int, recompute: dict, shape
     rc = Recompute.of(RecomputeConfig(**recompute))
     rows, layers = [tokens], shape["layers"]
     return (saved_bytes(dims, split, rows, layers=layers, last_stage=True, recompute=rc) / 2**30,
-            update_peak_bytes(dims, split, rows, layers=layers, last_stage=True, recompute=rc) / 2**30)
+            update_peak_bytes(dims, split, rows, layers=layers, last_stage=True, recompute=rc) / 2**30,
+            forward_peak_bytes(dims, split, rows, last_stage=True) / 2**30)
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -171,13 +196,18 @@ def main() -> None:
                                   "--dtype", args.dtype], capture_output=True, text=True, check=True, cwd=REPO)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             mb = args.chunk_mb if variant["logits_chunk_mb"] is None else variant["logits_chunk_mb"]
-            saved, peak = planner_bytes(args.vocab, args.tokens, mb, variant["recompute"], shape, args.dtype,
-                                        fused=True)
-            r.update(plan_saved_gb=saved, plan_update_peak_gb=peak)
+            saved, peak, forward = planner_bytes(args.vocab, args.tokens, mb, variant["recompute"], shape, args.dtype,
+                                                 fused=True)
+            r.update(plan_saved_gb=saved, plan_update_peak_gb=peak, plan_log_prob_gb=forward)
             rows.append(r)
             print(f"{name:<20} {r['peak_gb']:>11.2f} {r['peak_gb'] - r['before_gb']:>13.2f} {r['log_prob_s']:>10.1f} "
                   f"{r['update_s']:>8.1f} "
                   f"{r['chunk_tokens']:>6} {saved:>13.2f} {peak:>14.2f} {r['grad_norm']:>10.4g}")
+        if args.device == "cuda":  # the planner-vs-measured table: each pass's peak above what it found resident
+            print(f"{'variant':<28} {'log-prob GB':>11} {'plan':>6} {'update GB':>9} {'plan':>6} {'tokens/s':>9}")
+            for r in rows:
+                print(f"{r['variant']:<28} {r['log_prob_gb']:>11.2f} {r['plan_log_prob_gb']:>6.2f} "
+                      f"{r['update_gb']:>9.2f} {r['plan_update_peak_gb']:>6.2f} {r['tokens_per_s']:>9.0f}")
         if args.json:
             Path(args.json).write_text(json.dumps({"tokens": args.tokens, "vocab": args.vocab, "shape": shape,
                                                    "dtype": args.dtype, "device": args.device, "rows": rows}))

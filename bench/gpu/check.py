@@ -204,14 +204,15 @@ def long_row_cmd(ctx: Ctx) -> list[str]:
     cuda = ctx.device == "cuda"
     sizes = (["--hidden", "1536", "--layers", "28", "--heads", "12", "--kv-heads", "2", "--ffn", "8960",
               "--vocab", "151936", "--tokens", "8192", "--dtype", "bfloat16",
-              "--variants", "whole,chunked,chunked+recompute,chunked+selective"] if cuda else
+              "--variants", "whole,chunked,chunked+recompute,chunked+selective,chunked+recompute+host-adam"] if cuda else
              ["--tokens", "1024", "--vocab", "4096", "--variants", "whole,chunked,chunked+recompute"])
     return [ctx.python, "bench/long_row_memory.py", "--device", ctx.device, *sizes,
             "--json", str(ctx.work / "long_row_memory.json")]
 
 
-LONG_ROW_KEYS = ("variant", "peak_gb", "before_gb", "log_prob_s", "update_s", "chunk_tokens", "plan_saved_gb",
-                 "plan_update_peak_gb", "grad_norm")
+LONG_ROW_KEYS = ("variant", "peak_gb", "before_gb", "log_prob_gb", "plan_log_prob_gb", "update_gb",
+                 "plan_update_peak_gb", "tokens_per_s", "log_prob_s", "update_s", "chunk_tokens", "plan_saved_gb",
+                 "grad_norm")
 
 QWEN3_06B_BODY = ("--hidden", "1024", "--layers", "28", "--heads", "16", "--kv-heads", "8", "--ffn", "3072")
 
