@@ -7,21 +7,21 @@ checkpoint step directory (``actor/``, ``critic/``) by megatron-core's
 * ``model`` (``model<i>`` per virtual-pipeline chunk): the chunks' sharded state
   dicts. Each tensor is stored with its global shape and offsets, so a checkpoint
   written at one TP/PP/DP layout loads at another.
-* ``optimizer``: ``optimizer.sharded_state_dict(model_sd, metadata=...)``. For the
-  distributed optimizer the sharding type decides what can change on resume:
-  ``dp_reshardable`` stores the optimizer's flat per-DP-rank buckets, whose layout
-  depends on TP/PP, so it reshards across DP only. We use ``fully_reshardable``:
-  at save the buckets are all-gathered over DP and cut back into model-parameter
-  shaped tensors (``param``/``exp_avg``/``exp_avg_sq`` per parameter, sharded like
-  the parameter), which load at any TP/PP/DP. The price is a gather over DP at
-  save: we use the memory-efficient mode (gloo gather of CPU tensors to DP rank 0,
-  which writes the optimizer state; the default all-gathers on the GPU and cannot
-  run on CPU). On load every rank reads the model-space tensors it needs and cuts
-  its own flat shard. The non-distributed optimizer's state is already in model
-  space.
+* ``optimizer``: the distributed optimizer's state in megatron-core's ``fully_reshardable``
+  layout (``param``/``exp_avg``/``exp_avg_sq`` per parameter, shaped and sharded like the
+  parameter), which loads at any TP/PP/DP, written and read by :mod:`.optimizer_shards`:
+  every DP rank saves and loads only its own shard, in place, with no gather (megatron-core
+  0.16 gathers it onto one writer, and allocates the whole of it on every rank at load).
+  The non-distributed optimizer's state is already in model space:
+  ``optimizer.sharded_state_dict(model_sd, metadata=...)``.
 * ``scheduler`` (``OptimizerParamScheduler.state_dict()``), ``updates`` (the
   worker's update counter, which seeds its mini-batch shuffle) and ``contents``:
   plain (common) state, written once by rank 0 and read by every rank.
+
+A save spreads the writes of what DP ranks hold alike (the model) over the DP group
+(megatron's ``FullyParallelSaveStrategyWrapper``: metadata only, so on gloo too); on a GPU a
+load reads each such tensor once per DP group and broadcasts it (``FullyParallelLoadStrategyWrapper``,
+whose exchange is on CUDA).
 
 Usage with :class:`~mcore_agentic.trainer.checkpoint.CheckpointManager`::
 
@@ -56,11 +56,12 @@ from pathlib import Path
 from typing import Any
 
 from mcore_agentic.models.bridge import unwrap_model
+from mcore_agentic.trainer import optimizer_shards
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "mcore_agentic.model_checkpoint/1"
-OPTIMIZER_SHARDING_TYPE = "fully_reshardable"
+OPTIMIZER_SHARDING_TYPE = optimizer_shards.SHARDING_TYPE
 """Distributed-optimizer sharding type: reshardable across TP, PP and DP (see the module docstring)."""
 
 
@@ -69,9 +70,6 @@ def _sharded_metadata() -> dict[str, Any]:
     # singleton_local_shards=False: the (current) one-shard-per-tensor layout of model tensors.
     return {
         "distrib_optim_sharding_type": OPTIMIZER_SHARDING_TYPE,
-        # Gather the optimizer state with gloo into CPU tensors on DP rank 0 (which writes it). The
-        # default all-gathers on the GPU (`.cuda()`, so not on CPU) and would hold DP copies there.
-        "distrib_optim_fully_reshardable_mem_efficient": True,
         "chained_optim_avoid_prefix": True,
         "singleton_local_shards": False,
     }
@@ -104,7 +102,35 @@ def _onloaded(engine: Any) -> Iterator[None]:
             engine.offload(**{g: g in offloaded for g in _OFFLOAD_GROUPS})
 
 
-def _load_sharded(sharded: dict[str, Any], directory: Path) -> dict[str, Any]:
+def _dp_group(engine: Any) -> Any:
+    """The group whose ranks hold the same model shard (DP x CP), or None when it is this rank alone."""
+    group = engine.layout.dp_group(with_context_parallel=True)
+    return group if group.size() > 1 else None
+
+
+def _save_strategy(engine: Any) -> Any:
+    """torch_dist, with what DP ranks hold alike written by one of them each, spread over the DP group."""
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    strategy = get_default_save_sharded_strategy()
+    group = _dp_group(engine)
+    return FullyParallelSaveStrategyWrapper(strategy, group) if group is not None else strategy
+
+
+def _load_strategy(engine: Any, directory: Path) -> Any:
+    """torch_dist; on a GPU, what DP ranks hold alike is read once per DP group and broadcast (over NCCL)."""
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
+
+    strategy = get_default_load_sharded_strategy(str(directory))
+    group = _dp_group(engine)
+    if group is None or engine.device.type != "cuda":  # the wrapper's exchange and syncs are CUDA's
+        return strategy
+    return FullyParallelLoadStrategyWrapper(strategy, group)
+
+
+def _load_sharded(sharded: dict[str, Any], directory: Path, engine: Any) -> dict[str, Any]:
     """``dist_checkpointing.load``; its failure is one line naming the directory.
 
     torch.distributed.checkpoint raises ``CheckpointException``, a ``BaseException`` holding each
@@ -117,7 +143,7 @@ def _load_sharded(sharded: dict[str, Any], directory: Path) -> dict[str, Any]:
     from mcore_agentic.utils.errors import first_line
 
     try:
-        return dist_checkpointing.load(sharded, str(directory))
+        return dist_checkpointing.load(sharded, str(directory), sharded_strategy=_load_strategy(engine, directory))
     except CheckpointException as exc:
         failure = next(iter(exc.failures.values()), exc) if getattr(exc, "failures", None) else exc
         raise CheckpointError(
@@ -147,16 +173,11 @@ def _require_checkpoint_patches() -> None:
         )
 
 
-def _drop_gathered_param_state(common: dict[str, Any]) -> dict[str, Any]:
-    """For the cross-rank consistency check: ``optimizer.param_state`` is gathered on DP rank 0 only."""
-    optimizer = common.get("optimizer")
-    if isinstance(optimizer, dict) and "param_state" in optimizer:
-        return {**common, "optimizer": {k: v for k, v in optimizer.items() if k != "param_state"}}
-    return common
-
-
-def _state_dict(worker: Any, *, with_optimizer: bool, is_loading: bool) -> dict[str, Any]:
-    """The sharded state dict of ``worker`` (model, optimizer) plus its plain state."""
+def _state_dict(
+    worker: Any, *, with_optimizer: bool, is_loading: bool
+) -> tuple[dict[str, Any], Callable[[dict[str, Any]], None] | None]:
+    """The sharded state dict of ``worker`` (model, optimizer) plus its plain state, and (with the optimizer) the
+    function that takes the loaded optimizer state in."""
     engine = _engine(worker)
     metadata = _sharded_metadata()
     state: dict[str, Any] = {}
@@ -164,19 +185,28 @@ def _state_dict(worker: Any, *, with_optimizer: bool, is_loading: bool) -> dict[
         # The bare GPTModel (no DDP/Float16Module "module." level): the same keys whatever the wrapping.
         state[key] = unwrap_model(chunk).sharded_state_dict(metadata=metadata)
     contents = ["model"]
+    take_in = None
     if with_optimizer:
         # The optimizer's sharded dict refers to the model's ShardedTensors (it copies their keys/offsets).
         model_sd = {k: state[k] for k in _model_keys(engine.chunks)}
         if len(engine.chunks) == 1:
             model_sd = model_sd["model"]
-        state["optimizer"] = engine.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata)
+        if optimizer_shards.applies(engine.optimizer):
+            state["optimizer"], take_in = optimizer_shards.sharded_state_dict(
+                engine.optimizer, model_sd, is_loading=is_loading
+            )
+        else:
+            state["optimizer"] = engine.optimizer.sharded_state_dict(
+                model_sd, is_loading=is_loading, metadata=metadata
+            )
+            take_in = engine.optimizer.load_state_dict
         state["scheduler"] = engine.scheduler.state_dict()
         contents.append("optimizer")
     # Plain values are "common" state: rank 0 writes them, every rank reads them.
     state["updates"] = int(getattr(worker, "_updates", 0))
     state["contents"] = contents
     state["format"] = FORMAT
-    return state
+    return state, take_in
 
 
 def save_worker(directory: str | os.PathLike, worker: Any, *, with_optimizer: bool | None = None) -> None:
@@ -193,10 +223,8 @@ def save_worker(directory: str | os.PathLike, worker: Any, *, with_optimizer: bo
     if with_optimizer and engine.optimizer is None:
         raise ValueError("save_worker(with_optimizer=True): this engine has no optimizer (built with optim=None)")
     with _onloaded(engine):
-        state = _state_dict(worker, with_optimizer=with_optimizer, is_loading=False)
-        dist_checkpointing.save(
-            state, str(directory), preprocess_common_before_consistancy_check=_drop_gathered_param_state
-        )
+        state, _ = _state_dict(worker, with_optimizer=with_optimizer, is_loading=False)
+        dist_checkpointing.save(state, str(directory), sharded_strategy=_save_strategy(engine))
 
 
 def load_worker(
@@ -228,18 +256,23 @@ def load_worker(
             "load it with load_optimizer=False to take the weights only"
         )
     with _onloaded(engine):
-        sharded = _state_dict(worker, with_optimizer=want_optimizer, is_loading=True)
+        if want_optimizer:
+            # Megatron keeps each group's max_lr/min_lr in the group (get_lr reads them first): this run's, with Adam's.
+            mine = [{k: g[k] for k in ("betas", "eps", "max_lr", "min_lr") if k in g} for g in engine.optimizer.param_groups]
+            if optimizer_shards.applies(engine.optimizer):
+                # Param groups and step first; it allocates a fresh optimizer's state, which the shards load into.
+                optimizer_shards.load_plain_state(engine.optimizer, common["optimizer"])
+        sharded, take_in = _state_dict(worker, with_optimizer=want_optimizer, is_loading=True)
         for key in ("updates", "contents", "format"):
             sharded.pop(key)
         if not want_optimizer:
             sharded.pop("scheduler", None)
-        loaded = _load_sharded(sharded, directory)
+        loaded = _load_sharded(sharded, directory, engine)
         for key, chunk in zip(_model_keys(engine.chunks), engine.chunks):
             unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
         if want_optimizer:
-            # Megatron keeps each group's max_lr/min_lr in the group (get_lr reads them first): this run's, with Adam's.
-            mine = [{k: g[k] for k in ("betas", "eps", "max_lr", "min_lr") if k in g} for g in engine.optimizer.param_groups]
-            engine.optimizer.load_state_dict(loaded["optimizer"])
+            assert take_in is not None
+            take_in(loaded["optimizer"])
             # Sets num_steps and the optimizer's lr/wd from the schedule, with the saved settings or this run's.
             engine.scheduler.override_opt_param_scheduler = optim_from == "config"
             engine.scheduler.use_checkpoint_opt_param_scheduler = optim_from != "config"
