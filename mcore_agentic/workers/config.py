@@ -133,9 +133,10 @@ def _validate_batching(cfg: ActorConfig | CriticConfig, group: str) -> None:
 
 
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "mlp", "moe")
-"""The selective-recomputation modules of megatron-core 0.16 that apply to the models here. Its others need what
-the bridges never build: ``moe_act`` grouped-GEMM experts, ``mla_up_proj`` multi-latent attention,
-``shared_experts`` shared experts."""
+"""The selective-recomputation modules of megatron-core 0.16 that apply to the models here. Its others: ``moe_act``
+needs grouped-GEMM experts, which only the TE spec builds (not offered: TE does not run where the suite runs, so
+it would be untested), ``mla_up_proj`` multi-latent attention and ``shared_experts`` shared experts, which the
+bridges never build."""
 
 
 @dataclass(frozen=True)
