@@ -248,7 +248,7 @@ def probe_dist_checkpointing_weights_only(tmp_dir: str) -> dict[str, Any]:
     return {"extra": extra.getvalue(), "refused": refused, "code_ran": os.path.exists(ran)}
 
 
-_DISTOPT_METADATA = {  # what mcore_agentic.trainer.model_checkpoint asks for
+_DISTOPT_METADATA = {  # megatron-core's own fully_reshardable path (the checkpoints before optimizer_shards)
     "distrib_optim_sharding_type": "fully_reshardable",
     "distrib_optim_fully_reshardable_mem_efficient": True,
     "chained_optim_avoid_prefix": True,
