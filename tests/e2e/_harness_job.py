@@ -68,7 +68,9 @@ class ForcedHarnessEngine:
         chosen = torch.tensor(ids, device=device)
         return torch.log_softmax(logits, -1).gather(-1, chosen[:, None])[:, 0].tolist()
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *,
+                       request_id: str | None = None) -> GenerationOutput:
+        del request_id  # forced replies are computed here, not queued in the engine: nothing to abort by id
         ids = self.tokenizer.encode(self._reply(prompt_ids), add_special_tokens=False) + [self.eot_id]
         ids = ids[: params.max_new_tokens]
         log_probs = await asyncio.to_thread(self._log_probs, list(prompt_ids), ids, params.temperature)

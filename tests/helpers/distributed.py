@@ -26,6 +26,7 @@ Ranks that do not each get a GPU of their own (more ranks than GPUs, or none) ru
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import traceback
 from collections.abc import Callable, Iterator
@@ -68,7 +69,9 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
             torch.cuda.set_device(rank)
         dist.init_process_group(comm.backend_for("cuda" if on_gpus else "cpu"), rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
-        queue.put((rank, "ok", result))
+        # Pickled here, by value: the queue's own pickler would share a tensor's storage by a file descriptor that
+        # the parent fetches from this process, which may have exited by then ("Connection reset by peer").
+        queue.put((rank, "ok", pickle.dumps(result)))
     except BaseException:  # noqa: BLE001 - report every failure to the parent
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -137,7 +140,7 @@ def run_distributed(fn: Callable, world_size: int = 2, args: tuple = (), timeout
     for _ in range(world_size):
         rank, status, payload = queue.get()
         if status == "ok":
-            results[rank] = payload
+            results[rank] = pickle.loads(payload)
         else:
             errors.append(f"rank {rank} failed:\n{payload}")
             break
