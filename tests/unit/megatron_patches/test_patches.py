@@ -291,25 +291,23 @@ def _drop_gathered_param_state(common: dict[str, Any]) -> dict[str, Any]:
     return common
 
 
-def probe_distopt_load(tmp_dir: str) -> dict[str, Any]:
-    """Resume a torch-Adam distributed optimizer (fully reshardable, as model_checkpoint saves it) in a fresh one.
-
-    The reference takes one step, is saved, and takes a second; a fresh (never-stepped) model and
-    optimizer load the checkpoint and take the same second step.
-    """
+def _save_then_load(make: Any, tmp_dir: str) -> tuple[Any, ...]:
+    """A reference ``make()`` pair (model, optimizer) takes a step and is saved (fully reshardable) to ``tmp_dir``,
+    then takes a second step; a fresh pair loads the checkpoint (it has not taken the second step yet). Returns the
+    reference pair, the reference's parameters at the save, and the loaded pair."""
     from megatron.core import dist_checkpointing
 
-    _init(tp=1)
-    ref_model, ref_opt = _distopt_adam()
+    ref_model, ref_opt = make()
     _adam_step(ref_model, ref_opt, seed=1)
     os.makedirs(tmp_dir, exist_ok=True)
     dist.barrier()
     saved = {"model": _model_sharded(ref_model), "optimizer": ref_opt.sharded_state_dict(
         _model_sharded(ref_model), metadata=_DISTOPT_METADATA)}
     dist_checkpointing.save(saved, tmp_dir, preprocess_common_before_consistancy_check=_drop_gathered_param_state)
+    first = [p.detach().clone() for p in ref_model.module.parameters()]
     _adam_step(ref_model, ref_opt, seed=2)
 
-    model, opt = _distopt_adam()
+    model, opt = make()
     target = {"model": _model_sharded(model), "optimizer": opt.sharded_state_dict(
         _model_sharded(model), is_loading=True, metadata=_DISTOPT_METADATA)}
     loaded = dist_checkpointing.load(target, tmp_dir)
@@ -317,6 +315,18 @@ def probe_distopt_load(tmp_dir: str) -> dict[str, Any]:
         for name, param in model.module.named_parameters():
             param.copy_(loaded["model"][name])
     opt.load_state_dict(loaded["optimizer"])
+    return ref_model, ref_opt, first, model, opt
+
+
+def probe_distopt_load(tmp_dir: str) -> dict[str, Any]:
+    """Resume a torch-Adam distributed optimizer (megatron-core's fully reshardable path) in a fresh one.
+
+    The reference takes one step, is saved, and takes a second; a fresh (never-stepped) model and
+    optimizer load the checkpoint and take the same second step.
+    """
+
+    _init(tp=1)
+    ref_model, ref_opt, _first, model, opt = _save_then_load(_distopt_adam, tmp_dir)
     steps = _adam_steps(opt)
     shared_step = len({id(s) for s in steps}) < len(steps)
     _adam_step(model, opt, seed=2)
@@ -342,27 +352,8 @@ def _hybrid_adam():
 def probe_hybrid_optimizer(tmp_dir: str) -> dict[str, Any]:
     """The CPU-offloaded optimizer (bf16 model, all of its state on the host) steps, is saved, and a fresh one resumes
     it: the resumed second step equals the uninterrupted one."""
-    from megatron.core import dist_checkpointing
-
     _init(tp=1)
-    ref_model, ref_opt = _hybrid_adam()
-    _adam_step(ref_model, ref_opt, seed=1)
-    os.makedirs(tmp_dir, exist_ok=True)
-    dist.barrier()
-    saved = {"model": _model_sharded(ref_model), "optimizer": ref_opt.sharded_state_dict(
-        _model_sharded(ref_model), metadata=_DISTOPT_METADATA)}
-    dist_checkpointing.save(saved, tmp_dir, preprocess_common_before_consistancy_check=_drop_gathered_param_state)
-    first = [p.detach().clone() for p in ref_model.module.parameters()]
-    _adam_step(ref_model, ref_opt, seed=2)
-
-    model, opt = _hybrid_adam()
-    target = {"model": _model_sharded(model), "optimizer": opt.sharded_state_dict(
-        _model_sharded(model), is_loading=True, metadata=_DISTOPT_METADATA)}
-    loaded = dist_checkpointing.load(target, tmp_dir)
-    with torch.no_grad():
-        for name, param in model.module.named_parameters():
-            param.copy_(loaded["model"][name])
-    opt.load_state_dict(loaded["optimizer"])
+    ref_model, _ref_opt, first, model, opt = _save_then_load(_hybrid_adam, tmp_dir)
     _adam_step(model, opt, seed=2)
     return {
         "first": first,

@@ -16,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 
 from mcore_agentic.parallel import comm, cp_split
 from mcore_agentic.parallel.cp_split import cp_gather, cp_packed_indices, pad_to_multiple
+from tests.helpers.torch_calls import target_device
 
 CP = 2
 META = torch.device("meta")
@@ -38,20 +39,11 @@ class _DeviceIndexCount(TorchFunctionMode):
                 self.device_aranges += 1
         elif func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.copy_):
             src = args[1] if func is torch.Tensor.copy_ else args[0]
-            dst = args[0].device if func is torch.Tensor.copy_ else _target(args[1:], kwargs)
+            dst = args[0].device if func is torch.Tensor.copy_ else target_device(args[1:], kwargs)
             if (isinstance(src, torch.Tensor) and src.device.type == "cpu" and not src.is_floating_point()
                     and dst is not None and dst.type != "cpu"):
                 self.index_copies += 1
         return func(*args, **kwargs)
-
-
-def _target(args: tuple, kwargs: dict) -> torch.device | None:
-    for a in (*args, kwargs.get("device")):
-        if isinstance(a, torch.Tensor):
-            return a.device
-        if isinstance(a, (str, torch.device)):
-            return torch.device(a)
-    return None
 
 
 @pytest.fixture

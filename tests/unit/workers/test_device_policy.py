@@ -34,6 +34,7 @@ from mcore_agentic.workers.micro_batch import (
     to_device,
 )
 from mcore_agentic.workers.sequence import scatter_rows
+from tests.helpers.torch_calls import target_device
 from tests.unit.workers._fixtures import PROMPT, VOCAB, make_batch
 
 CUDA = torch.device("cuda", 0)
@@ -61,19 +62,10 @@ class _NoHostToDevice(TorchFunctionMode):
                 raise AssertionError("a host tensor mixed into torch.where on the device")
         elif func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.copy_):
             src = args[1] if func is torch.Tensor.copy_ else args[0]
-            dst = args[0].device if func is torch.Tensor.copy_ else _target_device(args[1:], kwargs)
+            dst = args[0].device if func is torch.Tensor.copy_ else target_device(args[1:], kwargs)
             if isinstance(src, torch.Tensor) and src.device.type == "cpu" and dst is not None and dst.type != "cpu":
                 raise AssertionError(f"a host tensor {tuple(src.shape)} copied to {dst} by {func.__name__}")
         return func(*args, **kwargs)
-
-
-def _target_device(args: tuple, kwargs: dict) -> torch.device | None:
-    for a in (*args, kwargs.get("device")):
-        if isinstance(a, torch.Tensor):
-            return a.device
-        if isinstance(a, (str, torch.device)):
-            return torch.device(a)
-    return None
 
 
 def _host_rows(n: int = 4):
