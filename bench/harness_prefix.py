@@ -14,7 +14,7 @@ vLLM: ``enable_prefix_caching`` on / off), side by side: per turn the new ids, t
 ids per new id over turns 2.., and the no-reuse run's wall time over the reuse run's, in the same process.
 
 Usage: ``python bench/harness_prefix.py [--prefix-tokens 15000] [--turns 20] [--sample-tokens 32]
-[--engines hf,vllm] [--vllm-block-size 128]`` (vLLM's CPU build hits whole KV blocks: 128 tokens unless set, a
+[--engines hf,vllm] [--vllm-block-size 128] [--result-words 24]`` (vLLM's CPU build hits whole KV blocks: 128 tokens unless set, a
 multiple of 32).
 """
 
@@ -96,12 +96,13 @@ def first_prompt(tokenizer: Any, prefix_tokens: int) -> list[int]:
     return ids
 
 
-def environment_ids(tokenizer: Any, turn: int) -> list[int]:
-    """What the environment adds after a sampled turn: the turn's end, a short tool result, the next generation
-    prompt (~40-60 ids)."""
+def environment_ids(tokenizer: Any, turn: int, result_words: int = 24) -> list[int]:
+    """What the environment adds after a sampled turn: the turn's end, a tool result of about ``result_words``
+    words (the default, 18-30, is a one-line command's: ~40-60 ids with the framing), the next generation prompt."""
     rng = random.Random(100 + turn)
+    spread = max(1, result_words // 4)
     result = (f"exit code {turn % 3}; {rng.randint(1, 40)} files checked; "
-              + " ".join(rng.choices(WORDS, k=rng.randint(18, 30))))
+              + " ".join(rng.choices(WORDS, k=rng.randint(result_words - spread, result_words + spread))))
     text = (f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
             "<|im_start|>assistant\n")
     return tokenizer.encode(text, add_special_tokens=False)
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     ap.add_argument("--vllm-block-size", type=int, default=None, help="vLLM's KV block (CPU: a multiple of 32)")
     ap.add_argument("--model-dir", default=None, help="where the tiny model is kept (default: a temporary dir)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--result-words", type=int, default=24,
+                    help="words of each tool result (24: a one-line command's output; a file read or a test run's "
+                         "is hundreds)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
         model = build_model(Path(args.model_dir) if args.model_dir else Path(tmp) / "tiny_long")
         tokenizer = AutoTokenizer.from_pretrained(str(model))
         first = first_prompt(tokenizer, args.prefix_tokens)
-        envs = [environment_ids(tokenizer, k) for k in range(args.turns)]
+        envs = [environment_ids(tokenizer, k, args.result_words) for k in range(args.turns)]
         max_len = len(first) + sum(len(e) for e in envs) + args.turns * args.sample_tokens + 64
         results: dict[str, dict[str, Any]] = {}
         for engine_name in [e.strip() for e in args.engines.split(",") if e.strip()]:
