@@ -171,17 +171,21 @@ NCCL = ("verl's NCCL timeout in seconds; here trainer.dist_timeout_minutes bound
 NCCL_FIX = "set trainer.dist_timeout_minutes=<minutes> instead, above your longest rollout plus a checkpoint save"
 
 
+_SHARED_OPTIM = ("lr", "weight_decay", "lr_warmup_steps", "lr_warmup_steps_ratio", "total_training_steps",
+                 "min_lr", "min_lr_ratio", "clip_grad", "lr_decay_style")
+"""Optimizer keys verl and this project spell alike under the model's ``optim`` group (native for the critic)."""
+
+
 def _optim_entries(verl: str, native: str) -> list[VerlKey]:
     """verl's optimizer keys (FSDP and Megatron spellings) of one model, ``verl`` -> ``native`` (``actor.optim``)."""
     v, n = verl + ".", native + "."
     o = v + "override_optimizer_config."
-    shared = ["lr", "weight_decay", "lr_warmup_steps", "lr_warmup_steps_ratio", "total_training_steps",
-              "min_lr", "clip_grad", "lr_decay_style"]
-    out = [alias(v + key, n + key) for key in shared]
+    out = [alias(v + key, n + key) for key in _SHARED_OPTIM if key != "min_lr_ratio"]
     out += [
         alias(v + "warmup_style", n + "lr_decay_style", note="verl FSDP's schedule after warmup (constant or cosine)"),
-        differs(v + "min_lr_ratio", "verl FSDP's cosine floor as a fraction of lr",
-                f"set {n}min_lr=<lr x ratio> instead", accept=(None, 0)),
+        alias(v + "min_lr_ratio", n + "min_lr_ratio",
+              note=f"the decay floor as a fraction of lr; here it is also the linear decay's, and {n}min_lr (an "
+                   "absolute floor, verl Megatron's) may replace it, never both"),
         differs(v + "num_cycles", "the cosine schedule here is one half-cycle (verl's 0.5)", accept=(0.5,)),
         differs(v + "optimizer", "the optimizer is Adam with decoupled weight decay (Megatron's adam)",
                 accept=("adam", "adamw", "AdamW")),
@@ -417,9 +421,8 @@ TABLE: tuple[VerlKey, ...] = (
     ignored("critic.profiler.*", PROFILER),
     ignored("critic.profile.*", PROFILER),
     differs("critic.nccl_timeout", NCCL, NCCL_FIX, accept=(600,)),
-    *(e for e in _optim_entries("critic.optim", "critic.optim") if e.verl.rsplit(".", 1)[1] not in (
-        "lr", "weight_decay", "lr_warmup_steps", "lr_warmup_steps_ratio", "total_training_steps", "min_lr",
-        "clip_grad", "lr_decay_style")),  # the critic's shared optimizer keys are native
+    *(e for e in _optim_entries("critic.optim", "critic.optim")
+      if e.verl.rsplit(".", 1)[1] not in _SHARED_OPTIM),  # the critic's shared optimizer keys are native
     # ---------------------------------------------------------------------------------- algorithm
     differs("algorithm.use_pf_ppo", "no PF-PPO reweighting here", accept=(False,)),
     ignored("algorithm.pf_ppo.*", "used only with algorithm.use_pf_ppo (not available here)"),

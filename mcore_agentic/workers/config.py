@@ -41,9 +41,13 @@ class OptimConfig:
     lr_warmup_steps_ratio: float = 0.0
     """Warmup as a fraction of ``total_training_steps`` when ``lr_warmup_steps`` is -1."""
     lr_decay_style: str = "constant"
-    """LR after warmup: constant | cosine | linear (towards ``min_lr``)."""
-    min_lr: float = 0.0
-    """Floor of cosine/linear decay."""
+    """LR after warmup: constant | cosine | linear (towards the floor: ``lr x min_lr_ratio``, or ``min_lr``)."""
+    min_lr_ratio: float | None = None
+    """Floor of cosine/linear decay as a fraction of ``lr``, in [0, 1] (verl's ``min_lr_ratio``): the floor follows
+    ``lr`` when ``lr`` changes. null with ``min_lr`` null: no floor (0)."""
+    min_lr: float | None = None
+    """Absolute floor of cosine/linear decay, in [0, lr] (Megatron's ``--min-lr``), instead of ``min_lr_ratio``: set
+    one of the two, never both."""
     total_training_steps: int = -1
     """Length of the LR schedule (warmup ratio and decay) in optimizer steps; -1: the run's optimizer steps,
     computed by the trainer (RL steps x mini-batches x ppo_epochs, plus the SFT warm start for the actor)."""
@@ -88,7 +92,20 @@ class OptimConfig:
             f"{self.lr_decay_style!r} is not one of {', '.join(_DECAY)}",
         )
         require(
-            0.0 <= self.min_lr <= self.lr, f"{prefix}min_lr", f"{self.min_lr} must be in [0, lr={self.lr}]"
+            self.min_lr is None or self.min_lr_ratio is None,
+            f"{prefix}min_lr",
+            f"{self.min_lr} and {prefix}min_lr_ratio={self.min_lr_ratio} are both set; the decay floor is one of them "
+            "(min_lr: an absolute LR, min_lr_ratio: a fraction of lr): set the other to null",
+        )
+        require(
+            self.min_lr_ratio is None or 0.0 <= self.min_lr_ratio <= 1.0,
+            f"{prefix}min_lr_ratio",
+            f"{self.min_lr_ratio} must be in [0, 1] (a fraction of lr)",
+        )
+        require(
+            self.min_lr is None or 0.0 <= self.min_lr <= self.lr,
+            f"{prefix}min_lr",
+            f"{self.min_lr} must be in [0, lr={self.lr}] (or null, with {prefix}min_lr_ratio as a fraction of lr)",
         )
         require(
             self.total_training_steps == -1 or self.total_training_steps > 0,
@@ -100,6 +117,13 @@ class OptimConfig:
             f"{prefix}optimizer_offload_fraction",
             f"{self.optimizer_offload_fraction} must be in (0, 1] (the share of the optimizer kept on the host)",
         )
+
+    @property
+    def floor_lr(self) -> float:
+        """The LR that cosine/linear decay ends at: ``min_lr`` when set, else ``lr x min_lr_ratio`` (0 with neither)."""
+        if self.min_lr is not None:
+            return self.min_lr
+        return self.lr * (self.min_lr_ratio or 0.0)
 
     def warmup_steps(self, total_steps: int) -> int:
         """Warmup length in optimizer steps for a run of ``total_steps``."""

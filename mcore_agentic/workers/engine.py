@@ -280,7 +280,7 @@ class MegatronEngine:
         ocfg = OptimizerConfig(
             optimizer="adam",
             lr=optim.lr,
-            min_lr=optim.min_lr,
+            min_lr=optim.floor_lr,
             weight_decay=optim.weight_decay,
             adam_beta1=optim.betas[0],
             adam_beta2=optim.betas[1],
@@ -316,7 +316,7 @@ class MegatronEngine:
             self.optimizer,
             init_lr=0.0 if warmup > 0 else optim.lr,
             max_lr=optim.lr,
-            min_lr=optim.min_lr,
+            min_lr=optim.floor_lr,
             lr_warmup_steps=warmup,
             lr_decay_steps=total,
             lr_decay_style=optim.lr_decay_style,
