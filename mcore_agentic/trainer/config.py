@@ -62,8 +62,9 @@ class TrainerConfig:
     """Checkpoint directory (global_step_<k>) to resume from when resume_mode=resume_path."""
     resume_optim_from: Literal["checkpoint", "config"] = "checkpoint"
     """On resume, whose optimizer settings and learning-rate schedule win when the config changed since the
-    checkpoint (lr, min_lr, warmup, decay, weight decay, betas, eps): checkpoint keeps the saved run's (Megatron's
-    default), config takes this run's, continuing from the saved step. Every changed key is listed at resume."""
+    checkpoint (lr, the decay floor: min_lr or min_lr_ratio, warmup, decay, weight decay, betas, eps): checkpoint
+    keeps the saved run's (Megatron's default), config takes this run's, continuing from the saved step. Every
+    changed key is listed at resume."""
     max_ckpt_to_keep: int | None = None
     """Keep only the newest this many checkpoints that pass a size check against their manifest (a damaged
     newer one never pushes out the last good one); null keeps all."""
