@@ -33,6 +33,9 @@ per-sample id lists (the rollout's collation, the SFT warm start, benches), and
 :func:`repad_rollout_layout` from an already padded batch widened to other widths (the
 gather of several rollout groups' batches). Widths default to the longest row, at least 1;
 pads are ``pad_token_id`` in ``prompts``/``responses`` and 0 in every other key.
+
+Which keys cross the feed -> trainer seam (dtype, filler value, producer, the setting that wants each) is one
+table, ``mcore_agentic/feed/fields.py``; its per-token fields are :data:`TOKEN_FIELDS`.
 """
 
 from __future__ import annotations

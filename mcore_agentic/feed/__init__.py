@@ -5,11 +5,11 @@ The trainer sees only this surface: :class:`Feed` (``roll_out`` inside the weigh
 :class:`StepRows` / :class:`ReplicaRows` (both in :mod:`.feed`). Everything else here is the feed's own: the schedules
 (:mod:`.rounds` the one round loop, :mod:`.fresh_rounds`, :mod:`.partial_rounds`, the filter
 :mod:`.dynamic_sampling`), scoring and the rollout statistics (:mod:`.scoring`), the leader -> replica exchange
-(:mod:`.distribute`, the only owner of those collectives), the trajectory dumps (:mod:`.rollout_dump`) and the
+(:mod:`.distribute`, the only owner of those collectives) and the table of the fields it carries (:mod:`.fields`:
+a run's :func:`wanted_fields`), the trajectory dumps (:mod:`.rollout_dump`) and the
 rollout engine of a group's leader (:mod:`.engine`).
 """
 
-from mcore_agentic.feed.distribute import FILLER_VERSION
 from mcore_agentic.feed.engine import build_rollout_engine
 from mcore_agentic.feed.feed import (
     DumpSettings,
@@ -21,8 +21,9 @@ from mcore_agentic.feed.feed import (
     StepRows,
     Validation,
 )
+from mcore_agentic.feed.fields import FILLER_VERSION, wanted_fields
 
 __all__ = [
     "FILLER_VERSION", "DumpSettings", "Feed", "FeedSettings", "ReplicaRows", "Roller", "Rollout", "StepRows", "Validation",
-    "build_rollout_engine",
+    "build_rollout_engine", "wanted_fields",
 ]

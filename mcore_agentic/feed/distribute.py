@@ -16,8 +16,9 @@ objects: messages, tool I/O, request metrics). The objects stay there; only tens
    per-token values into one int64 and one float32 buffer and sends them point-to-point
    (``batch_isend_irecv``) to the replica's first rank, which broadcasts them over its replica
    (TP x CP x PP peers). The replica rebuilds its rows in the rollout layout, padded only to its
-   own longest row. A mixture-of-experts rollout's ``routed_experts`` (int16 per token, MoE layer and
-   top-k slot) ride in the int64 buffer, four to a value.
+   own longest row. Which fields travel, in which buffer and order, is the table's (:mod:`.fields`): the
+   caller names the wanted ones. A mixture-of-experts rollout's ``routed_experts`` (int16 per token, MoE
+   layer and top-k slot) ride in the int64 buffer, four to a value.
 
 A rank receives its replica's share of the step and nothing else; the bytes that cross the
 wire are real tokens, not padding or pickles.
@@ -28,7 +29,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,25 +39,12 @@ import torch.distributed as dist
 from mcore_agentic.algorithms.advantages import group_ids
 from mcore_agentic.data.balance import partition
 from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
+from mcore_agentic.feed.fields import FILLER_VERSION, OWN, RowField, bare_fields, field_names, select
 from mcore_agentic.parallel import comm
 
-__all__ = ["AGE_FIELDS", "EPISODE_FIELDS", "FILLER_VERSION", "RESPONSE_FIELDS", "STATE_FIELDS", "filler_rows", "gather_row_counts", "tag_episodes", "TURN_FIELDS", "RowShapes", "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
+__all__ = ["FILLER_VERSION", "ROUTING_FIELD", "filler_rows", "gather_row_counts", "tag_episodes", "RowShapes",
+           "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
 
-RESPONSE_FIELDS: dict[str, torch.dtype] = {"response_mask": torch.long, "rollout_log_probs": torch.float32}
-"""Per-response-token tensors that travel with a row (besides its token ids)."""
-TURN_FIELDS: dict[str, torch.dtype] = {"turn_rewards": torch.float32}
-"""With ``algorithm.turn_rewards``: each turn's reward on its last sampled token travels with the row."""
-EPISODE_FIELDS: dict[str, torch.dtype] = {"episode_index": torch.long, "turn_offset": torch.long}
-"""With agent episodes that train several samples: each row's step-wide episode id and the episode's turn index of
-its first turn travel with it."""
-STATE_FIELDS: dict[str, torch.dtype] = {"turn_states": torch.long}
-"""With ``adv_estimator=gigpo``: each turn's state id (+1) on its sampled tokens travels with the row."""
-AGE_FIELDS: dict[str, torch.dtype] = {"token_ages": torch.long}
-"""With partial rollouts: how many weight versions behind the step each sampled token is travels with the row."""
-ROW_FIELDS: dict[str, torch.dtype] = {"seq_scores": torch.float32, "group_index": torch.long, "truncated": torch.long}
-"""Per-row scalars that travel with it."""
-VERSION_FIELDS: dict[str, torch.dtype] = {**ROW_FIELDS, "weight_version": torch.long}
-""":data:`ROW_FIELDS` and the oldest weight version that sampled each row (what the feed sends)."""
 ROUTING_FIELD = "routed_experts"
 """The per-token int16 field that travels with a row when the exchange is given its per-token shape."""
 
@@ -134,15 +122,12 @@ def gather_row_counts(local: Batch | None, placement: Any) -> list[int]:
     return [int(table[g * placement.tensor_parallel_size][0]) for g in range(placement.num_groups)]
 
 
-FILLER_VERSION = -2
-"""The ``weight_version`` of a filler row (a real row that sampled nothing has -1)."""
-_ZEROED = ("response_mask", "rollout_log_probs", "turn_rewards", "turn_states", "token_ages", "seq_scores", "truncated")
-
-
 def filler_rows(local: Batch, count: int, pad_token_id: int) -> Batch:
     """``count`` rows that train nothing, to append to ``local``: row 0's prompt with no response, a loss mask of 0,
     score 0, a prompt group and an episode of their own (so no group statistic sees them) and weight version
-    :data:`FILLER_VERSION` (so no data metric counts them).
+    :data:`FILLER_VERSION` (so no data metric counts them): each field of the table its
+    :attr:`~.fields.RowField.filler`, in the tensor when ``local`` holds it, else in the ``meta`` list the hand-off
+    makes it from.
 
     They make a step whose episodes trained several samples a multiple of the rows every mini-batch needs on every
     replica; like a failed request's row they cost only their prompt's forward pass."""
@@ -156,15 +141,16 @@ def filler_rows(local: Batch, count: int, pad_token_id: int) -> Batch:
         ids = rows["input_ids"].clone()
         ids[:, p:] = pad_token_id
         tensors["input_ids"] = ids
-    tensors.update({k: torch.zeros_like(rows[k]) for k in _ZEROED if k in rows})
     names = [f"filler-{k}-{local['uid'][0]}" for k in range(count)]
     meta: dict[str, list[Any]] = {"uid": names, "request_metrics": [{"state": "filler"}] * count}
-    if "episode_id" in rows.meta:
-        meta["episode_id"] = names
-    if "turn_offset" in rows.meta:
-        meta["turn_offset"] = [0] * count
-    if "oldest_version" in rows.meta:
-        meta["oldest_version"] = [FILLER_VERSION] * count
+    for f in select(field_names()):
+        if isinstance(f.filler, str):  # OWN: an id numbered from its meta key later; ROW0: row 0's own values
+            if f.filler == OWN and f.meta is not None and f.meta in rows.meta:
+                meta[f.meta] = names
+        elif f.name in rows.tensors:
+            tensors[f.name] = torch.full_like(rows.tensors[f.name], f.filler)
+        elif f.meta is not None and f.meta in rows.meta:
+            meta[f.meta] = [f.filler] * count
     return rows.update(tensors, meta=meta)
 
 
@@ -226,8 +212,15 @@ def plan_step(shapes: RowShapes, dp: int, *, mini_batch_sizes: Sequence[int], se
 
 
 # ----------------------------------------------------------------------------------- exchange
-def _count(fields: dict[str, torch.dtype], dtype: torch.dtype) -> int:
-    return sum(d == dtype for d in fields.values())
+def _travelling(fields: Collection[str] | None) -> tuple[tuple[RowField, ...], tuple[RowField, ...]]:
+    """The table's per-response-token and per-row entries of ``fields`` (None: :func:`~.fields.bare_fields`), in
+    the table's order (the buffers' order). Per-token fields travel when the exchange is given their shape."""
+    chosen = select(bare_fields() if fields is None else fields)
+    return tuple(f for f in chosen if f.per == "response"), tuple(f for f in chosen if f.per == "row")
+
+
+def _count(fields: Sequence[RowField], dtype: torch.dtype) -> int:
+    return sum(f.dtype == dtype for f in fields)
 
 
 def _routing_int64s(tokens: int, routing_shape: tuple[int, ...] | None) -> int:
@@ -236,10 +229,12 @@ def _routing_int64s(tokens: int, routing_shape: tuple[int, ...] | None) -> int:
 
 
 def _row_sizes(
-    shapes: RowShapes, row: int, routing_shape: tuple[int, ...] | None = None, row_fields: Mapping[str, torch.dtype] = ROW_FIELDS,
-    response_fields: Mapping[str, torch.dtype] = RESPONSE_FIELDS,
+    shapes: RowShapes, row: int, routing_shape: tuple[int, ...] | None,
+    travel: tuple[Sequence[RowField], Sequence[RowField]],
 ) -> tuple[int, int]:
-    """(int64 values, float32 values) one row carries: its ids, then its response and row fields, then its routing."""
+    """(int64 values, float32 values) one row carries: its ids, then its response and row fields (``travel``:
+    :func:`_travelling`'s), then its routing."""
+    response_fields, row_fields = travel
     p, r = shapes.prompt[row], shapes.response[row]
     ints = p + r + r * _count(response_fields, torch.long) + _count(row_fields, torch.long)
     ints += _routing_int64s(p + r, routing_shape)
@@ -256,9 +251,10 @@ def _routing_as_int64(values: torch.Tensor) -> torch.Tensor:
 
 def _pack(
     local: Batch, rows: Sequence[int], shapes: RowShapes, routing_shape: tuple[int, ...] | None = None,
-    row_fields: Mapping[str, torch.dtype] = ROW_FIELDS, response_fields: Mapping[str, torch.dtype] = RESPONSE_FIELDS,
+    fields: Collection[str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This leader's ``rows`` (global ids) as one int64 and one float32 buffer, row after row."""
+    response_fields, row_fields = _travelling(fields)
     width = local["prompts"].shape[1]
     ints: list[torch.Tensor] = []
     floats: list[torch.Tensor] = []
@@ -266,10 +262,10 @@ def _pack(
         i = shapes.local_index(row)
         p, r = shapes.prompt[row], shapes.response[row]
         ints += [local["prompts"][i, width - p :], local["responses"][i, :r]]
-        for name, dtype in response_fields.items():
-            (ints if dtype == torch.long else floats).append(local[name][i, :r].to(dtype))
-        for name, dtype in row_fields.items():
-            (ints if dtype == torch.long else floats).append(local[name][i : i + 1].to(dtype))
+        for f in response_fields:
+            (ints if f.dtype == torch.long else floats).append(local[f.name][i, :r].to(f.dtype))
+        for f in row_fields:
+            (ints if f.dtype == torch.long else floats).append(local[f.name][i : i + 1].to(f.dtype))
         if routing_shape:
             ints.append(_routing_as_int64(local[ROUTING_FIELD][i, width - p : width + r]))
     cat = lambda parts, dtype: torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)  # noqa: E731
@@ -278,9 +274,9 @@ def _pack(
 
 def _unpack(
     buffers: dict[int, tuple[torch.Tensor, torch.Tensor]], rows: Sequence[int], shapes: RowShapes, pad_token_id: int,
-    routing_shape: tuple[int, ...] | None = None, row_fields: Mapping[str, torch.dtype] = ROW_FIELDS,
-    response_fields: Mapping[str, torch.dtype] = RESPONSE_FIELDS,
+    routing_shape: tuple[int, ...] | None = None, fields: Collection[str] | None = None,
 ) -> Batch:
+    response_fields, row_fields = _travelling(fields)
     cursor = {src: [0, 0] for src in buffers}
 
     def take(src: int, dtype: torch.dtype, n: int) -> torch.Tensor:
@@ -291,26 +287,27 @@ def _unpack(
         return piece
 
     prompts, responses = [], []
-    per_token: dict[str, list[torch.Tensor]] = {k: [] for k in response_fields}
-    per_row: dict[str, list[torch.Tensor]] = {k: [] for k in row_fields}
+    per_token: dict[str, list[torch.Tensor]] = {f.name: [] for f in response_fields}
+    per_row: dict[str, list[torch.Tensor]] = {f.name: [] for f in row_fields}
     routing: list[torch.Tensor] = []
     for row in rows:
         src = shapes.source(row)
         p, r = shapes.prompt[row], shapes.response[row]
         prompts.append(take(src, torch.long, p))
         responses.append(take(src, torch.long, r))
-        for name, dtype in response_fields.items():
-            per_token[name].append(take(src, dtype, r))
-        for name, dtype in row_fields.items():
-            per_row[name].append(take(src, dtype, 1))
+        for f in response_fields:
+            per_token[f.name].append(take(src, f.dtype, r))
+        for f in row_fields:
+            per_row[f.name].append(take(src, f.dtype, 1))
         if routing_shape:
             packed = take(src, torch.long, _routing_int64s(p + r, routing_shape)).view(torch.int16)
             routing.append(packed[: (p + r) * math.prod(routing_shape)].reshape(p + r, *routing_shape))
     tensors = build_rollout_layout(
         prompts, responses, pad_token_id=pad_token_id,
-        response_fields={k: (v, response_fields[k]) for k, v in per_token.items()},
+        response_fields={f.name: (per_token[f.name], f.dtype) for f in response_fields},
     )
-    tensors.update({k: torch.cat(v) if v else torch.zeros(0, dtype=row_fields[k]) for k, v in per_row.items()})
+    tensors.update({f.name: torch.cat(per_row[f.name]) if per_row[f.name] else torch.zeros(0, dtype=f.dtype)
+                    for f in row_fields})
     if routing_shape and rows:
         tensors[ROUTING_FIELD] = build_token_field(
             routing, [len(t) for t in prompts],
@@ -321,16 +318,19 @@ def _unpack(
 
 def exchange_rows(
     local: Batch | None, plan: StepPlan, layout: Any, pad_token_id: int, routing_shape: tuple[int, ...] | None = None,
-    row_fields: Mapping[str, torch.dtype] = ROW_FIELDS, *, response_fields: Mapping[str, torch.dtype] = RESPONSE_FIELDS,
+    fields: Collection[str] | None = None,
 ) -> Batch:
     """This rank's replica's rows (``plan.replicas[layout.dp_rank]``, in that order) as a padded :class:`Batch`.
 
     Collective over the world: leaders send, each replica's first rank receives, then broadcasts
     to its replica. Only int64/float32 tensors move; their sizes come from ``plan.shapes``.
     ``routing_shape``: ``(moe_layers, top_k)`` when the rows carry ``routed_experts`` (every rank passes it);
-    ``row_fields``: the per-row scalars that travel, ``response_fields`` the per-response-token tensors (every
-    rank passes the same).
+    ``fields``: the names of the table's fields that travel (:mod:`.fields`; every rank passes the same; None:
+    :func:`~.fields.bare_fields`).
     """
+    if fields is not None and (ROUTING_FIELD in fields) != bool(routing_shape):
+        raise ValueError(f"{ROUTING_FIELD} travels exactly when the exchange is given its per-token shape, "
+                         f"got routing_shape={routing_shape}")
     shapes = plan.shapes
     me = dist.get_rank() if dist.is_initialized() else 0
     dp = len(plan.replicas)
@@ -345,7 +345,7 @@ def exchange_rows(
             own = [r for r in rows if shapes.source(r) == me]
             if not own:
                 continue
-            ints, floats = _pack(local, own, shapes, routing_shape, row_fields, response_fields)
+            ints, floats = _pack(local, own, shapes, routing_shape, fields)
             if firsts[d] == me:
                 buffers[me] = (ints, floats)
                 continue
@@ -354,8 +354,9 @@ def exchange_rows(
                     sends.append((comm.as_host(t), firsts[d], tag))
     # Receives: at this replica's first rank, one pair of buffers per leader that has rows here.
     sizes: dict[int, list[int]] = {}
+    travel = _travelling(fields)
     for row in mine:
-        n_int, n_float = _row_sizes(shapes, row, routing_shape, row_fields, response_fields)
+        n_int, n_float = _row_sizes(shapes, row, routing_shape, travel)
         acc = sizes.setdefault(shapes.source(row), [0, 0])
         acc[0] += n_int
         acc[1] += n_float
@@ -386,7 +387,7 @@ def exchange_rows(
             buffers[s] = (flat_int[at[0] : at[0] + sizes[s][0]], flat_float[at[1] : at[1] + sizes[s][1]])
             at[0] += sizes[s][0]
             at[1] += sizes[s][1]
-    return _unpack(buffers, mine, shapes, pad_token_id, routing_shape, row_fields, response_fields)
+    return _unpack(buffers, mine, shapes, pad_token_id, routing_shape, fields)
 
 
 def return_rows(

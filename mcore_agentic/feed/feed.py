@@ -32,14 +32,8 @@ from typing import Any
 
 import torch
 
-from mcore_agentic.data.batch import Batch
+from mcore_agentic.data.batch import LAYOUT_KEYS, Batch
 from mcore_agentic.feed.distribute import (
-    AGE_FIELDS,
-    EPISODE_FIELDS,
-    RESPONSE_FIELDS,
-    STATE_FIELDS,
-    TURN_FIELDS,
-    VERSION_FIELDS,
     StepPlan,
     exchange_rows,
     filler_rows,
@@ -50,9 +44,10 @@ from mcore_agentic.feed.distribute import (
     tag_episodes,
     tag_groups,
 )
+from mcore_agentic.feed.fields import RETURNED, always_fields, field_names, select
 from mcore_agentic.feed.fresh_rounds import FreshRounds
 from mcore_agentic.feed.partial_rounds import PartialRounds
-from mcore_agentic.feed.rollout_dump import TRAINER_FIELDS, DumpWriter, dump_rows
+from mcore_agentic.feed.rollout_dump import DumpWriter, dump_rows
 from mcore_agentic.feed.rounds import SEED_STRIDE, Collected, Prompts, allocation, rollout_seed, run_rounds
 from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats, score_rollout
 from mcore_agentic.feed.turn_states import turn_state_tensor
@@ -72,7 +67,8 @@ logger = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------------ the hand-off
 @dataclass(frozen=True)
 class ReplicaRows:
-    """This DP replica's rows of the step, padded to its own longest row (layout in :mod:`mcore_agentic.data.batch`)."""
+    """This DP replica's rows of the step, padded to its own longest row (layout in :mod:`mcore_agentic.data.batch`):
+    the layout and the run's fields of the seam's table (:mod:`.fields`), tensors only."""
 
     prompts: torch.Tensor
     """[B, P] int64, left-padded."""
@@ -84,50 +80,39 @@ class ReplicaRows:
     """[B, P+R], 1 on real tokens."""
     position_ids: torch.Tensor
     """[B, P+R]"""
-    response_mask: torch.Tensor
-    """[B, R], the loss mask: 1 exactly on the tokens the policy sampled."""
-    rollout_log_probs: torch.Tensor
-    """[B, R] float32, the engine's log-probs of the sampled tokens."""
-    seq_scores: torch.Tensor
-    """[B] float32, each row's score (rule reward + tool rewards + interaction score + over-long penalty)."""
-    group_index: torch.Tensor
-    """[B] int64, a step-wide id of the row's prompt group (below the step's group count)."""
-    truncated: torch.Tensor
-    """[B] int64, 1 where the response budget cut the row."""
-    weight_version: torch.Tensor
-    """[B] int64, the oldest weight version that sampled the row's tokens (-1: none; -2: a filler row, which trains
-    nothing and no data metric counts); older than the trainer's under partial rollouts."""
-    routed_experts: torch.Tensor | None = None
-    """[B, P+R, moe_layers, top_k] int16, the experts the engine chose per token (``actor.moe.routing_replay``)."""
-    turn_rewards: torch.Tensor | None = None
-    """[B, R] float32, each assistant turn's own reward on its last sampled token (``algorithm.turn_rewards``); the
-    rest of ``seq_scores`` is the episode's."""
-    turn_states: torch.Tensor | None = None
-    """[B, R] int64, 1 + the id of the state each turn acted from, on the turn's sampled tokens (``gigpo``)."""
-    token_ages: torch.Tensor | None = None
-    """[B, R] int64, how many weight versions behind the step each sampled token is (partial rollouts; the rollout
-    correction's metrics by token age)."""
-    episode_index: torch.Tensor | None = None
-    """[B] int64, a step-wide id of the row's episode, when agent episodes train every sample (rows that are samples
-    of one episode share it; ``rollout.agent.train_samples=all``)."""
-    turn_offset: torch.Tensor | None = None
-    """[B] int64, with ``episode_index``: the episode's turn index of the row's first turn (the turn-level
-    estimators number a sample's turns from it)."""
+    fields: Mapping[str, torch.Tensor]
+    """The table's fields the run sends (:data:`.fields.FIELDS`: every run's, and each optional one whose setting is
+    on), by name, in the table's order."""
+
+    def __getattr__(self, name: str) -> torch.Tensor | None:
+        """A field of the table by name (``rows.turn_rewards``); None when this run does not send it."""
+        if name != "fields" and name in field_names():
+            return self.fields.get(name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def __len__(self) -> int:
         return int(self.prompts.shape[0])
 
     def batch(self) -> Batch:
         """The rows as the workers take them (tensors only)."""
-        return Batch(tensors={f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None})
+        return Batch(tensors={**{k: getattr(self, k) for k in LAYOUT_KEYS}, **self.fields})
 
     @classmethod
     def from_batch(cls, batch: Batch) -> ReplicaRows:
-        names = {f.name for f in dataclasses.fields(cls)}
-        extra = set(batch.tensors) - names
+        """The hand-off of an exchanged batch: the layout and the table's fields, in their dtypes; any other tensor,
+        any per-row object, a missing layout key or a missing field of every run is refused."""
+        extra = set(batch.tensors) - set(LAYOUT_KEYS) - field_names()
         if extra or batch.meta:
             raise ValueError(f"a replica's rows are the hand-off's tensors only; got {sorted(extra | set(batch.meta))}")
-        return cls(**batch.tensors)
+        missing = (set(LAYOUT_KEYS) | always_fields()) - set(batch.tensors)
+        if missing:
+            raise ValueError(f"a replica's rows lack {sorted(missing)}")
+        wrong = [f"{f.name} is {batch[f.name].dtype}, not {f.dtype}" for f in select(set(batch.tensors) - set(LAYOUT_KEYS))
+                 if batch[f.name].dtype != f.dtype]
+        if wrong:
+            raise ValueError(f"a replica's rows hold fields of other dtypes than the table's: {'; '.join(wrong)}")
+        fields = {f.name: batch.tensors[f.name] for f in select(set(batch.tensors) - set(LAYOUT_KEYS))}
+        return cls(**{k: batch.tensors[k] for k in LAYOUT_KEYS}, fields=fields)
 
 
 @dataclass
@@ -179,19 +164,29 @@ class FeedSettings:
     """``algorithm.filter_groups.metric`` when it is enabled."""
     max_num_gen_batches: int = 0
     dumps: DumpSettings | None = None
-    turn_rewards: bool = False
-    """``algorithm.turn_rewards``: scoring keeps each turn's reward at its turn, and the rows carry it."""
-    turn_states: str | None = None
-    """``algorithm.gigpo.state`` with ``adv_estimator=gigpo``: scoring numbers each turn's state, and the rows carry it."""
-    token_ages: bool = False
-    """Partial rollouts with ``algorithm.rollout_correction``: the rows carry each sampled token's age (the
-    correction's metrics by token age)."""
-    episodes: bool = False
-    """Agent programs whose forked episodes train every sample (``rollout.agent.train_samples=all``): a step's rows
-    are counted after the rollout, and each carries its episode's id."""
+    fields: frozenset[str] = field(default_factory=always_fields)
+    """The fields of the seam's table the rows carry (:func:`.fields.wanted_fields` of the run's config). Their
+    producers run when they are wanted: scoring keeps each turn's reward at its turn (``turn_rewards``) and
+    numbers each turn's state (``turn_states``); with ``episode_index`` a step's rows are counted after the
+    rollout."""
+    gigpo_state: str = "observation"
+    """``algorithm.gigpo.state``: what a turn's state is, for the producer of ``turn_states``."""
     row_multiple: int = 1
     """With ``episodes``: the step's rows are padded (filler rows that train nothing) to a multiple of this — every
     mini-batch count's least common multiple times DP, so each mini-batch splits evenly over the replicas."""
+
+    def __post_init__(self) -> None:
+        select(self.fields)  # every name is the table's
+
+    def wants(self, name: str) -> bool:
+        """Whether the rows carry the table's field ``name``."""
+        return name in self.fields
+
+    @property
+    def episodes(self) -> bool:
+        """Agent programs whose forked episodes train every sample (``rollout.agent.train_samples=all``): a step's
+        rows are counted after the rollout, and each carries its episode's id."""
+        return self.wants("episode_index")
 
 
 @dataclass
@@ -246,9 +241,9 @@ class Roller:
         with self.timer.phase("reward"):
             scored = score_rollout(batch, self.reward_fn, self.tokenizer, extra_infos,
                                    overlong_buffer=s.overlong_buffer, max_response_length=s.max_response_length,
-                                   turn_rewards=s.turn_rewards)
-            if s.turn_states is not None:
-                scored = scored.update({"turn_states": turn_state_tensor(scored, s.turn_states)})
+                                   turn_rewards=s.wants("turn_rewards"))
+            if s.wants("turn_states"):
+                scored = scored.update({"turn_states": turn_state_tensor(scored, s.gigpo_state)})
             return scored
 
 
@@ -294,6 +289,9 @@ class Feed:
         self.layout = layout
         self.prompts = Prompts(loader)
         self.val_rows = val_rows
+        if settings.wants("routed_experts") != (routing_shape is not None):
+            raise ValueError(f"the rows carry routed_experts exactly when the model's routing shape is given, got "
+                             f"routing_shape={routing_shape} and fields {sorted(settings.fields)}")
         self.routing_shape = routing_shape
         tok = roller.tokenizer
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
@@ -385,11 +383,7 @@ class Feed:
             mini_batch_sizes=[rows * m // s.sequences_per_step for m in s.mini_batch_sizes],
             seed=s.plan_seed + rollout.step * SEED_STRIDE if s.plan_seed is not None else None,
         )
-        batch = exchange_rows(local, plan, self.layout, self.pad_id, self.routing_shape,
-                              {**VERSION_FIELDS, **(EPISODE_FIELDS if s.episodes else {})},
-                              response_fields={**RESPONSE_FIELDS, **(TURN_FIELDS if s.turn_rewards else {}),
-                                               **(STATE_FIELDS if s.turn_states is not None else {}),
-                                               **(AGE_FIELDS if s.token_ages else {})})
+        batch = exchange_rows(local, plan, self.layout, self.pad_id, self.routing_shape, s.fields)
         metrics = {**rollout_metrics(stats), **rollout.metrics}
         if s.episodes:
             metrics["rollout/step_rows"] = float(rows)
@@ -404,7 +398,7 @@ class Feed:
             return {}
         receipt: _Receipt = step_rows.receipt
         with self.roller.timer.phase("dump"):
-            fields = [f for f in TRAINER_FIELDS if f in batch]
+            fields = [f for f in RETURNED if f in batch]
             local = receipt.local
             returned = return_rows(batch, receipt.plan, self.layout, fields, len(local) if local is not None else None)
             if local is None or self.dump_writer is None:
@@ -432,7 +426,7 @@ class Feed:
         # A forked agent episode adds rows: each row's extra_info comes with it (the batch's meta).
         scored = [score_rollout(b, r.reward_fn, r.tokenizer,
                                 b.meta.get("extra_info") or [row.get("extra_info") or {} for row in part],
-                                turn_rewards=s.turn_rewards)
+                                turn_rewards=s.wants("turn_rewards"))
                   for b, part in zip(batches, parts)]
         return Validation(step, scored)
 

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 import torch
 
 from mcore_agentic.data.batch import Batch
+from mcore_agentic.feed.fields import RETURNED
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,9 @@ __all__ = [
     "trajectory_table",
 ]
 
-TRAINER_FIELDS = ("old_log_probs", "advantages", "ref_log_probs", "values", "token_level_scores", "token_level_rewards")
-"""Per-response-token tensors computed on the training replica that a dump brings back to the leader."""
+TRAINER_FIELDS = RETURNED
+"""Per-response-token tensors computed on the training replica that a dump brings back to the leader (the seam's
+table of fields, :mod:`.fields`)."""
 
 _FLOATS = pa.list_(pa.float32())
 TOOL_CALL = pa.struct(

@@ -384,7 +384,7 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
 # ----------------------------------------------------------------------------------- the feed
 def feed_settings(cfg: RLConfig, sizes: BatchSizes) -> Any:
     """What the feed reads of the config, in one typed object (:class:`~mcore_agentic.feed.FeedSettings`)."""
-    from mcore_agentic.feed import DumpSettings, FeedSettings
+    from mcore_agentic.feed import DumpSettings, FeedSettings, wanted_fields
 
     t, fg = cfg.trainer, cfg.algorithm.filter_groups
     minis = [sizes.actor.mini_batch_sequences] + ([sizes.critic.mini_batch_sequences] if sizes.critic else [])
@@ -404,10 +404,8 @@ def feed_settings(cfg: RLConfig, sizes: BatchSizes) -> Any:
         overlong_buffer=cfg.reward.overlong_buffer,
         val_batch_size=cfg.data.val_batch_size,
         filter_metric=fg.metric if fg.enable else None,
-        turn_rewards=cfg.algorithm.turn_rewards,
-        turn_states=cfg.algorithm.gigpo.state if cfg.algorithm.adv_estimator == "gigpo" else None,
-        token_ages=cfg.rollout.partial_rollout.enable and cfg.algorithm.rollout_correction.enabled,
-        episodes=cfg.rollout.agent.enabled and cfg.rollout.agent.train_samples == "all",
+        fields=wanted_fields(cfg),
+        gigpo_state=cfg.algorithm.gigpo.state,
         row_multiple=math.lcm(*(sizes.sequences_per_step // m for m in minis)) * sizes.data_parallel_size,
         max_num_gen_batches=fg.max_num_gen_batches,
         dumps=dumps,
