@@ -39,3 +39,14 @@ def padded_rows(
     loss_mask = rmask.clone()
     loss_mask[::2, hole] = 0
     return PaddedRows(prompts, responses, torch.cat([pmask, rmask], 1), loss_mask)
+
+
+def hand_off_tensors(b: int = 2, p: int = 3, r: int = 4) -> dict[str, torch.Tensor]:
+    """The tensors every run hands a replica (layout and the always-sent fields), zeros, for ``b`` rows of ``p``
+    prompt and ``r`` response positions."""
+    t = {k: torch.zeros(b, p + r, dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids")}
+    t.update(prompts=torch.zeros(b, p, dtype=torch.long), responses=torch.zeros(b, r, dtype=torch.long),
+             response_mask=torch.ones(b, r, dtype=torch.long), rollout_log_probs=torch.zeros(b, r),
+             seq_scores=torch.zeros(b), group_index=torch.arange(b), truncated=torch.zeros(b, dtype=torch.long),
+             weight_version=torch.zeros(b, dtype=torch.long))
+    return t

@@ -13,6 +13,7 @@ import torch
 from mcore_agentic.data.batch import TOKEN_FIELDS, Batch, build_rollout_layout
 from mcore_agentic.feed import fields
 from mcore_agentic.feed.fields import RowField, always_fields, select, wanted_fields
+from tests.helpers.batches import hand_off_tensors
 from tests.helpers.distributed import run_distributed
 
 PAD = 7
@@ -140,12 +141,8 @@ def test_a_field_added_to_the_table_crosses_the_exchange_and_fills_filler_rows()
 def test_the_hand_off_refuses_a_field_the_table_lacks_and_a_dtype_it_does_not_say():
     from mcore_agentic.feed import ReplicaRows
 
-    b, p, r = 2, 3, 4
-    t = {k: torch.zeros(b, p + r, dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids")}
-    t.update(prompts=torch.zeros(b, p, dtype=torch.long), responses=torch.zeros(b, r, dtype=torch.long),
-             response_mask=torch.ones(b, r, dtype=torch.long), rollout_log_probs=torch.zeros(b, r),
-             seq_scores=torch.zeros(b), group_index=torch.arange(b), truncated=torch.zeros(b, dtype=torch.long),
-             weight_version=torch.zeros(b, dtype=torch.long))
+    b = 2
+    t = hand_off_tensors(b)
     rows = ReplicaRows.from_batch(Batch(tensors=dict(t)))
     assert list(rows.batch().tensors)[5:] == [f.name for f in select(always_fields())]  # the table's order
     with pytest.raises(ValueError, match="toy_row"):

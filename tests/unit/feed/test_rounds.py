@@ -11,6 +11,7 @@ import torch
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed import ReplicaRows
 from mcore_agentic.feed.rounds import Collected, allocate, allocate_even, allocation, run_rounds
+from tests.helpers.batches import hand_off_tensors
 
 
 class _Scripted:
@@ -88,13 +89,7 @@ def test_allocation_takes_kept_groups_first():
 
 
 def _rows(**extra) -> Batch:
-    b, p, r = 2, 3, 4
-    t = {k: torch.zeros(b, p + r, dtype=torch.long) for k in ("input_ids", "attention_mask", "position_ids")}
-    t.update(prompts=torch.zeros(b, p, dtype=torch.long), responses=torch.zeros(b, r, dtype=torch.long),
-             response_mask=torch.ones(b, r, dtype=torch.long), rollout_log_probs=torch.zeros(b, r),
-             seq_scores=torch.zeros(b), group_index=torch.arange(b), truncated=torch.zeros(b, dtype=torch.long),
-             weight_version=torch.zeros(b, dtype=torch.long))
-    return Batch(tensors={**t, **extra})
+    return Batch(tensors={**hand_off_tensors(), **extra})
 
 
 def test_the_hand_off_is_typed_and_tensor_only():
