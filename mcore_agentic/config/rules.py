@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from mcore_agentic.config.schema import RLConfig
 from mcore_agentic.models.config import ModelConfig, uses_transformer_engine
 from mcore_agentic.parallel.config import ParallelConfig
+from mcore_agentic.rollout.config import engines_on
 from mcore_agentic.utils.errors import ConfigError, require
 from mcore_agentic.workers.config import ActorConfig, CriticConfig
 
@@ -403,9 +404,10 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
         )
     if cfg.trainer.device == "cpu":
         require(
-            cfg.rollout.name != "sglang",
+            "cpu" in cfg.rollout.engine.devices,
             "rollout.name",
-            "sglang needs a GPU but trainer.device=cpu: use rollout.name=vllm or hf on CPU",
+            f"{cfg.rollout.name} needs a GPU but trainer.device=cpu: use rollout.name="
+            f"{' or '.join(engines_on('cpu'))} on CPU",
         )
     for name, frozen in (("ref", cfg.ref), ("teacher", cfg.teacher)):
         if frozen.use_dynamic_bsz:

@@ -31,6 +31,8 @@ from fastapi.responses import JSONResponse
 from mcore_agentic.endpoint.server import EndpointServer, Limits, SessionRegistry, build_app, request_token
 from mcore_agentic.endpoint.session import Session, SessionSettings
 from mcore_agentic.endpoint.turn import ApiError
+from mcore_agentic.rollout.engines.base import engine_event_loop, engine_shutdown
+from mcore_agentic.rollout.engines.registry import ENGINE_NAMES
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.rollout.tool_parser import get_tool_parser
 
@@ -138,7 +140,7 @@ def _log_prefix_cache(engine: Any, every_s: float, stop: threading.Event) -> Non
 def serve(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mcore_agentic.endpoint serve", description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="an HF-format model directory (config, weights, tokenizer)")
-    parser.add_argument("--engine", default="auto", choices=("auto", "hf", "vllm", "sglang"),
+    parser.add_argument("--engine", default="auto", choices=("auto", *ENGINE_NAMES),
                         help="auto: vLLM where installed for the device and able to take the model, else hf")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--device", default="cpu")
@@ -182,7 +184,7 @@ def serve(argv: list[str] | None = None) -> None:
     cfg = RolloutConfig(name=name, prompt_length=args.prompt_length, response_length=args.response_length,
                         kv_cache_memory_mb=kv_mb)
     engine = build_engine(cfg, _Model(args.model, args.dtype), device=args.device, seed=args.seed)
-    bound = getattr(engine, "event_loop", None)  # SGLang: its loop must run for the sessions' calls (engine_call)
+    bound = engine_event_loop(engine)  # SGLang: its loop must run for the sessions' calls (engine_call)
     if bound is not None and not bound.is_running():
         threading.Thread(target=bound.run_forever, name="engine-loop", daemon=True).start()
     chat = ChatTokenizer(tokenizer)
@@ -209,6 +211,4 @@ def serve(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         stop_stats.set()
         server.close()
-        shutdown = getattr(engine, "shutdown", None)  # its scheduler thread ends before the interpreter does
-        if shutdown is not None:
-            shutdown()
+        engine_shutdown(engine)  # its scheduler thread ends before the interpreter does

@@ -52,7 +52,7 @@ from typing import Any
 
 from mcore_agentic.endpoint.turn import ApiError, TokenLogprob, ToolCallOut, TurnFinish, TurnRequest, TurnResult
 from mcore_agentic.rollout.agent_loop import assistant_message
-from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams
+from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams, engine_event_loop
 from mcore_agentic.rollout.request import Trajectory
 from mcore_agentic.rollout.tokenization import ChatTokenizer, ConversationTokenizer
 from mcore_agentic.rollout.tool_call import ToolCall, ToolCallError, ToolCallParser
@@ -601,7 +601,7 @@ async def engine_call(engine: RolloutEngine, prompt_ids: list[int], params: Samp
     (``driver.run_sync``) or, standalone, a thread of its own (:mod:`.serve`)."""
     call = (engine.generate(prompt_ids, params) if request_id is None
             else engine.generate(prompt_ids, params, request_id=request_id))
-    bound = getattr(engine, "event_loop", None)
+    bound = engine_event_loop(engine)
     if bound is None or bound is asyncio.get_running_loop():
         return await call
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, bound))

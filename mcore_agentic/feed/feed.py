@@ -55,7 +55,7 @@ from mcore_agentic.parallel import comm
 from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.driver import generate_sequences_sync, mismatch_line
-from mcore_agentic.rollout.engines.base import PrefixCacheStats, prefix_cache_stats
+from mcore_agentic.rollout.engines.base import PrefixCacheStats, engine_shutdown, prefix_cache_stats
 from mcore_agentic.rollout.failures import FailureReport, summarize_failures
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.tools.schema import openai_schemas
@@ -521,6 +521,4 @@ class Feed:
             if r.executor is not None:
                 r.executor.shutdown()
             # vLLM tears down its process groups on shutdown: do it while the trainer's world still exists
-            shutdown = getattr(r.engine, "shutdown", None)
-            if shutdown is not None:
-                shutdown()
+            engine_shutdown(r.engine)  # None on a rank that leads no rollout group

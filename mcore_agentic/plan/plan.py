@@ -291,9 +291,9 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     # Each phase at its worst stage.
     worst = [max((stage_phases[i] for stage_phases in phases_by_stage), key=lambda p: p.bytes)
              for i in range(len(phases_by_stage[0]))]
-    if cfg.rollout.name == "hf":
-        notes.append("rollout.name=hf: the transformers engine is not sized by gpu_memory_utilization "
-                     "(the plan counts that fraction anyway)")
+    if not cfg.rollout.engine.sized_by_gpu_memory_utilization:  # the engine table's answer
+        notes.append(f"rollout.name={cfg.rollout.name}: the {cfg.rollout.engine.description} engine is not sized by "
+                     "gpu_memory_utilization (the plan counts that fraction anyway)")
 
     # ---- step time
     prompts = cfg.data.train_batch_size

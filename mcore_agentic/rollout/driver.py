@@ -38,7 +38,7 @@ import torch
 from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
 from mcore_agentic.rollout.agent_loop import AgentContext, run_request
 from mcore_agentic.rollout.config import RolloutConfig
-from mcore_agentic.rollout.engines.base import RolloutEngine, SamplingParams
+from mcore_agentic.rollout.engines.base import RolloutEngine, SamplingParams, engine_event_loop
 from mcore_agentic.rollout.loop_monitor import LoopStallMonitor
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
 from mcore_agentic.rollout.tokenization import ChatTokenizer, mismatch_summary
@@ -289,7 +289,7 @@ def generate_sequences_sync(
 def run_sync(coro: Any, engine: Any = None) -> Any:
     """Run a rollout coroutine from synchronous code, on ``engine.event_loop`` when the engine has one
     (see :func:`generate_sequences_sync`)."""
-    loop = getattr(engine, "event_loop", None)
+    loop = engine_event_loop(engine)
     if loop is not None:
         return loop.run_until_complete(coro)
     try:

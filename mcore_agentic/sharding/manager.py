@@ -256,6 +256,7 @@ class ShardingManager:
             before = self._read_gpu()
             # Nothing may generate while the engine's memory goes: a rollout that ended (or raised) with requests
             # still out would otherwise meet release's refusal instead of its own error (SGLang: a SIGQUIT).
+            # drain is an optional engine member (rollout's engine_drain; sharding may not import rollout)
             drain = getattr(self.engine, "drain", None)
             if drain is not None and not drain(DRAIN_TIMEOUT_S):
                 logger.warning("the rollout engine still holds requests %.0f s after aborting them", DRAIN_TIMEOUT_S)

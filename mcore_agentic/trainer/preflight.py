@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from mcore_agentic.config.paths import missing_inputs
+from mcore_agentic.rollout.engines.registry import engine_kind, engines_on
 from mcore_agentic.utils.errors import ConfigError, first_line
 
-ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 LOGGER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard"}
 
 
@@ -85,11 +85,11 @@ def check_device(cfg: Any) -> str:
 def check_packages(cfg: Any) -> list[ConfigError]:
     """The rollout engine's and the tracking backends' packages are installed."""
     problems = []
-    package = ENGINE_PACKAGES.get(cfg.rollout.name)
-    if package is not None and importlib.util.find_spec(package) is None:
+    engine = engine_kind(cfg.rollout.name)  # the engine table says which package it needs
+    if engine.package is not None and importlib.util.find_spec(engine.package) is None:
+        elsewhere = " or ".join(f"rollout.name={name}" for name in engines_on("cpu") if name != engine.name)
         problems.append(ConfigError(
-            "rollout.name", f"{cfg.rollout.name} is not installed here (pip install -e '.[{cfg.rollout.name}]'); "
-            "on CPU use rollout.name=hf or vllm's CPU build"))
+            "rollout.name", f"{engine.name} is not installed here ({engine.install_hint()}); on CPU use {elsewhere}"))
     for backend in cfg.trainer.logger:
         package = LOGGER_PACKAGES.get(backend)
         if package is not None and importlib.util.find_spec(package) is None:

@@ -97,14 +97,20 @@ class RolloutEngine(Protocol):
     ``"weights"`` before a sync (the weights must be synced again), ``"kv_cache"`` before generating. Each is
     idempotent. An engine with nothing to wake for a tag (transformers: no KV cache between requests) does nothing.
 
+    Optional members: ``shutdown()``, ``drain(timeout_s)``, ``event_loop`` and ``prefix_cache_stats()`` (below). An
+    engine may lack any of them (a test's scripted engine does), so callers read them only through this module's
+    helpers, which say what their absence means: :func:`engine_shutdown` (nothing to stop), :func:`engine_drain`
+    (nothing held: True), :func:`engine_event_loop` (None: any loop) and :func:`prefix_cache_stats` (None: no counts).
+    hf, vLLM and SGLang have ``shutdown``, ``drain`` and ``prefix_cache_stats``; SGLang alone has ``event_loop``.
+
     Threads: an engine that runs its model on a thread of its own makes the engine's GPU that thread's current
     CUDA device first (:func:`bind_thread_to_device`): the current device is per thread and starts at GPU 0.
-    Such an engine also has ``shutdown()`` (optional; ``Feed.close`` and ``serve`` call it when present), which
+    Such an engine also has ``shutdown()`` (``Feed.close`` and ``serve`` call :func:`engine_shutdown`), which
     stops that thread and joins it: a daemon thread still ending as the interpreter finalises can free tensors
     without the GIL and abort the process after the run has finished.
 
     An engine whose async machinery is bound to one event loop exposes it as ``event_loop``
-    (optional attribute); :func:`~mcore_agentic.rollout.driver.generate_sequences_sync` then
+    (:func:`engine_event_loop`); :func:`~mcore_agentic.rollout.driver.generate_sequences_sync` then
     runs every rollout on that loop.
 
     Prefix cache (optional): ``prefix_cache_stats()`` returns a :class:`PrefixCacheStats`, cumulative since the
@@ -122,7 +128,7 @@ class RolloutEngine(Protocol):
     ``generate`` knows the request is no longer live. An id aborted before its ``generate`` arrives is remembered:
     that call returns at once with finish ``"abort"`` and nothing sampled (the endpoint aborts a closed session's
     requests from another thread than the one that issues them). ``abort`` is thread-safe and never waits for a
-    step. ``drain(timeout_s)`` (optional, like ``shutdown``) aborts every request and waits until none is left.
+    step. ``drain(timeout_s)`` (optional: :func:`engine_drain`) aborts every request and waits until none is left.
     """
 
     weight_version: int
@@ -201,10 +207,32 @@ def aborted_output() -> GenerationOutput:
     return GenerationOutput([], [], "abort")
 
 
+# The optional members (:class:`RolloutEngine`'s docstring): every caller reads them through these, the one place
+# that knows an engine may lack one, and what its absence means.
 def prefix_cache_stats(engine: object) -> PrefixCacheStats | None:
-    """``engine.prefix_cache_stats()`` where the engine reports one, else None."""
+    """``engine.prefix_cache_stats()`` where the engine reports one, else None (no counts to report)."""
     report = getattr(engine, "prefix_cache_stats", None)
     return report() if callable(report) else None
+
+
+def engine_event_loop(engine: object) -> asyncio.AbstractEventLoop | None:
+    """``engine.event_loop``, the loop its async machinery is bound to; None (any loop will do) where it has none."""
+    return getattr(engine, "event_loop", None)
+
+
+def engine_drain(engine: object, timeout_s: float) -> bool:
+    """``engine.drain(timeout_s)``: abort every request and wait up to ``timeout_s`` until none is left; whether none
+    is. An engine without ``drain`` holds nothing between calls: True."""
+    drain = getattr(engine, "drain", None)
+    return bool(drain(timeout_s)) if callable(drain) else True
+
+
+def engine_shutdown(engine: object) -> None:
+    """``engine.shutdown()``: stop and join the engine's own threads; nothing for an engine without threads (or
+    ``None``, a rank that holds no engine)."""
+    shutdown = getattr(engine, "shutdown", None)
+    if callable(shutdown):
+        shutdown()
 
 
 def memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
