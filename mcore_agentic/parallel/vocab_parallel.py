@@ -84,6 +84,26 @@ def _global_max(valid: torch.Tensor, temperature: float, dtype: torch.dtype, gro
     return torch.where(torch.isfinite(max_logit), max_logit, torch.zeros_like(max_logit))
 
 
+def _target_logits(
+    valid: torch.Tensor, target: torch.Tensor, vocab_start: int, valid_local: int, max_logit: torch.Tensor,
+    temperature: float, group: dist.ProcessGroup | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x / T - m`` at ``target [N, K]`` global ids, from the rank that owns each id (0 elsewhere, then one SUM
+    all-reduce over ``group``), with the ownership mask and the safe local ids the backward pass scatters to."""
+    dtype = max_logit.dtype
+    local_target = target.long() - vocab_start
+    owned = (local_target >= 0) & (local_target < valid_local)
+    safe_target = torch.where(owned, local_target, torch.zeros_like(local_target))
+    if valid_local > 0:
+        picked = valid.gather(-1, safe_target).to(dtype) / temperature
+    else:
+        picked = torch.zeros(target.shape, dtype=dtype, device=valid.device)
+    target_logit = torch.where(owned, picked - max_logit.unsqueeze(-1), torch.zeros_like(picked))
+    if group is not None:
+        comm.all_reduce_device(target_logit, op=dist.ReduceOp.SUM, group=group)
+    return target_logit, owned, safe_target
+
+
 class _VocabParallelLogProbEntropy(torch.autograd.Function):
     """Forward: ``(log_prob [N, K], entropy [N] or empty)`` from ``logits [N, V_local]``, ``target [N, K]`` (K ids
     per token: the sampled one, or a teacher's top-k)."""
@@ -126,16 +146,8 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
 
         # 3. target logits from their owning ranks (``target`` [N, K]: K ids per token)
         if target is not None:
-            local_target = target.long() - vocab_start
-            owned = (local_target >= 0) & (local_target < valid_local)
-            safe_target = torch.where(owned, local_target, torch.zeros_like(local_target))
-            if valid_local > 0:
-                picked = valid.gather(-1, safe_target).to(dtype) / temperature
-            else:
-                picked = torch.zeros(target.shape, dtype=dtype, device=logits.device)
-            target_logit = torch.where(owned, picked - max_logit.unsqueeze(-1), torch.zeros_like(picked))
-            if distributed:
-                comm.all_reduce_device(target_logit, op=dist.ReduceOp.SUM, group=group)
+            target_logit, owned, safe_target = _target_logits(
+                valid, target, vocab_start, valid_local, max_logit, temperature, group if distributed else None)
             log_prob = target_logit - log_sum_exp.unsqueeze(-1)
         else:
             owned = safe_target = None
@@ -373,14 +385,6 @@ def vocab_parallel_top_k(
     shape = logits_shard.shape[:-1]
     if target is None:
         return log_probs.reshape(*shape, k), ids.reshape(*shape, k)
-    # The target's shifted logit from the rank that owns its id (zero elsewhere), summed over the group.
-    local = target.reshape(-1).long() - start
-    owned = (local >= 0) & (local < valid_local)
-    picked = torch.zeros(n, dtype=dtype, device=flat.device)
-    if valid_local > 0:
-        safe = torch.where(owned, local, torch.zeros_like(local))
-        shifted = valid.gather(-1, safe.unsqueeze(-1)).squeeze(-1).to(dtype) / temperature - max_logit
-        picked = torch.where(owned, shifted, picked)
-    if distributed:
-        comm.all_reduce_device(picked, op=dist.ReduceOp.SUM, group=group)
-    return log_probs.reshape(*shape, k), ids.reshape(*shape, k), (picked - log_sum_exp).reshape(target.shape)
+    picked, _, _ = _target_logits(valid, target.reshape(-1, 1), start, valid_local, max_logit, temperature,
+                                  group if distributed else None)
+    return log_probs.reshape(*shape, k), ids.reshape(*shape, k), (picked[:, 0] - log_sum_exp).reshape(target.shape)
