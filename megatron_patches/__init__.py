@@ -27,9 +27,10 @@ Public API::
 
 Patches rebind names inside megatron-core modules (mostly their module-global
 ``torch``, see ``_cpu_torch``, or a method of a megatron-core class) — never the real
-``torch`` module, except two construction-time contexts (``Tensor.type`` names in the
-optimizer constructors, ``Tensor.cuda`` as identity in a few setup/checkpoint functions)
-that restore on exit.
+``torch`` module, except setup-time contexts that restore on exit (``_cpu_torch.tensor_methods``):
+``Tensor.type`` names in the optimizer constructors, ``Tensor.cuda`` as identity in a few
+setup/checkpoint functions, and the hybrid optimizer's host copies while it splits its parameters
+(``is_cuda``) or moves a loaded state (``to("cuda")``), on CPU only.
 
 The context-parallel attention layer is not a patch (nothing is replaced): it is
 ``mcore_agentic.parallel.local_attention.LocalDotProductAttention``, chosen by a layer spec.

@@ -173,40 +173,50 @@ def rebind_torch(ctx: Any, module_names: tuple[str, ...]) -> list[str]:
     return done
 
 
-_UNSET = object()
-
-
 @contextlib.contextmanager
-def tensor_cuda_is_identity() -> Iterator[None]:
-    """Within the block, ``tensor.cuda(...)`` returns the tensor itself (for megatron code that moves to CUDA).
-
-    Nesting-safe (restores whatever was there before). Only used around single-threaded
-    setup/checkpoint functions, never around the training step.
-    """
-    previous = torch.Tensor.__dict__.get("cuda", _UNSET)
-
-    def cuda_is_identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self
-
-    torch.Tensor.cuda = cuda_is_identity
+def tensor_methods(replacements: dict[str, Any]) -> Iterator[None]:
+    """Within the block, ``torch.Tensor.<name>`` is ``replacements[name]`` (a method or a property); whatever was
+    there before comes back after it (nesting-safe). For single-threaded setup and checkpoint code only, never
+    around the training step: the real ``torch.Tensor`` changes for every caller while the block runs."""
+    missing = object()
+    previous = {name: torch.Tensor.__dict__.get(name, missing) for name in replacements}
+    for name, value in replacements.items():
+        setattr(torch.Tensor, name, value)
     try:
         yield
     finally:
-        if previous is _UNSET:
-            del torch.Tensor.cuda
-        else:
-            torch.Tensor.cuda = previous
+        for name, value in previous.items():
+            if value is missing:
+                delattr(torch.Tensor, name)  # falls back to TensorBase's
+            else:
+                setattr(torch.Tensor, name, value)
 
 
-def with_tensor_cuda_identity(fn: Any) -> Any:
-    """``fn`` wrapped so that ``.cuda()`` calls inside it keep tensors on the CPU."""
+def within(context: Any) -> Any:
+    """A decorator factory: ``within(context)(fn)`` runs ``fn`` inside a fresh ``context()``."""
 
-    @functools.wraps(fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with tensor_cuda_is_identity():
-            return fn(*args, **kwargs)
+    def make(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with context():
+                return fn(*args, **kwargs)
 
-    return wrapped
+        return wrapped
+
+    return make
+
+
+def _identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return self
+
+
+def tensor_cuda_is_identity() -> contextlib.AbstractContextManager:
+    """Within the block, ``tensor.cuda(...)`` returns the tensor itself (for megatron code that moves to CUDA)."""
+    return tensor_methods({"cuda": _identity})
+
+
+with_tensor_cuda_identity = within(tensor_cuda_is_identity)
+"""``fn`` wrapped so that ``.cuda()`` calls inside it keep tensors on the CPU."""
 
 
 def wrap_cuda_calls(ctx: Any, targets: tuple[tuple[str, str, str | None], ...]) -> None:

@@ -25,35 +25,17 @@ Versions: megatron-core 0.16.x (run and tested on 0.16.1). Remove when the hybri
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from megatron_patches._base import Patch, PatchContext
-from megatron_patches._cpu_torch import rebind_torch
+from megatron_patches._cpu_torch import rebind_torch, tensor_methods, within
 
 MODULE = "megatron.core.optimizer.cpu_offloading.hybrid_optimizer"
 _TO_HOST = ("cpu", "pin_memory")
 _KEEPS_SIDE = ("detach", "clone", "float")
-
-
-@contextlib.contextmanager
-def _tensor_methods(replacements: dict[str, Any]) -> Iterator[None]:
-    """Within the block, ``torch.Tensor.<name>`` is ``replacements[name]``; whatever was there before comes back."""
-    missing = object()
-    previous = {name: torch.Tensor.__dict__.get(name, missing) for name in replacements}
-    for name, value in replacements.items():
-        setattr(torch.Tensor, name, value)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            if value is missing:
-                delattr(torch.Tensor, name)  # falls back to TensorBase's
-            else:
-                setattr(torch.Tensor, name, value)
 
 
 @contextlib.contextmanager
@@ -90,7 +72,7 @@ def host_copies_marked() -> Iterator[None]:
     methods: dict[str, Any] = {name: to_host(name) for name in _TO_HOST}
     methods.update({name: keeps_side(name) for name in _KEEPS_SIDE})
     methods["is_cuda"] = property(lambda self: id(self) not in host)
-    with _tensor_methods(methods):
+    with tensor_methods(methods):
         yield
 
 
@@ -104,28 +86,16 @@ def device_moves_stay_on_host() -> Iterator[None]:
             args = ("cpu", *args[1:])
         return real(self, *args, **kwargs)
 
-    with _tensor_methods({"to": to}):
+    with tensor_methods({"to": to}):
         yield
-
-
-def _within(context: Any) -> Any:
-    def make(method: Any) -> Any:
-        @functools.wraps(method)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            with context():
-                return method(*args, **kwargs)
-
-        return wrapped
-
-    return make
 
 
 def _install(ctx: PatchContext) -> None:
     rebind_torch(ctx, (MODULE,))
     cls = ctx.attr(MODULE, "HybridDeviceOptimizer")
     if cls is not None:
-        ctx.wrap(cls, "_get_sub_optimizer_param_groups", _within(host_copies_marked))
-        ctx.wrap(cls, "_move_new_state_to_right_device", _within(device_moves_stay_on_host))
+        ctx.wrap(cls, "_get_sub_optimizer_param_groups", within(host_copies_marked))
+        ctx.wrap(cls, "_move_new_state_to_right_device", within(device_moves_stay_on_host))
 
 
 PATCH = Patch(

@@ -38,14 +38,13 @@ Versions: megatron-core 0.16.x - 0.19.x (run and tested on 0.16.1 only; missing 
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from megatron_patches._base import Patch, PatchContext
-from megatron_patches._cpu_torch import rebind_torch, wrap_cuda_calls
+from megatron_patches._cpu_torch import rebind_torch, tensor_methods, within, wrap_cuda_calls
 
 MODULES = (
     "megatron.core.optimizer",
@@ -81,34 +80,16 @@ def clip_grad_by_total_norm_fp32(
         torch._foreach_mul_(grads, clip_coeff)
 
 
-@contextlib.contextmanager
-def cuda_type_names() -> Iterator[None]:
+def cuda_type_names() -> contextlib.AbstractContextManager:
     """Within the block, ``cpu_tensor.type()`` returns the CUDA tensor-type name of the same dtype."""
     real_type = torch._C.TensorBase.type
-    previous = torch.Tensor.__dict__.get("type")  # None unless a caller's block is already active
 
     def type_as_cuda(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         if dtype is None and not kwargs and self.device.type == "cpu":
             return real_type(self).replace("torch.", "torch.cuda.", 1)
         return real_type(self, dtype, non_blocking, **kwargs)
 
-    torch.Tensor.type = type_as_cuda
-    try:
-        yield
-    finally:
-        if previous is None:
-            del torch.Tensor.type  # falls back to TensorBase.type
-        else:
-            torch.Tensor.type = previous
-
-
-def _with_cuda_type_names(init: Any) -> Any:
-    @functools.wraps(init)
-    def wrapped(*args: Any, **kwargs: Any) -> None:
-        with cuda_type_names():
-            init(*args, **kwargs)
-
-    return wrapped
+    return tensor_methods({"type": type_as_cuda})
 
 
 def _install(ctx: PatchContext) -> None:
@@ -122,7 +103,7 @@ def _install(ctx: PatchContext) -> None:
         mod = ctx.module(dotted)
         cls = getattr(mod, cls_name, None) if mod is not None else None
         if cls is not None:
-            ctx.swap(cls, "__init__", _with_cuda_type_names(cls.__init__))
+            ctx.swap(cls, "__init__", within(cuda_type_names)(cls.__init__))
     wrap_cuda_calls(
         ctx, (("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer", "get_parameter_state_dp_zero"),)
     )
