@@ -1,5 +1,6 @@
-"""Advantage estimators (GAE, GRPO, RLOO, REINFORCE++, REINFORCE++-baseline, turn-level GRPO) on multi-turn loss
-masks.
+"""Advantage estimators (GAE, GRPO, RLOO, REINFORCE++, REINFORCE++-baseline, turn-level GRPO, GiGPO) on multi-turn
+loss masks; each has an ``estimate_<name>(cfg, inputs)`` that :mod:`.estimators` registers and
+:func:`compute_advantage` calls.
 
 All tensors are ``[B, R]`` over the response region; ``response_mask`` is 1 only on
 tokens the policy sampled. Tool results, user turns and padding *inside* the
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from mcore_agentic.algorithms.config import AlgorithmConfig
+from mcore_agentic.algorithms.estimators import EstimatorInputs, estimator
 from mcore_agentic.algorithms.masked import masked_sum, masked_whiten
 
 __all__ = [
@@ -567,6 +569,52 @@ def compute_gigpo_advantage(
     return advantages * response_mask, turns.spread(turns.returns_to_go, out_dtype)
 
 
+def estimate_gae(cfg: AlgorithmConfig, x: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gae`` (registered in :mod:`.estimators`)."""
+    return compute_gae_advantage_return(x.token_level_rewards, x.values, x.response_mask, cfg.gamma, cfg.lam,
+                                        reduce=x.reduce)
+
+
+def estimate_grpo(cfg: AlgorithmConfig, x: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``grpo``."""
+    return compute_grpo_outcome_advantage(
+        x.token_level_rewards, x.response_mask, x.index, cfg.grpo_epsilon, cfg.norm_adv_by_std_in_grpo,
+        num_groups=x.num_groups, reduce=x.reduce, episodes=x.episodes,
+    )
+
+
+def estimate_rloo(cfg: AlgorithmConfig, x: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rloo``."""
+    return compute_rloo_outcome_advantage(x.token_level_rewards, x.response_mask, x.index, num_groups=x.num_groups,
+                                          reduce=x.reduce, episodes=x.episodes)
+
+
+def estimate_reinforce_plus_plus(cfg: AlgorithmConfig, x: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reinforce_plus_plus`` (no group statistics: episodes change nothing)."""
+    return compute_reinforce_plus_plus_outcome_advantage(x.token_level_rewards, x.response_mask, cfg.gamma, x.reduce)
+
+
+def estimate_reinforce_plus_plus_baseline(cfg: AlgorithmConfig,
+                                          x: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reinforce_plus_plus_baseline``."""
+    return compute_reinforce_plus_plus_baseline_outcome_advantage(
+        x.token_level_rewards, x.response_mask, x.index, num_groups=x.num_groups, reduce=x.reduce, episodes=x.episodes)
+
+
+def estimate_grpo_turn(cfg: AlgorithmConfig, x: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``grpo_turn``."""
+    return compute_grpo_turn_advantage(x.token_level_rewards, x.response_mask, x.index, cfg.gamma,
+                                       num_groups=x.num_groups, reduce=x.reduce, episodes=x.episodes)
+
+
+def estimate_gigpo(cfg: AlgorithmConfig, x: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gigpo`` (``algorithm.gigpo.*``)."""
+    g = cfg.gigpo
+    return compute_gigpo_advantage(x.token_level_rewards, x.response_mask, x.turn_states, x.index, cfg.gamma,
+                                   step_advantage_w=g.step_advantage_w, mode=g.mode, epsilon=cfg.grpo_epsilon,
+                                   num_groups=x.num_groups, reduce=x.reduce, episodes=x.episodes)
+
+
 def compute_advantage(
     cfg: AlgorithmConfig,
     token_level_rewards: torch.Tensor,
@@ -580,48 +628,33 @@ def compute_advantage(
     episodes: Episodes | None = None,
     turn_offset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch on ``cfg.adv_estimator``; returns ``(advantages, returns)``, both ``[B, R]``.
+    """Calls ``cfg.adv_estimator``'s registered function (:mod:`.estimators`); returns ``(advantages, returns)``,
+    both ``[B, R]``.
 
-    ``values`` is required for ``gae``; ``index`` (one uid per sequence) for the group estimators; ``turn_states``
-    for ``gigpo``. ``episodes``: rows that are samples of one episode (:data:`Episodes`); the group estimators then
-    count episodes, not rows (``gae`` and ``reinforce_plus_plus`` have no group statistics), the turn-level ones
-    numbering a row's turns from its ``turn_offset`` [B].
+    What the estimator declares it needs must be given: ``values`` (``needs_critic``: ``gae``), ``index`` (one uid
+    per sequence; ``groups``), ``turn_states`` (in its ``row_fields``: ``gigpo``). ``episodes``: rows that are
+    samples of one episode (:data:`Episodes`); the group estimators then count episodes, not rows (``gae`` and
+    ``reinforce_plus_plus`` have no group statistics), the ``turn_level`` ones numbering a row's turns from its
+    ``turn_offset`` [B].
     Rows spread over DP replicas: pass ``reduce`` (a sum over them) and ``index`` as step-wide
     integer group ids in ``[0, num_groups)``; whitening and group statistics then cover every
     replica's rows, and each replica gets exactly the single-batch result for its rows.
     """
-    if cfg.adv_estimator == "gae":
-        if values is None:
-            raise ValueError("algorithm.adv_estimator=gae needs critic values; pass values= or pick grpo/rloo")
-        return compute_gae_advantage_return(token_level_rewards, values, response_mask, cfg.gamma, cfg.lam, reduce=reduce)
-    if cfg.adv_estimator == "reinforce_plus_plus":
-        return compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, cfg.gamma, reduce)
-    if index is None:
-        raise ValueError(f"algorithm.adv_estimator={cfg.adv_estimator} needs index= (one prompt uid per sequence)")
-    groups = dict(num_groups=num_groups, reduce=reduce)
-    turn_episodes = None
-    if episodes is not None and cfg.adv_estimator in ("grpo_turn", "gigpo"):
+    est = estimator(cfg.adv_estimator)
+    name = est.name
+    if est.needs_critic and values is None:
+        raise ValueError(f"algorithm.adv_estimator={name} needs critic values; pass values= or pick grpo/rloo")
+    if est.groups and index is None:
+        raise ValueError(f"algorithm.adv_estimator={name} needs index= (one prompt uid per sequence)")
+    given_episodes: Episodes | TurnEpisodes | None = episodes
+    if episodes is not None and est.turn_level:
         if turn_offset is None:
-            raise ValueError(f"algorithm.adv_estimator={cfg.adv_estimator} with episodes of several samples needs "
+            raise ValueError(f"algorithm.adv_estimator={name} with episodes of several samples needs "
                              "turn_offset= (the episode's turn index of each row's first turn)")
-        turn_episodes = TurnEpisodes(episodes[0], episodes[1], turn_offset)
-    if cfg.adv_estimator == "grpo":
-        return compute_grpo_outcome_advantage(
-            token_level_rewards, response_mask, index, cfg.grpo_epsilon, cfg.norm_adv_by_std_in_grpo, **groups,
-            episodes=episodes,
-        )
-    if cfg.adv_estimator == "rloo":
-        return compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, **groups, episodes=episodes)
-    if cfg.adv_estimator == "grpo_turn":
-        return compute_grpo_turn_advantage(token_level_rewards, response_mask, index, cfg.gamma, **groups,
-                                           episodes=turn_episodes)
-    if cfg.adv_estimator == "gigpo":
-        if turn_states is None:
-            raise ValueError("algorithm.adv_estimator=gigpo needs turn_states= (each turn's state id; the feed adds "
-                             "them when scoring)")
-        g = cfg.gigpo
-        return compute_gigpo_advantage(token_level_rewards, response_mask, turn_states, index, cfg.gamma,
-                                       step_advantage_w=g.step_advantage_w, mode=g.mode, epsilon=cfg.grpo_epsilon,
-                                       **groups, episodes=turn_episodes)
-    return compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, **groups,
-                                                                  episodes=episodes)
+        given_episodes = TurnEpisodes(episodes[0], episodes[1], turn_offset)
+    if "turn_states" in est.row_fields and turn_states is None:
+        raise ValueError(f"algorithm.adv_estimator={name} needs turn_states= (each turn's state id; the feed adds "
+                         "them when scoring)")
+    inputs = EstimatorInputs(token_level_rewards, response_mask, values=values, index=index, num_groups=num_groups,
+                             reduce=reduce, turn_states=turn_states, episodes=given_episodes)
+    return est.fn(cfg, inputs)

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from mcore_agentic.algorithms.estimators import ESTIMATORS, estimator
 from mcore_agentic.utils.errors import ConfigError, require
 
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_turn", "gigpo")
 GIGPO_MODES = ("mean_norm", "mean_std_norm")
 GIGPO_STATES = ("observation", "history")
 # "kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3"; a trailing "+" (e.g. "k3+") keeps the
@@ -22,6 +22,14 @@ GIGPO_STATES = ("observation", "history")
 KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_CTRL_TYPES = ("fixed", "adaptive")
+
+
+def __getattr__(name: str) -> Any:
+    # ADV_ESTIMATORS: the registered estimators' names (algorithms/estimators.py), read when asked, so that one
+    # registered later is among them.
+    if name == "ADV_ESTIMATORS":
+        return tuple(ESTIMATORS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_kl_penalty(value: str, key: str) -> None:
@@ -276,11 +284,7 @@ class AlgorithmConfig:
         if isinstance(self.filter_groups, Mapping):
             object.__setattr__(self, "filter_groups", _from_mapping(
                 FilterGroupsConfig, self.filter_groups, "algorithm.filter_groups"))
-        require(
-            self.adv_estimator in ADV_ESTIMATORS,
-            "algorithm.adv_estimator",
-            f"unknown estimator {self.adv_estimator!r}; use one of {', '.join(ADV_ESTIMATORS)}",
-        )
+        estimator(self.adv_estimator)  # unknown: a ConfigError naming algorithm.adv_estimator and the known ones
         require(0.0 <= self.gamma <= 1.0, "algorithm.gamma", f"must be in [0, 1], got {self.gamma}")
         require(0.0 <= self.lam <= 1.0, "algorithm.lam", f"must be in [0, 1], got {self.lam}")
         require(self.grpo_epsilon > 0, "algorithm.grpo_epsilon", f"must be > 0, got {self.grpo_epsilon}")
@@ -288,13 +292,13 @@ class AlgorithmConfig:
 
     @property
     def needs_critic(self) -> bool:
-        """True when advantages need values (GAE)."""
-        return self.adv_estimator == "gae"
+        """True when the estimator's advantages need values (its registration: ``gae``)."""
+        return estimator(self.adv_estimator).needs_critic
 
     @property
     def needs_groups(self) -> bool:
-        """True when advantages compare the responses of one prompt (``index``/uid needed, n > 1)."""
-        return self.adv_estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_turn", "gigpo")
+        """True when the estimator compares the responses of one prompt (``index``/uid needed, n > 1)."""
+        return estimator(self.adv_estimator).groups
 
 
 @dataclass(frozen=True)

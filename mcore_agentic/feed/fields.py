@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 import torch
 
+from mcore_agentic.algorithms.estimators import estimator
+
 __all__ = [
     "FIELDS", "FILLER_VERSION", "OWN", "RETURNED", "ROW0", "RowField", "always_fields", "bare_fields", "field_names",
     "select", "wanted_fields",
@@ -76,6 +78,12 @@ class RowField:
             raise ValueError(f"row field {self.name}: an id of its own is numbered from a meta key")
 
 
+def _estimator_reads(name: str) -> Callable[[Any], bool]:
+    """The predicate of a field an advantage estimator may read: the run's estimator declares it in its
+    ``row_fields`` (mcore_agentic/algorithms/estimators.py)."""
+    return lambda cfg: name in estimator(cfg.algorithm.adv_estimator).row_fields
+
+
 FIELDS: tuple[RowField, ...] = (
     # per response token ([B, R])
     RowField("response_mask", torch.long, "response", 0, "the rollout (its collation)",
@@ -87,7 +95,7 @@ FIELDS: tuple[RowField, ...] = (
              doc="each assistant turn's own reward on its last sampled token; the rest of seq_scores is the "
                  "episode's (turns are the runs of the loss mask, so no boundaries travel: docs/algorithms.md)"),
     RowField("turn_states", torch.long, "response", 0, "feed/turn_states.py (Roller.score)",
-             setting="algorithm.adv_estimator=gigpo", wanted=lambda cfg: cfg.algorithm.adv_estimator == "gigpo",
+             setting="an algorithm.adv_estimator that reads it (gigpo)", wanted=_estimator_reads("turn_states"),
              doc="1 + the id of the state each turn acted from, on the turn's sampled tokens"),
     RowField("token_ages", torch.long, "response", 0, "feed/partial_rounds.py (PartialRounds.take)",
              setting="rollout.partial_rollout.enable with algorithm.rollout_correction",

@@ -24,6 +24,7 @@ from mcore_agentic.algorithms.advantages import (
 )
 from mcore_agentic.algorithms.config import AlgorithmConfig
 from mcore_agentic.algorithms.distillation import distillation_advantages, distillation_metrics
+from mcore_agentic.algorithms.estimators import estimator
 from mcore_agentic.algorithms.kl import apply_kl_penalty
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed import FILLER_VERSION
@@ -76,7 +77,7 @@ def compute_experience(
     out = batch.update(
         {"token_level_scores": scores, "token_level_rewards": rewards, "advantages": advantages, "returns": returns}
     )
-    if "turn_rewards" in batch or algo.adv_estimator in ("grpo_turn", "gigpo"):
+    if "turn_rewards" in batch or estimator(algo.adv_estimator).turn_level:
         metrics.update(turn_metrics(scores, advantages, mask, reduce=reduce,
                                     turn_offset=batch["turn_offset"] if "turn_offset" in batch else None))
     return out, metrics
