@@ -30,6 +30,7 @@ from typing import Any
 
 from anthropic.types import message_create_params as _params
 
+from mcore_agentic.endpoint.api import ChatApi
 from mcore_agentic.endpoint.api_fields import (
     TEXT_JOIN,
     as_dict,
@@ -344,3 +345,12 @@ def error_type(error: ApiError) -> str:
 def error_body(error: ApiError) -> dict[str, Any]:
     """Anthropic's error object."""
     return {"type": "error", "error": {"type": error_type(error), "message": error.message}}
+
+
+API = ChatApi(
+    name="anthropic_messages", path="/v1/messages", known_fields=KNOWN_FIELDS, parse_request=parse_request,
+    response_body=response_body, stream_events=stream_events, error_body=error_body,
+    count_tokens_path="/v1/messages/count_tokens", parse_count_request=parse_count_request,
+    ignored_headers=("anthropic-beta",),
+)
+"""This API as :mod:`.server` serves it (:class:`~.api.ChatApi`)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from openai.types.chat import completion_create_params as _params
 
+from mcore_agentic.endpoint.api import ChatApi
 from mcore_agentic.endpoint.api_fields import (
     as_dict,
     assistant_message,
@@ -281,3 +282,10 @@ def stream_events(result: TurnResult, request: TurnRequest) -> Iterator[str]:
 def error_body(error: ApiError) -> dict[str, Any]:
     """OpenAI's error object."""
     return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+
+
+API = ChatApi(
+    name="openai_chat", path="/v1/chat/completions", known_fields=KNOWN_FIELDS, parse_request=parse_request,
+    response_body=response_body, stream_events=stream_events, error_body=error_body,
+)
+"""This API as :mod:`.server` serves it (:class:`~.api.ChatApi`)."""

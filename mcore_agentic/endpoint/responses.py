@@ -41,6 +41,7 @@ from typing import Any
 
 from openai.types.responses import response_create_params as _params
 
+from mcore_agentic.endpoint.api import ChatApi
 from mcore_agentic.endpoint.api_fields import (
     as_dict,
     assistant_message,
@@ -517,3 +518,10 @@ def _part_events(event: Callable[..., str], index: int, item: dict[str, Any],
 def error_body(error: ApiError) -> dict[str, Any]:
     """OpenAI's error object."""
     return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+
+
+API = ChatApi(
+    name="responses", path="/v1/responses", known_fields=KNOWN_FIELDS, parse_request=parse_request,
+    response_body=response_body, stream_events=stream_events, error_body=error_body,
+)
+"""This API as :mod:`.server` serves it (:class:`~.api.ChatApi`)."""

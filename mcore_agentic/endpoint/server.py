@@ -10,6 +10,8 @@ Routes, under each session's base ``/sessions/{id}``:
   makes it the own reward of the turn that returned response ``id`` (or ``"latest"``: the last turn sampled);
 * ``GET /samples`` — the session's samples (ids, text pieces, loss mask, log-probs, fork reasons).
 
+The first two items are the routes of the client APIs registered in :data:`APIS` (each a :class:`~.api.ChatApi`).
+
 Security: the server binds to loopback unless told otherwise. Every session has its own random token, sent as
 ``Authorization: Bearer`` (OpenAI clients) or ``x-api-key`` (Anthropic clients); a token opens only its own
 session, and an unknown session answers exactly like a wrong token (401), so ids cannot be probed. No route
@@ -24,19 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import secrets
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from mcore_agentic.endpoint import anthropic_messages, field_policy, openai_chat, responses
+from mcore_agentic.endpoint.api import ChatApi
 from mcore_agentic.endpoint.session import Session
 from mcore_agentic.endpoint.turn import ApiError, TurnRequest
 
@@ -44,6 +47,13 @@ logger = logging.getLogger(__name__)
 
 MODEL_NAME = "policy"
 """The model id ``/v1/models`` lists; requests may name any model."""
+
+APIS: dict[str, ChatApi] = {api.name: api for api in (openai_chat.API, responses.API, anthropic_messages.API)}
+"""The client APIs every session serves, by name: :func:`build_app` adds each one's routes. To add an API: a module
+that builds a :class:`~.api.ChatApi`, and its entry here."""
+
+BASE_API = openai_chat.API
+"""The API whose error shape the routes of no API (models, reward, samples) answer in."""
 
 
 @dataclass(frozen=True)
@@ -113,26 +123,27 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
         except RecursionError:
             raise ApiError(400, "the body's JSON is nested too deeply") from None
 
-    def failure(api: ModuleType, session_id: str, exc: Exception) -> JSONResponse:
+    def failure(api: ChatApi, session_id: str, exc: Exception) -> JSONResponse:
         """An :class:`ApiError` as itself; anything else logged and answered 500, in the API's shape."""
         if isinstance(exc, ApiError):
             return error(api, exc)
-        logger.exception("session %s: %s failed", session_id, api.__name__.rsplit(".", 1)[-1], exc_info=exc)
+        logger.exception("session %s: %s failed", session_id, api.name, exc_info=exc)
         return error(api, ApiError(500, f"internal error: {type(exc).__name__}", type="api_error"))
 
-    def error(api: ModuleType, exc: ApiError) -> JSONResponse:
+    def error(api: ChatApi, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse(api.error_body(exc), status_code=exc.status, headers=headers)
 
-    def parse(api: ModuleType, parser: Callable[[Any], TurnRequest], body: Any, headers: Any) -> TurnRequest:
+    def parse(api: ChatApi, parser: Callable[[Any], TurnRequest], body: Any, headers: Any) -> TurnRequest:
         """``body`` parsed by ``parser``; the fields it ignored logged once per name (:mod:`.field_policy`)."""
         parsed = parser(body)
-        if api is anthropic_messages and headers.get("anthropic-beta"):
-            parsed = dataclasses.replace(parsed, ignored=(*parsed.ignored, "anthropic-beta"))
-        field_policy.log_new(parsed.ignored, api.__name__.rsplit(".", 1)[-1], api.KNOWN_FIELDS)
+        sent = tuple(name for name in api.ignored_headers if headers.get(name))
+        if sent:
+            parsed = dataclasses.replace(parsed, ignored=(*parsed.ignored, *sent))
+        field_policy.log_new(parsed.ignored, api.name, api.known_fields)
         return parsed
 
-    async def turn(api: ModuleType, session_id: str, request: Request) -> Any:
+    async def turn(api: ChatApi, session_id: str, request: Request) -> Any:
         try:
             session = registry.authorised(session_id, request_token(request.headers))
             parsed = parse(api, api.parse_request, await read_json(request), request.headers)
@@ -154,29 +165,20 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
 
         app.add_route(path, endpoint, methods=[method])
 
-    async def chat_completions(session_id: str, request: Request) -> Any:
-        return await turn(openai_chat, session_id, request)
-
-    async def create_response(session_id: str, request: Request) -> Any:
-        return await turn(responses, session_id, request)
-
-    async def messages(session_id: str, request: Request) -> Any:
-        return await turn(anthropic_messages, session_id, request)
-
-    async def count_tokens(session_id: str, request: Request) -> Any:
+    async def count_tokens(api: ChatApi, parser: Callable[[Any], TurnRequest], session_id: str,
+                           request: Request) -> Any:
         try:
             session = registry.authorised(session_id, request_token(request.headers))
-            parsed = parse(anthropic_messages, anthropic_messages.parse_count_request, await read_json(request),
-                           request.headers)
+            parsed = parse(api, parser, await read_json(request), request.headers)
             return JSONResponse({"input_tokens": session.count_tokens(parsed)})
         except Exception as exc:  # noqa: BLE001
-            return failure(anthropic_messages, session_id, exc)
+            return failure(api, session_id, exc)
 
     async def models(session_id: str, request: Request) -> Any:
         try:
             registry.authorised(session_id, request_token(request.headers))
         except Exception as exc:  # noqa: BLE001
-            return failure(openai_chat, session_id, exc)
+            return failure(BASE_API, session_id, exc)
         return JSONResponse({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0,
                                                          "owned_by": "mcore-agentic"}]})
 
@@ -194,7 +196,7 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
                 raise ApiError(400, f'turn must be a response id or "latest", got {str(turn)[:64]!r}', param="turn")
             session.post_reward(float(value), turn)
         except Exception as exc:  # noqa: BLE001
-            return failure(openai_chat, session_id, exc)
+            return failure(BASE_API, session_id, exc)
         return JSONResponse({"session_id": session_id, "reward": session.reward})
 
     async def samples(session_id: str, request: Request) -> Any:
@@ -202,13 +204,14 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
             session = registry.authorised(session_id, request_token(request.headers))
             return JSONResponse(session.summary())
         except Exception as exc:  # noqa: BLE001
-            return failure(openai_chat, session_id, exc)
+            return failure(BASE_API, session_id, exc)
 
     base = "/sessions/{session_id}"
-    route(f"{base}/v1/chat/completions", "POST", chat_completions)
-    route(f"{base}/v1/responses", "POST", create_response)
-    route(f"{base}/v1/messages", "POST", messages)
-    route(f"{base}/v1/messages/count_tokens", "POST", count_tokens)
+    for api in APIS.values():
+        route(f"{base}{api.path}", "POST", functools.partial(turn, api))
+        if api.count_tokens_path is not None and api.parse_count_request is not None:
+            route(f"{base}{api.count_tokens_path}", "POST",
+                  functools.partial(count_tokens, api, api.parse_count_request))
     route(f"{base}/v1/models", "GET", models)
     route(f"{base}/reward", "POST", reward)
     route(f"{base}/samples", "GET", samples)
