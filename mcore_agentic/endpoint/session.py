@@ -41,21 +41,27 @@ sample is never read half-changed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import itertools
 import json
+import logging
 import secrets
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcore_agentic.endpoint.round_gate import RoundClosed, RoundGate
 from mcore_agentic.endpoint.turn import ApiError, TokenLogprob, ToolCallOut, TurnFinish, TurnRequest, TurnResult
 from mcore_agentic.rollout.agent_loop import assistant_message
 from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams, engine_event_loop
 from mcore_agentic.rollout.request import Trajectory
 from mcore_agentic.rollout.tokenization import ChatTokenizer, ConversationTokenizer
 from mcore_agentic.rollout.tool_call import ToolCall, ToolCallError, ToolCallParser
+
+logger = logging.getLogger(__name__)
 
 MAX_STORED_RESPONSES = 64
 """Responses a session keeps for ``previous_response_id`` (the latest ones)."""
@@ -198,6 +204,30 @@ class _Turn:
     """The engine has answered (nothing left to abort)."""
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One engine call of a session as the engine answered it: what replays the call after a resume."""
+
+    prompt: str
+    """The prompt ids' digest (:func:`prompt_digest`)."""
+    draws_before: int
+    max_new_tokens: int
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str
+    version: int
+    """The weight version that sampled it."""
+    routed_experts: Any = None
+
+    def output(self) -> GenerationOutput:
+        return GenerationOutput(list(self.token_ids), list(self.log_probs), self.finish_reason,
+                                routed_experts=self.routed_experts)
+
+
+def prompt_digest(ids: Sequence[int]) -> str:
+    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
+
+
 class Session:
     """One agent episode (see the module docstring). Every request of a session runs on the endpoint's loop;
     :meth:`close` and the reads of a closed session come from another thread, under :attr:`lock`."""
@@ -233,6 +263,18 @@ class Session:
         whoever reads a closed session's samples (the rollout takes its rows under it)."""
         self._turns: dict[str, _Turn] = {}  # the turns the engine is sampling, by key
         self._abortable = callable(getattr(engine, "abort", None))  # a scripted stand-in may not abort
+        self.gate: RoundGate | None = None
+        """A rollout source's sessions (:mod:`.round_gate`): every engine call waits for a round and samples at most
+        its tokens, and the session records its calls (:attr:`tape`). None (standalone): calls run at once."""
+        self.tape: list[Segment] = []
+        """Every engine call the session made, in order (sessions of a rollout source): what it is resumed from."""
+        self.replay: deque[Segment] = deque()
+        """A resumed session's earlier calls: a call that asks what the next one asked is answered by it (the program
+        runs again from its start and, if it is deterministic, reaches where it stood); the first call that differs
+        ends the replay and goes to the engine."""
+        self.replay_diverged = False
+        self.open_tokens = 0
+        """Tokens of a turn cut by the round's token budget (the turn goes on in the next round)."""
 
     # ------------------------------------------------------------------------------------------- closing
     def close(self) -> None:
@@ -243,8 +285,21 @@ class Session:
                 return
             self.closed = True
             keys = [key for key, turn in self._turns.items() if not turn.answered]
+        if self.gate is not None:
+            self.gate.end()
         if keys and self._abortable:
             self.engine.abort(keys)
+
+    @property
+    def held(self) -> bool:
+        """Whether every request of the session in progress waits for a round that does not let it run (a rollout
+        source's round is over for the session)."""
+        g = self.gate
+        return g is not None and g.waiting > 0 and g.waiting == len(self._turns) and not g.allows
+
+    def first_version(self) -> int | None:
+        """The weight version of the session's first engine call (None before one)."""
+        return min((s.version for s in self.tape), default=None)
 
     @property
     def serving(self) -> bool:
@@ -262,8 +317,11 @@ class Session:
         with self.lock:
             turn = self._begin(request)
         try:
-            out = await engine_call(self.engine, turn.prompt_ids, turn.params,
-                                    request_id=turn.key if self._abortable else None)
+            out, versions = await self._generate(turn)
+        except RoundClosed:
+            with self.lock:
+                self._end(turn, sampled=False)
+            raise self._closed_error() from None
         except BaseException:
             with self.lock:
                 self._end(turn, sampled=False)
@@ -277,9 +335,59 @@ class Session:
                 raise ApiError(503, "the engine aborted this generation (its weights are being updated); retry",
                                type="api_error")
             try:
-                return self._sampled(turn, out)
+                return self._sampled(turn, out, versions)
             finally:
                 self._end(turn, sampled=True)
+
+    async def _generate(self, turn: _Turn) -> tuple[GenerationOutput, list[int]]:
+        """The engine's answer to ``turn`` and the weight version of each of its tokens: one call, or under a
+        :attr:`gate` one per round the round's tokens cut it into (each goes on from the last's exact ids and random
+        stream); a call :attr:`replay` holds is answered from it."""
+        ids: list[int] = []
+        log_probs: list[float] = []
+        versions: list[int] = []
+        while True:
+            left, prompt = turn.budget - len(ids), turn.prompt_ids + ids
+            seg = self._replayed(prompt, len(ids))
+            if seg is not None:
+                out, n, version = seg.output(), seg.max_new_tokens, seg.version
+            else:
+                allowance = None if self.gate is None else await self.gate.take()
+                n = left if allowance is None else min(left, allowance)
+                params = dataclasses.replace(turn.params, max_new_tokens=n, draws_before=len(ids))
+                version = self.version()
+                out = await engine_call(self.engine, prompt, params, request_id=turn.key if self._abortable else None)
+                if self.gate is not None:
+                    self.gate.spent(min(len(out.token_ids), n))
+                    if out.finish_reason != "abort":
+                        self.tape.append(Segment(prompt_digest(prompt), len(ids), n, list(out.token_ids),
+                                                 list(out.log_probs), out.finish_reason, version, out.routed_experts))
+            got = list(out.token_ids[:n])
+            ids += got
+            log_probs += list(out.log_probs[:n])
+            versions += [version] * len(got)
+            ended = bool(got) and got[-1] in self.chat.stop_token_ids
+            if out.finish_reason == "length" and not ended and n < left and len(got) >= n:
+                self.open_tokens = len(ids)  # cut by the round's tokens: the turn goes on in the next round
+                continue
+            self.open_tokens = 0
+            finish = "length" if len(out.token_ids) > n else out.finish_reason
+            return GenerationOutput(ids, log_probs, finish, routed_experts=out.routed_experts), versions
+
+    def _replayed(self, prompt: list[int], draws_before: int) -> Segment | None:
+        """The recorded call that asked for ``prompt`` next (see :attr:`replay`), re-recorded; None to sample."""
+        if not self.replay:
+            return None
+        seg = self.replay[0]
+        if seg.prompt == prompt_digest(prompt) and seg.draws_before == draws_before:
+            self.replay.popleft()
+            self.tape.append(seg)
+            return seg
+        logger.warning("session %s: the resumed agent program asked for another prompt than before the resume at its "
+                       "call %d; it samples on from here (its earlier calls stay as they were)", self.id, len(self.tape))
+        self.replay.clear()
+        self.replay_diverged = True
+        return None
 
     def _begin(self, request: TurnRequest) -> _Turn:
         """Match ``request`` to a sample, add its new messages, and register the turn (session lock held)."""
@@ -425,8 +533,9 @@ class Session:
                            code="context_length_exceeded")
         return room
 
-    def _sampled(self, turn: _Turn, out: GenerationOutput) -> TurnResult:
-        """Record what the engine sampled for ``turn`` on its sample; the client's view of it (session lock held)."""
+    def _sampled(self, turn: _Turn, out: GenerationOutput, versions: list[int]) -> TurnResult:
+        """Record what the engine sampled for ``turn`` (``versions``: each token's weight version) on its sample; the
+        client's view of it (session lock held)."""
         sample, request, chat, traj = turn.sample, turn.request, self.chat, turn.sample.trajectory
         budget, messages = turn.budget, turn.messages
         self.generations += 1
@@ -439,7 +548,13 @@ class Session:
             ids, stop_text = _cut_at_stop(chat, ids, request.stop)
             log_probs = log_probs[: len(ids)]
         context = len(traj)
-        traj.append(ids, sampled=True, log_probs=log_probs, version=self.version())
+        at = 0
+        while at < len(ids):  # a turn cut over rounds holds tokens of several weight versions
+            end = at
+            while end < len(ids) and versions[end] == versions[at]:
+                end += 1
+            traj.append(ids[at:end], sampled=True, log_probs=log_probs[at:end], version=versions[at])
+            at = end
         sample.turn_ends.append(traj.response_len - 1 if ids else -1)
         sample.turn_rewards.append(0.0)
         if out.routed_experts is not None:

@@ -31,12 +31,15 @@ and becomes one training row, like a built-in loop request:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import logging
+import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from mcore_agentic.data.batch import Batch
@@ -48,11 +51,13 @@ from mcore_agentic.endpoint.programs import (
     load_entrypoint,
     run_program,
 )
+from mcore_agentic.endpoint.round_gate import RoundGate
 from mcore_agentic.endpoint.server import EndpointServer, Limits, SessionRegistry, build_app
 from mcore_agentic.endpoint.session import Sample, Session, SessionSettings
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.driver import build_requests, finish_batch, run_sync
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
+from mcore_agentic.rollout.source import Budget, RoundReport, roll_to_end
 from mcore_agentic.rollout.tokenization import ChatTokenizer, TokenizationPath
 from mcore_agentic.rollout.tool_parser import get_tool_parser
 
@@ -72,16 +77,13 @@ def session_settings(cfg: RolloutConfig, *, honor_client_sampling: bool = False)
                            tools_in_prompt=cfg.multi_turn.tool_schemas_in_prompt)
 
 
-class AgentSource:
-    """A rollout leader's agent-program rollouts through the endpoint (module docstring)."""
+class AgentHost:
+    """What a rollout leader's agent programs share: the endpoint's server and session registry, the command runner,
+    and the thread whose event loop runs every program (a program outlives a round under partial rollouts)."""
 
-    def __init__(self, cfg: RolloutConfig, engine: Any, chat: ChatTokenizer, *, version: Callable[[], int]):
-        self.cfg = cfg
-        self.engine = engine
-        self.chat = chat
-        self.version = version
-        self.parser = get_tool_parser(cfg.multi_turn.format)
+    def __init__(self, cfg: RolloutConfig):
         a = cfg.agent
+        self.cfg = cfg
         self.entry = load_entrypoint(a.entrypoint) if a.entrypoint else None
         # How commands run (rollout.agent.sandbox, workdir, reward_command); a sandbox is proved to work here now.
         self.runner = CommandRunner.from_config(a) if a.command else None
@@ -91,6 +93,10 @@ class AgentSource:
                            "(docs/agents.md, 'Running harnesses sandboxed')")
         self.registry = SessionRegistry()
         self.server: EndpointServer | None = None
+        self.slots = asyncio.Semaphore(a.max_concurrent)
+        """Programs running at once (``rollout.agent.max_concurrent``), over every source of the host."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -103,42 +109,295 @@ class AgentSource:
             logger.info("agent endpoint serving on %s", self.server.url)
         return self.server.url
 
-    def roll_out(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> Batch:
-        """Every row ``cfg.n`` times through the agent program; the collated batch (as the built-in loop's)."""
-        return run_sync(self._roll_out(rows, cfg), self.engine)
+    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        """Run ``coro`` on the programs' loop (its thread starts on first use)."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="agent-programs", daemon=True)
+            self._thread.start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    async def _roll_out(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> Batch:
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()  # kills what still runs, removes every per-sample directory
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            assert self._thread is not None
+            self._thread.join(timeout=10)
+            self._loop = None
+
+
+@dataclass
+class Episode:
+    """One sample's run of the agent program: the request it trains as, its session, and its rows once it ended."""
+
+    req: RolloutRequest
+    row: dict[str, Any]
+    session: Session | None
+    rows: list[RolloutRequest] | None = None
+    """Set when the program has ended: its earlier samples' rows (``train_samples=all``), then ``req``."""
+    running: bool = False
+    """It holds one of the host's slots."""
+    active_s: float = 0.0
+    """Time the program ran outside a round's hold (what ``rollout.agent.timeout_s`` bounds under partial rollouts)."""
+    future: concurrent.futures.Future[Any] | None = field(default=None, repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self.rows is not None
+
+
+@dataclass
+class EpisodeGroup:
+    """One prompt's ``rollout.n`` episodes (a :class:`~mcore_agentic.rollout.source.SourceGroup`)."""
+
+    uid: str
+    born: int
+    sessions: list[Episode]
+    scored: Any = None
+    informative: bool | None = None
+
+    @property
+    def complete(self) -> bool:
+        return all(e.done for e in self.sessions)
+
+    def requests(self) -> list[RolloutRequest]:
+        return [r for e in self.sessions for r in (e.rows or [])]
+
+
+SNAPSHOT_VERSION = 1
+HELD_WALL_LIMIT_S = 30 * 86400.0
+"""Under partial rollouts a program's wall time includes the steps it waits through; its own limit is
+``rollout.agent.timeout_s`` of time outside the waits (:attr:`Episode.active_s`), and this the wall clock's."""
+
+
+class AgentSource:
+    """Agent programs as a :class:`~mcore_agentic.rollout.source.TrajectorySource` (module docstring). ``host``: the
+    leader's :class:`AgentHost`, shared by its sources (None: one of its own, closed with it). ``partial``: rounds
+    may end with programs held (partial rollouts): their timeout counts only the time they run."""
+
+    def __init__(self, cfg: RolloutConfig, engine: Any, chat: ChatTokenizer, *, version: Callable[[], int],
+                 host: AgentHost | None = None, partial: bool = False):
+        self.cfg = cfg
+        self.engine = engine
+        self.chat = chat
+        self.version = version
+        self.parser = get_tool_parser(cfg.multi_turn.format)
+        self.own_host = host is None
+        self.host = host if host is not None else AgentHost(cfg)
+        self.partial = partial
+        self.groups: list[EpisodeGroup] = []
+
+    @property
+    def url(self) -> str:
+        return self.host.url
+
+    @property
+    def runner(self) -> CommandRunner | None:
+        return self.host.runner
+
+    # -- the source ------------------------------------------------------------------------------------------
+    def start(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig, born: int) -> None:
         requests = build_requests(rows, cfg)  # ids, groups, seeds and data exactly as the built-in loop's
-        gate = asyncio.Semaphore(cfg.agent.max_concurrent)
-        settings = session_settings(cfg)
+        by_uid: dict[str, list[Episode]] = {}
+        for i, req in enumerate(requests):
+            episode = Episode(req, dict(rows[i // cfg.n]), self._session(req))
+            by_uid.setdefault(req.uid, []).append(episode)
+            self._launch(episode)
+        self.groups.extend(EpisodeGroup(uid, born, episodes) for uid, episodes in by_uid.items())
+
+    def advance(self, weight_version: int, budget: Budget | None) -> RoundReport:
+        live = [e for g in self.groups for e in g.sessions if not e.done]
+        resumed = sum(e.session is not None and e.session.held for e in live)
+        prioritised = 0
+        for e in live:
+            assert e.session is not None and e.session.gate is not None
+            first = e.session.first_version()
+            free = budget is None or (budget.max_staleness is not None and first is not None
+                                      and weight_version - first >= budget.max_staleness)
+            prioritised += budget is not None and free
+            e.session.gate.grant(None if free else budget.turns, None if free else budget.tokens)
+        try:
+            run_sync(self._quiet(live), self.engine)
+        finally:
+            for e in live:
+                if e.session is not None and e.session.gate is not None:
+                    e.session.gate.shut()
+        paused = [e for e in live if not e.done]
+        return RoundReport(resumed=resumed, paused=len(paused), prioritised=prioritised,
+                           paused_mid_turn=sum(e.session is not None and e.session.open_tokens > 0 for e in paused))
+
+    def remove(self, groups: Sequence[EpisodeGroup]) -> None:
+        ids = {id(g) for g in groups}
+        self.groups = [g for g in self.groups if id(g) not in ids]
+
+    @property
+    def live_sessions(self) -> int:
+        return sum(not e.done for g in self.groups for e in g.sessions)
+
+    def in_flight_lengths(self) -> list[int]:
+        """Per live episode: its longest sample's response so far."""
+        out = []
+        for e in (e for g in self.groups for e in g.sessions if not e.done):
+            assert e.session is not None
+            with e.session.lock:
+                out.append(max((s.trajectory.response_len for s in e.session.samples), default=0)
+                           + e.session.open_tokens)
+        return out
+
+    def paused_mid_turn(self) -> int:
+        return sum(not e.done and e.session is not None and e.session.open_tokens > 0
+                   for g in self.groups for e in g.sessions)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Ended episodes as their rows; running ones as their request, row and the calls their session made (a
+        resumed program runs again from its start, answered from them until it asks something else)."""
+        groups = []
+        for g in self.groups:
+            episodes = []
+            for e in g.sessions:
+                if e.done:
+                    episodes.append({"rows": e.rows})
+                else:
+                    assert e.session is not None
+                    with e.session.lock:
+                        tape = list(e.session.tape)
+                    episodes.append({"req": e.req, "row": e.row, "tape": tape, "active_s": e.active_s})
+            groups.append({"uid": g.uid, "born": g.born, "scored": g.scored, "informative": g.informative,
+                           "episodes": episodes})
+        return {"version": SNAPSHOT_VERSION, "groups": groups}
+
+    def restore(self, snap: Mapping[str, Any]) -> None:
+        """The snapshot's episodes: running ones start again and replay their calls; this returns when each has
+        ended or waits for the next round."""
+        if snap.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"agent source snapshot version {snap.get('version')!r}, expected {SNAPSHOT_VERSION}")
+        self.close()
+        live = []
+        for g in snap["groups"]:
+            episodes = []
+            for item in g["episodes"]:
+                if "rows" in item:
+                    episodes.append(Episode(item["rows"][-1], {}, None, rows=list(item["rows"])))
+                    continue
+                req = copy.deepcopy(item["req"])
+                episode = Episode(req, dict(item["row"]), self._session(req), active_s=float(item["active_s"]))
+                assert episode.session is not None
+                episode.session.replay.extend(item["tape"])
+                episodes.append(episode)
+                live.append(episode)
+                self._launch(episode)
+            self.groups.append(EpisodeGroup(g["uid"], g["born"], episodes, g.get("scored"), g.get("informative")))
+        run_sync(self._quiet(live), self.engine)
+
+    def close(self) -> None:
+        """End every running program (its session closes: requests waiting for a round fail, the engine aborts what
+        generates) and wait for it; nothing is in flight after it. The host closes too when it is this source's own."""
+        live = [e for g in self.groups for e in g.sessions if not e.done]
+        for e in live:
+            if e.session is not None:
+                e.session.close()
+        for e in live:
+            if e.future is not None:
+                try:
+                    e.future.result(timeout=60)
+                except Exception as exc:  # noqa: BLE001 -- the run ends: say it and go on
+                    logger.warning("agent episode %s did not end cleanly: %r", e.req.request_id, exc)
+        self.groups = []
+        if self.own_host:
+            self.host.close()
+
+    # -- a whole rollout, for code that needs no rounds (benches, tests) -----------------------------------------
+    def roll_out(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> Batch:
+        """Every row ``cfg.n`` times through the agent program, to the end; the collated batch (as the built-in
+        loop's)."""
         started = time.perf_counter()
-        row_of = [rows[i // cfg.n] for i in range(len(requests))]
-        extras = await asyncio.gather(*(self._episode(r, dict(row), settings, gate) for r, row in zip(requests, row_of)))
-        # An episode's earlier samples (rollout.agent.train_samples=all) right before its last one, in session order.
-        requests = [r for req, more in zip(requests, extras) for r in (*more, req)]
+        requests, _ = roll_to_end(self, rows, cfg, weight_version=self.version())
         batch = finish_batch(requests, cfg, self.chat)
         batch.info["rollout/agent_seconds"] = time.perf_counter() - started
         return batch
 
-    async def _episode(self, req: RolloutRequest, row: dict[str, Any], settings: SessionSettings,
-                       gate: asyncio.Semaphore) -> list[RolloutRequest]:
+    # -- one episode -----------------------------------------------------------------------------------------
+    def _session(self, req: RolloutRequest) -> Session:
         session = Session(uuid.uuid4().hex, engine=self.engine, chat=self.chat, parser=self.parser,
-                          settings=settings, version=self.version, seed=req.seed)
-        base = f"{self.url}/sessions/{session.id}"
-        access = SessionAccess(base_url=f"{base}/v1", anthropic_base_url=base, api_key=session.token,
-                               session_id=session.id)
-        async with gate:
-            self.registry.add(session)
-            req.transition(RequestState.RUNNING)
-            try:
-                outcome = await run_program(self.entry, self.cfg.agent.command, access, row, self.cfg.agent.timeout_s,
-                                            runner=self.runner)
-            finally:
-                session.close()  # aborts what the program left generating
-                self.registry.remove(session.id)
-            await _settled(session)
-        with session.lock:  # a turn the engine never answered (past _settled's bound) cannot change a sample now
-            return self._finish(req, session, outcome)
+                          settings=session_settings(self.cfg), version=self.version, seed=req.seed)
+        session.gate = RoundGate()
+        return session
+
+    def _launch(self, episode: Episode) -> None:
+        episode.future = self.host.submit(self._episode(episode))
+
+    def _quiet(self, live: Sequence[Episode]) -> Any:
+        """Wait until every episode of ``live`` has ended, waits for the next round, or waits for a slot none frees."""
+        slots = self.host.slots
+
+        def quiet(e: Episode) -> bool:
+            if e.done:
+                return True
+            if not e.running:
+                return slots.locked()
+            return e.session is not None and e.session.held
+
+        async def wait() -> None:
+            while not all(quiet(e) for e in live):
+                await asyncio.sleep(0.005)
+
+        return wait()
+
+    async def _episode(self, e: Episode) -> None:
+        session = e.session
+        assert session is not None
+        req = e.req
+        try:
+            async with self.host.slots:
+                e.running = True
+                base = f"{self.host.url}/sessions/{session.id}"
+                access = SessionAccess(base_url=f"{base}/v1", anthropic_base_url=base, api_key=session.token,
+                                       session_id=session.id)
+                self.host.registry.add(session)
+                if req.state is RequestState.PENDING:
+                    req.transition(RequestState.RUNNING)
+                try:
+                    outcome = await self._run(e, access)
+                finally:
+                    session.close()  # aborts what the program left generating
+                    self.host.registry.remove(session.id)
+                await _settled(session)
+            with session.lock:  # a turn the engine never answered (past _settled's bound) cannot change a sample now
+                extras = self._finish(req, session, outcome)
+        except BaseException as exc:  # noqa: BLE001 -- the source's own fault fails the sample, never the step
+            if not req.done:
+                req.fail(f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
+            extras = []
+        e.rows = [*extras, req]
+
+    async def _run(self, e: Episode, access: SessionAccess) -> ProgramOutcome:
+        """The program's run; under partial rollouts its timeout counts only the time it is not held for a round."""
+        a, host = self.cfg.agent, self.host
+        if not self.partial:
+            return await run_program(host.entry, a.command, access, e.row, a.timeout_s, runner=host.runner)
+        task = asyncio.ensure_future(run_program(host.entry, a.command, access, e.row, HELD_WALL_LIMIT_S,
+                                                 runner=host.runner))
+        session = e.session
+        assert session is not None
+        last = time.monotonic()
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.05)
+            now = time.monotonic()
+            if not session.held:
+                e.active_s += now - last
+            last = now
+            if done:
+                return task.result()
+            if e.active_s > a.timeout_s:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return ProgramOutcome(error=f"the agent program ran past rollout.agent.timeout_s={a.timeout_s:g} "
+                                            "(its time held between rounds not counted)",
+                                      error_type="TimeoutError", timed_out=True)
 
     def _finish(self, req: RolloutRequest, session: Session, outcome: ProgramOutcome) -> list[RolloutRequest]:
         """The session's last sample as ``req``'s row, rewarded, checked and ended; with ``train_samples=all`` its
@@ -227,14 +486,6 @@ class AgentSource:
                 truncated=sample.finish_reason == "length", ids_text=sample.tokens.text)
             m.sanity_check_mismatch = int(bool(diffs))
             req.sanity_check_diffs = diffs
-
-    def close(self) -> None:
-        if self.runner is not None:
-            self.runner.close()  # kills what still runs, removes every per-sample directory
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-
 
 async def _settled(session: Session, wait_s: float = 30.0) -> None:
     """Wait until no turn of a closed session is still being sampled: its samples are final, and none of its

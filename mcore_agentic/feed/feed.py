@@ -54,9 +54,11 @@ from mcore_agentic.feed.turn_states import turn_state_tensor
 from mcore_agentic.parallel import comm
 from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rollout.config import RolloutConfig
-from mcore_agentic.rollout.driver import generate_sequences_sync, mismatch_line
+from mcore_agentic.rollout.driver import finish_batch, mismatch_line
 from mcore_agentic.rollout.engines.base import PrefixCacheStats, engine_shutdown, prefix_cache_stats
 from mcore_agentic.rollout.failures import FailureReport, summarize_failures
+from mcore_agentic.rollout.partial import LoopSource
+from mcore_agentic.rollout.source import TrajectorySource, roll_to_end
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.tools.schema import openai_schemas
 from mcore_agentic.utils.timing import PhaseTimer
@@ -209,20 +211,38 @@ class Roller:
     def __post_init__(self) -> None:
         self.cfg = self.settings.rollout
         self.chat = ChatTokenizer(self.tokenizer)
-        self.source: Any = None
-        """On a leader with ``rollout.agent`` set: agent programs through the session endpoint roll out
-        (:class:`~mcore_agentic.endpoint.source.AgentSource`; imported only then: it serves HTTP)."""
+        self.agent_host: Any = None
+        """On a leader with ``rollout.agent`` set: what its agent-program sources share (the session endpoint's
+        server, the programs' thread: :class:`~mcore_agentic.endpoint.source.AgentHost`; imported only then)."""
         if self.cfg.agent.enabled and self.leads:
+            from mcore_agentic.endpoint.source import AgentHost
+
+            self.agent_host = AgentHost(self.cfg)
+
+    def new_source(self, cfg: RolloutConfig | None = None, *, partial: bool = False) -> TrajectorySource:
+        """A trajectory source on this leader (:mod:`mcore_agentic.rollout.source`): agent programs through the session
+        endpoint when ``rollout.agent`` is set, else the built-in loop with the leader's tools and interactions.
+        ``cfg``: the settings its sessions run under (default: the run's); ``partial``: rounds may end with sessions
+        paused (partial rollouts)."""
+        cfg = cfg or self.cfg
+        if self.agent_host is not None:
             from mcore_agentic.endpoint.source import AgentSource
 
-            self.source = AgentSource(self.cfg, self.engine, self.chat, version=self.version)
+            return AgentSource(cfg, self.engine, self.chat, version=self.version, host=self.agent_host,
+                               partial=partial)
+        return LoopSource(self.engine, self.tools, self.interactions, cfg, self.chat, self.executor)
 
     def roll(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> Batch:
-        """``rows`` rolled out ``cfg.n`` times each on this leader: by the agent program (a forked episode adds a row
-        per earlier sample) or the built-in loop."""
-        if self.source is not None:
-            return self.source.roll_out(rows, cfg)
-        return generate_sequences_sync(rows, self.engine, self.tools, self.interactions, cfg, self.chat, self.executor)
+        """``rows`` rolled out ``cfg.n`` times each to the end on this leader, on a source of their own (a forked agent
+        episode adds a row per earlier sample)."""
+        source = self.new_source(cfg)
+        try:
+            requests, report = roll_to_end(source, rows, cfg, weight_version=self.version())
+        finally:
+            source.close()
+        batch = finish_batch(requests, cfg, self.chat)
+        batch.info["rollout/event_loop_max_stall_s"] = report.stall_s
+        return batch
 
     @property
     def leads(self) -> bool:
@@ -516,8 +536,8 @@ class Feed:
                 self.schedule.close()
         finally:
             r = self.roller
-            if r.source is not None:
-                r.source.close()
+            if r.agent_host is not None:
+                r.agent_host.close()
             if r.executor is not None:
                 r.executor.shutdown()
             # vLLM tears down its process groups on shutdown: do it while the trainer's world still exists

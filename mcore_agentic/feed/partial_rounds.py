@@ -1,8 +1,8 @@
 """Partial rounds (``rollout.partial_rollout``): prompt groups in flight across steps, in each leader's buffer.
 
 At the start of a step every rank draws prompt batches while fewer than ``1 + over_sampling_batches`` batches
-of groups are in flight over the leaders, and each leader starts its share
-(:class:`~mcore_agentic.rollout.partial.RolloutBuffer`). Each round gives every live session at most
+of groups are in flight over the leaders, and each leader starts its share on its trajectory source
+(:mod:`mcore_agentic.rollout.source`: the built-in loop, or agent programs whose requests wait for the next round). Each round gives every live session at most
 ``max_turns_per_step`` assistant turns and ``max_tokens_per_step`` sampled tokens with the current weights (a
 session whose first token is ``max_staleness`` versions old runs free of both, so it finishes: long requests are
 prioritised, never dropped); a group whose ``n`` sessions have all ended is
@@ -19,8 +19,9 @@ Metrics that would show a length bias: the response lengths of the rows trained 
 With a filter the rounds may draw more prompts when every session has ended and the step still lacks groups
 (``algorithm.filter_groups.max_num_gen_batches`` counts the batches a step draws, its top-up included).
 
-The buffer (paused sessions with their tools' state, and complete groups with their scores) is a checkpoint part
-(``rollout_buffer/``, one file per rollout group).
+What is in flight (paused sessions with their tools' state, or agent programs with the calls they made; complete
+groups with their scores) is a checkpoint part (``rollout_buffer/``, one file per rollout group: the source's
+snapshot).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from mcore_agentic.data.batch import concat_rollouts
 from mcore_agentic.feed.dynamic_sampling import informative
 from mcore_agentic.feed.rounds import Collected, Rows, allocate_even
 from mcore_agentic.parallel.stats import max_over, sum_over
-from mcore_agentic.rollout.driver import close_context, finish_batch, rollout_context, run_sync
-from mcore_agentic.rollout.partial import BufferedGroup, RolloutBuffer
+from mcore_agentic.rollout.driver import finish_batch
+from mcore_agentic.rollout.source import Budget, TrajectorySource
 from mcore_agentic.utils.errors import ConfigError
 
 
@@ -60,8 +61,8 @@ class PartialRounds:
         self.max_staleness = max_staleness
         self.over_sampling_batches = over_sampling_batches
         self.prompts_per_batch = prompts_per_batch
-        self.buffer = RolloutBuffer() if roller.leads else None
-        self.ctx: Any = None
+        self.buffer: TrajectorySource | None = roller.new_source(partial=True) if roller.leads else None
+        """This leader's trajectory source: its groups in flight across steps (None off the leaders)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -72,17 +73,12 @@ class PartialRounds:
     # -- the schedule --------------------------------------------------------------------------------
     def begin(self, rows: Rows, step: int, draw: Callable[[], Rows]) -> int:
         self._reset()
-        held = int(sum_over(_world())(torch.tensor([len(self.buffer) if self.buffer is not None else 0]))[0])
+        held = int(sum_over(_world())(torch.tensor([len(self.buffer.groups) if self.buffer is not None else 0]))[0])
         wanted = self.prompts_per_batch
         batches = [rows]
         while held + len(batches) * wanted < (1 + self.over_sampling_batches) * wanted:
             batches.append(draw())
         self.version = self.roller.version()
-        if self.buffer is not None:
-            r = self.roller
-            self.ctx = rollout_context(r.engine, r.tools, r.interactions, r.cfg, r.chat, r.executor,
-                                       weight_version=self.version, turn_budget=self.max_turns_per_step,
-                                       token_budget=self.max_tokens_per_step)
         for k, b in enumerate(batches):
             self.start(b, step, k)
         return len(batches)
@@ -90,13 +86,13 @@ class PartialRounds:
     def start(self, rows: Rows, step: int, batch: int) -> None:
         self.started += len(rows)
         if self.buffer is not None:
-            self.buffer.add(self.roller.placement.split_rows(rows), self.roller.sampling(step, batch), self.ctx, step)
+            self.buffer.start(self.roller.placement.split_rows(rows), self.roller.sampling(step, batch), step)
 
     def round(self, step: int) -> tuple[int, int, int]:
         buf = self.buffer
         if buf is None:
             return 0, 0, 0
-        report = run_sync(buf.run(self.ctx, self.max_staleness), self.roller.engine)
+        report = buf.advance(self.version, Budget(self.max_turns_per_step, self.max_tokens_per_step, self.max_staleness))
         self.prioritised += report.prioritised
         if self.rounds == 0:
             self.resumed = report.resumed  # paused in an earlier step, resumed now
@@ -107,31 +103,29 @@ class PartialRounds:
         spare = sum(g.complete and g.informative is False for g in buf.groups)
         return kept, spare, buf.live_sessions
 
-    def _score_complete(self, buf: RolloutBuffer) -> None:
+    def _score_complete(self, buf: TrajectorySource) -> None:
         """Score the groups that completed since the last round (one batch), and sort them under the filter."""
         new = [g for g in buf.groups if g.complete and g.scored is None]
         if not new:
             return
-        requests = [s.req for g in new for s in g.sessions]
+        per_group = [g.requests() for g in new]
+        requests = [q for group in per_group for q in group]
         r = self.roller
         scored = r.score(finish_batch(requests, r.cfg, r.chat), [q.extra_info for q in requests])
         at = 0
-        for g in new:
-            g.scored = scored.index(list(range(at, at + len(g.sessions))))
-            at += len(g.sessions)
+        for g, group in zip(new, per_group):
+            g.scored = scored.index(list(range(at, at + len(group))))
+            at += len(group)
             g.informative = self.metric is None or informative(g.scored, self.metric)[0]
 
     def allocate(self, available: Sequence[int], wanted: int) -> list[int]:
         return allocate_even(available, wanted)
 
     def take(self, kept: int, spare: int, rounds: int) -> Collected:
-        if self.ctx is not None:
-            close_context(self.ctx)
-            self.ctx = None
         rows, generated, stale, oldest = None, [], torch.zeros(2, dtype=torch.float64), []
         lengths = torch.zeros(4, dtype=torch.float64)  # trained rows: count, tokens; in flight: count, tokens
         longest = torch.zeros(2, dtype=torch.float64)
-        set_aside: list[BufferedGroup] = []
+        set_aside: list[Any] = []
         buf = self.buffer
         if buf is not None:
             complete = [g for g in buf.groups if g.complete]
@@ -141,11 +135,12 @@ class PartialRounds:
             buf.remove(chosen + set_aside)
             if chosen:
                 rows = concat_rollouts([g.scored for g in chosen], self.pad_id)
-                rows = rows.update({"token_ages": self._token_ages(rows, [s.req for g in chosen for s in g.sessions])})
-                for s in (s for g in chosen for s in g.sessions):
-                    sampled = [v for v in s.req.trajectory.response_versions if v >= 0]
+                trained = [q for g in chosen for q in g.requests()]
+                rows = rows.update({"token_ages": self._token_ages(rows, trained)})
+                for q in trained:
+                    sampled = [v for v in q.trajectory.response_versions if v >= 0]
                     stale += torch.tensor([sum(v < self.version for v in sampled), len(sampled)], dtype=torch.float64)
-                    n = s.req.trajectory.response_len
+                    n = q.trajectory.response_len
                     lengths[:2] += torch.tensor([1.0, n], dtype=torch.float64)
                     longest[0] = max(float(longest[0]), n)
                 oldest = [v for v in rows["oldest_version"] if v >= 0]
@@ -158,9 +153,9 @@ class PartialRounds:
         world = sum_over(_world())
         stale = world(stale)
         lengths, longest = world(lengths), max_over(_world())(longest)
-        mid_turn = 0 if buf is None else sum(s.open_turn > 0 for g in buf.groups for s in g.sessions if not s.req.done)
+        mid_turn = 0 if buf is None else buf.paused_mid_turn()
         age = max_over(_world())(torch.tensor([float(self.version - min(oldest)) if oldest else 0.0]))
-        after = world(torch.tensor([float(len(buf)) if buf is not None else 0.0,
+        after = world(torch.tensor([float(len(buf.groups)) if buf is not None else 0.0,
                                     float(buf.live_sessions) if buf is not None else 0.0, float(self.resumed),
                                     float(mid_turn), float(self.prioritised)]))
         metrics = {
@@ -196,7 +191,7 @@ class PartialRounds:
         return Path(directory) / f"group_{self.roller.placement.group_index:05d}.pkl"
 
     def save(self, directory: Any) -> None:
-        """Checkpoint writer: each rollout leader pickles its buffer (paused sessions with their tools' state)."""
+        """Checkpoint writer: each rollout leader pickles its source's snapshot (what is in flight)."""
         if self.buffer is not None:
             self._file(directory).write_bytes(pickle.dumps(self.buffer.snapshot(), protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -212,14 +207,9 @@ class PartialRounds:
                 "partial rollouts; resume with the same layout",
             )
         snap = pickle.loads(path.read_bytes())  # noqa: S301 -- the run's own checkpoint, verified by its manifest
-        r = self.roller
-        ctx = rollout_context(r.engine, r.tools, r.interactions, r.cfg, r.chat, r.executor)
-        try:
-            self.buffer = run_sync(RolloutBuffer.restore(snap, ctx), r.engine)
-        finally:
-            close_context(ctx)
+        self.buffer.restore(snap)
 
     def close(self) -> None:
-        """Release the paused requests' tools and interactions."""
+        """Release what is in flight (paused requests' tools and interactions, running agent programs)."""
         if self.buffer is not None:
-            run_sync(self.buffer.close(), self.roller.engine)
+            self.buffer.close()

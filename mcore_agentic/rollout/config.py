@@ -407,12 +407,6 @@ class RolloutConfig:
             f"this version: set {largest}, or use {sharding} for a tensor-parallel engine on GPUs",
         )
         require(
-            not (self.agent.enabled and self.partial_rollout.enable),
-            "rollout.partial_rollout.enable",
-            "an agent program (rollout.agent) cannot be paused between steps in this version (its next request would "
-            "have to wait a step): set rollout.partial_rollout.enable=false",
-        )
-        require(
             not (self.agent.enabled and (self.multi_turn.tool_config_path or self.multi_turn.interaction_config_path)),
             "rollout.multi_turn.tool_config_path",
             "an agent program (rollout.agent) runs its own tools and users: unset rollout.multi_turn.tool_config_path "

@@ -26,6 +26,7 @@ from mcore_agentic.rollout.agent_loop import AgentContext, AgentSession
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.loop_monitor import LoopStallMonitor
 from mcore_agentic.rollout.request import RolloutRequest
+from mcore_agentic.rollout.source import Budget, RoundReport
 
 SNAPSHOT_VERSION = 1
 
@@ -46,21 +47,9 @@ class BufferedGroup:
     def complete(self) -> bool:
         return all(s.req.done for s in self.sessions)
 
-
-@dataclass
-class RoundReport:
-    """What one :meth:`RolloutBuffer.run` did."""
-
-    resumed: int
-    """Sessions that had paused before this round and ran again in it."""
-    paused: int
-    """Sessions paused at the end of the round."""
-    paused_mid_turn: int
-    """Of those, sessions the token budget paused inside an assistant turn."""
-    prioritised: int
-    """Sessions that ran free of the budgets (at the staleness bound)."""
-    stall_s: float
-    """The event loop's longest stall in the round (see :class:`LoopStallMonitor`)."""
+    def requests(self) -> list[RolloutRequest]:
+        """The group's requests, one per session, in session order."""
+        return [s.req for s in self.sessions]
 
 
 def first_version(req: RolloutRequest) -> int | None:
@@ -165,3 +154,74 @@ class RolloutBuffer:
                 if s.paused and not s.req.done:
                     await s.release()
         self.groups = []
+
+
+class LoopSource:
+    """The built-in agent loop as a :class:`~mcore_agentic.rollout.source.TrajectorySource`: a leader's engine, tools
+    and interactions, its groups in flight in a :class:`RolloutBuffer`. ``cfg``: the rollout settings every round runs
+    its sessions under (each start's own ``cfg`` seeds its requests)."""
+
+    def __init__(self, engine: Any, tools: Mapping[str, Any] | None, interactions: Mapping[str, Any] | None,
+                 cfg: RolloutConfig, chat: Any, executor: Any = None):
+        self.engine, self.tools, self.interactions = engine, tools, interactions
+        self.cfg, self.chat, self.executor = cfg, chat, executor
+        self.buffer = RolloutBuffer()
+
+    @property
+    def groups(self) -> list[BufferedGroup]:
+        return self.buffer.groups
+
+    @property
+    def live_sessions(self) -> int:
+        return self.buffer.live_sessions
+
+    def _context(self, **extra: Any) -> AgentContext:
+        from mcore_agentic.rollout.driver import rollout_context
+
+        return rollout_context(self.engine, self.tools, self.interactions, self.cfg, self.chat, self.executor, **extra)
+
+    def start(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig, born: int) -> None:
+        from mcore_agentic.rollout.driver import close_context
+
+        ctx = self._context()  # each round gives the sessions its own
+        try:
+            self.buffer.add(rows, cfg, ctx, born)
+        finally:
+            close_context(ctx)
+
+    def advance(self, weight_version: int, budget: Budget | None) -> RoundReport:
+        from mcore_agentic.rollout.driver import close_context, run_sync
+
+        b = budget or Budget()
+        ctx = self._context(weight_version=weight_version, turn_budget=b.turns, token_budget=b.tokens)
+        try:
+            return run_sync(self.buffer.run(ctx, b.max_staleness), self.engine)
+        finally:
+            close_context(ctx)
+
+    def remove(self, groups: Sequence[BufferedGroup]) -> None:
+        self.buffer.remove(groups)
+
+    def in_flight_lengths(self) -> list[int]:
+        return self.buffer.in_flight_lengths()
+
+    def paused_mid_turn(self) -> int:
+        return sum(s.open_turn > 0 for g in self.groups for s in g.sessions if not s.req.done)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.buffer.snapshot()
+
+    def restore(self, snap: Mapping[str, Any]) -> None:
+        from mcore_agentic.rollout.driver import close_context, run_sync
+
+        ctx = self._context()
+        try:
+            self.buffer = run_sync(RolloutBuffer.restore(snap, ctx), self.engine)
+        finally:
+            close_context(ctx)
+
+    def close(self) -> None:
+        from mcore_agentic.rollout.driver import run_sync
+
+        if self.buffer.groups:
+            run_sync(self.buffer.close(), self.engine)

@@ -1,11 +1,14 @@
-"""Partial rollouts in the trainer (2 ranks, the shortened default job): one assistant turn per request per round,
-and, with dynamic sampling, 12 sampled tokens per request per round (pauses inside turns).
+"""Partial rollouts in the trainer (2 ranks, the shortened default job): agent programs held between steps at
+their session's gate, and, with dynamic sampling, the built-in loop with 12 sampled tokens per request per round
+(pauses inside turns).
 
-The meter task's requests take two turns (a tool call, then the answer), so with
-``max_turns_per_step=1`` requests pause at a turn boundary with their tool reply in and resume in a later
-step under newer weights. A run of 3 steps is resumed from its step-2 checkpoint, taken with requests
-paused in the buffer: step 3 must come out exactly as in the uninterrupted run, and every started
-prompt group is trained once or still in the buffer at the end (none lost, none trained twice).
+The meter task's episodes take two turns (a tool call, then the answer). In the first test the source is the agent
+program of ``examples/meter_agent.py`` through the session endpoint, under one assistant turn and 12 sampled tokens per
+session per round: a program's request waits at its session's gate across the step (mid-generation when the token
+budget cut its turn) and goes on in a later step under newer weights. A run of 3 steps is resumed from its step-2
+checkpoint, taken with programs held: the resumed programs run again from their start, answered from the calls
+their sessions recorded, and step 3 must come out exactly as in the uninterrupted run; every started prompt group is
+trained once or still in flight at the end (none lost, none trained twice).
 """
 
 from __future__ import annotations
@@ -32,16 +35,21 @@ def _conserved(rows: dict[int, dict], steps: list[int], held_before: float) -> N
     assert held_before + started == PROMPTS * len(steps) + rows[steps[-1]]["rollout/partial_buffered_groups"]
 
 
+AGENT = [*PARTIAL, "rollout.partial_rollout.max_tokens_per_step=12",
+         "rollout.agent.entrypoint=examples/meter_agent.py:run", "rollout.multi_turn.tool_config_path=null"]
+
+
 @pytest.mark.timeout(600)
-def test_resume_with_paused_requests_reproduces_the_run(tmp_path: Path) -> None:
+def test_agent_programs_held_across_steps_resume_exactly(tmp_path: Path) -> None:
     a = tmp_path / "a"
     dumps = a / "rollouts"
-    first = launch(job_overrides(a, [*PARTIAL, "trainer.save_freq=1", f"trainer.rollout_data_dir={dumps}",
+    first = launch(job_overrides(a, [*AGENT, "trainer.save_freq=1", f"trainer.rollout_data_dir={dumps}",
                                      "trainer.rollout_data_freq=1"]))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
     rows_a = read_rows(a / "logs" / "metrics.jsonl")
     assert sorted(rows_a) == [1, 2, 3]
-    assert rows_a[2]["rollout/partial_paused"] > 0, rows_a[2]  # the step-2 checkpoint holds requests in flight
+    assert rows_a[2]["rollout/partial_paused"] > 0, rows_a[2]  # the step-2 checkpoint holds programs in flight
+    assert max(rows_a[s]["rollout/partial_paused_mid_turn"] for s in (1, 2, 3)) > 0  # ... some mid-generation
     assert rows_a[3]["rollout/partial_resumed"] > 0
     assert max(rows_a[s]["rollout/oldest_token_age"] for s in (2, 3)) >= 1  # resumed under newer weights
     _conserved(rows_a, [1, 2, 3], 0)
@@ -52,7 +60,7 @@ def test_resume_with_paused_requests_reproduces_the_run(tmp_path: Path) -> None:
     assert len({r["request_id"] for r in train}) == len(train)
 
     b = tmp_path / "b"
-    resumed = launch(job_overrides(b, [*PARTIAL, "trainer.save_freq=-1",
+    resumed = launch(job_overrides(b, [*AGENT, "trainer.save_freq=-1",
                                        f"trainer.resume_mode={a / 'ckpt' / 'global_step_2'}"]))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
     rows_b = read_rows(b / "logs" / "metrics.jsonl")

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -16,7 +18,8 @@ from mcore_agentic.endpoint.source import AgentSource
 from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats, score_rollout
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rollout.config import AgentConfig, MultiTurnConfig, RolloutConfig
-from mcore_agentic.rollout.driver import generate_sequences, run_sync
+from mcore_agentic.rollout.driver import finish_batch, generate_sequences, run_sync
+from mcore_agentic.rollout.source import Budget
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.utils.errors import ConfigError
 from tests.unit.rollout.scripted import AddTool, ScriptedEngine, call
@@ -323,3 +326,134 @@ def test_an_engine_bound_to_its_loop_is_called_on_it_from_the_endpoints_thread(t
         engine.event_loop.close()
     assert [m["state"] for m in batch["request_metrics"]] == ["completed", "completed"]
     assert engine.calls == 4
+
+
+# ------------------------------------------------------------------------------------------ rounds (partial rollouts)
+class _Version:
+    """The trainer's weight version, as the source's sessions read it."""
+
+    def __init__(self, value: int = 3):
+        self.value = value
+
+    def __call__(self) -> int:
+        return self.value
+
+
+def _source(tok: Any, engine: Any, version: _Version, timeout_s: float = 60.0) -> tuple[AgentSource, RolloutConfig]:
+    cfg = RolloutConfig(prompt_length=512, response_length=512, n=2, seed=7,
+                        multi_turn=MultiTurnConfig(max_assistant_turns=5),
+                        agent=AgentConfig(entrypoint="tests.unit.endpoint.test_source:agent_ok", timeout_s=timeout_s))
+    return AgentSource(cfg, engine, ChatTokenizer(tok), version=version, partial=True), cfg
+
+
+def _rounds(source: AgentSource, version: _Version, budget: Budget, limit: int = 50) -> list[Any]:
+    """Rounds under ``budget`` until every group is complete, the version one more each round; their reports."""
+    reports = []
+    while not all(g.complete for g in source.groups):
+        assert len(reports) < limit, "the rounds do not end"
+        reports.append(source.advance(version.value, budget))
+        version.value += 1
+    return reports
+
+
+def _rows(source: AgentSource, cfg: RolloutConfig):
+    groups = list(source.groups)
+    source.remove(groups)
+    return finish_batch([r for g in groups for r in g.requests()], cfg, source.chat)
+
+
+def test_a_turn_budget_holds_each_program_between_rounds_and_the_rows_equal_an_unbudgeted_rollout(tok):
+    want, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_ok")
+    engine, version = ScriptedEngine(tok, SCRIPTS), _Version()
+    source, cfg = _source(tok, engine, version)
+    try:
+        source.start(ROWS, cfg, born=0)
+        first = source.advance(version.value, Budget(turns=1))
+        assert (first.paused, first.resumed, engine.calls) == (4, 0, 4)  # one turn each, then held at the gate
+        assert not any(g.complete for g in source.groups) and source.live_sessions == 4
+        assert all(n > 0 for n in source.in_flight_lengths())
+        version.value += 1
+        second = source.advance(version.value, Budget(turns=1))
+        assert (second.paused, second.resumed, engine.calls) == (0, 4, 8)
+        batch = _rows(source, cfg)
+    finally:
+        source.close()
+    for key in ("input_ids", "response_mask", "rollout_log_probs"):
+        assert batch[key].tolist() == want[key].tolist(), key
+    assert batch["source_reward"] == [1.0] * 4
+    for row, mask in zip(batch["request_metrics"], batch["response_mask"]):
+        assert row["state"] == "completed" and int(mask.sum()) > 0
+    assert batch["oldest_version"] == [3] * 4  # the first turn sampled under version 3, the second under 4
+
+
+def test_a_token_budget_cuts_turns_mid_generation_and_they_go_on_exactly(tok):
+    want, _ = _roll(tok, "tests.unit.endpoint.test_source:agent_ok")
+    engine, version = ScriptedEngine(tok, SCRIPTS), _Version()
+    source, cfg = _source(tok, engine, version)
+    try:
+        source.start(ROWS, cfg, born=0)
+        reports = _rounds(source, version, Budget(tokens=4))
+        batch = _rows(source, cfg)
+    finally:
+        source.close()
+    assert max(r.paused_mid_turn for r in reports) == 4 and len(reports) > 3
+    for key in ("input_ids", "response_mask", "rollout_log_probs"):
+        assert batch[key].tolist() == want[key].tolist(), key
+    assert all(p == 0 for p in [m["sanity_check_mismatch"] for m in batch["request_metrics"]])
+    assert engine.prompts[4][-4:] != engine.prompts[0][-4:]  # a later call fed the cut turn's first ids
+
+
+def test_a_snapshot_taken_with_programs_held_resumes_to_the_same_rows(tok):
+    version = _Version()
+    source, cfg = _source(tok, ScriptedEngine(tok, SCRIPTS), version)
+    try:
+        source.start(ROWS, cfg, born=0)
+        for _ in range(2):  # mid-turn: the first turn's first 8 tokens sampled
+            source.advance(version.value, Budget(tokens=4))
+            version.value += 1
+        assert source.paused_mid_turn() == 4
+        snap = pickle.loads(pickle.dumps(source.snapshot()))
+        at = version.value
+        _rounds(source, version, Budget(tokens=4))
+        want = _rows(source, cfg)
+    finally:
+        source.close()
+    engine, version = ScriptedEngine(tok, SCRIPTS), _Version(at)
+    resumed, cfg = _source(tok, engine, version)
+    try:
+        resumed.restore(snap)
+        assert engine.calls == 0 and resumed.paused_mid_turn() == 4  # replayed up to where each program stood
+        _rounds(resumed, version, Budget(tokens=4))
+        batch = _rows(resumed, cfg)
+    finally:
+        resumed.close()
+    for key in ("input_ids", "response_mask", "rollout_log_probs", "uid"):
+        got, exp = batch[key], want[key]
+        assert (got.tolist() if hasattr(got, "tolist") else got) == (exp.tolist() if hasattr(exp, "tolist") else exp)
+    assert batch["oldest_version"] == want["oldest_version"] == [3] * 4
+
+
+def test_time_held_between_rounds_does_not_count_against_the_programs_timeout(tok):
+    version = _Version()
+    source, cfg = _source(tok, ScriptedEngine(tok, SCRIPTS), version, timeout_s=1.0)
+    try:
+        source.start(ROWS, cfg, born=0)
+        source.advance(version.value, Budget(turns=1))
+        time.sleep(1.5)  # "training": every program waits at its gate
+        assert source.advance(version.value + 1, Budget(turns=1)).paused == 0
+        batch = _rows(source, cfg)
+    finally:
+        source.close()
+    assert [m["state"] for m in batch["request_metrics"]] == ["completed"] * 4
+
+
+def test_closing_a_source_ends_the_programs_it_holds(tok):
+    version = _Version()
+    source, cfg = _source(tok, ScriptedEngine(tok, SCRIPTS), version)
+    source.start(ROWS, cfg, born=0)
+    source.advance(version.value, Budget(turns=1))
+    episodes = [e for g in source.groups for e in g.sessions]
+    source.close()
+    assert not source.groups
+    assert all(e.future.done() and e.done for e in episodes)
+    assert all(e.req.state.value == "failed" for e in episodes)  # their held request got 409: the program failed
