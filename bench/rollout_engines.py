@@ -26,10 +26,11 @@ import psutil
 import torch
 
 from mcore_agentic.config.load import compose, load_config
+from mcore_agentic.feed.build import build_datasets, build_tools
 from mcore_agentic.rollout.driver import generate_sequences_sync
 from mcore_agentic.rollout.engines import build_engine
 from mcore_agentic.rollout.engines.base import prefix_cache_stats
-from mcore_agentic.trainer.build import build_datasets, build_tokenizer, build_tools, ensure_model, model_spec
+from mcore_agentic.trainer.build import build_tokenizer, ensure_model, model_spec
 
 
 def checkpoint_buckets(model_path: Any, bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
@@ -99,8 +100,8 @@ def main() -> None:
     cfg = load_config(compose("default_tiny", overrides=["rollout.seed=0", *args.overrides]))
     model_path = ensure_model(cfg)
     tokenizer = build_tokenizer(model_path)
-    tools, interactions, executor = build_tools(cfg)
-    train, _ = build_datasets(cfg, tokenizer, tools)
+    tools, interactions, executor = build_tools(cfg.rollout)
+    train, _ = build_datasets(cfg.data, cfg.rollout, tokenizer, tools)
     rows = [train[i] for i in range(min(args.prompts, len(train)))]
     torch.set_num_threads(1)
     results = {}

@@ -6,24 +6,19 @@ The trainer sees only this surface: :class:`Feed` (``roll_out`` inside the weigh
 (:mod:`.rounds` the one round loop, :mod:`.fresh_rounds`, :mod:`.partial_rounds`, the filter
 :mod:`.dynamic_sampling`), scoring and the rollout statistics (:mod:`.scoring`), the leader -> replica exchange
 (:mod:`.distribute`, the only owner of those collectives) and the table of the fields it carries (:mod:`.fields`:
-a run's :func:`wanted_fields`), the trajectory dumps (:mod:`.rollout_dump`) and the
-rollout engine of a group's leader (:mod:`.engine`).
+a run's :func:`wanted_fields`), the trajectory dumps (:mod:`.rollout_dump`), the
+rollout engine of a group's leader (:mod:`.engine`) the feed's own construction (:mod:`.build`: :func:`build_feed`
+from explicit arguments) and its part of the pre-flight (:mod:`.checks`).
 """
 
+from mcore_agentic.feed.build import build_feed
+from mcore_agentic.feed.checks import check_agent, check_plugins, check_reward_fn
 from mcore_agentic.feed.engine import build_rollout_engine
-from mcore_agentic.feed.feed import (
-    DumpSettings,
-    Feed,
-    FeedSettings,
-    ReplicaRows,
-    Roller,
-    Rollout,
-    StepRows,
-    Validation,
-)
+from mcore_agentic.feed.feed import DumpSettings, Feed, FeedSettings, ReplicaRows, Roller, StepRows, Validation
 from mcore_agentic.feed.fields import FILLER_VERSION, wanted_fields
+from mcore_agentic.feed.rounds import Rollout
 
 __all__ = [
     "FILLER_VERSION", "DumpSettings", "Feed", "FeedSettings", "ReplicaRows", "Roller", "Rollout", "StepRows", "Validation",
-    "build_rollout_engine", "wanted_fields",
+    "build_feed", "build_rollout_engine", "check_agent", "check_plugins", "check_reward_fn", "wanted_fields",
 ]

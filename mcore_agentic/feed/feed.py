@@ -34,7 +34,6 @@ import torch
 
 from mcore_agentic.data.batch import LAYOUT_KEYS, Batch
 from mcore_agentic.feed.distribute import (
-    StepPlan,
     exchange_rows,
     filler_rows,
     gather_row_counts,
@@ -48,14 +47,14 @@ from mcore_agentic.feed.fields import RETURNED, always_fields, field_names, sele
 from mcore_agentic.feed.fresh_rounds import FreshRounds
 from mcore_agentic.feed.partial_rounds import PartialRounds
 from mcore_agentic.feed.rollout_dump import DumpWriter, dump_rows
-from mcore_agentic.feed.rounds import SEED_STRIDE, Collected, Prompts, allocation, rollout_seed, run_rounds
+from mcore_agentic.feed.rounds import SEED_STRIDE, Prompts, Rollout, Schedule, allocation, rollout_seed, run_rounds
 from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats, score_rollout
 from mcore_agentic.feed.turn_states import turn_state_tensor
 from mcore_agentic.parallel import comm
 from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.driver import finish_batch, mismatch_line
-from mcore_agentic.rollout.engines.base import PrefixCacheStats, engine_shutdown, prefix_cache_stats
+from mcore_agentic.rollout.engines.base import engine_shutdown, prefix_cache_stats
 from mcore_agentic.rollout.failures import FailureReport, summarize_failures
 from mcore_agentic.rollout.partial import LoopSource
 from mcore_agentic.rollout.source import TrajectorySource, roll_to_end
@@ -130,7 +129,8 @@ class StepRows:
     """The step's rollout metrics (``reward/*``, ``rollout/*``, the schedule's), reduced over the world."""
     step: int
     receipt: Any = field(default=None, repr=False)
-    """The feed's own: the step's plan and the leader's rows, for a dump step's return trip."""
+    """The feed's own: the step's :class:`~.rounds.Rollout` (its plan and the leader's rows), for a dump step's return
+    trip."""
 
 
 # ------------------------------------------------------------------------------------ settings
@@ -268,30 +268,6 @@ class Roller:
 
 
 @dataclass
-class Rollout:
-    """A step's scored rollout on this rank, between :meth:`Feed.roll_out` and :meth:`Feed.hand_off`."""
-
-    step: int
-    collected: Collected
-    version: int
-    metrics: dict[str, float]
-    prefix_cache: PrefixCacheStats | None = None
-    """What this leader's engine prefilled and served from its prefix cache during the step's rollout (whatever
-    rolled out: the built-in loop or agent programs); None off the leaders and for engines that do not count."""
-
-
-@dataclass
-class _Receipt:
-    """What a dump step needs after the step: the leader's rows and the plan that dealt them."""
-
-    local: Batch | None
-    plan: StepPlan
-    version: int
-    real_rows: int = 0
-    """The leader's rows before any filler rows (they come last and are not dumped)."""
-
-
-@dataclass
 class Validation:
     """A validation's scored rollouts on this rank (none off the leaders)."""
 
@@ -299,13 +275,26 @@ class Validation:
     scored: list[Batch]
 
 
+def make_schedule(settings: FeedSettings, roller: Roller, pad_id: int) -> Schedule:
+    """The run's schedule: partial rounds under ``rollout.partial_rollout``, else fresh rounds."""
+    pr = settings.rollout.partial_rollout
+    if pr.enable:
+        return PartialRounds(roller, settings.filter_metric, pad_id, max_turns_per_step=pr.max_turns_per_step,
+                             over_sampling_batches=pr.over_sampling_batches, max_tokens_per_step=pr.max_tokens_per_step,
+                             max_staleness=pr.max_staleness, prompts_per_batch=settings.prompts_per_step)
+    return FreshRounds(roller, settings.filter_metric, pad_id)
+
+
 class Feed:
     """The rollout side of a step on this rank (see the module docstring)."""
 
     def __init__(self, settings: FeedSettings, roller: Roller, *, layout: Any, loader: Any,
-                 val_rows: list[dict[str, Any]], routing_shape: tuple[int, int] | None = None):
+                 val_rows: list[dict[str, Any]], routing_shape: tuple[int, int] | None = None,
+                 data_notes: Sequence[str] = ()):
         self.settings = settings
         self.roller = roller
+        self.data_notes = list(data_notes)
+        """What loading the data left out (over-long prompts dropped), for the end-of-run summary."""
         self.layout = layout
         self.prompts = Prompts(loader)
         self.val_rows = val_rows
@@ -315,17 +304,7 @@ class Feed:
         self.routing_shape = routing_shape
         tok = roller.tokenizer
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-        pr = settings.rollout.partial_rollout
-        self.schedule: FreshRounds | PartialRounds
-        if pr.enable:
-            self.schedule = PartialRounds(roller, settings.filter_metric, self.pad_id,
-                                          max_turns_per_step=pr.max_turns_per_step,
-                                          over_sampling_batches=pr.over_sampling_batches,
-                                          max_tokens_per_step=pr.max_tokens_per_step,
-                                          max_staleness=pr.max_staleness,
-                                          prompts_per_batch=settings.prompts_per_step)
-        else:
-            self.schedule = FreshRounds(roller, settings.filter_metric, self.pad_id)
+        self.schedule = make_schedule(settings, roller, self.pad_id)
         d = settings.dumps
         self.dump_writer = DumpWriter(queue_size=d.queue_size, wait_s=d.wait_s) if d and roller.leads else None
         self.failures = FailureReport()  # this leader's, over the run (the end-of-run summary gathers them)
@@ -358,30 +337,29 @@ class Feed:
                 step, result.rounds, informative, wanted, sum(fill),
             )
         gi = r.placement.group_index
-        collected = self.schedule.take(take[gi] if r.leads else 0, fill[gi] if r.leads else 0, result.rounds)
-        collected.group_rows = [(a + b) * s.rollout.n for a, b in zip(take, fill)]
-        metrics = dict(collected.metrics)
+        rollout = self.schedule.take(take[gi] if r.leads else 0, fill[gi] if r.leads else 0, result.rounds)
+        rollout.group_rows = [(a + b) * s.rollout.n for a, b in zip(take, fill)]
+        metrics = dict(rollout.metrics)
         if filtering:  # groups found informative, set aside (trained only to fill), trained to fill
             metrics.update({
                 "rollout/filtered_groups": float(result.table[:, 1].sum()),
                 "rollout/informative_groups": float(informative),
                 "rollout/filled_groups": float(sum(fill)),
             })
-            if isinstance(self.schedule, FreshRounds):  # a round is a prompt batch
-                metrics["rollout/sampling_rounds"] = float(result.rounds)
-                metrics["rollout/prompts_consumed"] = float(result.batches * len(first))
+            metrics.update(self.schedule.round_metrics(result, len(first)))
         if r.leads:  # what failed, said once per step; a timing (under timing_s/): rank 0's group when logged
-            self.report(collected.generated, step, "train")
-            metrics["timing_s/rollout_event_loop_max_stall"] = collected.stall_s
+            self.report(rollout.generated, step, "train")
+            metrics["timing_s/rollout_event_loop_max_stall"] = rollout.stall_s
         cache_after = prefix_cache_stats(r.engine)
-        cache = cache_after - cache_before if cache_after is not None and cache_before is not None else None
-        return Rollout(step, collected, r.version(), metrics, prefix_cache=cache)
+        rollout.prefix_cache = cache_after - cache_before if cache_after is not None and cache_before is not None else None
+        rollout.step, rollout.version, rollout.metrics = step, r.version(), metrics
+        return rollout
 
     def hand_off(self, rollout: Rollout) -> StepRows:
         """Each replica's rows of the step, tensors only, and the step's rollout metrics (collective). The leaders'
         per-row objects never leave them."""
-        s, r, c = self.settings, self.roller, rollout.collected
-        local, counts, real_rows = c.rows, list(c.group_rows), len(c.rows) if c.rows is not None else 0
+        s, r = self.settings, self.roller
+        local, counts, real_rows = rollout.rows, list(rollout.group_rows), len(rollout.rows) if rollout.rows is not None else 0
         if s.episodes:  # agent episodes train every sample: a group's rows are known after its rollout
             counts = gather_row_counts(local, r.placement)
             fill = -sum(counts) % s.row_multiple
@@ -395,7 +373,7 @@ class Feed:
             if s.episodes:
                 local = tag_episodes(local, first_row)
             local = local.update({"weight_version": torch.tensor(local["oldest_version"], dtype=torch.long)})
-        stats = rollout_stats(c.generated, prefix_cache=rollout.prefix_cache).reduce(world=True)
+        stats = rollout_stats(rollout.generated, prefix_cache=rollout.prefix_cache).reduce(world=True)
         shapes = gather_shapes(local, r.placement, counts)
         rows = sum(counts)  # the step's mini-batches stay as many; each holds its share of the rows
         plan = plan_step(
@@ -407,8 +385,8 @@ class Feed:
         metrics = {**rollout_metrics(stats), **rollout.metrics}
         if s.episodes:
             metrics["rollout/step_rows"] = float(rows)
-        return StepRows(ReplicaRows.from_batch(batch), rows, metrics, rollout.step,
-                        receipt=_Receipt(local, plan, rollout.version, real_rows))
+        rollout.rows, rollout.plan, rollout.real_rows = local, plan, real_rows
+        return StepRows(ReplicaRows.from_batch(batch), rows, metrics, rollout.step, receipt=rollout)
 
     def give_back(self, step_rows: StepRows, batch: Batch) -> dict[str, float]:
         """On a dump step, the trainer's per-token values of ``batch`` (this replica's rows after the experience)
@@ -416,10 +394,10 @@ class Feed:
         d, step = self.settings.dumps, step_rows.step
         if d is None or step % d.freq:
             return {}
-        receipt: _Receipt = step_rows.receipt
+        receipt: Rollout = step_rows.receipt
         with self.roller.timer.phase("dump"):
             fields = [f for f in RETURNED if f in batch]
-            local = receipt.local
+            local = receipt.rows
             returned = return_rows(batch, receipt.plan, self.layout, fields, len(local) if local is not None else None)
             if local is None or self.dump_writer is None:
                 return {}
@@ -522,18 +500,25 @@ class Feed:
         self.prompts.loader.load_state_dict(state)
 
     def checkpoint_parts(self) -> tuple[dict[str, Callable[[Any], None]], dict[str, Callable[[Any], None]]]:
-        """Checkpoint writers and readers of what the feed carries across steps (the partial-rollout buffer)."""
-        if isinstance(self.schedule, PartialRounds):
-            return {"rollout_buffer": self.schedule.save}, {"rollout_buffer": self.schedule.load}
-        return {}, {}
+        """Checkpoint writers and readers of what the feed carries across steps (the schedule's: partial rollouts'
+        groups in flight)."""
+        return self.schedule.checkpoint_parts()
+
+    @property
+    def engine(self) -> Any:
+        """This rank's rollout engine (None off a rollout group's leader): the sharding manager syncs it."""
+        return self.roller.engine
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.prompts.loader)
 
     def close(self) -> None:
         """Finish queued dumps, release paused requests' tools, stop the tool executor and the engine."""
         try:
             if self.dump_writer is not None:
                 self.dump_writer.close()
-            if isinstance(self.schedule, PartialRounds):
-                self.schedule.close()
+            self.schedule.close()
         finally:
             r = self.roller
             if r.agent_host is not None:

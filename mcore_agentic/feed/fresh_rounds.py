@@ -14,7 +14,7 @@ from typing import Any
 
 from mcore_agentic.data.batch import Batch, concat_rollouts
 from mcore_agentic.feed.dynamic_sampling import group_rows, informative
-from mcore_agentic.feed.rounds import Collected, Rows, allocate
+from mcore_agentic.feed.rounds import Rollout, RoundsResult, Rows, allocate
 
 
 @dataclass
@@ -111,8 +111,18 @@ class FreshRounds:
     def allocate(self, available: Sequence[int], wanted: int) -> list[int]:
         return allocate(available, wanted)
 
-    def take(self, kept: int, spare: int, rounds: int) -> Collected:
+    def take(self, kept: int, spare: int, rounds: int) -> Rollout:
         del rounds
         rows = self.pool.take(kept, spare, self.pad_id) if self.roller.leads else None
         generated, self.generated, self.pool = self.generated, [], GroupPool(self.metric)
-        return Collected(rows=rows, generated=generated, group_rows=[], stall_s=self.stall_s)
+        return Rollout(rows=rows, generated=generated, group_rows=[], stall_s=self.stall_s)
+
+    def round_metrics(self, result: RoundsResult, batch_size: int) -> dict[str, float]:
+        return {"rollout/sampling_rounds": float(result.rounds),  # a round is a prompt batch
+                "rollout/prompts_consumed": float(result.batches * batch_size)}
+
+    def checkpoint_parts(self) -> tuple[dict[str, Callable[[Any], None]], dict[str, Callable[[Any], None]]]:
+        return {}, {}  # nothing survives the step
+
+    def close(self) -> None:
+        pass

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from mcore_agentic.data.batch import concat_rollouts
 from mcore_agentic.feed.dynamic_sampling import informative
-from mcore_agentic.feed.rounds import Collected, Rows, allocate_even
+from mcore_agentic.feed.rounds import Rollout, RoundsResult, Rows, allocate_even
 from mcore_agentic.parallel.stats import max_over, sum_over
 from mcore_agentic.rollout.driver import finish_batch
 from mcore_agentic.rollout.source import Budget, TrajectorySource
@@ -121,7 +121,7 @@ class PartialRounds:
     def allocate(self, available: Sequence[int], wanted: int) -> list[int]:
         return allocate_even(available, wanted)
 
-    def take(self, kept: int, spare: int, rounds: int) -> Collected:
+    def take(self, kept: int, spare: int, rounds: int) -> Rollout:
         rows, generated, stale, oldest = None, [], torch.zeros(2, dtype=torch.float64), []
         lengths = torch.zeros(4, dtype=torch.float64)  # trained rows: count, tokens; in flight: count, tokens
         longest = torch.zeros(2, dtype=torch.float64)
@@ -173,7 +173,7 @@ class PartialRounds:
             "rollout/oldest_token_age": float(age[0]),
             "rollout/stale_token_fraction": float(stale[0] / stale[1]) if stale[1] else 0.0,
         }
-        return Collected(rows=rows, generated=generated, group_rows=[], metrics=metrics, stall_s=self.stall_s)
+        return Rollout(rows=rows, generated=generated, group_rows=[], metrics=metrics, stall_s=self.stall_s)
 
     def _token_ages(self, rows: Any, requests: Sequence[Any]) -> torch.Tensor:
         """``[B, R]`` long: how many weight versions behind the step each sampled token is (0 elsewhere): what
@@ -186,7 +186,14 @@ class PartialRounds:
             ages[i, : len(versions)] = torch.where(versions >= 0, self.version - versions, 0)
         return ages
 
+    def round_metrics(self, result: RoundsResult, batch_size: int) -> dict[str, float]:
+        return {}  # its rounds are not prompt batches: rollout/partial_* say what they did
+
     # -- checkpoints ---------------------------------------------------------------------------------
+    def checkpoint_parts(self) -> tuple[dict[str, Callable[[Any], None]], dict[str, Callable[[Any], None]]]:
+        """What is in flight, one file per rollout group under ``rollout_buffer/``."""
+        return {"rollout_buffer": self.save}, {"rollout_buffer": self.load}
+
     def _file(self, directory: Any) -> Path:
         return Path(directory) / f"group_{self.roller.placement.group_index:05d}.pkl"
 

@@ -69,19 +69,32 @@ class Prompts:
 
 
 @dataclass
-class Collected:
-    """What a step's rounds leave on each rank (everything but ``group_rows`` and ``metrics`` is a leader's own)."""
+class Rollout:
+    """A step's rollout on this rank, from the schedule's :meth:`~Schedule.take` through the feed's hand-off to a dump
+    step's return trip (the one carrier: the feed fills in what each stage adds). Everything but ``group_rows`` and
+    ``metrics`` is a leader's own."""
 
     rows: Batch | None
-    """This rollout group's scored rows to train, groups in order; None off its leader, or when it trains none."""
+    """This rollout group's scored rows to train, groups in order; None off its leader, or when it trains none. After
+    the hand-off: as they were dealt (group and episode ids tagged, filler rows last)."""
     generated: list[Batch]
     """Every scored batch that left this leader in the step, trained or set aside (the step's rollout statistics)."""
     group_rows: list[int]
     """Rows each rollout group trains (identical on every rank)."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """The schedule's metrics (reduced over the world: identical on every rank)."""
+    """The schedule's metrics, then the step's rollout metrics (reduced over the world: identical on every rank)."""
     stall_s: float = 0.0
     """The rollout event loop's longest stall over the step's rounds, on this leader."""
+    step: int = 0
+    version: int = 0
+    """The weight version the engine held for the step's rollout."""
+    prefix_cache: Any = None
+    """What this leader's engine prefilled and served from its prefix cache during the step (None off the leaders
+    and for engines that do not count)."""
+    plan: Any = None
+    """The hand-off's plan (which replica trains which row): a dump step brings the trainer's values back by it."""
+    real_rows: int = 0
+    """The leader's rows before any filler rows (they come last and are not dumped)."""
 
 
 class Schedule(Protocol):
@@ -99,9 +112,18 @@ class Schedule(Protocol):
     def allocate(self, available: Sequence[int], wanted: int) -> list[int]:
         """How many of each rollout group's ``available`` groups the step takes, ``wanted`` in all (every rank)."""
 
-    def take(self, kept: int, spare: int, rounds: int) -> Collected:
+    def take(self, kept: int, spare: int, rounds: int) -> Rollout:
         """This leader's share: its first ``kept`` kept groups then ``spare`` spares (``rows``, ``generated``), and
         the schedule's metrics (collective: every rank calls it); ``rounds``: the step's."""
+
+    def round_metrics(self, result: RoundsResult, batch_size: int) -> dict[str, float]:
+        """What the step's rounds say under a filter (every rank alike); ``batch_size``: prompts a batch holds."""
+
+    def checkpoint_parts(self) -> tuple[dict[str, Callable[[Any], None]], dict[str, Callable[[Any], None]]]:
+        """Checkpoint writers and readers of what the schedule carries across steps."""
+
+    def close(self) -> None:
+        """Release what the schedule holds in flight."""
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Construction of a training run, in small named functions: model files, data, workers, rollout, logging.
+"""Construction of a training run, in small named functions: model files, the feed's settings, workers, logging.
 
 Each function builds one thing from the frozen :class:`~mcore_agentic.config.schema.RLConfig`
 and the :class:`~mcore_agentic.parallel.layout.ParallelLayout`; :func:`build_components`
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,16 +26,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from mcore_agentic.algorithms.kl import AdaptiveKLController, FixedKLController
-    from mcore_agentic.data.dataloader import RLDataLoader
-    from mcore_agentic.interactions.base import InteractionProtocol
+    from mcore_agentic.feed import Feed
     from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.layout import ParallelLayout
-    from mcore_agentic.parallel.rollout_placement import RolloutPlacement
-    from mcore_agentic.rewards.registry import RewardFn
-    from mcore_agentic.rollout.engines.base import RolloutEngine
     from mcore_agentic.sharding.manager import ShardingManager
-    from mcore_agentic.tools.base import ToolProtocol
-    from mcore_agentic.tools.executor import ToolExecutor
+    from mcore_agentic.utils.gpu_metrics import GpuMetrics
+    from mcore_agentic.utils.timing import PhaseTimer
     from mcore_agentic.workers.actor import Actor
     from mcore_agentic.workers.critic import Critic
     from mcore_agentic.workers.reference import Reference
@@ -143,42 +139,7 @@ def model_spec(cfg: RLConfig, *, vocab_size: int | None) -> ModelSpec:
     )
 
 
-# ----------------------------------------------------------------------------------- tools, data
-def build_tools(cfg: RLConfig) -> tuple[dict[str, Any], dict[str, Any], Any]:
-    """``(tools, interactions, executor)`` of ``rollout.multi_turn`` (empty when multi-turn is off)."""
-    from mcore_agentic.interactions.registry import load_interactions
-    from mcore_agentic.tools.executor import make_executor
-    from mcore_agentic.tools.registry import load_tools
-
-    mt = cfg.rollout.multi_turn
-    if not mt.enable:
-        return {}, {}, None
-    executor = make_executor(mt.tool_executor, max_workers=mt.tool_executor_workers)
-    tools = load_tools(mt.tool_config_path, executor=executor) if mt.tool_config_path else {}
-    interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
-    return tools, interactions, executor
-
-
-def build_datasets(cfg: RLConfig, tokenizer: Any, tools: dict[str, Any]) -> tuple[Any, Any]:
-    """Training and validation datasets (overlong prompts filtered with the tools' schemas in the prompt)."""
-    from mcore_agentic.data.dataset import load_datasets
-    from mcore_agentic.tools.schema import openai_schemas
-
-    schemas = openai_schemas(tools) if cfg.rollout.multi_turn.tool_schemas_in_prompt else None
-    train, val = load_datasets(cfg.data, tokenizer=tokenizer, tool_schemas=schemas)
-    for dataset in (train, val):
-        line = _dropped_line(dataset)
-        if line is not None and (not dist.is_initialized() or dist.get_rank() == 0):
-            logger.warning(line)
-    return train, val
-
-
-def _dropped_line(dataset: Any) -> str | None:
-    """The dataset's line about prompts dropped for length (None for none, or for a plain list of rows)."""
-    dropped_line = getattr(dataset, "dropped_line", None)
-    return dropped_line() if dropped_line is not None else None
-
-
+# ----------------------------------------------------------------------------------- schedule
 def total_steps(cfg: RLConfig, batches_per_epoch: int) -> int:
     """``trainer.total_training_steps`` if set, else epochs x batches per epoch."""
     if cfg.trainer.total_training_steps is not None:
@@ -237,20 +198,6 @@ def build_critic(cfg: RLConfig, spec: ModelSpec, layout: Any, sizes: BatchSizes,
 
 
 # ----------------------------------------------------------------------------------- rollout
-def build_rollout_placement(cfg: RLConfig, layout: Any) -> Any:
-    """Rollout groups of ``rollout.tensor_model_parallel_size`` consecutive ranks, each within one node."""
-    from mcore_agentic.parallel.rollout_placement import RolloutPlacement
-
-    return RolloutPlacement(layout.world_size, layout.rank, cfg.rollout.tensor_model_parallel_size)
-
-
-def build_rollout_engine(cfg: RLConfig, placement: Any, spec: ModelSpec) -> Any:
-    """This rank's rollout engine, None off a rollout group's leader (the feed's: :func:`mcore_agentic.feed.build_rollout_engine`)."""
-    from mcore_agentic.feed import build_rollout_engine as build_on_leader
-
-    return build_on_leader(cfg.rollout, placement, spec, seed=cfg.seed)
-
-
 def configure_offload(cfg: RLConfig) -> None:
     """Bound this process's pinned host memory for offloads (``actor.offload_pinned_mb``) before any worker exists."""
     from mcore_agentic.workers.offload import pinned_pool
@@ -258,7 +205,7 @@ def configure_offload(cfg: RLConfig) -> None:
     pinned_pool().set_limit(cfg.actor.offload_pinned_mb * 2**20)
 
 
-def build_weight_sync(cfg: RLConfig, actor: Any, engine: Any) -> Any:
+def build_weight_sync(cfg: RLConfig, actor: Any, engine: Any, version: Any = None) -> Any:
     """The sharding manager: ``with`` it around a rollout, the engine holds the actor's current weights.
 
     The ``sharding`` group sets buckets and checks; what leaves the device during the rollout is
@@ -267,7 +214,7 @@ def build_weight_sync(cfg: RLConfig, actor: Any, engine: Any) -> Any:
     """
     from mcore_agentic.sharding.manager import ShardingManager
 
-    return ShardingManager(actor, engine, cfg.sharding, rollout_seed=cfg.seed)
+    return ShardingManager(actor, engine, cfg.sharding, rollout_seed=cfg.seed, version=version)
 
 
 # ----------------------------------------------------------------------------------- bookkeeping
@@ -300,8 +247,9 @@ class Components:
     layout: ParallelLayout
     sizes: BatchSizes
     tokenizer: PreTrainedTokenizerBase
-    train_loader: RLDataLoader
-    val_rows: list[dict[str, Any]]
+    feed: Feed
+    """The rollout side of every step (:mod:`mcore_agentic.feed`: prompts, rollouts, rewards, the rows to their
+    replicas, dumps); it built its own tools, data, placement, engine and reward function."""
     actor: Actor
     ref: Reference | None
     """None unless a KL term needs it (``algorithm.use_kl_in_reward`` or ``actor.use_kl_loss``)."""
@@ -309,45 +257,36 @@ class Components:
     """None unless ``teacher.model_path`` is set (on-policy distillation)."""
     critic: Critic | None
     """None unless the advantage estimator needs values (GAE)."""
-    placement: RolloutPlacement
-    """Which rank rolls out which prompts."""
-    engine: RolloutEngine | None
-    """This rank's rollout engine; None off a rollout group's leader."""
-    tools: dict[str, ToolProtocol]
-    interactions: dict[str, InteractionProtocol]
-    executor: ToolExecutor | None
     weight_sync: ShardingManager
-    reward_fn: RewardFn
     kl_ctrl: FixedKLController | AdaptiveKLController
     total_steps: int
-    routing_shape: tuple[int, int] | None = None
-    """``(moe_layers, top_k)`` of the rows' ``routed_experts`` when the engine records them
-    (``actor.moe.routing_replay`` on a mixture-of-experts model); None otherwise."""
-    data_notes: list[str] = field(default_factory=list)
-    """What loading the data left out (over-long prompts dropped), for the end-of-run summary."""
+    timer: PhaseTimer
+    """The step's phases (the feed times its own in it too)."""
+    gpu: GpuMetrics
+    """Device memory and utilisation at each phase's end (NVML; off on CPU)."""
 
 
 def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Components:
-    """Build the run in dependency order (model files -> tokenizer/tools/data -> rollout engine -> workers).
+    """Build the run in dependency order (model files -> tokenizer -> the feed, whose leaders build their rollout
+    engines -> workers -> the weight sync).
 
-    The rollout engine comes before the workers (:func:`build_rollout_engine`: engines size themselves from
-    the free device memory), and is released before they are built.
+    The feed comes before the workers (its engines size themselves from the free device memory, and are released
+    before the workers are built).
     """
     from mcore_agentic.algorithms.kl import build_kl_controller
-    from mcore_agentic.data.dataloader import make_train_loader
-    from mcore_agentic.rewards import build_reward_fn
+    from mcore_agentic.feed import build_feed
+    from mcore_agentic.sharding.transports import WeightVersion
 
     ensure_model(cfg)
     tokenizer = build_tokenizer(cfg.model.model_path)
     if cfg.teacher.enabled:
         check_teacher_tokenizer(tokenizer, cfg.teacher.model_path)
     spec = model_spec(cfg, vocab_size=len(tokenizer))
-    tools, interactions, executor = build_tools(cfg)
-    train_set, val_set = build_datasets(cfg, tokenizer, tools)
-    loader = make_train_loader(train_set, cfg.data, cfg.seed)
-    steps = total_steps(cfg, len(loader))
-    placement = build_rollout_placement(cfg, layout)
-    engine = build_rollout_engine(cfg, placement, spec)
+    timer, gpu = build_timer(cfg)
+    version = WeightVersion()  # the weight sync's: the version the engine holds, which the feed records on tokens
+    feed = build_feed(feed_settings(cfg, sizes), data=cfg.data, reward=cfg.reward, seed=cfg.seed, layout=layout,
+                      tokenizer=tokenizer, spec=spec, timer=timer, version=lambda: version.value)
+    steps = total_steps(cfg, feed.batches_per_epoch)
     # A rollout group's other ranks wait for its leader's engine (SGLang's schedulers on their GPUs measure the
     # free memory as they start) before they build models there.
     comm.barrier()
@@ -361,23 +300,16 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
         layout=layout,
         sizes=sizes,
         tokenizer=tokenizer,
-        train_loader=loader,
-        val_rows=list(val_set) if val_set is not None else [],
+        feed=feed,
         actor=actor,
         ref=ref,
         teacher=teacher,
         critic=critic,
-        placement=placement,
-        engine=engine,
-        tools=tools,
-        interactions=interactions,
-        executor=executor,
-        weight_sync=build_weight_sync(cfg, actor, engine),
-        reward_fn=build_reward_fn(cfg.reward),
+        weight_sync=build_weight_sync(cfg, actor, feed.engine, version),
         kl_ctrl=build_kl_controller(cfg.algorithm.kl_ctrl),
         total_steps=steps,
-        routing_shape=spec.routing_shape,
-        data_notes=[line for d in (train_set, val_set) if (line := _dropped_line(d)) is not None],
+        timer=timer,
+        gpu=gpu,
     )
 
 
@@ -412,13 +344,11 @@ def feed_settings(cfg: RLConfig, sizes: BatchSizes) -> Any:
     )
 
 
-def build_feed(c: Components, timer: Any, *, version: Any) -> Any:
-    """The rollout side of every step (:class:`~mcore_agentic.feed.Feed`) over the run's engine, tools, data and
-    reward; ``timer`` the trainer's phases, ``version()`` the weight version the engine holds."""
-    from mcore_agentic.feed import Feed, Roller
+def build_timer(cfg: RLConfig) -> tuple[Any, Any]:
+    """The run's phase timer and the device metrics it reads at each phase's end (NVML; off on CPU)."""
+    from mcore_agentic.utils.gpu_metrics import gpu_metrics_for
+    from mcore_agentic.utils.timing import PhaseTimer
 
-    settings = feed_settings(c.cfg, c.sizes)
-    roller = Roller(settings, placement=c.placement, engine=c.engine, tools=c.tools, interactions=c.interactions,
-                    executor=c.executor, tokenizer=c.tokenizer, reward_fn=c.reward_fn, timer=timer, version=version)
-    return Feed(settings, roller, layout=c.layout, loader=c.train_loader, val_rows=c.val_rows,
-                routing_shape=c.routing_shape)
+    gpu = gpu_metrics_for(cfg.trainer.device)
+    timer = PhaseTimer(on_end=gpu.phase_end if gpu.enabled else None, readings=gpu.pop if gpu.enabled else None)
+    return timer, gpu

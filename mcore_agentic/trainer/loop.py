@@ -19,11 +19,9 @@ from mcore_agentic.data.batch import Batch
 from mcore_agentic.parallel.stats import Stats, max_over, sum_over
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.trainer import experience as exp
-from mcore_agentic.trainer.build import Components, build_feed, model_state_io
+from mcore_agentic.trainer.build import Components, model_state_io
 from mcore_agentic.trainer.preemption import StopSignals, TrainingStopped
 from mcore_agentic.trainer.run_health import RunHealth, StepFailures
-from mcore_agentic.utils.gpu_metrics import gpu_metrics_for
-from mcore_agentic.utils.timing import PhaseTimer
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +53,9 @@ class RLTrainer:
         anchored_ref = c.ref if self.cfg.trainer.sft_warmup_steps > 0 else None
         self.writers, self.readers = model_state_io(c.actor, c.critic, anchored_ref, self.cfg.trainer.resume_optim_from)
         # Device memory / utilisation at the end of each phase, and what offload and release free (NVML; off on CPU).
-        self.gpu = gpu_metrics_for(self.cfg.trainer.device)
-        self.timer = PhaseTimer(on_end=self.gpu.phase_end if self.gpu.enabled else None,
-                                readings=self.gpu.pop if self.gpu.enabled else None)
+        self.gpu, self.timer = c.gpu, c.timer
         # The rollout side of every step: prompts, rollouts, rewards, the rows to their replicas, dumps.
-        self.feed = build_feed(c, self.timer, version=lambda: c.weight_sync.version.value)
+        self.feed = c.feed
         # The warm start renders demonstrations exactly as rollouts render their conversations.
         self.schemas = self.feed.tool_schemas() if self.cfg.rollout.multi_turn.tool_schemas_in_prompt else None
         if self.gpu.enabled and hasattr(c.weight_sync, "gpu"):

@@ -20,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mcore_agentic.config.paths import missing_inputs
 from mcore_agentic.rollout.engines.registry import engine_kind, engines_on
-from mcore_agentic.utils.errors import ConfigError, first_line
+from mcore_agentic.utils.errors import ConfigError, collect
 
 LOGGER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard"}
 
@@ -52,19 +52,6 @@ def model_shape(model_path: str | os.PathLike) -> dict[str, Any] | None:
         "num_layers": hf.num_hidden_layers,
         "num_experts": int(getattr(hf, "num_experts", 0) or 0),
     }
-
-
-def _collect(problems: list[ConfigError], check: Callable[[], Any], field: str = "config") -> Any:
-    """Run ``check``; its config problems join ``problems`` (several at once from a ``ConfigErrors``). Any other
-    exception (a user's module that does not import, a checkpoint without tokenizer files) becomes one line
-    naming ``field``, never a traceback."""
-    try:
-        return check()
-    except ConfigError as exc:
-        problems.extend(getattr(exc, "errors", None) or [exc])
-    except Exception as exc:  # noqa: BLE001 -- the pre-flight's promise: one line per problem
-        problems.append(ConfigError(field, f"{type(exc).__name__}: {first_line(exc)}"))
-    return None
 
 
 def check_device(cfg: Any) -> str:
@@ -98,20 +85,6 @@ def check_packages(cfg: Any) -> list[ConfigError]:
     return problems
 
 
-def check_plugins(cfg: Any) -> tuple[dict[str, dict] | None, set[str] | None]:
-    """Tool schemas and interaction names the config provides (None: multi-turn off); their YAML and classes are
-    checked (the classes imported, not constructed)."""
-    from mcore_agentic.interactions.registry import load_interactions
-    from mcore_agentic.tools.registry import load_tools
-
-    mt = cfg.rollout.multi_turn
-    if not mt.enable:
-        return None, None
-    tools = load_tools(mt.tool_config_path, instantiate=False) if mt.tool_config_path else {}
-    interactions = set(load_interactions(mt.interaction_config_path)) if mt.interaction_config_path else set()
-    return tools, interactions
-
-
 def _tokenizer(cfg: Any) -> Any:
     """The model's tokenizer when its checkpoint exists already (prompt lengths are checked with it), else None."""
     if not (Path(cfg.model.model_path) / "config.json").is_file():
@@ -130,18 +103,18 @@ def check_teacher(cfg: Any) -> list[ConfigError]:
 
     problems: list[ConfigError] = []
     if (Path(cfg.model.model_path) / "config.json").is_file():
-        student = _collect(problems, lambda: build_tokenizer(cfg.model.model_path), "model.model_path")
+        student = collect(problems, lambda: build_tokenizer(cfg.model.model_path), "model.model_path")
         if student is not None:
-            _collect(problems, lambda: check_teacher_tokenizer(student, cfg.teacher.model_path), "teacher.model_path")
+            collect(problems, lambda: check_teacher_tokenizer(student, cfg.teacher.model_path), "teacher.model_path")
             top_k = cfg.algorithm.distillation.top_k
             if top_k > len(student):
                 problems.append(ConfigError("algorithm.distillation.top_k", f"={top_k} is more than the tokenizer's "
                                             f"{len(student)} ids: use at most {len(student)} (8 to 64 is usual)"))
-    shape = _collect(problems, lambda: model_shape(cfg.teacher.model_path), "teacher.model_path")
+    shape = collect(problems, lambda: model_shape(cfg.teacher.model_path), "teacher.model_path")
     own_tp = cfg.teacher.tensor_model_parallel_size
     if shape is not None and own_tp is not None:  # its own split: TP only
         shape = {k: v for k, v in shape.items() if k != "num_experts"}
-        _collect(problems, lambda: check_model_split(ParallelConfig(tensor_model_parallel_size=own_tp), **shape,
+        collect(problems, lambda: check_model_split(ParallelConfig(tensor_model_parallel_size=own_tp), **shape,
                                                      field_prefix="teacher"), "teacher.tensor_model_parallel_size")
     elif shape is not None:
         shape = {k: v for k, v in shape.items() if k != "num_experts"}
@@ -161,7 +134,7 @@ def check_rows(cfg: Any, tools: dict[str, dict] | None, interactions: set[str] |
 
     data = cfg.data
     problems_first: list[ConfigError] = []
-    tokenizer = _collect(problems_first, lambda: _tokenizer(cfg), "model.model_path")
+    tokenizer = collect(problems_first, lambda: _tokenizer(cfg), "model.model_path")
     schemas = list(tools.values()) if tools and cfg.rollout.multi_turn.tool_schemas_in_prompt else None
     lengths: dict[str, Any] = {}
     if tokenizer is not None:
@@ -175,7 +148,7 @@ def check_rows(cfg: Any, tools: dict[str, dict] | None, interactions: set[str] |
     for field, files in (("data.train_files", data.train_file_list), ("data.val_files", data.val_file_list)):
         if not files:
             continue
-        loaded = _collect(problems, lambda f=files, k=field: RLDataset.from_files(
+        loaded = collect(problems, lambda f=files, k=field: RLDataset.from_files(
             f, field=k, prompt_key=data.prompt_key, **lengths), field)
         if loaded is not None:
             rows += list(loaded)
@@ -210,46 +183,6 @@ def check_rows(cfg: Any, tools: dict[str, dict] | None, interactions: set[str] |
     return problems
 
 
-def check_agent(cfg: Any) -> list[ConfigError]:
-    """``rollout.agent``: the entry point loads and is callable; the command's and the reward command's programs
-    exist; with ``sandbox=bwrap`` the sandbox works here and has them (one sample's sandbox is started)."""
-    import shlex
-    import shutil
-
-    from mcore_agentic.endpoint.programs import CommandRunner, load_entrypoint
-
-    a = cfg.rollout.agent
-    problems: list[ConfigError] = []
-    if a.entrypoint:
-        _collect(problems, lambda: load_entrypoint(a.entrypoint), "rollout.agent.entrypoint")
-    for key in ("command", "reward_command") if a.command else ():
-        field = f"rollout.agent.{key}"
-        if getattr(a, key) is None:
-            continue
-        try:
-            argv = shlex.split(getattr(a, key))
-        except ValueError as exc:
-            problems.append(ConfigError(field, f"cannot be split like a shell line: {exc}"))
-            continue
-        if not argv:
-            problems.append(ConfigError(field, "is empty: set a command line or unset it"))
-        elif "/" in argv[0] and not os.path.isabs(argv[0]) and (a.workdir or a.sandbox == "bwrap"):
-            pass  # a file of the sample's work directory
-        elif shutil.which(argv[0]) is None:
-            problems.append(ConfigError(field, f"{argv[0]!r} is not an executable on PATH or a path to one"))
-    if a.command and a.sample_dirs is not None and not (os.path.isdir(a.sample_dirs) and os.access(a.sample_dirs, os.W_OK)):
-        problems.append(ConfigError("rollout.agent.sample_dirs", f"{a.sample_dirs} is not a writable directory: create "
-                                    "it or unset the key (the temporary directory)"))
-    if a.command and a.sandbox == "bwrap":
-        for path in a.sandbox_limits.extra_read_paths:
-            if not os.path.exists(path):
-                problems.append(ConfigError("rollout.agent.sandbox_limits.extra_read_paths",
-                                            f"{path!r} does not exist; list existing paths only"))
-        if not problems:  # the sandbox proves itself on this host (as the trainer's leaders will)
-            _collect(problems, lambda: CommandRunner.from_config(a).close(), "rollout.agent.sandbox")
-    return problems
-
-
 def preflight(
     cfg: Any, world_size: int, *, local_world_size: int | None = None, dirs: Sequence[Path] = (), light: bool = False,
 ) -> list[ConfigError]:
@@ -259,21 +192,21 @@ def preflight(
     ``light``: skip what reads files or imports plug-ins (the workers the launcher started after its pre-flight).
     """
     from mcore_agentic.config.rules import validate
+    from mcore_agentic.feed import check_agent, check_plugins, check_reward_fn
     from mcore_agentic.models.transformer_impl import use_te_for
     from mcore_agentic.parallel.layout import check_cpu_support
-    from mcore_agentic.rewards import build_reward_fn
 
     problems: list[ConfigError] = []
-    device = _collect(problems, lambda: check_device(cfg), "trainer.device")
+    device = collect(problems, lambda: check_device(cfg), "trainer.device")
     before = len(problems)
-    _collect(problems, lambda: use_te_for(cfg.model.transformer_impl), "model.transformer_impl")
+    collect(problems, lambda: use_te_for(cfg.model.transformer_impl), "model.transformer_impl")
     if len(problems) > before:  # no TransformerEngine here: the rules that go with it are moot
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, transformer_impl="local"))
-    shape = _collect(problems, lambda: model_shape(cfg.model.model_path), "model.model_path")
-    _collect(problems, lambda: validate(cfg, world_size, model_shape=shape, local_world_size=local_world_size,
+    shape = collect(problems, lambda: model_shape(cfg.model.model_path), "model.model_path")
+    collect(problems, lambda: validate(cfg, world_size, model_shape=shape, local_world_size=local_world_size,
                                         device=device))
     if device == "cpu":
-        _collect(problems, lambda: check_cpu_support(cfg.actor.parallel, field_prefix="actor"), "actor")
+        collect(problems, lambda: check_cpu_support(cfg.actor.parallel, field_prefix="actor"), "actor")
     problems += check_packages(cfg)
     if light:
         return problems
@@ -282,12 +215,12 @@ def preflight(
     absent = {e.field for e in missing}
     plugins = None
     if not absent & {"rollout.multi_turn.tool_config_path", "rollout.multi_turn.interaction_config_path"}:
-        plugins = _collect(problems, lambda: check_plugins(cfg), "rollout.multi_turn.tool_config_path")
+        plugins = collect(problems, lambda: check_plugins(cfg.rollout), "rollout.multi_turn.tool_config_path")
     if cfg.teacher.enabled and "teacher.model_path" not in absent:
         problems += check_teacher(cfg)
     if "reward.custom_reward_function" not in absent:
-        _collect(problems, lambda: build_reward_fn(cfg.reward), "reward.custom_reward_function")
-    problems += check_agent(cfg)
+        collect(problems, lambda: check_reward_fn(cfg.reward), "reward.custom_reward_function")
+    problems += check_agent(cfg.rollout.agent)
     if not absent & {"data.train_files", "data.val_files"}:
         tools, interactions = plugins if plugins is not None else (None, None)
         problems += check_rows(cfg, tools, interactions)

@@ -9,7 +9,8 @@ line each; every ``ConfigError`` lists its problems in ``.errors``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -71,3 +72,16 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     """
     line = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     return line[:limit]
+
+
+def collect(problems: list[ConfigError], check: Callable[[], Any], field: str = "config") -> Any:
+    """Run ``check``; its config problems join ``problems`` (several at once from a ``ConfigErrors``). Any other
+    exception (a user's module that does not import, a checkpoint without tokenizer files) becomes one line
+    naming ``field``, never a traceback. What ``check`` returned, or None when it failed."""
+    try:
+        return check()
+    except ConfigError as exc:
+        problems.extend(getattr(exc, "errors", None) or [exc])
+    except Exception as exc:  # noqa: BLE001 -- a pre-flight's promise: one line per problem
+        problems.append(ConfigError(field, f"{type(exc).__name__}: {first_line(exc)}"))
+    return None

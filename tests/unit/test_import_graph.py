@@ -29,9 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"tools", "interactions", "data"},
     "sharding": {"models", "parallel"},  # collectives go through parallel.comm
     "endpoint": {"rollout", "tools", "data"},  # the session endpoint: agent programs as a rollout source
-    "feed": {"data", "parallel", "algorithms", "rollout", "tools", "rewards", "endpoint"},  # the rollout side of a step: schedules, scoring, exchange, dumps
-    "trainer": {"config", "data", "models", "parallel", "workers", "algorithms", "rollout", "tools", "interactions",
-                "rewards", "sharding", "feed", "endpoint"},  # endpoint: the pre-flight loads an agent's entry point
+    "feed": {"data", "parallel", "algorithms", "rollout", "tools", "interactions", "rewards", "endpoint"},  # the rollout side of a step: it builds itself (tools, interactions, data, engines), schedules, scoring, exchange, dumps
+    "trainer": {"config", "data", "models", "parallel", "workers", "algorithms", "rollout", "sharding", "feed"},
     "inspect": {"feed"},  # reads the dump format (feed.rollout_dump)
     # The planner composes the config as the launcher does and counts what the bridges build; its census child
     # builds models on the meta device and so applies the CPU patches, like launch/ (the one package that may).

@@ -114,7 +114,7 @@ def test_dropped_prompts_are_counted_with_the_longest_length(tmp_path, caplog):
     """docs/configuration.md: over-long prompts are dropped *and counted*; the count and the longest length are said."""
     import logging
 
-    from mcore_agentic.trainer.build import build_datasets
+    from mcore_agentic.feed.build import build_datasets
 
     tokenizer = load_qwen_tokenizer("qwen2_5", 4096)
     ds = RLDataset.from_rows([_row(0), _row(1, "word " * 300), _row(2, "word " * 200)], "mem", tokenizer=tokenizer,
@@ -125,13 +125,13 @@ def test_dropped_prompts_are_counted_with_the_longest_length(tmp_path, caplog):
         f"mem: dropped 2 of 3 prompts longer than data.max_prompt_length=128 (longest {ds.longest_dropped} tokens; "
         "chat template and tool schemas included): raise data.max_prompt_length to keep them"
     )
-    # The trainer says it once, at load time.
+    # The feed says it once, at load time.
     from mcore_agentic.config import compose, load_config
 
     rows = [_row(0), _row(1, "word " * 300)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = load_config(compose("ppo_trainer", [f"data.train_files={tmp_path / 'd.jsonl'}", "data.max_prompt_length=128"]))
-    with caplog.at_level(logging.WARNING, logger="mcore_agentic.trainer.build"):
-        train, _ = build_datasets(cfg, tokenizer, {})
+    with caplog.at_level(logging.WARNING, logger="mcore_agentic.feed.build"):
+        train, _ = build_datasets(cfg.data, cfg.rollout, tokenizer, {})
     said = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
     assert len(train) == 1 and said == [train.dropped_line()] and "dropped 1 of 2 prompts" in said[0]

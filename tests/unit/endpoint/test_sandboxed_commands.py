@@ -329,12 +329,11 @@ def test_a_command_the_sandbox_cannot_see_is_one_line_naming_the_fix(tmp_path, b
 
 
 def test_preflight_reports_the_sandboxs_problems_in_one_line_each(tmp_path, bwrap_works):
-    from types import SimpleNamespace
 
-    from mcore_agentic.trainer.preflight import check_agent
+    from mcore_agentic.feed.checks import check_agent
 
     def check(**agent: Any) -> list[ConfigError]:
-        problems = check_agent(SimpleNamespace(rollout=SimpleNamespace(agent=AgentConfig(**agent))))
+        problems = check_agent(AgentConfig(**agent))
         assert all("\n" not in str(p) for p in problems), problems
         return problems
 

@@ -10,7 +10,7 @@ import torch
 
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed import ReplicaRows
-from mcore_agentic.feed.rounds import Collected, allocate, allocate_even, allocation, run_rounds
+from mcore_agentic.feed.rounds import Rollout, allocate, allocate_even, allocation, run_rounds
 from tests.helpers.batches import hand_off_tensors
 
 
@@ -37,8 +37,8 @@ class _Scripted:
     def allocate(self, available: Sequence[int], wanted: int) -> list[int]:
         return (allocate_even if self.even else allocate)(available, wanted)
 
-    def take(self, kept: int, spare: int, rounds: int) -> Collected:
-        return Collected(rows=None, generated=[], group_rows=[])
+    def take(self, kept: int, spare: int, rounds: int) -> Rollout:
+        return Rollout(rows=None, generated=[], group_rows=[])
 
 
 def _run(schedule: _Scripted, *, wanted: int = 4, max_batches: int | None) -> tuple:

@@ -131,14 +131,13 @@ def test_bad_rows_name_the_field(tokenizer):
 def test_build_tools_and_engine(tmp_path):
     from pathlib import Path
 
-    from mcore_agentic.config.schema import ModelConfig, RLConfig
+    from mcore_agentic.feed.build import build_tools
     from mcore_agentic.rollout.engines import build_engine
     from mcore_agentic.rollout.engines.hf import HFEngine
-    from mcore_agentic.trainer.build import build_tools
 
     root = Path(__file__).resolve().parents[3]
     mt = MultiTurnConfig(enable=True, tool_config_path=str(root / "configs/tools/calculator_tool_config.yaml"))
-    tools, interactions, executor = build_tools(RLConfig(model=ModelConfig(model_path="x"), rollout=RolloutConfig(multi_turn=mt)))
+    tools, interactions, executor = build_tools(RolloutConfig(multi_turn=mt))
     try:
         assert set(tools) == {"calculator"} and interactions == {}
         assert tools["calculator"].executor is executor

@@ -14,12 +14,16 @@ import torch
 
 import mcore_agentic.algorithms.kl as kl
 import mcore_agentic.data.dataloader as dataloader
+import mcore_agentic.feed.build as feed_build
+import mcore_agentic.parallel.rollout_placement as rollout_placement
 import mcore_agentic.rewards as rewards
 import mcore_agentic.rollout.engines as engines
 import mcore_agentic.workers.offload as offload
 from mcore_agentic.config.schema import ModelConfig, RLConfig
 from mcore_agentic.trainer import build
 from mcore_agentic.workers.config import ActorConfig
+
+LAYOUT = SimpleNamespace(world_size=1, rank=0)
 
 
 class _Engine:
@@ -51,15 +55,21 @@ def log(monkeypatch) -> list[str]:
     monkeypatch.setattr(build, "ensure_model", lambda cfg: None)
     monkeypatch.setattr(build, "replay_routing_shape", lambda cfg: None)
     monkeypatch.setattr(build, "build_tokenizer", lambda path: list(range(10)))
-    monkeypatch.setattr(build, "build_tools", lambda cfg: ({}, {}, None))
-    monkeypatch.setattr(build, "build_datasets", lambda cfg, tok, tools: ([], None))
+    # The feed builds itself (feed/build.py): its tools, data, placement, engine and reward function; its Roller and
+    # Feed are stand-ins here that keep the engine it built.
+    monkeypatch.setattr(build, "feed_settings", lambda cfg, sizes: SimpleNamespace(rollout=cfg.rollout))
+    monkeypatch.setattr(feed_build, "build_tools", lambda rollout: ({}, {}, None))
+    monkeypatch.setattr(feed_build, "build_datasets", lambda data, rollout, tok, tools: ([], None))
+    monkeypatch.setattr(feed_build, "Roller", lambda settings, **kw: SimpleNamespace(engine=kw["engine"]))
+    monkeypatch.setattr(feed_build, "Feed", lambda settings, roller, **kw: SimpleNamespace(engine=roller.engine,
+                                                                                          batches_per_epoch=1))
     monkeypatch.setattr(dataloader, "make_train_loader", lambda *args: [])
     monkeypatch.setattr(build, "total_steps", lambda cfg, n: 1)
     monkeypatch.setattr(engines, "build_engine", build_engine)
     monkeypatch.setattr(build, "build_actor", worker("actor"))
     monkeypatch.setattr(build, "build_reference", worker("ref"))
     monkeypatch.setattr(build, "build_critic", worker("critic"))
-    monkeypatch.setattr(build, "build_weight_sync", lambda cfg, actor, engine: calls.append("weight_sync"))
+    monkeypatch.setattr(build, "build_weight_sync", lambda cfg, actor, engine, version: calls.append("weight_sync"))
     monkeypatch.setattr(rewards, "build_reward_fn", lambda cfg: None)
     monkeypatch.setattr(kl, "build_kl_controller", lambda cfg: None)
     return calls
@@ -71,11 +81,11 @@ def _first_draw() -> str:
 
 
 def test_engine_is_built_and_released_before_the_first_model(log, monkeypatch):
-    monkeypatch.setattr(build, "build_rollout_placement", lambda cfg, layout: SimpleNamespace(is_leader=True))
+    monkeypatch.setattr(rollout_placement, "RolloutPlacement", lambda *args: SimpleNamespace(is_leader=True))
     cfg = RLConfig(model=ModelConfig(model_path="/ckpt"), actor=ActorConfig(offload_pinned_mb=16))
     expected_draw = _first_draw()
     torch.manual_seed(0)
-    components = build.build_components(cfg, layout=None, sizes=None)
+    components = build.build_components(cfg, layout=LAYOUT, sizes=None)
     assert log == [
         "build_engine", "engine.release_memory",
         # the offload pool is bounded by actor.offload_pinned_mb before any worker exists
@@ -83,13 +93,13 @@ def test_engine_is_built_and_released_before_the_first_model(log, monkeypatch):
         "ref (pinned limit 16 MiB)", log[5], "critic (pinned limit 16 MiB)", log[7],
         "weight_sync",
     ]
-    assert isinstance(components.engine, _Engine)
+    assert isinstance(components.feed.engine, _Engine)
 
 
 def test_a_rank_without_an_engine_builds_the_workers_alone(log, monkeypatch):
-    monkeypatch.setattr(build, "build_rollout_placement", lambda cfg, layout: SimpleNamespace(is_leader=False))
-    components = build.build_components(RLConfig(model=ModelConfig(model_path="/ckpt")), layout=None, sizes=None)
-    assert components.engine is None
+    monkeypatch.setattr(rollout_placement, "RolloutPlacement", lambda *args: SimpleNamespace(is_leader=False))
+    components = build.build_components(RLConfig(model=ModelConfig(model_path="/ckpt")), layout=LAYOUT, sizes=None)
+    assert components.feed.engine is None
     assert [c for c in log if "draws" not in c] == [
         f"{w} (pinned limit {ActorConfig().offload_pinned_mb} MiB)" for w in ("actor", "ref", "critic")
     ] + ["weight_sync"]
