@@ -28,8 +28,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from mcore_agentic.endpoint.samples import SessionSettings
 from mcore_agentic.endpoint.server import EndpointServer, Limits, SessionRegistry, build_app, request_token
-from mcore_agentic.endpoint.session import Session, SessionSettings
+from mcore_agentic.endpoint.session import Session
 from mcore_agentic.endpoint.turn import ApiError
 from mcore_agentic.rollout.engines.base import engine_event_loop, engine_shutdown
 from mcore_agentic.rollout.engines.registry import ENGINE_NAMES

@@ -36,13 +36,16 @@ retry of the same request extends the sample again. :meth:`Session.close` ends t
 :attr:`Session.serving` says when the last of them has ended. The endpoint's loop changes the session only under
 :attr:`Session.lock` (never across an await), and whoever reads a closed session's samples holds it too, so a
 sample is never read half-changed.
+
+What a session records is :mod:`.samples`; how messages compare and render, :mod:`.messages`. This module stays one
+class over ~500 lines: matching, forking, sampling and recording are one state machine under one lock discipline,
+and splitting it would spread that discipline over modules.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
@@ -50,15 +53,24 @@ import secrets
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from mcore_agentic.endpoint.messages import (
+    bare_id,
+    cut_at_stop,
+    message_key,
+    mismatch_reason,
+    renderable,
+    split_reasoning,
+    tools_key,
+)
 from mcore_agentic.endpoint.round_gate import RoundClosed, RoundGate
+from mcore_agentic.endpoint.samples import Mark, Sample, Segment, SessionSettings, ThreadKey, Turn, prompt_digest
 from mcore_agentic.endpoint.turn import ApiError, TokenLogprob, ToolCallOut, TurnFinish, TurnRequest, TurnResult
 from mcore_agentic.rollout.agent_loop import assistant_message
 from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams, engine_event_loop
 from mcore_agentic.rollout.request import Trajectory
-from mcore_agentic.rollout.tokenization import ChatTokenizer, ConversationTokenizer
+from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.rollout.tool_call import ToolCall, ToolCallError, ToolCallParser
 
 logger = logging.getLogger(__name__)
@@ -67,165 +79,6 @@ MAX_STORED_RESPONSES = 64
 """Responses a session keeps for ``previous_response_id`` (the latest ones)."""
 FORK_REASONS: tuple[str, ...] = ("start", "tools_changed", "thinking_dropped", "retried", "rewritten", "concurrent")
 _TURN_NUMBERS = itertools.count()  # turn keys are unique in the process: an engine's request ids, shared by sessions
-
-
-@dataclass(frozen=True)
-class ThreadKey:
-    """What ties a request to a thread (module docstring): its model name, whether it offers tools, its leading
-    system text and its first user message."""
-
-    model: str
-    has_tools: bool
-    system: str
-    first_user: str
-
-    @classmethod
-    def of(cls, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> ThreadKey:
-        leading = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
-        system = "\n".join(m.get("content") or "" for m in messages[:leading])  # not mid-conversation ones
-        first_user = next((m.get("content") or "" for m in messages if m["role"] == "user"), "")
-        return cls(model, bool(tools), system, first_user)
-
-    def joins(self, other: ThreadKey) -> bool:
-        return (self.model == other.model and self.has_tools == other.has_tools
-                and (self.system == other.system or self.first_user == other.first_user))
-
-
-@dataclass(frozen=True)
-class SessionSettings:
-    """What every session of an endpoint shares: length budgets and sampling."""
-
-    prompt_length: int
-    """Longest first prompt of a sample (a fork's prompt holds the whole conversation so far)."""
-    response_length: int
-    """Token budget of a sample after its prompt: every assistant turn and environment message."""
-    max_model_len: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    honor_client_sampling: bool = False
-    """False (training): the policy's sampling settings, whatever the client asks (its log-probs must be the
-    policy's); the client's temperature/top_p are ignored and counted. True (standalone): the client's."""
-    max_messages: int = 512
-    """Most messages a request may carry."""
-    max_samples: int = 64
-    """Most samples (forks) one session may hold; a request past it gets HTTP 429."""
-    tools_in_prompt: bool = True
-    """False (``rollout.multi_turn.tool_schemas_in_prompt=false``): the template gets no tool list, for a model
-    fine-tuned on its tools; the request's tools still decide which calls are parsed."""
-
-
-@dataclass
-class Sample:
-    """One token-exact sample of a session: the ids the engine fed and sampled, in order."""
-
-    index: int
-    fork_reason: str
-    thread: int
-    """The thread the sample belongs to (the index of the thread's first sample)."""
-    thread_key: ThreadKey
-    tools: list[dict[str, Any]] | None
-    """The tool list the template renders (None: no tool section)."""
-    tools_key: str
-    messages: list[dict[str, Any]]
-    """As the template renders them: the client's environment messages, our assistant turns as sampled."""
-    echo: list[tuple[Any, ...]]
-    """Each message as the client should send it back (:func:`message_key`)."""
-    tokens: ConversationTokenizer
-    trajectory: Trajectory
-    num_prompt_messages: int
-    last_text: str | None = None
-    """The last sampled turn decoded, stop token included (None after an environment message)."""
-    last_eot: bool = False
-    turns: int = 0
-    last_generation: int = -1
-    """The session's generation count when this sample last sampled (the latest sample is the episode's row)."""
-    first_generation: int = -1
-    """The session's generation count at this sample's first turn: the turns the session sampled before it are
-    ``first_generation - 1`` (the episode's turn index of the sample's first turn)."""
-    finish_reason: TurnFinish | None = None
-    busy: bool = False
-    exhausted: bool = False
-    """A request found no room left in the sample's budget (it got ``context_length_exceeded``): the episode
-    ended by length, as the built-in loop's would, whatever the program does next."""
-    malformed_calls: int = 0
-    turn_ends: list[int] = field(default_factory=list)
-    """Per assistant turn of the sample: the response index of its last sampled token (-1: it sampled nothing)."""
-    turn_rewards: list[float] = field(default_factory=list)
-    """Per assistant turn of the sample: the rewards the agent posted for it (``/reward`` with ``turn``)."""
-
-    @property
-    def awaiting_environment(self) -> bool:
-        """Whether the sample ends with a turn we sampled, so a request may extend it."""
-        return self.turns > 0 and bool(self.echo) and self.echo[-1][0] == "assistant"
-
-
-@dataclass(frozen=True)
-class _Mark:
-    """Where a sample stood before a request's new messages went in: a turn that samples nothing goes back to it."""
-
-    length: int
-    messages: int
-    echo: int
-    texts: int
-    paths: Counter[Any]
-    used_fallback: bool
-
-    @classmethod
-    def of(cls, sample: Sample) -> _Mark:
-        tokens = sample.tokens
-        # ConversationTokenizer keeps the trajectory's text piece by piece (its ``text``, the sanity check's input).
-        return cls(len(sample.trajectory), len(sample.messages), len(sample.echo), len(tokens._texts),
-                   Counter(tokens.paths), tokens.used_fallback)
-
-    def restore(self, sample: Sample) -> None:
-        tokens = sample.tokens
-        sample.trajectory.truncate(self.length)
-        del sample.messages[self.messages:], sample.echo[self.echo:], tokens._texts[self.texts:]
-        tokens.paths.clear()
-        tokens.paths.update(self.paths)
-        tokens.used_fallback = self.used_fallback
-
-
-@dataclass
-class _Turn:
-    """One request's turn while the engine samples it."""
-
-    key: str
-    """The session's name of the turn (the engine's request id, when the engine can abort)."""
-    sample: Sample
-    messages: list[dict[str, Any]]
-    request: TurnRequest
-    mark: _Mark
-    prompt_ids: list[int]
-    params: SamplingParams
-    budget: int
-    answered: bool = False
-    """The engine has answered (nothing left to abort)."""
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One engine call of a session as the engine answered it: what replays the call after a resume."""
-
-    prompt: str
-    """The prompt ids' digest (:func:`prompt_digest`)."""
-    draws_before: int
-    max_new_tokens: int
-    token_ids: list[int]
-    log_probs: list[float]
-    finish_reason: str
-    version: int
-    """The weight version that sampled it."""
-    routed_experts: Any = None
-
-    def output(self) -> GenerationOutput:
-        return GenerationOutput(list(self.token_ids), list(self.log_probs), self.finish_reason,
-                                routed_experts=self.routed_experts)
-
-
-def prompt_digest(ids: Sequence[int]) -> str:
-    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
 
 
 class Session:
@@ -261,7 +114,7 @@ class Session:
         self.lock = threading.Lock()
         """Held while the endpoint's loop changes the session (never across an await), by :meth:`close`, and by
         whoever reads a closed session's samples (the rollout takes its rows under it)."""
-        self._turns: dict[str, _Turn] = {}  # the turns the engine is sampling, by key
+        self._turns: dict[str, Turn] = {}  # the turns the engine is sampling, by key
         self._abortable = callable(getattr(engine, "abort", None))  # a scripted stand-in may not abort
         self.gate: RoundGate | None = None
         """A rollout source's sessions (:mod:`.round_gate`): every engine call waits for a round and samples at most
@@ -339,7 +192,7 @@ class Session:
             finally:
                 self._end(turn, sampled=True)
 
-    async def _generate(self, turn: _Turn) -> tuple[GenerationOutput, list[int]]:
+    async def _generate(self, turn: Turn) -> tuple[GenerationOutput, list[int]]:
         """The engine's answer to ``turn`` and the weight version of each of its tokens: one call, or under a
         :attr:`gate` one per round the round's tokens cut it into (each goes on from the last's exact ids and random
         stream); a call :attr:`replay` holds is answered from it."""
@@ -389,7 +242,7 @@ class Session:
         self.replay_diverged = True
         return None
 
-    def _begin(self, request: TurnRequest) -> _Turn:
+    def _begin(self, request: TurnRequest) -> Turn:
         """Match ``request`` to a sample, add its new messages, and register the turn (session lock held)."""
         if self.closed:
             raise self._closed_error()
@@ -406,7 +259,7 @@ class Session:
         thread = ThreadKey.of(request.model, messages, request.tools)
         sample, start = self._match(messages, keys, request.tools, thread)
         sample.busy = True
-        mark = _Mark.of(sample)
+        mark = Mark.of(sample)
         try:
             room = self._add_messages(sample, messages, keys, start)
             budget = room if request.max_tokens is None else min(room, request.max_tokens)
@@ -415,12 +268,12 @@ class Session:
             sample.busy = False
             self._drop_if_empty(sample)
             raise
-        turn = _Turn(f"{self.id}-{next(_TURN_NUMBERS)}", sample, messages, request, mark,
+        turn = Turn(f"{self.id}-{next(_TURN_NUMBERS)}", sample, messages, request, mark,
                      list(sample.trajectory.ids), params, budget)
         self._turns[turn.key] = turn
         return turn
 
-    def _end(self, turn: _Turn, *, sampled: bool) -> None:
+    def _end(self, turn: Turn, *, sampled: bool) -> None:
         """The turn is over (session lock held); one that sampled nothing takes its messages back out."""
         del self._turns[turn.key]
         turn.sample.busy = False
@@ -479,7 +332,7 @@ class Session:
                     continue
                 reasons.append("concurrent")
             else:
-                reasons.append(_mismatch_reason(keys, s.echo))
+                reasons.append(mismatch_reason(keys, s.echo))
         if extends:
             best = max(extends, key=lambda s: len(s.echo))
             return best, len(best.echo)
@@ -533,7 +386,7 @@ class Session:
                            code="context_length_exceeded")
         return room
 
-    def _sampled(self, turn: _Turn, out: GenerationOutput, versions: list[int]) -> TurnResult:
+    def _sampled(self, turn: Turn, out: GenerationOutput, versions: list[int]) -> TurnResult:
         """Record what the engine sampled for ``turn`` (``versions``: each token's weight version) on its sample; the
         client's view of it (session lock held)."""
         sample, request, chat, traj = turn.sample, turn.request, self.chat, turn.sample.trajectory
@@ -545,7 +398,7 @@ class Session:
         ids, log_probs = list(out.token_ids[:budget]), list(out.log_probs[:budget])
         stop_text = None
         if request.stop:
-            ids, stop_text = _cut_at_stop(chat, ids, request.stop)
+            ids, stop_text = cut_at_stop(chat, ids, request.stop)
             log_probs = log_probs[: len(ids)]
         context = len(traj)
         at = 0
@@ -651,7 +504,7 @@ class Session:
 
     def _post_reward(self, value: float, turn: str | None) -> None:
         if turn is not None:
-            ref = self.latest_turn if turn == "latest" else self.turn_refs.get(_bare_id(turn))
+            ref = self.latest_turn if turn == "latest" else self.turn_refs.get(bare_id(turn))
             if ref is None:
                 raise ApiError(404, f"turn {turn!r} is not a response of this session"
                                     + (" (it has sampled no turn yet)" if turn == "latest" else ""),
@@ -720,99 +573,3 @@ async def engine_call(engine: RolloutEngine, prompt_ids: list[int], params: Samp
     if bound is None or bound is asyncio.get_running_loop():
         return await call
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, bound))
-
-
-# ----------------------------------------------------------------------------------------- messages
-def renderable(message: dict[str, Any]) -> dict[str, Any]:
-    """A common-form message as chat templates take it: tool-call arguments as objects (JSON text parsed)."""
-    out = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "tool_call_id",
-                                                     "reasoning_content", "name")}
-    if out.get("content") is None:
-        out["content"] = ""
-    if message.get("tool_calls"):
-        out["tool_calls"] = [{"id": c.get("id"), "type": "function",
-                              "function": {"name": c["function"]["name"],
-                                           "arguments": _arguments(c["function"].get("arguments"))}}
-                             for c in message["tool_calls"]]
-    elif "tool_calls" in out:
-        del out["tool_calls"]
-    if not out.get("reasoning_content"):
-        out.pop("reasoning_content", None)
-    return out
-
-
-def message_key(message: dict[str, Any]) -> tuple[Any, ...]:
-    """What of a message must stay the same for a request to extend a sample: the role, the text (the model's
-    edge-stripped), the calls' names and parsed arguments (not their ids or JSON spelling), the reasoning."""
-    role = message.get("role")
-    content = message.get("content") or ""
-    if role == "assistant":
-        calls = tuple((c["function"]["name"], _canonical_json(_arguments(c["function"].get("arguments"))))
-                      for c in message.get("tool_calls") or [])
-        reasoning = (message.get("reasoning_content") or "").strip()
-        return ("assistant", content.strip(), calls, reasoning)
-    return (role, content)
-
-
-def tools_key(tools: list[dict[str, Any]] | None) -> str:
-    return _canonical_json(tools or [])
-
-
-def _bare_id(response_id: str) -> str:
-    """The session's id of a response from the id a client got (any of the three APIs' prefixes)."""
-    for prefix in ("chatcmpl-", "resp_", "msg_"):
-        if response_id.startswith(prefix):
-            return response_id[len(prefix):]
-    return response_id
-
-
-def split_reasoning(text: str) -> tuple[str | None, str]:
-    """``(reasoning, visible)`` of a thinking template's turn: the text before ``</think>`` (without the opening
-    tag) and what follows it; ``(None, text)`` when the turn has no ``</think>``."""
-    end = text.find("</think>")
-    if end < 0:
-        return None, text
-    head = text[:end]
-    start = head.find("<think>")
-    reasoning = head[start + len("<think>"):] if start >= 0 else head
-    return reasoning.strip("\n"), text[end + len("</think>"):].lstrip("\n")
-
-
-def _mismatch_reason(keys: list[tuple[Any, ...]], echo: list[tuple[Any, ...]]) -> str:
-    for a, b in zip(keys, echo):
-        if a == b:
-            continue
-        if a[0] == b[0] == "assistant" and a[1:3] == b[1:3] and b[3] and not a[3]:
-            return "thinking_dropped"
-        return "rewritten"
-    return "retried" if len(keys) <= len(echo) else "rewritten"
-
-
-def _cut_at_stop(chat: ChatTokenizer, ids: list[int], stops: Sequence[str]) -> tuple[list[int], str | None]:
-    """The sampled ids up to the token that completes the first stop string (and that string), or all of them."""
-    text = chat.decode(ids)
-    found = [(text.find(s), s) for s in stops if s and s in text]
-    if not found:
-        return ids, None
-    _pos, stop = min(found)
-    lo, hi = 1, len(ids)  # the fewest tokens whose text holds the stop string (monotone in the count)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if stop in chat.decode(ids[:mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return ids[:lo], stop
-
-
-def _arguments(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments if arguments is not None else {}
-
-
-def _canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))

@@ -34,7 +34,6 @@ import asyncio
 import concurrent.futures
 import copy
 import logging
-import threading
 import time
 import uuid
 from collections import Counter
@@ -44,16 +43,16 @@ from typing import Any
 
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.endpoint.field_policy import metric_name
+from mcore_agentic.endpoint.host import AgentHost
 from mcore_agentic.endpoint.programs import (
     CommandRunner,
     ProgramOutcome,
     SessionAccess,
-    load_entrypoint,
     run_program,
 )
 from mcore_agentic.endpoint.round_gate import RoundGate
-from mcore_agentic.endpoint.server import EndpointServer, Limits, SessionRegistry, build_app
-from mcore_agentic.endpoint.session import Sample, Session, SessionSettings
+from mcore_agentic.endpoint.samples import Sample, SessionSettings
+from mcore_agentic.endpoint.session import Session
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.driver import build_requests, finish_batch, run_sync
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
@@ -75,59 +74,6 @@ def session_settings(cfg: RolloutConfig, *, honor_client_sampling: bool = False)
                            top_k=cfg.top_k, honor_client_sampling=honor_client_sampling, max_messages=a.max_messages,
                            max_samples=a.max_samples_per_session,
                            tools_in_prompt=cfg.multi_turn.tool_schemas_in_prompt)
-
-
-class AgentHost:
-    """What a rollout leader's agent programs share: the endpoint's server and session registry, the command runner,
-    and the thread whose event loop runs every program (a program outlives a round under partial rollouts)."""
-
-    def __init__(self, cfg: RolloutConfig):
-        a = cfg.agent
-        self.cfg = cfg
-        self.entry = load_entrypoint(a.entrypoint) if a.entrypoint else None
-        # How commands run (rollout.agent.sandbox, workdir, reward_command); a sandbox is proved to work here now.
-        self.runner = CommandRunner.from_config(a) if a.command else None
-        if a.command and a.sandbox == "none":
-            logger.warning("rollout.agent.command runs on this host as the trainer's user (rollout.agent.sandbox=none): "
-                           "a harness that runs the model's shell commands should run with sandbox=bwrap "
-                           "(docs/agents.md, 'Running harnesses sandboxed')")
-        self.registry = SessionRegistry()
-        self.server: EndpointServer | None = None
-        self.slots = asyncio.Semaphore(a.max_concurrent)
-        """Programs running at once (``rollout.agent.max_concurrent``), over every source of the host."""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        """The endpoint's root URL (the server starts on first use)."""
-        if self.server is None:
-            a = self.cfg.agent
-            app = build_app(self.registry, Limits(max_request_bytes=a.max_request_bytes))
-            self.server = EndpointServer(app, host=a.host, port=a.port,
-                                         unix_path=self.runner.socket_path if self.runner is not None else None)
-            logger.info("agent endpoint serving on %s", self.server.url)
-        return self.server.url
-
-    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
-        """Run ``coro`` on the programs' loop (its thread starts on first use)."""
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(target=self._loop.run_forever, name="agent-programs", daemon=True)
-            self._thread.start()
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def close(self) -> None:
-        if self.runner is not None:
-            self.runner.close()  # kills what still runs, removes every per-sample directory
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            assert self._thread is not None
-            self._thread.join(timeout=10)
-            self._loop = None
 
 
 @dataclass

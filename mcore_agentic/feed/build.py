@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from mcore_agentic.data.config import DataConfig
 from mcore_agentic.feed.engine import build_rollout_engine
-from mcore_agentic.feed.feed import Feed, FeedSettings, Roller
+from mcore_agentic.feed.feed import Feed, Roller
+from mcore_agentic.feed.settings import FeedSettings
 from mcore_agentic.rewards.config import RewardConfig
 from mcore_agentic.rollout.config import RolloutConfig
 

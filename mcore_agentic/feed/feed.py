@@ -27,12 +27,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mcore_agentic.data.batch import LAYOUT_KEYS, Batch
+from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed.distribute import (
     exchange_rows,
     filler_rows,
@@ -43,15 +43,16 @@ from mcore_agentic.feed.distribute import (
     tag_episodes,
     tag_groups,
 )
-from mcore_agentic.feed.fields import RETURNED, always_fields, field_names, select
+from mcore_agentic.feed.fields import RETURNED
 from mcore_agentic.feed.fresh_rounds import FreshRounds
+from mcore_agentic.feed.hand_off import ReplicaRows, StepRows
 from mcore_agentic.feed.partial_rounds import PartialRounds
 from mcore_agentic.feed.rollout_dump import DumpWriter, dump_rows
 from mcore_agentic.feed.rounds import SEED_STRIDE, Prompts, Rollout, Schedule, allocation, rollout_seed, run_rounds
 from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats, score_rollout
+from mcore_agentic.feed.settings import FeedSettings
 from mcore_agentic.feed.turn_states import turn_state_tensor
 from mcore_agentic.parallel import comm
-from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.driver import finish_batch, mismatch_line
 from mcore_agentic.rollout.engines.base import engine_shutdown, prefix_cache_stats
@@ -63,132 +64,6 @@ from mcore_agentic.tools.schema import openai_schemas
 from mcore_agentic.utils.timing import PhaseTimer
 
 logger = logging.getLogger(__name__)
-
-
-# ------------------------------------------------------------------------------------ the hand-off
-@dataclass(frozen=True)
-class ReplicaRows:
-    """This DP replica's rows of the step, padded to its own longest row (layout in :mod:`mcore_agentic.data.batch`):
-    the layout and the run's fields of the seam's table (:mod:`.fields`), tensors only."""
-
-    prompts: torch.Tensor
-    """[B, P] int64, left-padded."""
-    responses: torch.Tensor
-    """[B, R] int64, right-padded: every turn after the prompt (tool results included)."""
-    input_ids: torch.Tensor
-    """[B, P+R]"""
-    attention_mask: torch.Tensor
-    """[B, P+R], 1 on real tokens."""
-    position_ids: torch.Tensor
-    """[B, P+R]"""
-    fields: Mapping[str, torch.Tensor]
-    """The table's fields the run sends (:data:`.fields.FIELDS`: every run's, and each optional one whose setting is
-    on), by name, in the table's order."""
-
-    def __getattr__(self, name: str) -> torch.Tensor | None:
-        """A field of the table by name (``rows.turn_rewards``); None when this run does not send it."""
-        if name != "fields" and name in field_names():
-            return self.fields.get(name)
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-
-    def __len__(self) -> int:
-        return int(self.prompts.shape[0])
-
-    def batch(self) -> Batch:
-        """The rows as the workers take them (tensors only)."""
-        return Batch(tensors={**{k: getattr(self, k) for k in LAYOUT_KEYS}, **self.fields})
-
-    @classmethod
-    def from_batch(cls, batch: Batch) -> ReplicaRows:
-        """The hand-off of an exchanged batch: the layout and the table's fields, in their dtypes; any other tensor,
-        any per-row object, a missing layout key or a missing field of every run is refused."""
-        extra = set(batch.tensors) - set(LAYOUT_KEYS) - field_names()
-        if extra or batch.meta:
-            raise ValueError(f"a replica's rows are the hand-off's tensors only; got {sorted(extra | set(batch.meta))}")
-        missing = (set(LAYOUT_KEYS) | always_fields()) - set(batch.tensors)
-        if missing:
-            raise ValueError(f"a replica's rows lack {sorted(missing)}")
-        wrong = [f"{f.name} is {batch[f.name].dtype}, not {f.dtype}" for f in select(set(batch.tensors) - set(LAYOUT_KEYS))
-                 if batch[f.name].dtype != f.dtype]
-        if wrong:
-            raise ValueError(f"a replica's rows hold fields of other dtypes than the table's: {'; '.join(wrong)}")
-        fields = {f.name: batch.tensors[f.name] for f in select(set(batch.tensors) - set(LAYOUT_KEYS))}
-        return cls(**{k: batch.tensors[k] for k in LAYOUT_KEYS}, fields=fields)
-
-
-@dataclass
-class StepRows:
-    """What the feed hands the trainer for one step (identical structure on every rank)."""
-
-    rows: ReplicaRows
-    num_rows: int
-    """The step's rows over every replica: ``sequences_per_step``, or more when agent episodes trained several
-    samples (then a multiple of every mini-batch count times DP, filler rows included). Also the bound on the
-    step's group and episode ids (``rows.group_index``, ``rows.episode_index``)."""
-    metrics: dict[str, float]
-    """The step's rollout metrics (``reward/*``, ``rollout/*``, the schedule's), reduced over the world."""
-    step: int
-    receipt: Any = field(default=None, repr=False)
-    """The feed's own: the step's :class:`~.rounds.Rollout` (its plan and the leader's rows), for a dump step's return
-    trip."""
-
-
-# ------------------------------------------------------------------------------------ settings
-@dataclass(frozen=True)
-class DumpSettings:
-    """Trajectory dumps (``trainer.rollout_data_*``): where, how often, how much."""
-
-    root: str
-    freq: int
-    fraction: float
-    max_rows: int | None
-    queue_size: int
-    wait_s: float
-
-
-@dataclass(frozen=True)
-class FeedSettings:
-    """What the feed reads of the run's config (built by the trainer from it, one place)."""
-
-    rollout: RolloutConfig
-    prompts_per_step: int
-    """``data.train_batch_size``: prompt groups a step trains."""
-    sequences_per_step: int
-    mini_batch_sizes: tuple[int, ...]
-    """The actor's (and critic's) mini-batch rows: the plan deals rows in chunks every mini-batch is made of."""
-    plan_seed: int | None
-    """The actor's shuffle seed (None: rows in order); each step's plan adds ``step * SEED_STRIDE``."""
-    seed: int
-    max_response_length: int
-    overlong_buffer: OverlongBufferConfig
-    val_batch_size: int | None
-    filter_metric: str | None = None
-    """``algorithm.filter_groups.metric`` when it is enabled."""
-    max_num_gen_batches: int = 0
-    dumps: DumpSettings | None = None
-    fields: frozenset[str] = field(default_factory=always_fields)
-    """The fields of the seam's table the rows carry (:func:`.fields.wanted_fields` of the run's config). Their
-    producers run when they are wanted: scoring keeps each turn's reward at its turn (``turn_rewards``) and
-    numbers each turn's state (``turn_states``); with ``episode_index`` a step's rows are counted after the
-    rollout."""
-    gigpo_state: str = "observation"
-    """``algorithm.gigpo.state``: what a turn's state is, for the producer of ``turn_states``."""
-    row_multiple: int = 1
-    """With ``episodes``: the step's rows are padded (filler rows that train nothing) to a multiple of this — every
-    mini-batch count's least common multiple times DP, so each mini-batch splits evenly over the replicas."""
-
-    def __post_init__(self) -> None:
-        select(self.fields)  # every name is the table's
-
-    def wants(self, name: str) -> bool:
-        """Whether the rows carry the table's field ``name``."""
-        return name in self.fields
-
-    @property
-    def episodes(self) -> bool:
-        """Agent programs whose forked episodes train every sample (``rollout.agent.train_samples=all``): a step's
-        rows are counted after the rollout, and each carries its episode's id."""
-        return self.wants("episode_index")
 
 
 @dataclass
@@ -213,9 +88,9 @@ class Roller:
         self.chat = ChatTokenizer(self.tokenizer)
         self.agent_host: Any = None
         """On a leader with ``rollout.agent`` set: what its agent-program sources share (the session endpoint's
-        server, the programs' thread: :class:`~mcore_agentic.endpoint.source.AgentHost`; imported only then)."""
+        server, the programs' thread: :class:`~mcore_agentic.endpoint.host.AgentHost`; imported only then)."""
         if self.cfg.agent.enabled and self.leads:
-            from mcore_agentic.endpoint.source import AgentHost
+            from mcore_agentic.endpoint.host import AgentHost
 
             self.agent_host = AgentHost(self.cfg)
 

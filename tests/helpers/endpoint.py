@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcore_agentic.endpoint.samples import Sample, SessionSettings
 from mcore_agentic.endpoint.server import EndpointServer, Limits, SessionRegistry, build_app
-from mcore_agentic.endpoint.session import Sample, Session, SessionSettings
+from mcore_agentic.endpoint.session import Session
 from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.rollout.tool_parser import get_tool_parser

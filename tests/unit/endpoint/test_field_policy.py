@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from mcore_agentic.endpoint import anthropic_messages, field_policy, openai_chat, responses
-from mcore_agentic.endpoint.session import Session, SessionSettings
+from mcore_agentic.endpoint.samples import SessionSettings
+from mcore_agentic.endpoint.session import Session
 from mcore_agentic.endpoint.turn import ApiError, TurnRequest
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rollout.tokenization import ChatTokenizer

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from mcore_agentic.endpoint import anthropic_messages, openai_chat, responses
-from mcore_agentic.endpoint.session import ThreadKey
+from mcore_agentic.endpoint.samples import ThreadKey
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "harness_requests"
 ROUTES = {"/v1/messages": anthropic_messages.parse_request, "/v1/responses": responses.parse_request,

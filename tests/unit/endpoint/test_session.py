@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
-from mcore_agentic.endpoint.session import Session, SessionSettings, message_key
+from mcore_agentic.endpoint.messages import message_key
+from mcore_agentic.endpoint.samples import SessionSettings
+from mcore_agentic.endpoint.session import Session
 from mcore_agentic.endpoint.turn import ApiError, TurnRequest
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rollout.agent_loop import AgentContext, run_request

@@ -24,7 +24,8 @@ import torch
 import transformers
 
 from mcore_agentic.endpoint import source as source_module
-from mcore_agentic.endpoint.session import Session, SessionSettings
+from mcore_agentic.endpoint.samples import SessionSettings
+from mcore_agentic.endpoint.session import Session
 from mcore_agentic.endpoint.source import AgentSource
 from mcore_agentic.endpoint.turn import ApiError, TurnRequest
 from mcore_agentic.rollout.config import AgentConfig, RolloutConfig

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from mcore_agentic.feed.feed import FeedSettings, Roller
+from mcore_agentic.feed.feed import Roller
 from mcore_agentic.feed.fresh_rounds import FreshRounds
 from mcore_agentic.feed.partial_rounds import PartialRounds
 from mcore_agentic.feed.rounds import run_rounds
+from mcore_agentic.feed.settings import FeedSettings
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rollout.config import RolloutConfig
