@@ -5,8 +5,8 @@
     sizes = validate(cfg, world_size)
 
 verl's key names (``actor_rollout_ref.actor.optim.lr``) are accepted on the command line
-(:func:`translate_overrides`) and in YAML (:func:`load_config`); :mod:`mcore_agentic.config.verl_keys`
-holds the table. Every problem of a config is reported at once (:class:`ConfigErrors`).
+(:func:`translate_overrides`) and in YAML (:func:`load_config`): :mod:`mcore_agentic.config.verl_translate`
+applies the table of :mod:`mcore_agentic.config.verl_keys`. Every problem of a config is reported at once (:class:`ConfigErrors`).
 
 Every package's ``config.py`` imports :mod:`mcore_agentic.utils.errors`, and the
 tree imports every package's ``config.py``; so this ``__init__`` imports nothing
@@ -27,8 +27,8 @@ _EXPORTS = {
     "check_overrides": "mcore_agentic.config.load",
     "compose": "mcore_agentic.config.load",
     "load_config": "mcore_agentic.config.load",
-    "translate_config": "mcore_agentic.config.load",
-    "translate_overrides": "mcore_agentic.config.load",
+    "translate_config": "mcore_agentic.config.verl_translate",
+    "translate_overrides": "mcore_agentic.config.verl_translate",
     "build": "mcore_agentic.utils.walk",
     "to_dict": "mcore_agentic.utils.walk",
     "BatchSizes": "mcore_agentic.config.rules",

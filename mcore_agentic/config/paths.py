@@ -23,6 +23,9 @@ from mcore_agentic.utils.walk import get_dotted, set_dotted
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The repository (or installed source tree) root: the shipped configs' relative paths start here."""
 
+CONFIG_DIR = REPO_ROOT / "configs"
+"""The repository's Hydra config directory (``configs/``)."""
+
 INPUT_PATHS: dict[str, str] = {
     "model.model_path": "dir",
     "critic.model_path": "dir",

@@ -25,6 +25,7 @@ a rule in :mod:`mcore_agentic.config.rules`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import ClassVar
 
 from mcore_agentic.algorithms.config import AlgorithmConfig
@@ -36,7 +37,7 @@ from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.sharding.config import ShardingConfig
 from mcore_agentic.trainer.config import TrainerConfig
 from mcore_agentic.utils.errors import require
-from mcore_agentic.utils.walk import KeyHint
+from mcore_agentic.utils.walk import KeyHint, leaf_paths
 from mcore_agentic.workers.config import ActorConfig, CriticConfig, RefConfig, TeacherConfig
 
 
@@ -74,3 +75,15 @@ class RLConfig:
 
     def __post_init__(self) -> None:
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+
+
+@cache
+def native_leaves() -> frozenset[str]:
+    """Every dotted leaf key of the tree (``actor.optim.lr`` ...)."""
+    return frozenset(leaf_paths(RLConfig))
+
+
+@cache
+def native_groups() -> frozenset[str]:
+    """Every dotted group above a leaf (``actor``, ``actor.optim`` ...)."""
+    return frozenset(".".join(p.split(".")[:i]) for p in native_leaves() for i in range(1, p.count(".") + 1))
