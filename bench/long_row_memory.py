@@ -94,7 +94,7 @@ def one_variant(path: str, name: str, tokens: int, chunk_mb: int, device: str, d
                               optim=OptimConfig(lr=1e-5, **variant.get("optim", {})),
                               recompute=RecomputeConfig(**variant["recompute"])),
                   ModelSpec(path, dtype, parallel=par, logits_chunk_mb=mb), layout, mini_batch_sequences=1)
-    vocab = actor.engine.vocab_size
+    vocab = actor.model.vocab_size
     g = torch.Generator().manual_seed(0)
     prompt, response = 512, tokens - 512
     ids = torch.randint(0, vocab, (1, tokens), generator=g)
@@ -126,10 +126,10 @@ def one_variant(path: str, name: str, tokens: int, chunk_mb: int, device: str, d
                 "before_gb": resident, "log_prob_gb": log_prob_gb, "update_gb": update_gb,
                 "log_prob_s": scored_s, "update_s": total_s - scored_s, "grad_norm": metrics["grad_norm"],
                 "log_prob_sum": float(scored["old_log_probs"].float().sum()),
-                "tokens_per_s": tokens / total_s, "chunk_tokens": actor.engine.logits_chunk_tokens}
+                "tokens_per_s": tokens / total_s, "chunk_tokens": actor.model.logits_chunk_tokens}
     return {"variant": name, "peak_gb": peak / 2**20, "before_gb": before / 2**20, "log_prob_s": scored_s,
             "update_s": total_s - scored_s, "grad_norm": metrics["grad_norm"],
-            "log_prob_sum": float(scored["old_log_probs"].sum()), "chunk_tokens": actor.engine.logits_chunk_tokens}
+            "log_prob_sum": float(scored["old_log_probs"].sum()), "chunk_tokens": actor.model.logits_chunk_tokens}
 
 
 def planner_bytes(vocab: int, tokens: int, chunk_mb: int, recompute: dict, shape: dict, dtype: str,

@@ -101,11 +101,11 @@ def main(argv: list[str] | None = None) -> None:
         replayed[0] += int(known.sum()) * target.shape[1]
         replayed[1] += int(((output[1] == chosen).all(-1) & known).sum()) * target.shape[1]
 
-    for chunk in actor.engine.chunks:
+    for chunk in actor.model.chunks:
         for m in chunk.modules():
             if isinstance(m, TopKRouter):
                 m.register_forward_hook(count)
-    head = log_prob_head(actor.engine, 1.0, False)
+    head = log_prob_head(actor.model, 1.0, False)
     rows = []
     for engine_dtype in (torch.bfloat16, torch.float32):
         t = time.perf_counter()
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         mask = batch["response_mask"].bool()
         for replay in (False, True):
             replayed[:] = [0, 0]
-            with actor.engine.routing.use(replay=replay, measure=True):
-                lp = actor.engine.forward_only(batch, head, actor.batching)["log_probs"]
+            with actor.model.routing.use(replay=replay, measure=True):
+                lp = actor.model.forward_only(batch, head, actor.batching)["log_probs"]
             agreement = actor.routing_metrics()["rollout/routing_agreement"]
             gap = (lp - batch["rollout_log_probs"])[mask].abs().double()
             stats = torch.tensor([float(gap.max()), float(gap.sum()), float(gap.numel()), *replayed],

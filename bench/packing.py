@@ -112,7 +112,7 @@ def _run_mode(name: str, packed: bool, dynamic: bool, model_dir: str, full, a: a
     share = deal_rows(full["attention_mask"].sum(1).tolist(), chunk=len(full), dp=layout.data_parallel_size,
                       seed=None)[layout.dp_rank]
     batch = full.index(share)
-    groups, mbs = actor.engine.micro_batches(batch, actor.batching)
+    groups, mbs = actor.model.micro_batches(batch, actor.batching)
     largest = max(mb.packed.num_tokens for mb in mbs)
     with PeakRSS() as mem:
         batch = actor.compute_log_prob(batch)  # warm-up (and the old log-probs the update needs)

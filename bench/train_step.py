@@ -126,10 +126,10 @@ def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> list[dict[str
         optim=OptimConfig(lr=1e-6),
     )
     actor = Actor(cfg, ModelSpec(model_dir, a.dtype, parallel=par), layout, mini_batch_sequences=a.batch)
-    full = _batch(a.batch, a.prompt, a.response, actor.engine.vocab_size, min_frac=a.min_response_frac)
+    full = _batch(a.batch, a.prompt, a.response, actor.model.vocab_size, min_frac=a.min_response_frac)
     lengths = full["attention_mask"].sum(1).tolist()
     tokens = int(sum(lengths))  # the step's, over every replica
-    fwd_flops = forward_flops(actor.engine.hf_config, lengths)
+    fwd_flops = forward_flops(actor.model.hf_config, lengths)
     cuda = a.device == "cuda"
 
     def timed(fn) -> float:
@@ -147,7 +147,7 @@ def _run_layout(tp: int, model_dir: str, a: argparse.Namespace) -> list[dict[str
     from mcore_agentic.parallel.local_attention import LocalDotProductAttention
 
     rows = []
-    params = sum(p.numel() for p in actor.engine.chunks[0].parameters())
+    params = sum(p.numel() for p in actor.model.chunks[0].parameters())
     fused_devices = LocalDotProductAttention.fused_devices
     attentions = ["eager", "fused"] if a.attention == "both" else [a.attention]
     for attention, packing in [(att, pk) for att in attentions

@@ -67,7 +67,7 @@ def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, 
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel
     from mcore_agentic.trainer.model_checkpoint import load_worker
-    from mcore_agentic.workers.engine import MegatronEngine
+    from mcore_agentic.workers.megatron_model import MegatronModel
 
     checkpoint, out = Path(checkpoint), Path(out)
     actor_dir = checkpoint / "actor"
@@ -86,9 +86,9 @@ def export(checkpoint: str | Path, out: str | Path, *, base: str | None = None, 
         problems = CheckpointManager(checkpoint.parent).verify(checkpoint)  # every byte, split across ranks
         if problems:
             raise SystemExit(f"error: {checkpoint} fails verification: {summarize(problems)}; export another checkpoint")
-        engine = MegatronEngine(ModelSpec(base_path, dtype, parallel=parallel), layout, optim=None)
-        load_worker(actor_dir, engine, load_optimizer=False)
-        tensors = engine.bridge.export_hf_weights(engine.chunks)  # collective: every rank iterates
+        model = MegatronModel(ModelSpec(base_path, dtype, parallel=parallel), layout, optim=None)
+        load_worker(actor_dir, model, load_optimizer=False)
+        tensors = model.bridge.export_hf_weights(model.chunks)  # collective: every rank iterates
         if layout.rank == 0:
             save_hf_checkpoint(out, tensors, load_hf_config(base_path))
             for name in TOKENIZER_FILES:

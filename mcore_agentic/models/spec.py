@@ -3,7 +3,7 @@
 The trainer builds it once from the config (``trainer.build.model_spec``: the ``model`` group, the
 actor's parallel sizes, the tokenizer's vocabulary, the rollout's temperature, the routing-replay shape)
 and hands the same object to the actor, reference, critic (each through its
-:class:`~mcore_agentic.workers.engine.MegatronEngine`) and to the rollout engine builder
+:class:`~mcore_agentic.workers.megatron_model.MegatronModel`) and to the rollout engine builder
 (:func:`mcore_agentic.rollout.engines.build_engine`). A new model option is a field of the ``model``
 config group, a field here, and the one place that reads it. Per-role settings (batching, optimizer,
 offload, losses) stay in each role's own config.

@@ -2,7 +2,7 @@
 
 For each rank asked about, a world of ``world_size`` ranks is made of torch's ``fake`` process groups (no
 communication, one process), Megatron's parallel state is initialised with the layout's sizes, and the bridge
-builds the rank's model chunks exactly as :class:`~mcore_agentic.workers.engine.MegatronEngine` does — on the
+builds the rank's model chunks exactly as :class:`~mcore_agentic.workers.megatron_model.MegatronModel` does — on the
 ``meta`` device, so a 30B model costs no memory. Megatron's DDP then lays out its parameter and gradient buffers
 (its padding rules), and the distributed optimizer's own range map says which slice of each buffer this rank's
 optimizer owns. Nothing here restates a shape or a sharding rule: the bytes are those of the build.

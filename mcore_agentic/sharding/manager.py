@@ -84,7 +84,7 @@ class ExportableModel(Protocol):
 class RolloutPolicy(Protocol):
     """What the manager needs of the trained policy: its model, and its offload interface around a rollout."""
 
-    engine: ExportableModel
+    model: ExportableModel
 
     def offload_before_export(self) -> int: ...
 
@@ -151,7 +151,7 @@ class ShardingManager:
         self.engine = engine if engine is not None else NoEngine()
         self.version = version if version is not None else WeightVersion()
         self.transport = transport if transport is not None else make_transport(cfg.transport)
-        self.exporter = StreamingExporter(actor.engine.bridge, actor.engine.chunks, bucket_bytes=cfg.bucket_bytes)
+        self.exporter = StreamingExporter(actor.model.bridge, actor.model.chunks, bucket_bytes=cfg.bucket_bytes)
         self._rollout_rng = RngState.seeded(rollout_seed)
         self._training_rng: RngState | None = None
         self.last_sync: SyncStats | None = None

@@ -29,7 +29,7 @@ Usage with :class:`~mcore_agentic.trainer.checkpoint.CheckpointManager`::
     manager.load(path, readers=model_state_readers(actor=actor, critic=critic))
 
 or per worker ``save_worker(dir, worker)`` / ``load_worker(dir, worker)``. Every rank must call.
-A weights-only load (``load_optimizer=False``, or an engine built with
+A weights-only load (``load_optimizer=False``, or a model built with
 ``optim=None``) is the path of an HF export from a checkpoint. Offloaded workers
 are reloaded for the save/load and offloaded again afterwards.
 
@@ -75,62 +75,62 @@ def _sharded_metadata() -> dict[str, Any]:
     }
 
 
-def _engine(worker: Any) -> Any:
-    engine = getattr(worker, "engine", worker)
-    if not hasattr(engine, "chunks"):
-        raise TypeError(f"{type(worker).__name__} is neither a worker with an .engine nor a MegatronEngine")
-    return engine
+def _megatron_model(worker: Any) -> Any:
+    model = getattr(worker, "model", worker)
+    if not hasattr(model, "chunks"):
+        raise TypeError(f"{type(worker).__name__} is neither a worker with a .model nor a MegatronModel")
+    return model
 
 
 _OFFLOAD_GROUPS = ("params", "grads", "optimizer")
 
 
 @contextmanager
-def _onloaded(engine: Any) -> Iterator[None]:
+def _onloaded(model: Any) -> Iterator[None]:
     """Bring offloaded state back for the duration (save reads it, load writes it), then offload it again.
 
     Loading into offloaded storage would be undone by the next ``reload()``, which copies
     the bytes saved at offload time back in; so we reload first and offload afterwards.
     """
-    offloaded = [g for g in _OFFLOAD_GROUPS if engine.offloader.is_offloaded(g)]
+    offloaded = [g for g in _OFFLOAD_GROUPS if model.offloader.is_offloaded(g)]
     if offloaded:
-        engine.reload()
+        model.reload()
     try:
         yield
     finally:
         if offloaded:
-            engine.offload(**{g: g in offloaded for g in _OFFLOAD_GROUPS})
+            model.offload(**{g: g in offloaded for g in _OFFLOAD_GROUPS})
 
 
-def _dp_group(engine: Any) -> Any:
+def _dp_group(model: Any) -> Any:
     """The group whose ranks hold the same model shard (DP x CP), or None when it is this rank alone."""
-    group = engine.layout.dp_group(with_context_parallel=True)
+    group = model.layout.dp_group(with_context_parallel=True)
     return group if group.size() > 1 else None
 
 
-def _save_strategy(engine: Any) -> Any:
+def _save_strategy(model: Any) -> Any:
     """torch_dist, with what DP ranks hold alike written by one of them each, spread over the DP group."""
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
     strategy = get_default_save_sharded_strategy()
-    group = _dp_group(engine)
+    group = _dp_group(model)
     return FullyParallelSaveStrategyWrapper(strategy, group) if group is not None else strategy
 
 
-def _load_strategy(engine: Any, directory: Path) -> Any:
+def _load_strategy(model: Any, directory: Path) -> Any:
     """torch_dist; on a GPU, what DP ranks hold alike is read once per DP group and broadcast (over NCCL)."""
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
 
     strategy = get_default_load_sharded_strategy(str(directory))
-    group = _dp_group(engine)
-    if group is None or engine.device.type != "cuda":  # the wrapper's exchange and syncs are CUDA's
+    group = _dp_group(model)
+    if group is None or model.device.type != "cuda":  # the wrapper's exchange and syncs are CUDA's
         return strategy
     return FullyParallelLoadStrategyWrapper(strategy, group)
 
 
-def _load_sharded(sharded: dict[str, Any], directory: Path, engine: Any) -> dict[str, Any]:
+def _load_sharded(sharded: dict[str, Any], directory: Path, model: Any) -> dict[str, Any]:
     """``dist_checkpointing.load``; its failure is one line naming the directory.
 
     torch.distributed.checkpoint raises ``CheckpointException``, a ``BaseException`` holding each
@@ -143,7 +143,7 @@ def _load_sharded(sharded: dict[str, Any], directory: Path, engine: Any) -> dict
     from mcore_agentic.utils.errors import first_line
 
     try:
-        return dist_checkpointing.load(sharded, str(directory), sharded_strategy=_load_strategy(engine, directory))
+        return dist_checkpointing.load(sharded, str(directory), sharded_strategy=_load_strategy(model, directory))
     except CheckpointException as exc:
         failure = next(iter(exc.failures.values()), exc) if getattr(exc, "failures", None) else exc
         raise CheckpointError(
@@ -178,29 +178,29 @@ def _state_dict(
 ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], None] | None]:
     """The sharded state dict of ``worker`` (model, optimizer) plus its plain state, and (with the optimizer) the
     function that takes the loaded optimizer state in."""
-    engine = _engine(worker)
+    model = _megatron_model(worker)
     metadata = _sharded_metadata()
     state: dict[str, Any] = {}
-    for key, chunk in zip(_model_keys(engine.chunks), engine.chunks):
+    for key, chunk in zip(_model_keys(model.chunks), model.chunks):
         # The bare GPTModel (no DDP/Float16Module "module." level): the same keys whatever the wrapping.
         state[key] = unwrap_model(chunk).sharded_state_dict(metadata=metadata)
     contents = ["model"]
     take_in = None
     if with_optimizer:
         # The optimizer's sharded dict refers to the model's ShardedTensors (it copies their keys/offsets).
-        model_sd = {k: state[k] for k in _model_keys(engine.chunks)}
-        if len(engine.chunks) == 1:
+        model_sd = {k: state[k] for k in _model_keys(model.chunks)}
+        if len(model.chunks) == 1:
             model_sd = model_sd["model"]
-        if optimizer_shards.applies(engine.optimizer):
+        if optimizer_shards.applies(model.optimizer):
             state["optimizer"], take_in = optimizer_shards.sharded_state_dict(
-                engine.optimizer, model_sd, is_loading=is_loading
+                model.optimizer, model_sd, is_loading=is_loading
             )
         else:
-            state["optimizer"] = engine.optimizer.sharded_state_dict(
+            state["optimizer"] = model.optimizer.sharded_state_dict(
                 model_sd, is_loading=is_loading, metadata=metadata
             )
-            take_in = engine.optimizer.load_state_dict
-        state["scheduler"] = engine.scheduler.state_dict()
+            take_in = model.optimizer.load_state_dict
+        state["scheduler"] = model.scheduler.state_dict()
         contents.append("optimizer")
     # Plain values are "common" state: rank 0 writes them, every rank reads them.
     state["updates"] = int(getattr(worker, "_updates", 0))
@@ -210,21 +210,21 @@ def _state_dict(
 
 
 def save_worker(directory: str | os.PathLike, worker: Any, *, with_optimizer: bool | None = None) -> None:
-    """Write ``worker`` (an Actor/Critic, or a bare MegatronEngine) into ``directory`` (collective).
+    """Write ``worker`` (an Actor/Critic, or a bare MegatronModel) into ``directory`` (collective).
 
-    ``with_optimizer`` defaults to whether the engine is trainable. ``directory``
+    ``with_optimizer`` defaults to whether the model is trainable. ``directory``
     must exist and be empty (the checkpoint manager creates it).
     """
     from megatron.core import dist_checkpointing
 
-    engine = _engine(worker)
+    model = _megatron_model(worker)
     if with_optimizer is None:
-        with_optimizer = engine.optimizer is not None
-    if with_optimizer and engine.optimizer is None:
-        raise ValueError("save_worker(with_optimizer=True): this engine has no optimizer (built with optim=None)")
-    with _onloaded(engine):
+        with_optimizer = model.optimizer is not None
+    if with_optimizer and model.optimizer is None:
+        raise ValueError("save_worker(with_optimizer=True): this model has no optimizer (built with optim=None)")
+    with _onloaded(model):
         state, _ = _state_dict(worker, with_optimizer=with_optimizer, is_loading=False)
-        dist_checkpointing.save(state, str(directory), sharded_strategy=_save_strategy(engine))
+        dist_checkpointing.save(state, str(directory), sharded_strategy=_save_strategy(model))
 
 
 def load_worker(
@@ -232,16 +232,16 @@ def load_worker(
 ) -> dict[str, Any]:
     """Load ``directory`` (written by :func:`save_worker`, at any TP/PP/DP) into ``worker`` (collective).
 
-    Restores the model; with ``load_optimizer`` (and a trainable engine) also the
+    Restores the model; with ``load_optimizer`` (and a trainable model) also the
     optimizer state, the LR schedule and the worker's update counter. Returns the
     checkpoint's plain state (``contents``, ``updates``, ``scheduler``).
     ``optim_from`` (``trainer.resume_optim_from``): ``checkpoint`` keeps the saved schedule's settings
     (lr, min_lr, warmup, decay, weight decay) and the optimizer's betas and eps; ``config`` keeps the
-    engine's own (this run's config), continuing from the saved step.
+    model's own (this run's config), continuing from the saved step.
     """
     from megatron.core import dist_checkpointing
 
-    engine = _engine(worker)
+    model = _megatron_model(worker)
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"model checkpoint directory {directory} does not exist")
@@ -249,37 +249,37 @@ def load_worker(
     common = dist_checkpointing.load_common_state_dict(str(directory))
     if common.get("format") != FORMAT:
         raise ValueError(f"{directory}: not a {FORMAT} checkpoint (format={common.get('format')!r})")
-    want_optimizer = load_optimizer and engine.optimizer is not None
+    want_optimizer = load_optimizer and model.optimizer is not None
     if want_optimizer and "optimizer" not in common["contents"]:
         raise ValueError(
             f"{directory} holds no optimizer state (saved without an optimizer): "
             "load it with load_optimizer=False to take the weights only"
         )
-    with _onloaded(engine):
+    with _onloaded(model):
         if want_optimizer:
             # Megatron keeps each group's max_lr/min_lr in the group (get_lr reads them first): this run's, with Adam's.
-            mine = [{k: g[k] for k in ("betas", "eps", "max_lr", "min_lr") if k in g} for g in engine.optimizer.param_groups]
-            if optimizer_shards.applies(engine.optimizer):
+            mine = [{k: g[k] for k in ("betas", "eps", "max_lr", "min_lr") if k in g} for g in model.optimizer.param_groups]
+            if optimizer_shards.applies(model.optimizer):
                 # Param groups and step first; it allocates a fresh optimizer's state, which the shards load into.
-                optimizer_shards.load_plain_state(engine.optimizer, common["optimizer"])
+                optimizer_shards.load_plain_state(model.optimizer, common["optimizer"])
         sharded, take_in = _state_dict(worker, with_optimizer=want_optimizer, is_loading=True)
         for key in ("updates", "contents", "format"):
             sharded.pop(key)
         if not want_optimizer:
             sharded.pop("scheduler", None)
-        loaded = _load_sharded(sharded, directory, engine)
-        for key, chunk in zip(_model_keys(engine.chunks), engine.chunks):
+        loaded = _load_sharded(sharded, directory, model)
+        for key, chunk in zip(_model_keys(model.chunks), model.chunks):
             unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
         if want_optimizer:
             assert take_in is not None
             take_in(loaded["optimizer"])
             # Sets num_steps and the optimizer's lr/wd from the schedule, with the saved settings or this run's.
-            engine.scheduler.override_opt_param_scheduler = optim_from == "config"
-            engine.scheduler.use_checkpoint_opt_param_scheduler = optim_from != "config"
+            model.scheduler.override_opt_param_scheduler = optim_from == "config"
+            model.scheduler.use_checkpoint_opt_param_scheduler = optim_from != "config"
             if optim_from == "config":
-                for group, values in zip(engine.optimizer.param_groups, mine):
+                for group, values in zip(model.optimizer.param_groups, mine):
                     group.update(values)
-            engine.scheduler.load_state_dict(common["scheduler"])
+            model.scheduler.load_state_dict(common["scheduler"])
             if hasattr(worker, "_updates"):
                 worker._updates = int(common["updates"])
     return common

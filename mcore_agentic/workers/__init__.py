@@ -1,10 +1,11 @@
-"""Actor, reference and critic over a shared Megatron engine.
+"""Actor, reference, critic and teacher, each over its own Megatron model (``.model``).
 
 Modules (import them directly; nothing heavy is imported here):
 
 - ``config``: ``ActorConfig`` / ``RefConfig`` / ``CriticConfig`` / ``OptimConfig`` (light imports);
-- ``engine``: ``MegatronEngine`` — bridge build, DDP, optimizer + LR schedule, pipeline schedule,
-  CP split/gather, micro-batching; ``forward_only`` / ``forward_backward`` / ``step``;
+- ``megatron_model``: ``MegatronModel`` — bridge build, pipeline schedule, CP split/gather,
+  micro-batching; ``forward_only`` / ``forward_backward`` / ``step``;
+- ``optimizer``: a trained model's DDP wrapper, optimizer and LR schedule;
 - ``actor``: ``Actor.compute_log_prob`` / ``update_policy`` / ``sft_step``;
 - ``reference``: ``Reference.compute_ref_log_prob``;
 - ``critic``: ``Critic.compute_values`` / ``update_critic`` (zero-initialised value head);

@@ -28,12 +28,12 @@ from mcore_agentic.data.batch import Batch
 from mcore_agentic.models.spec import ModelSpec
 from mcore_agentic.parallel.layout import ParallelLayout
 from mcore_agentic.workers.config import ActorConfig
-from mcore_agentic.workers.engine import MegatronEngine, MicroBatch, MicroBatching
+from mcore_agentic.workers.megatron_model import MegatronModel, MicroBatch, MicroBatching
 from mcore_agentic.workers.passes import MODEL_KEYS, dp_share, log_prob_head, ppo_epochs, require_keys
 
 
 class Actor:
-    """The policy: a trainable :class:`MegatronEngine` plus the PPO and SFT losses."""
+    """The policy: a trainable :class:`MegatronModel` plus the PPO and SFT losses."""
 
     def __init__(
         self,
@@ -51,7 +51,7 @@ class Actor:
         """Sequences per optimizer step over all DP ranks: ``ppo_mini_batch_size`` counts *prompts* (verl);
         the trainer converts it once (``config.rules.PPOBatchSizes.mini_batch_sequences``: prompts x rollout.n)."""
         self.temperature = spec.temperature
-        self.engine = MegatronEngine(
+        self.model = MegatronModel(
             spec,
             layout,
             optim=cfg.optim,
@@ -73,9 +73,9 @@ class Actor:
     def compute_log_prob(self, batch: Batch, *, calculate_entropy: bool = False) -> Batch:
         """``batch`` plus ``old_log_probs`` [B, R] (and ``entropys`` [B, R]); 0 on response padding."""
         require_keys(batch, MODEL_KEYS, "Actor.compute_log_prob")
-        head = log_prob_head(self.engine, self.temperature, calculate_entropy)
+        head = log_prob_head(self.model, self.temperature, calculate_entropy)
         with self._routing(replay=self.cfg.moe.routing_replay == "rollout", measure=True):
-            out = self.engine.forward_only(batch, head, self.batching)
+            out = self.model.forward_only(batch, head, self.batching)
         tensors = {"old_log_probs": out["log_probs"]}
         if calculate_entropy:
             tensors["entropys"] = out["entropys"]
@@ -115,24 +115,24 @@ class Actor:
         self._updates += 1
         with self._routing(replay=self.cfg.moe.routing_replay == "rollout", measure=False):
             metrics = ppo_epochs(
-                self.engine, batch, mini_batch_size=mini_batch_size or self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
+                self.model, batch, mini_batch_size=mini_batch_size or self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
                 shuffle=self.cfg.shuffle, seed=seed,
-                head=log_prob_head(self.engine, self.temperature, True, candidates=top_k),
+                head=log_prob_head(self.model, self.temperature, True, candidates=top_k),
                 make_loss=lambda norms: self._ppo_loss_fn(norms, distill), batching=self.batching,
             )
         # MoE: expert load over this step's actor passes (old log-probs and the updates); {} for a dense model.
-        return {**metrics, **self.engine.moe_metrics()}
+        return {**metrics, **self.model.moe_metrics()}
 
     def routing_metrics(self) -> dict[str, float]:
         """``rollout/routing_agreement`` of the old-log-prob passes since the last call (``actor.moe.routing_replay``
         on a mixture-of-experts model; else {}). Collective over the world."""
-        return self.engine.routing.pop_agreement() if self.engine.routing is not None else {}
+        return self.model.routing.pop_agreement() if self.model.routing is not None else {}
 
     def _routing(self, *, replay: bool, measure: bool) -> Any:
         """A pass's routing replay switches (nothing for a dense model or ``actor.moe.routing_replay=disable``)."""
-        if self.engine.routing is None:
+        if self.model.routing is None:
             return contextlib.nullcontext()
-        return self.engine.routing.use(replay=replay, measure=measure)
+        return self.model.routing.use(replay=replay, measure=measure)
 
     # ------------------------------------------------------------------ SFT
     def sft_step(self, batch: Batch) -> dict[str, float]:
@@ -142,36 +142,36 @@ class Actor:
         replica trains its share."""
         require_keys(batch, MODEL_KEYS, "Actor.sft_step")
         norms = loss_normalisers(batch["response_mask"])
-        head = log_prob_head(self.engine, 1.0, with_entropy=False)
+        head = log_prob_head(self.model, 1.0, with_entropy=False)
 
         def loss_fn(resp: dict[str, torch.Tensor], mb: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             loss = -agg_loss(resp["log_probs"], mb.data["response_mask"], "token-mean", global_tokens=norms.tokens)
             return loss, {"sft_loss": loss.detach()}
 
-        self.engine.zero_grad()
-        sums = self.engine.forward_backward(dp_share(batch, self.engine.layout), head, loss_fn, self.batching)
-        return {**sums, **self.engine.step()}
+        self.model.zero_grad()
+        sums = self.model.forward_backward(dp_share(batch, self.model.layout), head, loss_fn, self.batching)
+        return {**sums, **self.model.step()}
 
     # ------------------------------------------------------------------ weights / memory
     def export_hf_weights(self) -> dict[str, torch.Tensor]:
         """Full HF tensors of the current policy (collective)."""
-        return self.engine.export_hf_weights()
+        return self.model.export_hf_weights()
 
     # ------------------------------------------------------------------ rollout-time offload (verl's actor.*_offload)
     def offload_before_export(self) -> int:
         """Gradient buffers and optimizer state off the device (``actor.grad_offload`` / ``optimizer_offload``):
         the weight export does not read them. Parameters left offloaded come back, the export reads them."""
-        if self.engine.offloader.is_offloaded("params"):
-            self.engine.offloader.reload("params")
-        return self.engine.offload(params=False, grads=self.cfg.grad_offload, optimizer=self.cfg.optimizer_offload)
+        if self.model.offloader.is_offloaded("params"):
+            self.model.offloader.reload("params")
+        return self.model.offload(params=False, grads=self.cfg.grad_offload, optimizer=self.cfg.optimizer_offload)
 
     def offload_after_export(self) -> int:
         """Parameters off the device while the rollout runs (``actor.param_offload``)."""
-        return self.engine.offload(params=self.cfg.param_offload, grads=False, optimizer=False)
+        return self.model.offload(params=self.cfg.param_offload, grads=False, optimizer=False)
 
     def reload(self) -> int:
         """Everything offloaded back on the device."""
-        return self.engine.reload()
+        return self.model.reload()
 
 
 __all__ = ["Actor"]

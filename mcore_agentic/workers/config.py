@@ -260,7 +260,7 @@ class MoEConfig:
 
 @dataclass(frozen=True)
 class ActorConfig:
-    """The policy being trained (Megatron engine + PPO update). The checkpoint and dtype are the ``model`` group's.
+    """The policy being trained (Megatron model + PPO update). The checkpoint and dtype are the ``model`` group's.
 
     Batch sizes count sequences (rows of the batch, i.e. prompts x samples per
     prompt) summed over data-parallel ranks, except ``*_per_gpu`` ones.

@@ -28,7 +28,7 @@ from mcore_agentic.models.bridge import unwrap_model
 from mcore_agentic.models.spec import ModelSpec
 from mcore_agentic.parallel.layout import ParallelLayout
 from mcore_agentic.workers.config import CriticConfig
-from mcore_agentic.workers.engine import MegatronEngine, MicroBatch, MicroBatching
+from mcore_agentic.workers.megatron_model import MegatronModel, MicroBatch, MicroBatching
 from mcore_agentic.workers.passes import MODEL_KEYS, ppo_epochs, require_keys
 
 
@@ -79,7 +79,7 @@ def _attach_value_heads(chunks: list[Any]) -> None:
 
 
 class Critic:
-    """A trainable :class:`MegatronEngine` with a value head plus the clipped value loss."""
+    """A trainable :class:`MegatronModel` with a value head plus the clipped value loss."""
 
     def __init__(
         self,
@@ -95,7 +95,7 @@ class Critic:
         self.cfg = cfg
         self.mini_batch_sequences = mini_batch_sequences
         """Sequences per optimizer step over all DP ranks (see ``Actor.mini_batch_sequences``)."""
-        self.engine = MegatronEngine(
+        self.model = MegatronModel(
             dataclasses.replace(spec, model_path=cfg.model_path) if cfg.model_path else spec,
             layout,
             optim=cfg.optim,
@@ -122,7 +122,7 @@ class Critic:
     def compute_values(self, batch: Batch) -> Batch:
         """``batch`` plus ``values`` [B, R] (0 on response padding)."""
         require_keys(batch, MODEL_KEYS, "Critic.compute_values")
-        out = self.engine.forward_only(batch, self._head, self.batching)
+        out = self.model.forward_only(batch, self._head, self.batching)
         return batch.update({"values": out["values"]})
 
     def _loss_fn(self, norms: LossNormalisers):
@@ -145,18 +145,18 @@ class Critic:
         seed = self.cfg.seed + self._updates  # each update shuffles differently, reproducibly
         self._updates += 1
         return ppo_epochs(
-            self.engine, batch, mini_batch_size=mini_batch_size or self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
+            self.model, batch, mini_batch_size=mini_batch_size or self.mini_batch_sequences, epochs=self.cfg.ppo_epochs,
             shuffle=self.cfg.shuffle, seed=seed, head=self._head, make_loss=self._loss_fn,
             batching=self.batching,
         )
 
     def offload(self) -> int:
-        return self.engine.offload(
+        return self.model.offload(
             params=self.cfg.param_offload, grads=self.cfg.grad_offload, optimizer=self.cfg.optimizer_offload
         )
 
     def reload(self) -> int:
-        return self.engine.reload()
+        return self.model.reload()
 
 
 __all__ = ["Critic", "ValueHead"]

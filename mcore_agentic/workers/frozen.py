@@ -14,7 +14,7 @@ import torch
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.models.spec import ModelSpec
 from mcore_agentic.parallel.layout import ParallelLayout
-from mcore_agentic.workers.engine import MegatronEngine, MicroBatching
+from mcore_agentic.workers.megatron_model import MegatronModel, MicroBatching
 from mcore_agentic.workers.passes import MODEL_KEYS, log_prob_head, require_keys
 
 
@@ -32,7 +32,7 @@ class FrozenScorer:
         """``group``: the config group (``ref``, ``teacher``) that error messages name."""
         self.cfg = cfg
         self.temperature = spec.temperature
-        self.engine = MegatronEngine(spec, layout, optim=None)
+        self.model = MegatronModel(spec, layout, optim=None)
         self.batching = MicroBatching(
             micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
             use_dynamic_bsz=cfg.use_dynamic_bsz,
@@ -41,7 +41,7 @@ class FrozenScorer:
             pack=spec.use_remove_padding,
         )
         if cfg.param_offload:
-            self.engine.offload(params=True)
+            self.model.offload(params=True)
 
     def response_log_probs(self, batch: Batch, caller: str) -> torch.Tensor:
         """``[B, R]`` log-probs of ``batch``'s response tokens (0 on response padding)."""
@@ -53,14 +53,14 @@ class FrozenScorer:
         tokens at each response position (``top_k_log_probs``, ``top_k_ids`` ``[B, R, k]``); 0 on padding."""
         require_keys(batch, MODEL_KEYS, caller)
         if self.cfg.param_offload:
-            self.engine.reload()
+            self.model.reload()
         try:
-            return self.engine.forward_only(
-                batch, log_prob_head(self.engine, self.temperature, with_entropy=False, top_k=top_k), self.batching
+            return self.model.forward_only(
+                batch, log_prob_head(self.model, self.temperature, with_entropy=False, top_k=top_k), self.batching
             )
         finally:
             if self.cfg.param_offload:
-                self.engine.offload(params=True)
+                self.model.offload(params=True)
 
 
 __all__ = ["FrozenScorer"]

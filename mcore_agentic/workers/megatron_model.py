@@ -1,7 +1,8 @@
-"""``MegatronEngine``: one Megatron model on this rank — build, forward-only and forward-backward, step.
+"""``MegatronModel``: one Megatron model on this rank — build, forward-only and forward-backward, step.
 
-The actor, reference and critic each own one engine; the engine knows nothing
-about RL. It
+The actor, critic, reference and teacher each own one (their ``.model``); it knows nothing
+about RL. Its DDP wrapper, optimizer and LR scheduler are built by :mod:`.optimizer`, its
+micro-batches by :mod:`.micro_batch` and :mod:`.sequence`. It
 
 * builds this rank's model chunk(s) through the HF bridge and loads the HF
   checkpoint, then (if trained) wraps them in Megatron DDP and builds the
@@ -60,6 +61,7 @@ from mcore_agentic.workers.micro_batch import (
     to_device,
 )
 from mcore_agentic.workers.offload import Offloader, model_grad_tensors, model_param_tensors, optimizer_tensors
+from mcore_agentic.workers.optimizer import build_optimizer, wrap_ddp
 from mcore_agentic.workers.sequence import (
     fixed_micro_batches,
     packed_budget_count,
@@ -67,42 +69,6 @@ from mcore_agentic.workers.sequence import (
     padded_budget_micro_batches,
     segment_lengths,
 )
-
-
-def host_optimizer_kwargs(optim: OptimConfig, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """megatron-core's ``OptimizerConfig`` fields for ``optim.optimizer_cpu_offload`` (none without it).
-
-    The hybrid optimizer reuses the precision-aware path (its host copies are the fp32 masters, the device keeps
-    only the model's own params), as Megatron-LM requires. Pinned host buffers and copy streams exist only where
-    there is a device to copy from."""
-    if not optim.optimizer_cpu_offload:
-        return {}
-    if dtype == torch.float32:  # config/rules.py::check_host_optimizer says so before a run starts
-        raise ValueError("optim.optimizer_cpu_offload steps a bf16 or fp16 model's shards, not float32 ones: set "
-                         "model.dtype=bfloat16, or optim.optimizer_cpu_offload=false")
-    on_device = device.type != "cpu"
-    if on_device and optim.optimizer_offload_fraction < 1.0:
-        from megatron.core.optimizer import USING_PYTORCH_OPTIMIZER
-
-        if USING_PYTORCH_OPTIMIZER:
-            # Its device and host optimizers are then the same class (torch's AdamW), and a checkpoint load moves
-            # the device optimizer's state to the host by that class (hybrid_optimizer._move_new_state_to_right_device).
-            raise ValueError(
-                f"optim.optimizer_offload_fraction={optim.optimizer_offload_fraction} needs TransformerEngine's or "
-                "apex's FusedAdam for the device share: install one, or set optim.optimizer_offload_fraction=1.0")
-    return dict(
-        optimizer_cpu_offload=True,
-        optimizer_offload_fraction=optim.optimizer_offload_fraction,
-        overlap_cpu_optimizer_d2h_h2d=optim.overlap_cpu_optimizer_d2h_h2d and on_device,
-        use_precision_aware_optimizer=True,
-        pin_cpu_grads=on_device,
-        pin_cpu_params=on_device,
-    )
-
-
-def decay_horizon(optim: OptimConfig, run_optimizer_steps: int | None) -> int | None:
-    """The LR schedule's length: ``<worker>.optim.total_training_steps`` when set (> 0), else the run's optimizer steps."""
-    return optim.total_training_steps if optim.total_training_steps > 0 else run_optimizer_steps
 
 
 def check_layout(parallel: ParallelConfig, layout: ParallelLayout) -> None:
@@ -123,7 +89,7 @@ def check_layout(parallel: ParallelConfig, layout: ParallelLayout) -> None:
                          "spec with the ParallelConfig the layout was initialised with)")
 
 
-class MegatronEngine:
+class MegatronModel:
     """This rank's chunk(s) of one Megatron GPT model, optionally with DDP, optimizer and LR scheduler.
 
     ``spec``: the run's model (checkpoint, dtype, layer spec, vocabulary, parallel sizes); ``layout``: this
@@ -211,8 +177,11 @@ class MegatronEngine:
         self.optimizer = None
         self.scheduler = None
         if self.trainable:
-            chunks = self._wrap_ddp(chunks, use_distributed_optimizer)
-            self._build_optimizer(chunks, optim, use_distributed_optimizer, total_training_steps)
+            chunks = wrap_ddp(chunks, self.tcfg, self.dtype, use_distributed_optimizer)
+            self.optimizer, self.scheduler = build_optimizer(
+                chunks, optim, self.tcfg, dtype=self.dtype, device=self.device,
+                use_distributed_optimizer=use_distributed_optimizer, total_steps=total_training_steps,
+            )
         else:
             for chunk in chunks:
                 chunk.requires_grad_(False)
@@ -253,78 +222,6 @@ class MegatronEngine:
         chunks = parallel.pipeline_model_parallel_size * (parallel.virtual_pipeline_model_parallel_size or 1)
         recompute.check_split(int(self.hf_config.num_hidden_layers) // chunks, role)
         return recompute.megatron_kwargs()
-
-    def _wrap_ddp(self, chunks: list[Any], use_distributed_optimizer: bool) -> list[Any]:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.transformer.module import Float16Module
-
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,
-            overlap_grad_reduce=False,
-            use_distributed_optimizer=use_distributed_optimizer,
-        )
-        wrapped = []
-        for i, chunk in enumerate(chunks):
-            if self.dtype != torch.float32:
-                chunk = Float16Module(self.tcfg, chunk)  # casts inputs/outputs at the chunk boundary
-            # Only the first chunk gets buckets of its own (Megatron-LM convention with VPP).
-            wrapped.append(DistributedDataParallel(self.tcfg, ddp_config, chunk, disable_bucketing=i > 0))
-        return wrapped
-
-    def _build_optimizer(
-        self, chunks: list[Any], optim: OptimConfig, use_distributed_optimizer: bool, total_steps: int | None
-    ) -> None:
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-        ocfg = OptimizerConfig(
-            optimizer="adam",
-            lr=optim.lr,
-            min_lr=optim.floor_lr,
-            weight_decay=optim.weight_decay,
-            adam_beta1=optim.betas[0],
-            adam_beta2=optim.betas[1],
-            adam_eps=optim.eps,
-            clip_grad=optim.clip_grad,
-            bf16=self.dtype == torch.bfloat16,
-            fp16=self.dtype == torch.float16,
-            params_dtype=self.dtype,
-            use_distributed_optimizer=use_distributed_optimizer,
-            # fp16: dynamic loss scaling from PyTorch's GradScaler start (Megatron's 2^32 overflows fp16 gradients
-            # and skips the first ~30 optimizer steps while it backs off: an RL run's first steps are precious).
-            initial_loss_scale=2.0**16,
-            **host_optimizer_kwargs(optim, self.device, self.dtype),
-        )
-        self.optimizer = get_megatron_optimizer(ocfg, chunks)
-        if ocfg.fp16:
-            # The schedule scales each micro-batch's loss only through grad_scale_func, and the optimizer unscales the
-            # gradients by the scaler's scale: without it every fp16 gradient is 2^-16 too small (Megatron-LM's
-            # training loop sets it the same way).
-            self.tcfg.grad_scale_func = self.optimizer.scale_loss
-        total = decay_horizon(optim, total_steps)
-        if total is None or total <= 0:
-            if optim.lr_decay_style != "constant":
-                raise ValueError(
-                    f"optim.lr_decay_style={optim.lr_decay_style!r} needs optim.total_training_steps "
-                    "(or the trainer's step count): set it, or use constant"
-                )
-            total = 10**9  # constant LR: the decay horizon never matters
-        warmup = optim.warmup_steps(total)
-        if warmup >= total:
-            raise ValueError(f"optim.lr_warmup_steps={warmup} must be < total_training_steps={total}")
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer,
-            init_lr=0.0 if warmup > 0 else optim.lr,
-            max_lr=optim.lr,
-            min_lr=optim.floor_lr,
-            lr_warmup_steps=warmup,
-            lr_decay_steps=total,
-            lr_decay_style=optim.lr_decay_style,
-            start_wd=optim.weight_decay,
-            end_wd=optim.weight_decay,
-            wd_incr_steps=total,
-            wd_incr_style="constant",
-        )
 
     # ------------------------------------------------------------------ batching
     def micro_batches(self, batch: Batch, batching: MicroBatching) -> tuple[list[list[int]], list[MicroBatch]]:
@@ -415,7 +312,7 @@ class MegatronEngine:
                 f"per step on each rank, got {len(mbs)}: change the micro-batch size or the mini-batch size"
             )
         iters = [iter(mbs) for _ in self.chunks]
-        # The schedule of this engine's layout, which need not be parallel_state's (a teacher's own split).
+        # The schedule of this model's layout, which need not be parallel_state's (a teacher's own split).
         fb = get_forward_backward_func(pp_size=pp, vp_size=self.layout.virtual_pipeline_model_parallel_size)
         own = {"pg_collection": self.layout.process_groups()} if isinstance(self.layout, OwnLayout) else {}
         return fb(
@@ -485,7 +382,7 @@ class MegatronEngine:
         Call :meth:`zero_grad` before and :meth:`step` after.
         """
         if not self.trainable:
-            raise RuntimeError("this engine has no optimizer (built with optim=None): it cannot be trained")
+            raise RuntimeError("this model has no optimizer (built with optim=None): it cannot be trained")
         from megatron.core.distributed import finalize_model_grads
 
         _, mbs = self.micro_batches(batch, batching)
@@ -522,7 +419,7 @@ class MegatronEngine:
     def _router_losses_per_global_token(self, mbs: list[MicroBatch]) -> Any:
         """MoE router losses as means over the mini-batch's tokens. Under ``calculate_per_token_loss`` Megatron
         adds each micro-batch's aux/z loss times its token count and expects ``finalize_model_grads`` to divide
-        every gradient by the total; this engine normalises in ``loss_fn`` instead (no division there), so the
+        every gradient by the total; this model normalises in ``loss_fn`` instead (no division there), so the
         coefficients are divided by the total tokens of the mini-batch over DP x CP for the duration of the pass."""
         aux, z = self.moe_losses
         if aux == 0 and z == 0:
@@ -572,4 +469,4 @@ class MegatronEngine:
         return moved
 
 
-__all__: Sequence[str] = ["HeadFn", "LossFn", "MegatronEngine", "MicroBatch", "MicroBatching"]
+__all__: Sequence[str] = ["HeadFn", "LossFn", "MegatronModel", "MicroBatch", "MicroBatching"]

@@ -1,4 +1,4 @@
-"""Micro-batches and the engine's device policy: built on the host, copied to the compute device once, outputs
+"""Micro-batches and the Megatron model's device policy: built on the host, copied to the compute device once, outputs
 back to the host once per pass.
 
 * :func:`build_micro_batch` cuts a replica's host rows into what Megatron's forward takes (packed THD with
@@ -9,7 +9,7 @@ back to the host once per pass.
   advantages, returns...), to the compute device in one go: from pinned memory and non-blocking on CUDA.
 * :func:`post_process` runs on the last pipeline stage on device tensors only: head, CP gather, response layout,
   loss. No host sync on a device tensor happens there.
-* :func:`merge_outputs` concatenates a forward-only pass's per-micro-batch outputs on the device; the engine
+* :func:`merge_outputs` concatenates a forward-only pass's per-micro-batch outputs on the device; the model
   returns them to the host once per pass and :func:`rows_in_order` puts them back in row order there (with host
   indices: no index is copied to the device), so the experience path (advantages, returns, metrics) works on host
   tensors only.
@@ -71,7 +71,7 @@ class MicroBatch:
     packed_seq_params: Any = None
     """Megatron's ``PackedSeqParams`` (THD) of a packed micro-batch; None when padded."""
     routing: torch.Tensor | None = None
-    """The engine's routed experts of ``tokens`` in the routers' order ``[s, b, moe_layers, top_k]`` (routing
+    """The rollout engine's routed experts of ``tokens`` in the routers' order ``[s, b, moe_layers, top_k]`` (routing
     replay, when the rows carry ``routed_experts``); None otherwise."""
     cu_seqlens_host: tuple[int, ...] | None = None
     """The padded ``cu_seqlens`` as host integers (packed only): the CP gather's index lists are built from

@@ -3,7 +3,7 @@
 Shared by :class:`~mcore_agentic.workers.actor.Actor`, :class:`~mcore_agentic.workers.critic.Critic`
 and :class:`~mcore_agentic.workers.reference.Reference`, so each of those holds only its own model
 and loss. Log-probs come from TP-sharded logits through the vocab-parallel kernels (the full
-vocabulary is never gathered; ids past the engine's ``vocab_size`` are excluded).
+vocabulary is never gathered; ids past the model's ``vocab_size`` are excluded).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from mcore_agentic.parallel.vocab_parallel import (
     vocab_parallel_log_probs_at,
     vocab_parallel_top_k,
 )
-from mcore_agentic.workers.engine import HeadFn, LossFn, MegatronEngine, MicroBatching
+from mcore_agentic.workers.megatron_model import HeadFn, LossFn, MegatronModel, MicroBatching
 
 MODEL_KEYS = ("prompts", "responses", "input_ids", "attention_mask", "response_mask")
 """The batch keys every model forward reads (see :mod:`mcore_agentic.data.batch`)."""
@@ -52,7 +52,7 @@ def global_normalisers(response_mask: torch.Tensor, layout: Any) -> LossNormalis
 
 
 def log_prob_head(
-    engine: MegatronEngine, temperature: float, with_entropy: bool, *, top_k: int = 0, candidates: bool = False
+    model: MegatronModel, temperature: float, with_entropy: bool, *, top_k: int = 0, candidates: bool = False
 ) -> HeadFn:
     """Per-token ``log_probs`` (and ``entropys``) of the next token from this rank's logits shard.
 
@@ -60,12 +60,12 @@ def log_prob_head(
     distillation teacher's). ``candidates``: also ``candidate_log_probs`` ``[..., k]``, differentiable, at the
     micro-batch's :attr:`~mcore_agentic.workers.micro_batch.MicroBatch.candidates` (the student's at its teacher's
     top k)."""
-    layout = engine.layout
+    layout = model.layout
     group = layout.tp_group() if layout.tensor_model_parallel_size > 1 else None
 
     def from_logits(logits: torch.Tensor, mb, positions: slice) -> dict[str, torch.Tensor]:
         kwargs = dict(group=group, temperature=temperature, vocab_start_index=layout.tp_rank * logits.shape[-1],
-                      vocab_size=engine.vocab_size)
+                      vocab_size=model.vocab_size)
         labels = mb.labels[:, positions]
         if top_k:  # a teacher: its top k and the sampled tokens' log-probs from one pass (no gradient)
             if with_entropy or candidates:
@@ -107,7 +107,7 @@ def mean_metrics(records: list[dict[str, float]]) -> dict[str, float]:
 
 
 def ppo_epochs(
-    engine: MegatronEngine,
+    model: MegatronModel,
     batch: Batch,
     *,
     mini_batch_size: int,
@@ -129,7 +129,7 @@ def ppo_epochs(
     over DP), so the result does not depend on the micro-batch split or the DP/CP layout.
     Returns the metrics averaged over the optimizer steps.
     """
-    dp = engine.layout.data_parallel_size
+    dp = model.layout.data_parallel_size
     if mini_batch_size % dp or len(batch) % (mini_batch_size // dp):
         raise ValueError(
             f"mini-batches of {mini_batch_size} sequences over {dp} data-parallel replicas do not tile "
@@ -140,10 +140,10 @@ def ppo_epochs(
     records = []
     for epoch in range(epochs):
         for mini in batch.iter_minibatches(local_size, shuffle=shuffle and epoch > 0, generator=generator):
-            engine.zero_grad()
-            norms = global_normalisers(mini["response_mask"], engine.layout)
-            sums = engine.forward_backward(mini, head, make_loss(norms), batching)
-            records.append({**sums, **engine.step()})
+            model.zero_grad()
+            norms = global_normalisers(mini["response_mask"], model.layout)
+            sums = model.forward_backward(mini, head, make_loss(norms), batching)
+            records.append({**sums, **model.step()})
     return mean_metrics(records)
 
 

@@ -36,12 +36,12 @@ class Reference(FrozenScorer):
         Offloaded parameters are brought back for the copy and offloaded again after it.
         """
         if self.cfg.param_offload:
-            self.engine.reload()
+            self.model.reload()
         try:
-            self.engine.bridge.load_hf_weights(self.engine.chunks, weights)
+            self.model.bridge.load_hf_weights(self.model.chunks, weights)
         finally:
             if self.cfg.param_offload:
-                self.engine.offload(params=True)
+                self.model.offload(params=True)
 
 
 __all__ = ["Reference"]

@@ -29,8 +29,8 @@ def test_spec_refuses_bad_values_naming_the_key(kwargs, field):
     assert info.value.field == field
 
 
-def test_engine_refuses_a_spec_split_other_than_the_layouts():
-    from mcore_agentic.workers.engine import check_layout
+def test_megatron_model_refuses_a_spec_split_other_than_the_layouts():
+    from mcore_agentic.workers.megatron_model import check_layout
 
     layout = SimpleNamespace(tensor_model_parallel_size=2, pipeline_model_parallel_size=1,
                              virtual_pipeline_model_parallel_size=None, context_parallel_size=1,

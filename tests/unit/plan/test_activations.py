@@ -76,7 +76,7 @@ def _measure(path: str, fused: bool, tp: int, settings: dict) -> tuple[list[int]
                   ModelSpec(path, "float32", parallel=par, logits_chunk_mb=settings.get("logits_chunk_mb", 256)),
                   layout, mini_batch_sequences=n)
     batch = actor.compute_log_prob(make_batch(n, response_lengths=LENGTHS))
-    params = {p.untyped_storage().data_ptr() for c in actor.engine.chunks for p in c.parameters()}
+    params = {p.untyped_storage().data_ptr() for c in actor.model.chunks for p in c.parameters()}
     seen: dict[int, torch.UntypedStorage] = {}
     at_backward: list[int] = []
 

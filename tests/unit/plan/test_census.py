@@ -1,6 +1,6 @@
 """The planner's census equals, byte for byte, what real megatron-core builds hold on every rank.
 
-One spawned 2-rank gloo group builds the trainer's real engines (:class:`MegatronEngine`, weights loaded, DDP,
+One spawned 2-rank gloo group builds the trainer's real models (:class:`MegatronModel`, weights loaded, DDP,
 the distributed optimizer, one optimizer step so Adam's moments exist) for the tiny, tiny_moe and 100m presets at
 DP, TP, PP, VPP, CP and EP layouts and in bf16, and measures each rank's resident state from the tensors
 themselves: the unique storages of the parameters, of their gradients, of the optimizer's own parameters (the fp32
@@ -51,11 +51,11 @@ def _storages(tensors) -> int:
     return sum(seen.values())
 
 
-def _measure(engine) -> dict[str, int]:
-    """A real engine's resident state, read from the tensors (not from DDP's or the optimizer's bookkeeping)."""
-    params = [p for chunk in engine.chunks for p in chunk.parameters()]
+def _measure(megatron) -> dict[str, int]:
+    """A real model's resident state, read from the tensors (not from DDP's or the optimizer's bookkeeping)."""
+    params = [p for chunk in megatron.chunks for p in chunk.parameters()]
     model = {p.untyped_storage().data_ptr() for p in params}
-    inner = getattr(engine.optimizer, "chained_optimizers", [engine.optimizer])
+    inner = getattr(megatron.optimizer, "chained_optimizers", [megatron.optimizer])
     opt_params = [p for o in inner for g in o.optimizer.param_groups for p in g["params"]]
     states = [v for o in inner for s in o.optimizer.state.values() for v in s.values()
               if torch.is_tensor(v) and v.dim() > 0]
@@ -72,7 +72,7 @@ def _build_all(rank: int, world_size: int, paths: dict[str, str]) -> dict[str, d
     from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
     from mcore_agentic.workers.config import OptimConfig
-    from mcore_agentic.workers.engine import MegatronEngine
+    from mcore_agentic.workers.megatron_model import MegatronModel
 
     megatron_patches.apply()
     out = {}
@@ -80,14 +80,14 @@ def _build_all(rank: int, world_size: int, paths: dict[str, str]) -> dict[str, d
         parallel, distopt = _sizes(extra)
         layout = initialize_parallel(parallel, seed=1)
         spec = ModelSpec(paths[preset], dtype, parallel=parallel)
-        engine = MegatronEngine(spec, layout, optim=OptimConfig(lr=1e-3), use_distributed_optimizer=distopt,
+        trained = MegatronModel(spec, layout, optim=OptimConfig(lr=1e-3), use_distributed_optimizer=distopt,
                                 total_training_steps=10)
-        engine.optimizer.zero_grad()
-        engine.optimizer.step()  # Adam's moments are made at the first step
-        out[name] = _measure(engine)
-        frozen = MegatronEngine(spec, layout)
+        trained.optimizer.zero_grad()
+        trained.optimizer.step()  # Adam's moments are made at the first step
+        out[name] = _measure(trained)
+        frozen = MegatronModel(spec, layout)
         out[name]["frozen_param_bytes"] = _storages(p for chunk in frozen.chunks for p in chunk.parameters())
-        del engine, frozen
+        del trained, frozen
         destroy_parallel()
     return out
 

@@ -40,21 +40,21 @@ class Layout:
 LAYOUTS = {"tp2_tied": Layout(tp=2, tied=True), "pp2_tied": Layout(pp=2, tied=True), "cp2": Layout(cp=2)}
 
 
-def _state(engine) -> list[torch.Tensor]:
+def _state(model) -> list[torch.Tensor]:
     from mcore_agentic.workers.offload import model_param_tensors, optimizer_tensors
 
-    return [t.detach().clone() for t in model_param_tensors(engine.chunks) + optimizer_tensors(engine.optimizer)]
+    return [t.detach().clone() for t in model_param_tensors(model.chunks) + optimizer_tensors(model.optimizer)]
 
 
-def _export_checks(actor_engine) -> dict:
+def _export_checks(actor_model) -> dict:
     """Bucketed export == simple export (bitwise), and the exporter's live bytes stay bounded."""
     from mcore_agentic.sharding.exporter import LiveBytes, StreamingExporter
 
-    reference = actor_engine.export_hf_weights()
+    reference = actor_model.export_hf_weights()
     out: dict = {"reference_names": sorted(reference)}
     for bucket_bytes in (48 * 1024, 200 * 1024):
         tracker = LiveBytes()
-        exporter = StreamingExporter(actor_engine.bridge, actor_engine.chunks, bucket_bytes=bucket_bytes, tracker=tracker)
+        exporter = StreamingExporter(actor_model.bridge, actor_model.chunks, bucket_bytes=bucket_bytes, tracker=tracker)
         names, equal, n_buckets = [], True, 0
         for bucket in exporter.buckets():
             n_buckets += 1
@@ -139,7 +139,7 @@ def _layout_checks(path: str, lay: Layout) -> dict:
     version = WeightVersion()
     sharding = ShardingConfig(bucket_size_mb=0.1)
     manager = ShardingManager(actor, engine, sharding, version=version, rollout_seed=7)
-    out: dict = {"export": _export_checks(actor.engine)}
+    out: dict = {"export": _export_checks(actor.model)}
 
     batch = actor.compute_log_prob(make_batch(8))
     out["old_lp"] = [batch["old_log_probs"]]
@@ -152,7 +152,7 @@ def _layout_checks(path: str, lay: Layout) -> dict:
             out["engine_lp"].append(teacher_forced_log_probs(engine.model, batch))
             out["rollout_draws"].append(torch.rand(3))
             out["offloaded_in_rollout"].append(
-                all(p.untyped_storage().nbytes() == 0 for c in actor.engine.chunks for p in c.parameters())
+                all(p.untyped_storage().nbytes() == 0 for c in actor.model.chunks for p in c.parameters())
             )
         out["engine_released"] = all(p.device.type == "meta" for p in engine.model.parameters())
         after = torch.rand(3)
@@ -161,7 +161,7 @@ def _layout_checks(path: str, lay: Layout) -> dict:
         actor.update_policy(batch)
         twin.update_policy(batch)
         version.bump()
-        out["same_state"].append(all(torch.equal(a, b) for a, b in zip(_state(actor.engine), _state(twin.engine))))
+        out["same_state"].append(all(torch.equal(a, b) for a, b in zip(_state(actor.model), _state(twin.model))))
         batch = actor.compute_log_prob(batch)
         out["old_lp"].append(batch["old_log_probs"])
     out["versions"] = (engine.weight_version, version.value)
@@ -176,14 +176,14 @@ def _layout_checks(path: str, lay: Layout) -> dict:
     bad_config = hf_config(tied=lay.tied)
     bad_config.intermediate_size = 80
     bad_engine = HFEngine(random_model(bad_config, seed=5))
-    before = _state(actor.engine)
+    before = _state(actor.model)
     try:
         with ShardingManager(actor, bad_engine, sharding, version=version):
             pass
         out["bad_error"] = None
     except ValueError as exc:
         out["bad_error"] = str(exc)
-    out["bad_state_kept"] = all(torch.equal(a, b) for a, b in zip(before, _state(actor.engine)))
+    out["bad_state_kept"] = all(torch.equal(a, b) for a, b in zip(before, _state(actor.model)))
     out["bad_engine_released"] = all(p.device.type == "meta" for p in bad_engine.model.parameters())
     return out
 

@@ -67,8 +67,8 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
         engine = HFEngine(transformers.Qwen3MoeForCausalLM(load_hf_config(path)).eval())
     version = WeightVersion()
     manager = ShardingManager(actor, engine, ShardingConfig(bucket_size_mb=0.05), version=version, rollout_seed=7)
-    reference = actor.engine.export_hf_weights()
-    streamed = [(n, t.clone()) for bucket in StreamingExporter(actor.engine.bridge, actor.engine.chunks,
+    reference = actor.model.export_hf_weights()
+    streamed = [(n, t.clone()) for bucket in StreamingExporter(actor.model.bridge, actor.model.chunks,
                                                                bucket_bytes=50 * 1024).buckets() for n, t in bucket]
     out = {"export_equal": sorted(n for n, _ in streamed) == sorted(reference)
            and all(torch.equal(t, reference[n]) for n, t in streamed)}

@@ -33,7 +33,7 @@ class _Exporter:
 class _Actor:
     def __init__(self, log: list[str]):
         self.log = log
-        self.engine = SimpleNamespace(chunks=[], bridge=None)
+        self.model = SimpleNamespace(chunks=[], bridge=None)
 
     def offload_before_export(self) -> int:
         self.log.append("actor.offload grads+optimizer")

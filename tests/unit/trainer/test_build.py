@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mcore_agentic.workers.config import OptimConfig
-from mcore_agentic.workers.engine import decay_horizon
+from mcore_agentic.workers.optimizer import decay_horizon
 
 
 def test_decay_horizon_is_the_configured_one_or_the_runs():

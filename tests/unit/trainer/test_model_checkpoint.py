@@ -66,7 +66,7 @@ def _update(actor, critic, seed: int) -> None:
 
     # Each DP replica trains its share, dealt as the trainer deals it (mini-batches of 4 rows).
     full = make_batch(8, seed=seed)
-    layout = actor.engine.layout
+    layout = actor.model.layout
     rows = deal_rows(full["attention_mask"].sum(1).tolist(), chunk=4, dp=layout.data_parallel_size, seed=None)
     batch = actor.compute_log_prob(full.index(rows[layout.dp_rank]))
     actor.update_policy(batch)
@@ -75,7 +75,7 @@ def _update(actor, critic, seed: int) -> None:
 
 
 def _snapshot(actor, critic) -> dict:
-    out = {"actor": actor.export_hf_weights(), "lr": actor.engine.optimizer.param_groups[0]["lr"]}
+    out = {"actor": actor.export_hf_weights(), "lr": actor.model.optimizer.param_groups[0]["lr"]}
     if critic is not None:
         out["critic"] = critic_weights(critic)
     return out
@@ -92,11 +92,11 @@ def _save_body(rank: int, world_size: int, path: str, roots: dict) -> bytes:
         _update(actor, critic, seed=1)
         writers = model_state_writers(actor=actor, critic=critic)
         if tp == 1:  # colocated mode: a save may find the actor offloaded; it stays offloaded
-            actor.engine.offload()
+            actor.model.offload()
         CheckpointManager(roots[name]).save(1, {"step": 1}, writers=writers)
         if tp == 1:
-            assert all(actor.engine.offloader.is_offloaded(g) for g in ("params", "grads", "optimizer"))
-            actor.engine.reload()
+            assert all(actor.model.offloader.is_offloaded(g) for g in ("params", "grads", "optimizer"))
+            actor.model.reload()
         saved = _snapshot(actor, critic)
         _update(actor, critic, seed=2)
         out[name] = {"saved": saved, "next": _snapshot(actor, critic)}
@@ -111,7 +111,7 @@ def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> byte
     from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.trainer.checkpoint import CheckpointManager
     from mcore_agentic.trainer.model_checkpoint import load_worker, model_state_readers, save_worker
-    from mcore_agentic.workers.engine import MegatronEngine
+    from mcore_agentic.workers.megatron_model import MegatronModel
 
     out = {}
     par, layout = setup_rank(1)
@@ -122,11 +122,11 @@ def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> byte
         before = actor.export_hf_weights()
         mgr = CheckpointManager(root)
         if with_critic:  # loading into an offloaded worker: the loaded state is what comes back on reload
-            critic.engine.offload()
+            critic.model.offload()
         loaded = mgr.load(mgr.latest(), readers=model_state_readers(actor=actor, critic=critic))
         if with_critic:
-            assert critic.engine.offloader.is_offloaded("params")
-            critic.engine.reload()
+            assert critic.model.offloader.is_offloaded("params")
+            critic.model.reload()
         assert loaded.global_step == 1
         res = {"before": before, "loaded": _snapshot(actor, critic), "updates": actor._updates}
         _update(actor, critic, seed=2)
@@ -134,8 +134,8 @@ def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> byte
         out[name] = res
         del actor, critic
 
-    # Weights only, into a frozen engine (no optimizer), as an HF export from a checkpoint does.
-    frozen = MegatronEngine(ModelSpec(other_path, "float32", parallel=par), layout, optim=None)
+    # Weights only, into a frozen model (no optimizer), as an HF export from a checkpoint does.
+    frozen = MegatronModel(ModelSpec(other_path, "float32", parallel=par), layout, optim=None)
     load_worker(Path(roots["tp2"]) / "global_step_1" / "actor", frozen)
     out["frozen_tp2"] = frozen.export_hf_weights()
     # A weights-only checkpoint cannot resume a trainable worker: a clear error, raised on every rank
@@ -157,8 +157,8 @@ def _load_body(rank: int, world_size: int, other_path: str, roots: dict) -> byte
     for optim_from in ("checkpoint", "config"):
         actor, _ = _workers(other_path, par, layout, False, lr=2e-2, eps=1e-5)
         load_worker(Path(roots["tp1"]) / "global_step_1" / "actor", actor, optim_from=optim_from)
-        sched = actor.engine.scheduler
-        groups = actor.engine.optimizer.param_groups
+        sched = actor.model.scheduler
+        groups = actor.model.optimizer.param_groups
         out[f"optim_from_{optim_from}"] = {
             "max_lr": sched.max_lr, "num_steps": sched.num_steps, "eps": sorted({g["eps"] for g in groups}),
             "lr": sorted({g["lr"] for g in groups}),  # what the next step uses
@@ -209,7 +209,7 @@ def test_save_tp2_load_tp1_reproduces_the_weights(runs):
         assert _equal(got["loaded"]["actor"], saved["actor"])
 
 
-def test_weights_only_load_into_frozen_engine_and_clear_error(runs):
+def test_weights_only_load_into_frozen_model_and_clear_error(runs):
     saved = runs["saves"]["tp2"][0]["saved"]["actor"]
     for r in runs["loads"]:
         assert _equal(r["frozen_tp2"], saved)
@@ -257,13 +257,13 @@ def test_resume_optim_from_picks_whose_settings_win(runs):
 def test_load_errors_are_clear(tmp_path):
     from mcore_agentic.trainer.model_checkpoint import load_worker
 
-    class _Engine:
+    class _Model:
         chunks: list = []
         optimizer = None
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_worker(tmp_path / "missing", _Engine())
-    with pytest.raises(TypeError, match="MegatronEngine"):
+        load_worker(tmp_path / "missing", _Model())
+    with pytest.raises(TypeError, match="MegatronModel"):
         load_worker(tmp_path, object())
 
 
@@ -287,14 +287,14 @@ def test_load_refuses_without_the_checkpoint_patches(tmp_path, monkeypatch):
     import megatron_patches
     from mcore_agentic.trainer.model_checkpoint import load_worker
 
-    class _Engine:
+    class _Model:
         chunks: list = []
         optimizer = None
 
     monkeypatch.setattr(megatron_patches, "applied", lambda: ("rng_tracker", "distopt_load_unstepped"))
     with pytest.raises(RuntimeError, match=r"megatron_patches\.apply\(\) first \(not applied: dist_checkpointing_weights_only, "
                        r"distopt_load_step_key, distopt_load_shared_step\)"):
-        load_worker(tmp_path, _Engine())
+        load_worker(tmp_path, _Model())
     monkeypatch.delitem(sys.modules, "megatron_patches")
     with pytest.raises(RuntimeError, match=r"megatron_patches\.apply\(\) first"):
-        load_worker(tmp_path, _Engine())
+        load_worker(tmp_path, _Model())

@@ -85,7 +85,7 @@ def _actor(path: str, **parallel: int):
 
 
 def _distributed_optimizer(actor) -> Any:
-    optimizer = actor.engine.optimizer
+    optimizer = actor.model.optimizer
     leaves = getattr(optimizer, "chained_optimizers", [optimizer])
     assert len(leaves) == 1 and type(leaves[0]).__name__ == "DistributedOptimizer"
     return leaves[0]
@@ -114,7 +114,7 @@ def _update(actor, seed: int) -> None:
     from mcore_agentic.feed.distribute import deal_rows
 
     full = make_batch(8, seed=seed)  # each DP replica its share, as the trainer deals them
-    layout = actor.engine.layout
+    layout = actor.model.layout
     rows = deal_rows(full["attention_mask"].sum(1).tolist(), chunk=4, dp=layout.data_parallel_size, seed=None)
     actor.update_policy(actor.compute_log_prob(full.index(rows[layout.dp_rank])))
 
@@ -126,12 +126,12 @@ def _save_as_megatron_does(directory: Path, actor) -> None:
     from mcore_agentic.models.bridge import unwrap_model
     from mcore_agentic.trainer.model_checkpoint import FORMAT
 
-    engine = actor.engine
-    model = unwrap_model(engine.chunks[0]).sharded_state_dict(metadata=MEGATRON_METADATA)
+    megatron = actor.model
+    model = unwrap_model(megatron.chunks[0]).sharded_state_dict(metadata=MEGATRON_METADATA)
     state = {
         "model": model,
-        "optimizer": engine.optimizer.sharded_state_dict(model, is_loading=False, metadata=MEGATRON_METADATA),
-        "scheduler": engine.scheduler.state_dict(),
+        "optimizer": megatron.optimizer.sharded_state_dict(model, is_loading=False, metadata=MEGATRON_METADATA),
+        "scheduler": megatron.scheduler.state_dict(),
         "updates": actor._updates,
         "contents": ["model", "optimizer"],
         "format": FORMAT,
@@ -149,12 +149,12 @@ def _load_as_megatron_does(directory: Path, actor) -> None:
 
     from mcore_agentic.models.bridge import unwrap_model
 
-    engine = actor.engine
-    model = unwrap_model(engine.chunks[0]).sharded_state_dict(metadata=MEGATRON_METADATA)
-    optimizer = engine.optimizer.sharded_state_dict(model, is_loading=True, metadata=MEGATRON_METADATA)
+    megatron = actor.model
+    model = unwrap_model(megatron.chunks[0]).sharded_state_dict(metadata=MEGATRON_METADATA)
+    optimizer = megatron.optimizer.sharded_state_dict(model, is_loading=True, metadata=MEGATRON_METADATA)
     loaded = dist_checkpointing.load({"model": model, "optimizer": optimizer}, str(directory))
-    unwrap_model(engine.chunks[0]).load_state_dict(loaded["model"], strict=True)
-    engine.optimizer.load_state_dict(loaded["optimizer"])
+    unwrap_model(megatron.chunks[0]).load_state_dict(loaded["model"], strict=True)
+    megatron.optimizer.load_state_dict(loaded["optimizer"])
 
 
 def _load_bytes(directory: Path, actor, **kwargs: Any) -> int:

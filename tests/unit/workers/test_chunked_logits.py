@@ -47,20 +47,20 @@ def _run(path: str, par: Any, layout: Any, chunked: bool) -> dict[str, Any]:
                       policy_loss=PolicyLossConfig(entropy_coeff=0.01), optim=OptimConfig(lr=1e-4))
     spec = ModelSpec(path, "float32", parallel=par, logits_chunk_mb=1 if chunked else 0)
     actor = Actor(cfg, spec, layout, mini_batch_sequences=n)
-    engine = actor.engine
-    deferred = engine.logits_chunk_tokens > 0
+    model = actor.model
+    deferred = model.logits_chunk_tokens > 0
     if chunked:
-        engine.logits_chunk_tokens = CHUNK_TOKENS  # 1 MiB would hold every row of this vocabulary at once
+        model.logits_chunk_tokens = CHUNK_TOKENS  # 1 MiB would hold every row of this vocabulary at once
     batch = dp_share(make_batch(n, response_lengths=LENGTHS), layout)
     scored = actor.compute_log_prob(batch, calculate_entropy=True)
-    top = engine.forward_only(batch, log_prob_head(engine, actor.temperature, False, top_k=TOP_K), actor.batching)
+    top = model.forward_only(batch, log_prob_head(model, actor.temperature, False, top_k=TOP_K), actor.batching)
     norms = global_normalisers(batch["response_mask"], layout)
-    engine.zero_grad()
-    sums = engine.forward_backward(scored, log_prob_head(engine, actor.temperature, True),
+    model.zero_grad()
+    sums = model.forward_backward(scored, log_prob_head(model, actor.temperature, True),
                                    actor._ppo_loss_fn(norms, None), actor.batching)
-    grads = [p.main_grad.detach().clone() for chunk in engine.chunks for p in chunk.parameters() if p.requires_grad]
+    grads = [p.main_grad.detach().clone() for chunk in model.chunks for p in chunk.parameters() if p.requires_grad]
     # the deferred layer names no parameter twice (the optimizer's and the checkpoint's names come from here)
-    names = [n for chunk in engine.chunks for n, _ in chunk.named_parameters(remove_duplicate=False)]
+    names = [n for chunk in model.chunks for n, _ in chunk.named_parameters(remove_duplicate=False)]
     assert len(names) == len(set(names)) and not any("deferred" in n for n in names), names
     # A distilling update: the student's candidate log-probs at the (here: its own) top k, and their gradient.
     distilled = scored.update({"teacher_top_k_ids": top["top_k_ids"],

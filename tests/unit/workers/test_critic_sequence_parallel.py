@@ -50,7 +50,7 @@ def _body(path: str, tp: int, sp: bool) -> dict:
         value_loss=ValueLossConfig(cliprange_value=0.2),
     )
     critic = Critic(cfg, spec, layout, mini_batch_sequences=8)
-    head = unwrap_model(critic.engine.chunks[-1]).output_layer
+    head = unwrap_model(critic.model.chunks[-1]).output_layer
     out["head_sequence_parallel"] = head.sequence_parallel
     saved = head.weight.detach().clone()
     with torch.no_grad():  # a non-zero head, the same on every rank, for a forward that says something
@@ -58,7 +58,7 @@ def _body(path: str, tp: int, sp: bool) -> dict:
     out["values"] = critic.compute_values(batch)["values"]
     padded = Critic(cfg, dataclasses.replace(spec, use_remove_padding=False), layout, mini_batch_sequences=8)
     with torch.no_grad():
-        unwrap_model(padded.engine.chunks[-1]).output_layer.weight.copy_(head.weight)
+        unwrap_model(padded.model.chunks[-1]).output_layer.weight.copy_(head.weight)
     out["values_padded"] = padded.compute_values(batch)["values"]
     del padded
     with torch.no_grad():

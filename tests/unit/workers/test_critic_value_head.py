@@ -19,7 +19,7 @@ def _values(rank: int, world_size: int, path: str) -> tuple[tuple[int, ...], tup
     par, layout = setup_rank(1)
     critic = Critic(CriticConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2),
                     ModelSpec(path, "float32", parallel=par), layout, mini_batch_sequences=8)
-    head = unwrap_model(critic.engine.chunks[-1]).output_layer.weight
+    head = unwrap_model(critic.model.chunks[-1]).output_layer.weight
     values = critic.compute_values(make_batch(4))["values"]
     return tuple(values.shape), tuple(head.shape), str(head.dtype)
 

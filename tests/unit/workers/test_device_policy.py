@@ -1,4 +1,4 @@
-"""The engine's device policy without a GPU: micro-batches built on the host, copied to the compute device once,
+"""The Megatron model's device policy without a GPU: micro-batches built on the host, copied to the compute device once,
 and the head, the CP gather, the response layout and the PPO / value losses run there on device tensors only.
 
 Two stand-ins for a GPU, each for what it can check on a CPU-only torch:
@@ -223,7 +223,7 @@ def test_a_forward_only_pass_returns_host_outputs_for_the_experience_path():
             device_merged = merge_outputs(on_cuda)
             with pytest.raises(AssertionError, match="host data copied"):  # what the merge did before
                 scatter_rows([piece["log_probs"] for piece in on_cuda], groups, len(rows))
-        host = {k: v.cpu() for k, v in device_merged.items()}  # what MegatronEngine.forward_only copies back
+        host = {k: v.cpu() for k, v in device_merged.items()}  # what MegatronModel.forward_only copies back
     assert all(v.device.type == "cpu" and v.shape == rows["responses"].shape for v in host.values())
     # ... and puts in row order on the host: row r of micro-batch k is the batch's row groups[k][r]
     ordered = rows_in_order(torch.arange(6.0).unsqueeze(1), groups, 6)
@@ -243,7 +243,7 @@ def test_metrics_are_read_to_the_host_once():
 
 
 def test_the_host_micro_batch_on_the_device_fails_without_the_copy():
-    """The test above can fail: the pre-policy engine handed host micro-batches to a CUDA model."""
+    """The test above can fail: the pre-policy model handed host micro-batches to a CUDA model."""
     rows = _host_rows()
     mb = _micro_batch(rows)
     norms = loss_normalisers(rows["response_mask"])

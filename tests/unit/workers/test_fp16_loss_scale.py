@@ -27,12 +27,12 @@ def _grad_norm(path: str, dtype: str) -> dict[str, float]:
     actor = Actor(ActorConfig(parallel=par, ppo_mini_batch_size=n, ppo_micro_batch_size_per_gpu=n,
                               optim=OptimConfig(lr=1e-4, clip_grad=0.0)),
                   ModelSpec(path, dtype, parallel=par), layout, mini_batch_sequences=n)
-    engine = actor.engine
-    scaled = engine.tcfg.grad_scale_func is not None and engine.tcfg.grad_scale_func == engine.optimizer.scale_loss
+    model = actor.model
+    scaled = model.tcfg.grad_scale_func is not None and model.tcfg.grad_scale_func == model.optimizer.scale_loss
     batch = actor.compute_log_prob(make_batch(n, response_lengths=LENGTHS))
     metrics = actor.update_policy(batch)
     out = {"grad_norm": metrics["grad_norm"], "scaled": float(scaled),
-           "loss_scale": float(engine.optimizer.get_loss_scale().item()) if dtype == "float16" else 1.0}
+           "loss_scale": float(model.optimizer.get_loss_scale().item()) if dtype == "float16" else 1.0}
     destroy_parallel()
     return out
 

@@ -59,8 +59,8 @@ def _train(rank: int, world_size: int, path: str, cp: int, long_row_settings: bo
                               optim=OptimConfig(lr=1e-3, eps=1e-2), recompute=recompute),
                   ModelSpec(path, "float32", parallel=par, logits_chunk_mb=1 if long_row_settings else 0),
                   layout, mini_batch_sequences=n)
-    assert (actor.engine.tcfg.recompute_granularity == "full") == long_row_settings
-    assert (actor.engine.logits_chunk_tokens > 0) == long_row_settings  # 1 MiB: 512 tokens a chunk
+    assert (actor.model.tcfg.recompute_granularity == "full") == long_row_settings
+    assert (actor.model.logits_chunk_tokens > 0) == long_row_settings  # 1 MiB: 512 tokens a chunk
     before = actor.compute_log_prob(batch, calculate_entropy=True)
     metrics = actor.update_policy(before)
     after = actor.compute_log_prob(batch)

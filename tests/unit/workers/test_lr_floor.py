@@ -73,7 +73,7 @@ def _scheduler(rank: int, world_size: int, path: str) -> list[tuple[float, float
     from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.parallel.config import ParallelConfig
     from mcore_agentic.parallel.layout import destroy_parallel, initialize_parallel
-    from mcore_agentic.workers.engine import MegatronEngine
+    from mcore_agentic.workers.megatron_model import MegatronModel
 
     megatron_patches.apply()
     out = []
@@ -81,13 +81,13 @@ def _scheduler(rank: int, world_size: int, path: str) -> list[tuple[float, float
                   OptimConfig(lr=3e-3, lr_decay_style="cosine", lr_warmup_steps=0, min_lr=1e-4)):
         par = ParallelConfig()
         layout = initialize_parallel(par, seed=1)
-        engine = MegatronEngine(ModelSpec(path, "float32", parallel=par), layout, optim=optim, total_training_steps=4)
-        engine.scheduler.step(increment=4)  # the end of the decay
-        lrs = {g["lr"] for g in engine.optimizer.param_groups}
-        floors = {g.get("min_lr", engine.scheduler.min_lr) for g in engine.optimizer.param_groups}
+        model = MegatronModel(ModelSpec(path, "float32", parallel=par), layout, optim=optim, total_training_steps=4)
+        model.scheduler.step(increment=4)  # the end of the decay
+        lrs = {g["lr"] for g in model.optimizer.param_groups}
+        floors = {g.get("min_lr", model.scheduler.min_lr) for g in model.optimizer.param_groups}
         assert len(lrs) == 1 and len(floors) == 1
         out.append((lrs.pop(), floors.pop()))
-        del engine
+        del model
         destroy_parallel()
     return out
 

@@ -39,12 +39,12 @@ def _actor(path: str, dtype: str, **offload):
 
 
 def _params(actor) -> list:
-    return [p.detach().float().clone() for chunk in actor.engine.chunks for p in chunk.parameters()]
+    return [p.detach().float().clone() for chunk in actor.model.chunks for p in chunk.parameters()]
 
 
 def _distributed(actor) -> list:
     """The distributed optimizers (megatron chains one per parameter-group kind)."""
-    opt = actor.engine.optimizer
+    opt = actor.model.optimizer
     return list(getattr(opt, "chained_optimizers", [opt]))
 
 
@@ -75,7 +75,7 @@ def _run(path: str, dtype: str, rank: int, ckpt: str | None = None, **offload) -
     if offload:
         facts["host_optimizers"] = sum(len(inner.cpu_optimizers) for inner in inners)
         facts["device_optimizer"] = any(inner.gpu_optimizer is not None for inner in inners)
-        model_storages = {p.untyped_storage().data_ptr() for chunk in actor.engine.chunks for p in chunk.parameters()}
+        model_storages = {p.untyped_storage().data_ptr() for chunk in actor.model.chunks for p in chunk.parameters()}
         copies = [p for inner in inners for opt in inner.cpu_optimizers for g in opt.param_groups for p in g["params"]]
         facts["host_copies_share_model_storage"] = any(
             p.untyped_storage().data_ptr() in model_storages for p in copies)

@@ -55,13 +55,13 @@ def _pass(path: str, par: Any, layout: Any, recompute: dict[str, Any]) -> dict[s
     actor = Actor(cfg, ModelSpec(path, "float32", parallel=par), layout, mini_batch_sequences=n)
     batch = actor.compute_log_prob(make_batch(n, response_lengths=LENGTHS))
     batch = dp_share(batch, layout)
-    engine = actor.engine
+    model = actor.model
     norms = global_normalisers(batch["response_mask"], layout)
-    engine.zero_grad()
-    sums = engine.forward_backward(batch, log_prob_head(engine, actor.temperature, True),
+    model.zero_grad()
+    sums = model.forward_backward(batch, log_prob_head(model, actor.temperature, True),
                                    actor._ppo_loss_fn(norms, None), actor.batching)
-    grads = [p.main_grad.detach().clone() for chunk in engine.chunks for p in chunk.parameters() if p.requires_grad]
-    return {"sums": sums, "grads": grads, "granularity": engine.tcfg.recompute_granularity}
+    grads = [p.main_grad.detach().clone() for chunk in model.chunks for p in chunk.parameters() if p.requires_grad]
+    return {"sums": sums, "grads": grads, "granularity": model.tcfg.recompute_granularity}
 
 
 def _body(rank: int, world_size: int, dense: str, moe: str) -> bytes:

@@ -58,14 +58,14 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
         seen.append((output[1].detach().clone(), None if module.router_replay.target is None
                      else module.router_replay.target.clone()))
 
-    for chunk in actor.engine.chunks:
+    for chunk in actor.model.chunks:
         for m in chunk.modules():
             if isinstance(m, TopKRouter):
                 m.register_forward_hook(keep)
-    routing = actor.engine.routing
+    routing = actor.model.routing
     out: dict = {}
     with routing.use(replay=False, measure=True):  # measure only: the trainer's own routing
-        free = actor.engine.forward_only(batch, _head(actor), actor.batching)["log_probs"]
+        free = actor.model.forward_only(batch, _head(actor), actor.batching)["log_probs"]
     out["agreement_free"] = actor.routing_metrics()
     out["free"], seen[:] = list(seen), []
     replayed = actor.compute_log_prob(batch)  # actor.moe.routing_replay=rollout: replay + measure
@@ -93,7 +93,7 @@ def _body(rank: int, world_size: int, path: str) -> bytes:
 def _head(actor):
     from mcore_agentic.workers.passes import log_prob_head
 
-    return log_prob_head(actor.engine, 1.0, False)
+    return log_prob_head(actor.model, 1.0, False)
 
 
 @pytest.fixture(scope="module")

@@ -105,7 +105,7 @@ def test_pack_rows_pads_each_row_for_cp():
 
 def test_pack_rows_cu_seqlens_real_is_cumulative_real_lengths_under_cp_padding():
     # TransformerEngine (fused_attn.h): [a, PAD, b, b, c, PAD, PAD, d, d] has cu_seqlens = [0, 1, 3, 4, 6] and
-    # cu_seqlens_padded = [0, 2, 4, 7, 9]; engine.py passes cu_seqlens_real as PackedSeqParams.cu_seqlens_q.
+    # cu_seqlens_padded = [0, 2, 4, 7, 9]; megatron_model.py passes cu_seqlens_real as PackedSeqParams.cu_seqlens_q.
     ids, am = _layout()
     packed = pack_rows(ids, am, prompt_len=4, cp_size=2)
     assert packed.cu_seqlens_real.tolist() == [0, 4, 11, 13]

@@ -38,13 +38,13 @@ def _body(rank: int, world_size: int, student: str, teacher: str) -> bytes:
         spec = ModelSpec(student, "float32", temperature=TEMPERATURE, parallel=par)
         batch = make_batch(8)
         rows = list(range(8)) if layout.data_parallel_size == 1 else list(range(layout.dp_rank * 4, layout.dp_rank * 4 + 4))
-        model = Teacher(TeacherConfig(log_prob_micro_batch_size_per_gpu=3, tensor_model_parallel_size=own),
+        teacher_model = Teacher(TeacherConfig(log_prob_micro_batch_size_per_gpu=3, tensor_model_parallel_size=own),
                         dataclasses.replace(spec, model_path=teacher), layout)
-        assert model.engine.is_moe
-        got = model.compute_teacher_log_prob(batch.index(rows), top_k=TOP_K)
+        assert teacher_model.model.is_moe
+        got = teacher_model.compute_teacher_log_prob(batch.index(rows), top_k=TOP_K)
         out[name] = {"rows": rows, **{k: got[k] for k in ("teacher_log_probs", "teacher_top_k_log_probs",
                                                             "teacher_top_k_ids")}}
-        del model
+        del teacher_model
         destroy_parallel()
     buf = io.BytesIO()
     torch.save(out, buf)

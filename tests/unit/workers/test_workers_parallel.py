@@ -73,10 +73,10 @@ BASE = "padded_dp2"
 SINGLE = Layout(micro=2)  # TP=1 on one rank
 
 
-def _state_snapshot(engine) -> list[torch.Tensor]:
+def _state_snapshot(model) -> list[torch.Tensor]:
     from mcore_agentic.workers.offload import model_param_tensors, optimizer_tensors
 
-    return [t.detach().clone() for t in model_param_tensors(engine.chunks) + optimizer_tensors(engine.optimizer)]
+    return [t.detach().clone() for t in model_param_tensors(model.chunks) + optimizer_tensors(model.optimizer)]
 
 
 def _all_layouts(rank: int, world_size: int, path: str, teacher_path: str) -> bytes:
@@ -136,23 +136,23 @@ def _body(path: str, lay: Layout, teacher_path: str) -> dict:
     if lay.teacher_tp is not None:  # the same teacher on process groups of its own
         own = Teacher(TeacherConfig(log_prob_micro_batch_size_per_gpu=3, tensor_model_parallel_size=lay.teacher_tp),
                       dataclasses.replace(spec, model_path=teacher_path), layout)
-        out["own_layout"] = (own.engine.layout.tensor_model_parallel_size, own.engine.layout.data_parallel_size,
-                             own.engine.layout.pipeline_model_parallel_size)
+        out["own_layout"] = (own.model.layout.tensor_model_parallel_size, own.model.layout.data_parallel_size,
+                             own.model.layout.pipeline_model_parallel_size)
         got = own.compute_teacher_log_prob(batch, top_k=TOP_K)
         out["own_teacher"], out["own_top_k_ids"] = got["teacher_log_probs"], got["teacher_top_k_ids"]
         out["own_top_k_log_probs"] = got["teacher_top_k_log_probs"]
         del own
 
-    out["micro_batches"] = len(actor.engine.micro_batches(batch, actor.batching)[0])
+    out["micro_batches"] = len(actor.model.micro_batches(batch, actor.batching)[0])
     # The update distils too: coef x the top-k KL to the teacher (its gradient through the candidates' log-probs).
     metrics = actor.update_policy(scored, distillation=DistillationConfig(coef=0.5, top_k=TOP_K))
     out["actor_metrics"] = metrics
     # Offload -> reload leaves parameters, DDP buffers and optimizer state bit-identical.
-    before = _state_snapshot(actor.engine)
+    before = _state_snapshot(actor.model)
     assert actor.offload_before_export() > 0 and actor.offload_after_export() > 0  # the config offloads all three
-    assert all(p.untyped_storage().nbytes() == 0 for p in actor.engine.chunks[0].parameters())
+    assert all(p.untyped_storage().nbytes() == 0 for p in actor.model.chunks[0].parameters())
     actor.reload()
-    out["offload_identical"] = all(torch.equal(a, b) for a, b in zip(before, _state_snapshot(actor.engine)))
+    out["offload_identical"] = all(torch.equal(a, b) for a, b in zip(before, _state_snapshot(actor.model)))
     out["actor_weights"] = actor.export_hf_weights()
     out["ref_after"] = ref.compute_ref_log_prob(batch)["ref_log_probs"]
     out["new_log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
