@@ -101,91 +101,94 @@ def request_token(headers: Any) -> str | None:
     return headers.get("x-api-key")
 
 
-def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Callable[[Any], None] | None = None) -> Any:
-    """The FastAPI app serving ``registry``'s sessions. ``admin``: the standalone server's extra routes."""
-    app = FastAPI(title="mcore-agentic session endpoint", docs_url=None, redoc_url=None, openapi_url=None)
-
-    async def read_json(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limits.max_request_bytes):
-            raise ApiError(413, f"request body over the endpoint's limit of {limits.max_request_bytes} bytes",
+async def _read_json(request: Request, max_bytes: int) -> Any:
+    """The request's JSON body; 413 past ``max_bytes`` (declared or read), 400 if it is not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
+        raise ApiError(413, f"request body over the endpoint's limit of {max_bytes} bytes",
+                       type="request_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise ApiError(413, f"request body over the endpoint's limit of {max_bytes} bytes",
                            type="request_too_large")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limits.max_request_bytes:
-                raise ApiError(413, f"request body over the endpoint's limit of {limits.max_request_bytes} bytes",
-                               type="request_too_large")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "the body's JSON is nested too deeply") from None
+
+
+def _failure(api: ChatApi, session_id: str, exc: Exception) -> JSONResponse:
+    """An :class:`ApiError` as itself; anything else logged and answered 500, in the API's shape."""
+    if isinstance(exc, ApiError):
+        return _error(api, exc)
+    logger.exception("session %s: %s failed", session_id, api.name, exc_info=exc)
+    return _error(api, ApiError(500, f"internal error: {type(exc).__name__}", type="api_error"))
+
+
+def _error(api: ChatApi, exc: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse(api.error_body(exc), status_code=exc.status, headers=headers)
+
+
+def _parse(api: ChatApi, parser: Callable[[Any], TurnRequest], body: Any, headers: Any) -> TurnRequest:
+    """``body`` parsed by ``parser``; the fields it ignored logged once per name (:mod:`.field_policy`)."""
+    parsed = parser(body)
+    sent = tuple(name for name in api.ignored_headers if headers.get(name))
+    if sent:
+        parsed = dataclasses.replace(parsed, ignored=(*parsed.ignored, *sent))
+    field_policy.log_new(parsed.ignored, api.name, api.known_fields)
+    return parsed
+
+
+@dataclass(frozen=True)
+class _Routes:
+    """The route handlers :func:`build_app` registers, over one registry: each takes the path's session id and the
+    raw request, and answers every failure in its API's error shape (:data:`BASE_API`'s for the routes of none)."""
+
+    registry: SessionRegistry
+    limits: Limits
+
+    async def _json(self, request: Request) -> Any:
+        return await _read_json(request, self.limits.max_request_bytes)
+
+    async def turn(self, api: ChatApi, session_id: str, request: Request) -> Any:
         try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"the body is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise ApiError(400, "the body's JSON is nested too deeply") from None
-
-    def failure(api: ChatApi, session_id: str, exc: Exception) -> JSONResponse:
-        """An :class:`ApiError` as itself; anything else logged and answered 500, in the API's shape."""
-        if isinstance(exc, ApiError):
-            return error(api, exc)
-        logger.exception("session %s: %s failed", session_id, api.name, exc_info=exc)
-        return error(api, ApiError(500, f"internal error: {type(exc).__name__}", type="api_error"))
-
-    def error(api: ChatApi, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse(api.error_body(exc), status_code=exc.status, headers=headers)
-
-    def parse(api: ChatApi, parser: Callable[[Any], TurnRequest], body: Any, headers: Any) -> TurnRequest:
-        """``body`` parsed by ``parser``; the fields it ignored logged once per name (:mod:`.field_policy`)."""
-        parsed = parser(body)
-        sent = tuple(name for name in api.ignored_headers if headers.get(name))
-        if sent:
-            parsed = dataclasses.replace(parsed, ignored=(*parsed.ignored, *sent))
-        field_policy.log_new(parsed.ignored, api.name, api.known_fields)
-        return parsed
-
-    async def turn(api: ChatApi, session_id: str, request: Request) -> Any:
-        try:
-            session = registry.authorised(session_id, request_token(request.headers))
-            parsed = parse(api, api.parse_request, await read_json(request), request.headers)
+            session = self.registry.authorised(session_id, request_token(request.headers))
+            parsed = _parse(api, api.parse_request, await self._json(request), request.headers)
             check_tool_choice(parsed)
             result = await session.complete(parsed)
         except Exception as exc:  # noqa: BLE001 -- one request's failure is its own, never the server's
-            return failure(api, session_id, exc)
+            return _failure(api, session_id, exc)
         if parsed.stream:
             return StreamingResponse(_frames(api.stream_events(result, parsed)), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         return JSONResponse(api.response_body(result, parsed))
 
-    def route(path: str, method: str, handler: Callable[[str, Request], Any]) -> None:
-        """A plain Starlette route: FastAPI's dependency solving costs more per request than the rest of a
-        turn's HTTP handling, and these handlers read only the path's session id and the raw request."""
-
-        async def endpoint(request: Request) -> Any:
-            return await handler(request.path_params["session_id"], request)
-
-        app.add_route(path, endpoint, methods=[method])
-
-    async def count_tokens(api: ChatApi, parser: Callable[[Any], TurnRequest], session_id: str,
+    async def count_tokens(self, api: ChatApi, parser: Callable[[Any], TurnRequest], session_id: str,
                            request: Request) -> Any:
         try:
-            session = registry.authorised(session_id, request_token(request.headers))
-            parsed = parse(api, parser, await read_json(request), request.headers)
+            session = self.registry.authorised(session_id, request_token(request.headers))
+            parsed = _parse(api, parser, await self._json(request), request.headers)
             return JSONResponse({"input_tokens": session.count_tokens(parsed)})
         except Exception as exc:  # noqa: BLE001
-            return failure(api, session_id, exc)
+            return _failure(api, session_id, exc)
 
-    async def models(session_id: str, request: Request) -> Any:
+    async def models(self, session_id: str, request: Request) -> Any:
         try:
-            registry.authorised(session_id, request_token(request.headers))
+            self.registry.authorised(session_id, request_token(request.headers))
         except Exception as exc:  # noqa: BLE001
-            return failure(BASE_API, session_id, exc)
+            return _failure(BASE_API, session_id, exc)
         return JSONResponse({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "created": 0,
                                                          "owned_by": "mcore-agentic"}]})
 
-    async def reward(session_id: str, request: Request) -> Any:
+    async def reward(self, session_id: str, request: Request) -> Any:
         try:
-            session = registry.authorised(session_id, request_token(request.headers))
-            body = await read_json(request)
+            session = self.registry.authorised(session_id, request_token(request.headers))
+            body = await self._json(request)
             if not isinstance(body, dict) or "reward" not in body or not set(body) <= {"reward", "turn"}:
                 raise ApiError(400, 'the body must be {"reward": <number>} or {"reward": <number>, "turn": '
                                     '<response id or "latest">}', param="reward")
@@ -196,25 +199,40 @@ def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Ca
                 raise ApiError(400, f'turn must be a response id or "latest", got {str(turn)[:64]!r}', param="turn")
             session.post_reward(float(value), turn)
         except Exception as exc:  # noqa: BLE001
-            return failure(BASE_API, session_id, exc)
+            return _failure(BASE_API, session_id, exc)
         return JSONResponse({"session_id": session_id, "reward": session.reward})
 
-    async def samples(session_id: str, request: Request) -> Any:
+    async def samples(self, session_id: str, request: Request) -> Any:
         try:
-            session = registry.authorised(session_id, request_token(request.headers))
+            session = self.registry.authorised(session_id, request_token(request.headers))
             return JSONResponse(session.summary())
         except Exception as exc:  # noqa: BLE001
-            return failure(BASE_API, session_id, exc)
+            return _failure(BASE_API, session_id, exc)
+
+
+def build_app(registry: SessionRegistry, limits: Limits = Limits(), *, admin: Callable[[Any], None] | None = None) -> Any:
+    """The FastAPI app serving ``registry``'s sessions. ``admin``: the standalone server's extra routes."""
+    app = FastAPI(title="mcore-agentic session endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+    routes = _Routes(registry, limits)
+
+    def route(path: str, method: str, handler: Callable[[str, Request], Any]) -> None:
+        """A plain Starlette route: FastAPI's dependency solving costs more per request than the rest of a
+        turn's HTTP handling, and these handlers read only the path's session id and the raw request."""
+
+        async def endpoint(request: Request) -> Any:
+            return await handler(request.path_params["session_id"], request)
+
+        app.add_route(path, endpoint, methods=[method])
 
     base = "/sessions/{session_id}"
     for api in APIS.values():
-        route(f"{base}{api.path}", "POST", functools.partial(turn, api))
+        route(f"{base}{api.path}", "POST", functools.partial(routes.turn, api))
         if api.count_tokens_path is not None and api.parse_count_request is not None:
             route(f"{base}{api.count_tokens_path}", "POST",
-                  functools.partial(count_tokens, api, api.parse_count_request))
-    route(f"{base}/v1/models", "GET", models)
-    route(f"{base}/reward", "POST", reward)
-    route(f"{base}/samples", "GET", samples)
+                  functools.partial(routes.count_tokens, api, api.parse_count_request))
+    route(f"{base}/v1/models", "GET", routes.models)
+    route(f"{base}/reward", "POST", routes.reward)
+    route(f"{base}/samples", "GET", routes.samples)
 
     if admin is not None:
         admin(app)
