@@ -14,87 +14,29 @@ verl nests the policy, the rollout and the reference under ``actor_rollout_ref``
 
 A key ending in ``.*`` covers that node and everything under it (an exact entry below it wins). Keys verl and
 this project share (``data.train_batch_size``, ``trainer.total_epochs`` ...) are native and not listed; a few of
-them take verl's spellings of their values (:data:`VALUE_TRANSLATIONS`). Pure data and small functions, standard
-library only: :mod:`mcore_agentic.config.load` applies the table to YAML trees and command lines.
+them take verl's spellings of their values (:data:`VALUE_TRANSLATIONS`). Pure data, standard library only:
+:mod:`.verl_entry` declares an entry, :mod:`.verl_lookup` reads the table (lookups, log lines, hints),
+:mod:`.verl_translate` applies it to YAML trees and command lines and :mod:`.verl_doc` renders the doc.
 """
 
 from __future__ import annotations
 
-import difflib
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-ALIAS = "alias"
-DIFFERS = "differs"
-IGNORED = "not needed"
-
-KEEP_DEFAULT = object()
-"""A value translation's answer for "nothing to set": the native key keeps its value (verl's ``null`` = unset)."""
-
-DOC = "docs/verl_migration.md"
-
-
-@dataclass(frozen=True)
-class VerlKey:
-    """One verl key and what it means here."""
-
-    verl: str
-    """verl's dotted key path; ``prefix.*`` covers the node ``prefix`` and every key under it."""
-    kind: str
-    """:data:`ALIAS`, :data:`DIFFERS` or :data:`IGNORED`."""
-    native: tuple[str, ...] = ()
-    """Alias: the native key(s) the value goes to."""
-    note: str = ""
-    """Alias: what to know about the translation; differs: what differs; not needed: why."""
-    fix: str = ""
-    """Differs: what to write instead."""
-    accept: tuple[Any, ...] = ()
-    """Differs: values that ask for what happens here anyway (accepted and ignored, with one line)."""
-    convert: Callable[[Any], Any] | None = None
-    """Alias: translates verl's value (:data:`KEEP_DEFAULT`: nothing to set); raises ``ValueError(message)``."""
-    fallback: bool = False
-    """Alias: fills only targets no other key sets (verl's ``clip_ratio`` under ``clip_ratio_low``/``_high``)."""
-    explain: bool = False
-    """Alias: the log line carries the note (a renamed key whose old name misleads)."""
-
-    @property
-    def wildcard(self) -> bool:
-        return self.verl.endswith(".*")
-
-    @property
-    def prefix(self) -> str:
-        return self.verl[:-2] if self.wildcard else self.verl
-
-    def accepts(self, value: Any) -> bool:
-        return any(same_value(value, a) for a in self.accept)
-
-    def error(self) -> str:
-        """The one-line message of a refused (differs) key."""
-        return f"{self.note}: {self.fix}" if self.fix else self.note
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """``a == b`` without Python's ``True == 1`` and ``"1" != 1`` surprises: numbers compare as numbers."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    return isinstance(a, str) == isinstance(b, str) and a == b
-
-
-def alias(verl: str, *native: str, note: str = "", convert: Callable[[Any], Any] | None = None,
-          fallback: bool = False, explain: bool = False) -> VerlKey:
-    return VerlKey(verl, ALIAS, tuple(native), note, convert=convert, fallback=fallback, explain=explain)
-
-
-def ignored(verl: str, note: str) -> VerlKey:
-    return VerlKey(verl, IGNORED, note=note)
-
-
-def differs(verl: str, note: str, fix: str = "drop the key", accept: tuple[Any, ...] = ()) -> VerlKey:
-    return VerlKey(verl, DIFFERS, note=note, fix=fix, accept=accept)
+from mcore_agentic.config.verl_entry import (  # noqa: F401 -- re-exported: the table's vocabulary
+    ALIAS,
+    DIFFERS,
+    DOC,
+    IGNORED,
+    KEEP_DEFAULT,
+    VerlKey,
+    alias,
+    differs,
+    fmt,
+    ignored,
+    same_value,
+)
 
 
 # ----------------------------------------------------------------------------------------- value translations
@@ -509,11 +451,6 @@ multi-turn keys)."""
 TARGET = ignored("*._target_", "verl's dataclass target of a config node")
 """``_target_`` keys of verl's config nodes (``algorithm._target_`` ...), at any depth."""
 
-_EXACT: dict[str, VerlKey] = {e.verl: e for e in TABLE if not e.wildcard}
-_WILDCARDS: dict[str, VerlKey] = {e.prefix: e for e in TABLE if e.wildcard}
-_PREFIXES: frozenset[str] = frozenset(
-    ".".join(e.prefix.split(".")[:i]) for e in TABLE for i in range(1, e.prefix.count(".") + 1)
-)
 
 VERL_GROUPS: dict[str, str] = {
     "actor_rollout_ref.actor": "actor",
@@ -528,229 +465,6 @@ VERL_ROOTS: frozenset[str] = frozenset({"actor_rollout_ref", "custom_reward_func
 """Top-level groups only verl has."""
 
 
-def lookup(key: str) -> VerlKey | None:
-    """The entry for verl key ``key``: exact, else the deepest ``.*`` entry above it, else ``None``."""
-    if key in _EXACT:
-        return _EXACT[key]
-    if key.rsplit(".", 1)[-1] == "_target_":
-        return TARGET
-    parts = key.split(".")
-    for i in range(len(parts), 0, -1):
-        entry = _WILDCARDS.get(".".join(parts[:i]))
-        if entry is not None:
-            return entry
-    return None
-
-
-def has_entries_below(key: str) -> bool:
-    """Whether table entries sit below ``key`` (a mapping there is walked into rather than taken whole)."""
-    return key in _PREFIXES
-
-
-def is_verl_root(key: str) -> bool:
-    return key.split(".", 1)[0] in VERL_ROOTS
-
-
-def fmt(value: Any) -> str:
-    """A value as it would be written on a command line."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(fmt(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{fmt(v)}" for k, v in value.items()) + "}"
-    return str(value)
-
-
-def alias_line(key: str, entry: VerlKey, targets: tuple[str, ...] | None = None, detail: str = "") -> str:
-    """The log line of an alias used: ``verl key A -> B``."""
-    line = f"verl key {key} -> {', '.join(targets or entry.native)}"
-    if detail:
-        line += f" ({detail})"
-    elif entry.explain and entry.note:
-        line += f" ({entry.note})"
-    return line
-
-
-def ignored_line(key: str, entry: VerlKey, value: Any = None, accepted: bool = False) -> str:
-    """The log line of a key not needed here (or a refused key given the value that changes nothing)."""
-    if accepted:
-        return f"{key}={fmt(value)}: not needed here: {entry.note}"
-    return f"{key}: not needed here: {entry.note}"
-
-
-def convert(entry: VerlKey, value: Any) -> Any:
-    """An alias's value in native terms (:data:`KEEP_DEFAULT`: nothing to set); ``ValueError`` if it has none."""
-    if entry.convert is None:
-        return value
-    return entry.convert(value)
-
-
-def reward_function_spec(path: Any, name: Any) -> Any:
-    """``reward.custom_reward_function`` of verl's ``custom_reward_function.path`` and ``.name``."""
-    if path is None or path == "":
-        return KEEP_DEFAULT
-    return f"{path}:{name or 'compute_score'}"
-
-
-def native_of(key: str) -> str | None:
-    """The verl spelling of a native-looking key (``actor.fsdp_config.param_offload`` ->
-    ``actor_rollout_ref.actor.fsdp_config.param_offload``) when verl nests its group, else ``None``."""
-    group = key.split(".", 1)[0]
-    for verl_group, native_group in VERL_GROUPS.items():
-        if group == native_group:
-            return verl_group + key[len(native_group):]
-    return None
-
-
-def hint(key: str) -> str | None:
-    """What to write instead of ``key``, from the table; ``None`` when the table says nothing about it.
-
-    ``key`` is a verl key met where the table was not applied (a mapping given straight to ``build``), or a
-    native-looking key with verl's name under it (``rollout.multi_turn.max_turns``, ``actor.fsdp_config.param_offload``).
-    """
-    entry = lookup(key)
-    if entry is not None:
-        return _entry_hint(key, entry, mixed=False)
-    if is_verl_root(key) and has_entries_below(key):
-        return f"verl's {key} group: the launcher and load_config translate its keys (see {DOC})"
-    verl_key = native_of(key)
-    if verl_key:
-        entry = lookup(verl_key)
-        if entry is not None and entry is not TARGET:
-            return _entry_hint(verl_key, entry, mixed=True)
-    return None
-
-
-def close_key(key: str, native_leaves: frozenset[str] | set[str] = frozenset()) -> str | None:
-    """A likely meant key for a misspelt verl key: a verl key of the same parent (with its native name), else
-    the native key of the group verl's parent became; ``None`` when ``key`` is not under a verl group."""
-    parent, _, last = key.rpartition(".")
-    if not (is_verl_root(key) or parent in VERL_GROUPS or has_entries_below(parent)):
-        return None
-    siblings = {e.verl.rpartition(".")[2]: e for e in TABLE if not e.wildcard and e.verl.rpartition(".")[0] == parent}
-    close = difflib.get_close_matches(last, list(siblings), n=1, cutoff=0.75)
-    if close:
-        e = siblings[close[0]]
-        here = f" (here {' and '.join(e.native)})" if e.kind == ALIAS else ""
-        return f"did you mean {parent}.{close[0]}{here}?"
-    native_group = VERL_GROUPS.get(parent)
-    if native_group:
-        known = [leaf.rpartition(".")[2] for leaf in native_leaves if leaf.rpartition(".")[0] == native_group]
-        close = difflib.get_close_matches(last, known, n=1, cutoff=0.75)
-        if close:
-            return f"did you mean {native_group}.{close[0]}?"
-    if is_verl_root(key):
-        return f"not a verl key this project knows; see {DOC} for verl's keys and their names here"
-    return None
-
-
-def _entry_hint(key: str, entry: VerlKey, mixed: bool) -> str:
-    """``mixed``: ``key`` is verl's name of a native-looking key the user wrote (their key is not accepted)."""
-    if entry.kind == ALIAS:
-        targets = " and ".join(entry.native)
-        if mixed:
-            return f"did you mean {targets}?" + (f" ({entry.note})" if entry.explain and entry.note else "")
-        return f"verl's name of {targets}: write {targets}"
-    if entry.kind == IGNORED:
-        return (f"verl's {key} is not needed here: {entry.note}; drop the key" if mixed
-                else f"verl's key, not needed here: {entry.note}")
-    return f"verl's {key}: {entry.error()}" if mixed else entry.error()
-
-
-# -------------------------------------------------------------------------------------------------------- docs
-DOC_INTRO = """\
-# Coming from verl
-
-<!-- GENERATED by `python launch/dump_verl_migration.py` from mcore_agentic/config/verl_keys.py; edit the table,
-not this file. -->
-
-A verl run script runs here with its keys as they are. Instead of
-
-```
-python3 -m verl.trainer.main_ppo --config-path="$CONFIG_PATH" --config-name=gsm8k_multiturn_grpo \\
-    actor_rollout_ref.actor.optim.lr=1e-6 trainer.n_gpus_per_node=8 ...
-```
-
-run
-
-```
-python launch/pretrain_rl.py --nproc_per_node 8 --config-path="$CONFIG_PATH" --config-name=gsm8k_multiturn_grpo \\
-    actor_rollout_ref.actor.optim.lr=1e-6 trainer.n_gpus_per_node=8 ...
-```
-
-The launcher checks the whole config first (every problem at once, one line each), then starts the ranks with
-torchrun (`torchrun --nproc_per_node 8 launch/pretrain_rl.py ...` starts them directly). `--config-path` and
-`--config-name` work as in verl, and this project's `configs/` stays on Hydra's search path, so a verl YAML that
-starts from `defaults: [ppo_trainer, _self_]` builds on this project's base config. There is no Ray controller:
-torchrun's `--nproc_per_node` and `--nnodes` set the world size.
-
-verl's keys work in YAML files (nested, `actor_rollout_ref: {actor: {...}}`) and on the command line. Each one used
-prints its native name once, so you can switch:
-
-```
-verl key actor_rollout_ref.actor.optim.lr -> actor.optim.lr
-trainer.n_gpus_per_node: not needed here: torchrun's --nproc_per_node sets the world size
-```
-
-Three kinds of key:
-
-* **alias**: the same meaning; the value goes to the native key (the *here* column), translated where verl
-  spells it differently.
-* **not needed**: verl needs it, this project does not; accepted and ignored, with one line saying why.
-* **differs**: the meaning differs here; the run stops with one line saying what differs and what to write
-  instead. Values under *accepted* ask for what happens here anyway and are accepted like a key not needed.
-
-A value set under both its verl name and its native name must agree (a native key on the command line wins over
-a verl key in a YAML file). Keys verl and this project share (`data.train_batch_size`, `algorithm.adv_estimator`,
-`trainer.total_epochs` ...) are native: see [configuration.md](configuration.md). A few take verl's spellings of
-their values:
-"""
-
-
-def render_markdown() -> str:
-    """``docs/verl_migration.md``: the intro and one table row per entry."""
-    out = [DOC_INTRO, "| native key | verl's spelling |", "|---|---|"]
-    for key in sorted(VALUE_TRANSLATIONS):
-        out.append(f"| `{key}` | {_code(VALUE_NOTES[key])} |")
-    section = None
-    for e in sorted(TABLE, key=lambda e: (_section(e.verl), e.verl)):
-        if _section(e.verl) != section:
-            section = _section(e.verl)
-            out += ["", f"## `{section}`", "", "| verl key | here | note |", "|---|---|---|"]
-        if e.kind == ALIAS:
-            here = ", ".join(f"`{n}`" for n in e.native)
-            note = e.note
-        elif e.kind == IGNORED:
-            here, note = "not needed", e.note
-        else:
-            accepted = ", ".join(f"`{fmt(a)}`" for a in e.accept)
-            here = "differs" + (f" (accepted: {accepted})" if accepted else "")
-            note = e.error()
-        out.append(f"| `{e.verl}` | {here} | {_code(note).replace('|', chr(92) + '|')} |")
-    out += ["", f"`_target_` keys at any depth (`algorithm._target_` ...): not needed here ({TARGET.note}).", ""]
-    return "\n".join(out)
-
-
-_GROUPS = ("model", "data", "actor", "ref", "critic", "rollout", "algorithm", "reward", "sharding", "trainer", "seed",
-           *sorted(VERL_ROOTS))
-_KEY = re.compile(r"(?<![\w`/.])((?:" + "|".join(_GROUPS) + r")(?:\.[\w*]+)+(?:=(?:<[^>]*>|[^\s,;)<])+)?)")
-
-
-def _code(text: str) -> str:
-    """Markdown of a note: config keys (and ``key=value``) as code, other angle brackets escaped."""
-    parts = _KEY.split(text)
-    return "".join(f"`{p}`" if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
-
-
-def _section(key: str) -> str:
-    parts = key.split(".")
-    if parts[0] == "actor_rollout_ref" and len(parts) > 2:
-        return ".".join(parts[:2])
-    return parts[0]
-
 
 def counts() -> dict[str, int]:
     """Entries by kind."""
@@ -758,3 +472,11 @@ def counts() -> dict[str, int]:
     for e in TABLE:
         out[e.kind] += 1
     return out
+
+
+def render_markdown() -> str:
+    """``docs/verl_migration.md`` (:func:`mcore_agentic.config.verl_doc.render_markdown`, named here for
+    ``launch/dump_verl_migration.py``)."""
+    from mcore_agentic.config.verl_doc import render_markdown as render
+
+    return render()

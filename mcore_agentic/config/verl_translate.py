@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from mcore_agentic.config import verl_keys
+from mcore_agentic.config import verl_keys, verl_lookup
 from mcore_agentic.config.key_hints import suggest_key
 from mcore_agentic.config.paths import CONFIG_DIR
 from mcore_agentic.config.schema import RLConfig, native_groups, native_leaves
@@ -153,7 +153,7 @@ def translate_config(
         _resolve(target, srcs, data, given, applied, errors)
     position = {full: pos for pos, (full, _, _) in enumerate(items)}
     for key, (entry, targets, detail) in applied.items():
-        lines.add(verl_keys.alias_line(key, entry, tuple(targets), detail=detail), position.get(key, 0))
+        lines.add(verl_lookup.alias_line(key, entry, tuple(targets), detail=detail), position.get(key, 0))
     _translate_values(data, lines)
     return data, list(lines), errors
 
@@ -172,16 +172,16 @@ def _take_verl_keys(data: dict[str, Any], errors: list[ConfigError]) -> list[tup
             value = node[key]
             if full in leaves:
                 continue
-            if isinstance(value, Mapping) and (full in groups or verl_keys.has_entries_below(full)):
+            if isinstance(value, Mapping) and (full in groups or verl_lookup.has_entries_below(full)):
                 walk(value, full)  # type: ignore[arg-type]
                 if not value and full not in groups:
                     del node[key]
                 continue
-            entry = verl_keys.lookup(full)
+            entry = verl_lookup.lookup(full)
             if entry is not None:
                 items.append((full, entry, value))
                 del node[key]
-            elif verl_keys.is_verl_root(full) or (path and path not in groups):  # under a node only verl has
+            elif verl_lookup.is_verl_root(full) or (path and path not in groups):  # under a node only verl has
                 parent, _, last = full.rpartition(".")
                 errors.append(ConfigError(full, f"unknown key; {suggest_key(last, parent, [], sorted(leaves))}"))
                 del node[key]
@@ -199,24 +199,24 @@ def _sources(items: list[tuple[str, VerlKey, Any]], lines: _Lines,
     pair: dict[str, tuple[Any, VerlKey]] = {}
     for pos, (full, entry, value) in enumerate(items):
         if entry.kind == IGNORED:
-            lines.add(verl_keys.ignored_line(full, entry), pos)
+            lines.add(verl_lookup.ignored_line(full, entry), pos)
         elif entry.kind == DIFFERS:
             bad = [(k, v) for k, v in _leaves(full, value) if not entry.accepts(v)] if entry.wildcard else (
                 [] if entry.accepts(value) else [(full, value)])
             if bad:
                 errors += [ConfigError(k, entry.error()) for k, _ in bad]
             else:
-                lines.add(verl_keys.ignored_line(full, entry, value, accepted=not entry.wildcard), pos)
+                lines.add(verl_lookup.ignored_line(full, entry, value, accepted=not entry.wildcard), pos)
         elif full in _REWARD_PAIR:
             pair[full] = (value, entry)
         else:
             try:
-                native = verl_keys.convert(entry, value)
+                native = verl_lookup.convert(entry, value)
             except ValueError as e:
                 errors.append(ConfigError(full, str(e)))
                 continue
             if native is KEEP_DEFAULT:
-                lines.add(verl_keys.alias_line(full, entry, detail="null: keeps its value"), pos)
+                lines.add(verl_lookup.alias_line(full, entry, detail="null: keeps its value"), pos)
                 continue
             for target in entry.native:
                 sources.setdefault(target, []).append(_Source(full, native, entry))
@@ -229,7 +229,7 @@ def _reward_source(pair: dict[str, tuple[Any, VerlKey]], sources: dict[str, list
     """``reward.custom_reward_function`` from verl's ``custom_reward_function.path`` and ``.name``."""
     path = pair.get(_REWARD_PAIR[0], (None, None))[0]
     name = pair.get(_REWARD_PAIR[1], (None, None))[0]
-    spec = verl_keys.reward_function_spec(path, name)
+    spec = verl_lookup.reward_function_spec(path, name)
     if spec is not KEEP_DEFAULT:
         used = [k for k in _REWARD_PAIR if k in pair]
         sources.setdefault("reward.custom_reward_function", []).append(
@@ -374,7 +374,7 @@ def plan_overrides(overrides: Sequence[str]) -> OverridePlan:
         if (o.text is None and o.prefix != "~") or o.key in groups or o.key.startswith("hydra.") or _is_native(o.key):
             native[o.key] = o  # the last one given is Hydra's
             continue
-        o.entry = verl_keys.lookup(o.key)
+        o.entry = verl_lookup.lookup(o.key)
         if o.entry is None:
             plan.unknown.append(o)
             continue
@@ -382,33 +382,33 @@ def plan_overrides(overrides: Sequence[str]) -> OverridePlan:
         entry = o.entry
         if entry.kind == IGNORED:
             plan.out[i] = []
-            plan.lines.add(verl_keys.ignored_line(o.key, entry), i)
+            plan.lines.add(verl_lookup.ignored_line(o.key, entry), i)
         elif entry.kind == DIFFERS:
             values = [v for _, v in _leaves(o.key, o.value)] if entry.wildcard else [o.value]
             if o.prefix != "~" and (o.value is _UNPARSED or not all(entry.accepts(v) for v in values)):
                 plan.errors.append(ConfigError(o.key, entry.error()))
             else:
                 plan.out[i] = []
-                plan.lines.add(verl_keys.ignored_line(o.key, entry, o.value, accepted=o.prefix != "~"), i)
+                plan.lines.add(verl_lookup.ignored_line(o.key, entry, o.value, accepted=o.prefix != "~"), i)
         elif o.key in _REWARD_PAIR:
             # Joined with its partner, which may sit in a YAML file: into the tree under verl's name.
             plan.out[i] = [f"~{o.key}" if o.prefix == "~" else f"++{o.key}={o.text}"]
         elif o.prefix == "~":
             plan.out[i] = [f"~{t}" for t in entry.native]
-            plan.lines.add(verl_keys.alias_line(o.key, entry), i)
+            plan.lines.add(verl_lookup.alias_line(o.key, entry), i)
         else:
             value = o.value
             if entry.convert is not None:
                 try:
                     if value is _UNPARSED:
                         raise ValueError(f"cannot translate {o.text!r}: give a plain value")
-                    value = verl_keys.convert(entry, value)
+                    value = verl_lookup.convert(entry, value)
                 except ValueError as e:
                     plan.errors.append(ConfigError(o.key, str(e)))
                     continue
                 if value is KEEP_DEFAULT:
                     plan.out[i] = []
-                    plan.lines.add(verl_keys.alias_line(o.key, entry, detail="null: keeps its value"), i)
+                    plan.lines.add(verl_lookup.alias_line(o.key, entry, detail="null: keeps its value"), i)
                     continue
             aliases.append(o)
             plan.applied[i] = []
@@ -422,7 +422,7 @@ def plan_overrides(overrides: Sequence[str]) -> OverridePlan:
         plan.out[o.index] = plan.applied[o.index]
         targets = tuple(t.split("=", 1)[0].lstrip("+") for t in plan.applied[o.index])
         detail = "the specific keys are set" if not targets and o.entry.fallback else ""  # type: ignore[union-attr]
-        plan.lines.add(verl_keys.alias_line(o.key, o.entry, targets or None, detail=detail), o.index)  # type: ignore[arg-type]
+        plan.lines.add(verl_lookup.alias_line(o.key, o.entry, targets or None, detail=detail), o.index)  # type: ignore[arg-type]
     return plan
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mcore_agentic.config import CONFIG_DIR, RLConfig, load_config
+from mcore_agentic.config import CONFIG_DIR, RLConfig, load_config, verl_lookup
 from mcore_agentic.config import verl_keys as vk
 from mcore_agentic.config.key_hints import suggest_key
 from mcore_agentic.config.load import check_overrides, compose, translate_config, translate_overrides
@@ -109,7 +109,7 @@ def _kind(item: str) -> str:
     key = item.split("=", 1)[0]
     if key in NATIVE:
         return NATIVE_KIND
-    entry = vk.lookup(key)
+    entry = verl_lookup.lookup(key)
     assert entry is not None, f"{key}: not in the table"
     return entry.kind
 
@@ -138,7 +138,7 @@ def test_native_keys_named_in_notes_exist():
         for text in (e.note, e.fix):
             for key in pattern.findall(text):
                 key = key.removesuffix(".*")
-                known = key in NATIVE or key in NATIVE_GROUPS or vk.lookup(key) is not None  # native, or verl's
+                known = key in NATIVE or key in NATIVE_GROUPS or verl_lookup.lookup(key) is not None  # native, or verl's
                 assert known, f"{e.verl}: its note names {key}, neither a native nor a verl key"
 
 
@@ -146,7 +146,7 @@ def test_every_key_of_verl_0_5_trainer_configs_is_native_or_in_the_table():
     text = (Path(__file__).parent / "data" / "verl_0_5_keys.txt").read_text()
     keys = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     assert len(keys) > 400
-    missing = [k for k in keys if k not in NATIVE and vk.lookup(k) is None]
+    missing = [k for k in keys if k not in NATIVE and verl_lookup.lookup(k) is None]
     assert missing == []
 
 
