@@ -304,6 +304,36 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    check_layout(cfg, world_size, model_shape=model_shape, local_world_size=local_world_size, device=device,
+                 te_importable=te_importable)
+    check_data(cfg)
+    check_algorithm(cfg)
+    check_frozen_token_budgets(cfg)
+    par = cfg.actor.parallel
+    dp = world_size // par.model_parallel_size
+    rollout_tp = cfg.rollout.tensor_model_parallel_size
+
+    actor = _ppo_sizes("actor", cfg.actor, cfg, dp)
+    critic = _ppo_sizes("critic", cfg.critic, cfg, dp) if cfg.algorithm.needs_critic else None
+    sequences = cfg.data.train_batch_size * cfg.rollout.n
+    if sequences % dp:  # implied by the mini-batch rule; kept so the message is right if that rule changes
+        raise ConfigError("data.train_batch_size", f"{sequences} sequences do not split over {dp} DP ranks")
+    return BatchSizes(
+        world_size=world_size,
+        data_parallel_size=dp,
+        rollout_data_parallel_size=world_size // rollout_tp,
+        prompts_per_step=cfg.data.train_batch_size,
+        sequences_per_step=sequences,
+        sequences_per_step_per_dp=sequences // dp,
+        actor=actor,
+        critic=critic,
+    )
+
+
+def check_layout(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | None] | None,
+                 local_world_size: int | None, device: str | None, te_importable: bool | None) -> None:
+    """The parallel layout against the world, the model, the device and the rollout engines (``validate``'s
+    arguments)."""
     par = cfg.actor.parallel
     check_world_size(par, world_size)
     if te_importable is None:
@@ -324,7 +354,6 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
     teacher_tp = cfg.teacher.tensor_model_parallel_size if cfg.teacher.enabled else None
     require(teacher_tp is None or world_size % teacher_tp == 0, "teacher.tensor_model_parallel_size",
             f"={teacher_tp} does not divide the world size {world_size}: use one of {_divisors(world_size)}")
-    dp = world_size // par.model_parallel_size
     rollout_tp = cfg.rollout.tensor_model_parallel_size
     check_rollout_groups(rollout_tp, world_size, world_size if local_world_size is None else local_world_size)
     engines = world_size // rollout_tp
@@ -335,7 +364,9 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
         f"(world size {world_size} / rollout.tensor_model_parallel_size {rollout_tp}): use a multiple of {engines}",
     )
 
-    # Data: something to train on, and length budgets the rollout agrees with.
+
+def check_data(cfg: RLConfig) -> None:
+    """Data: something to train on, and length budgets the rollout agrees with."""
     require(
         bool(cfg.data.train_file_list) or cfg.data.synthetic.enable,
         "data.train_files",
@@ -354,7 +385,10 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
         "set rollout.response_length=${data.max_response_length}",
     )
 
-    # Algorithm <-> rollout/critic/ref.
+
+def check_algorithm(cfg: RLConfig) -> None:
+    """Algorithm <-> rollout/critic/ref: what the estimator, filtering, partial rollouts, the overlong penalty,
+    interactions and the device need of the other groups."""
     if cfg.algorithm.needs_groups:
         require(
             cfg.rollout.n >= 2,
@@ -409,6 +443,10 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
             f"{cfg.rollout.name} needs a GPU but trainer.device=cpu: use rollout.name="
             f"{' or '.join(engines_on('cpu'))} on CPU",
         )
+
+
+def check_frozen_token_budgets(cfg: RLConfig) -> None:
+    """The frozen models' (ref, teacher) dynamic-batch token budgets hold one whole sequence."""
     for name, frozen in (("ref", cfg.ref), ("teacher", cfg.teacher)):
         if frozen.use_dynamic_bsz:
             longest = cfg.data.max_sequence_length
@@ -417,19 +455,3 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
                 f"{name}.log_prob_max_token_len_per_gpu",
                 f"={frozen.log_prob_max_token_len_per_gpu} cannot hold one sequence of {longest} tokens: raise it",
             )
-
-    actor = _ppo_sizes("actor", cfg.actor, cfg, dp)
-    critic = _ppo_sizes("critic", cfg.critic, cfg, dp) if cfg.algorithm.needs_critic else None
-    sequences = cfg.data.train_batch_size * cfg.rollout.n
-    if sequences % dp:  # implied by the mini-batch rule; kept so the message is right if that rule changes
-        raise ConfigError("data.train_batch_size", f"{sequences} sequences do not split over {dp} DP ranks")
-    return BatchSizes(
-        world_size=world_size,
-        data_parallel_size=dp,
-        rollout_data_parallel_size=world_size // rollout_tp,
-        prompts_per_step=cfg.data.train_batch_size,
-        sequences_per_step=sequences,
-        sequences_per_step_per_dp=sequences // dp,
-        actor=actor,
-        critic=critic,
-    )
