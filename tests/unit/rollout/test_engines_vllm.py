@@ -157,7 +157,7 @@ def test_draw_advance_matches_the_samplers_own_draws(path):
 
     from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
-    from mcore_agentic.rollout.engines.vllm import _draw_advancer
+    from mcore_agentic.rollout.engines.vllm_draws import _draw_advancer
 
     fp64 = path.endswith("fp64")
     sampler = TopKTopPSampler("processed_logprobs", use_fp64_gumbel=fp64)
