@@ -133,8 +133,10 @@ def test_the_house_has_floors_and_one_upward_arrow():
 
 
 def test_the_trainer_asks_no_rank_its_role():
-    # Which rank leads a rollout group is the feed's to know; the trainer runs the same algorithm on every rank.
-    roles = ("is_leader", ".leads", "group_index]", "placement.group_index", "local is None", "local is not None")
-    found = [f"{p.relative_to(ROOT)}: {r}" for p in sorted((ROOT / "mcore_agentic" / "trainer").rglob("*.py"))
-             for r in roles if r in p.read_text()]
+    # Which rank leads a rollout group is the feed's to know; the trainer runs the same algorithm on every rank: no
+    # trainer module reads a rank's rollout role or placement (attribute reads, from the syntax tree).
+    roles = {"is_leader", "leads", "group_index", "placement", "agent_host"}
+    found = [f"{p.relative_to(ROOT)}:{node.lineno} .{node.attr}"
+             for p in sorted((ROOT / "mcore_agentic" / "trainer").rglob("*.py"))
+             for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.Attribute) and node.attr in roles]
     assert found == []

@@ -1,7 +1,8 @@
 """A new trajectory source is one class: a scripted source (in this file) under both schedules, unchanged.
 
-The worked example docs/architecture.md's "Where to add things" points at. :class:`ScriptedSource` implements
-:class:`~mcore_agentic.rollout.source.TrajectorySource` and nothing else: each session "samples" its row's scripted
+The worked example docs/architecture.md's "Where to add things" points at. :class:`ScriptedSource`
+(``tests/helpers/sources.py``, 90 lines) implements :class:`~mcore_agentic.rollout.source.TrajectorySource` and
+nothing else: each session "samples" its row's scripted
 ids, at most the round's token budget at a time, recording the weight version of each token. The feed's
 :class:`FreshRounds` and :class:`PartialRounds` drive it through the real :class:`Roller` (whose ``new_source`` is the one
 place a run chooses its source), score it, take its groups, and carry it through a checkpoint (one process: the
@@ -10,9 +11,6 @@ count tables are this leader's).
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,90 +24,11 @@ from mcore_agentic.feed.settings import FeedSettings
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rewards.config import OverlongBufferConfig
 from mcore_agentic.rollout.config import RolloutConfig
-from mcore_agentic.rollout.driver import build_requests
-from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest
-from mcore_agentic.rollout.source import Budget, RoundReport
 from mcore_agentic.utils.timing import PhaseTimer
+from tests.helpers.sources import ROWS as SCRIPTED_ROWS
+from tests.helpers.sources import ScriptedSource
 
-PROMPT = [11, 12, 13]
-
-
-@dataclass
-class _Session:
-    req: RolloutRequest
-    script: list[int]
-
-
-@dataclass
-class _Group:
-    uid: str
-    born: int
-    sessions: list[_Session]
-    scored: Any = None
-    informative: bool | None = None
-
-    @property
-    def complete(self) -> bool:
-        return all(s.req.done for s in self.sessions)
-
-    def requests(self) -> list[RolloutRequest]:
-        return [s.req for s in self.sessions]
-
-
-class ScriptedSource:
-    """Each row's ``extra_info.script`` (token ids) sampled by each of its sessions, ``budget.tokens`` per round."""
-
-    def __init__(self) -> None:
-        self.groups: list[_Group] = []
-
-    def start(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig, born: int) -> None:
-        by_uid: dict[str, list[_Session]] = {}
-        for req in build_requests(rows, cfg):
-            req.trajectory.set_prompt(list(PROMPT))
-            by_uid.setdefault(req.uid, []).append(_Session(req, list(req.extra_info["script"])))
-        self.groups += [_Group(uid, born, sessions) for uid, sessions in by_uid.items()]
-
-    def advance(self, weight_version: int, budget: Budget | None) -> RoundReport:
-        live = [s for g in self.groups for s in g.sessions if not s.req.done]
-        resumed = sum(s.req.state is RequestState.RUNNING for s in live)
-        for s in live:
-            if s.req.state is RequestState.PENDING:
-                s.req.transition(RequestState.RUNNING)
-            done = s.req.trajectory.response_len
-            take = s.script[done: done + (budget.tokens if budget and budget.tokens else len(s.script))]
-            s.req.trajectory.append(take, sampled=True, log_probs=[-0.5] * len(take), version=weight_version)
-            if s.req.trajectory.response_len == len(s.script):
-                s.req.messages.append({"role": "assistant", "content": "scripted"})
-                s.req.complete(FinishReason.STOP)
-        paused = [s for s in live if not s.req.done]
-        return RoundReport(resumed=resumed, paused=len(paused), paused_mid_turn=len(paused), prioritised=0)
-
-    def remove(self, groups: Sequence[_Group]) -> None:
-        ids = {id(g) for g in groups}
-        self.groups = [g for g in self.groups if id(g) not in ids]
-
-    @property
-    def live_sessions(self) -> int:
-        return sum(not s.req.done for g in self.groups for s in g.sessions)
-
-    def in_flight_lengths(self) -> list[int]:
-        return [s.req.trajectory.response_len for g in self.groups for s in g.sessions if not s.req.done]
-
-    def paused_mid_turn(self) -> int:
-        return self.live_sessions
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"groups": copy.deepcopy(self.groups)}
-
-    def restore(self, snap: Mapping[str, Any]) -> None:
-        self.groups = copy.deepcopy(snap["groups"])
-
-    def close(self) -> None:
-        self.groups = []
-
-
-ROWS = [{"prompt": [{"role": "user", "content": f"q{i}"}], "data_source": "scripted",
-         "extra_info": {"script": list(range(100 + i * 10, 106 + i * 10))}} for i in range(2)]
+ROWS = SCRIPTED_ROWS[:2]
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +56,8 @@ def test_fresh_rounds_roll_a_new_source_to_the_end(tok, monkeypatch):
     schedule = FreshRounds(_roller(tok, monkeypatch, [7]), None, pad_id=0)
     result = run_rounds(schedule, ROWS, 0, wanted=2, group_index=0, num_groups=1, draw=lambda: ROWS, max_batches=None)
     rollout = schedule.take(int(result.table[0, 0]), 0, result.rounds)
-    assert result.rounds == 1 and _responses(rollout) == [ROWS[0]["extra_info"]["script"]] * 2 + \
-        [ROWS[1]["extra_info"]["script"]] * 2
+    s0, s1 = (r["extra_info"]["script"] for r in ROWS)
+    assert result.rounds == 1 and _responses(rollout) == [s0, s0[:-2], s1, s1[:-2]]
     assert rollout.rows["seq_scores"].tolist() == [1.0] * 4 and rollout.rows["oldest_version"] == [7] * 4
 
 
@@ -153,7 +72,8 @@ def test_partial_rounds_carry_a_new_source_across_steps_and_a_checkpoint(tok, mo
     assert _responses(first)[0] == ROWS[0]["extra_info"]["script"]
     assert first.rows["token_ages"][0].tolist()[:6] == [0] * 6  # one weight version for the whole step
 
-    # The next step: its rows start, one round runs (4 of 6 ids), and the checkpoint takes them in flight.
+    # The next step: its rows start, one round runs (4 of 6 ids: the odd sessions' 4 end), and the checkpoint takes
+    # the even ones in flight.
     version[0] = 2
     schedule.begin(ROWS, 1, lambda: ROWS)
     schedule.round(1)
@@ -161,7 +81,7 @@ def test_partial_rounds_carry_a_new_source_across_steps_and_a_checkpoint(tok, mo
     restored = PartialRounds(roller, None, pad_id=0, max_turns_per_step=None, max_tokens_per_step=4,
                              over_sampling_batches=0, prompts_per_batch=2)
     restored.load(tmp_path)
-    assert restored.buffer is not None and restored.buffer.live_sessions == 4
+    assert restored.buffer is not None and restored.buffer.live_sessions == 2
     version[0] = 3
     restored.begin([], 2, lambda: ROWS)  # nothing new: the buffer is full
     restored.version = 3
@@ -169,4 +89,4 @@ def test_partial_rounds_carry_a_new_source_across_steps_and_a_checkpoint(tok, mo
     second = restored.take(2, 0, 1)
     ages = second.rows["token_ages"][0].tolist()[:6]
     assert _responses(second)[0] == ROWS[0]["extra_info"]["script"] and ages == [1, 1, 1, 1, 0, 0]
-    assert second.metrics["rollout/partial_resumed"] == 4
+    assert second.metrics["rollout/partial_resumed"] == 2
