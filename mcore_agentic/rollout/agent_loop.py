@@ -1,5 +1,9 @@
 """The per-request agent loop: generate -> parse tool calls -> run tools / ask the interaction -> repeat.
 
+One module a little over ~500 lines: :class:`AgentSession` is one request's state machine (set-up, turns,
+interaction, pause and checkpoint, scoring, release) whose steps share the session's state; its tool calls are
+a mixin of their own (:mod:`~mcore_agentic.rollout.agent_tools`).
+
 One :class:`AgentSession` drives one :class:`RolloutRequest` through its state machine:
 
 * ``running``: sample an assistant turn within the remaining length budget; keep the
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +46,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcore_agentic.rollout.agent_tools import ToolCalls
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, SamplingParams
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest
@@ -52,15 +56,11 @@ from mcore_agentic.rollout.tool_parser import (
     ToolCallError,
     ToolCallParser,
     parameters_schema,
-    validate_tool_call,
 )
 from mcore_agentic.tools.base import (
     ToolProtocol,
-    ToolResponse,
     call_tool,
-    error_response,
     format_traceback,
-    safe_execute,
 )
 from mcore_agentic.tools.schema import openai_schemas
 
@@ -101,7 +101,7 @@ class _ToolInstance:
     kwargs: dict[str, dict[str, Any]]
 
 
-class AgentSession:
+class AgentSession(ToolCalls):
     """Runs one request to completion; see the module docstring for the turn structure."""
 
     def __init__(self, request: RolloutRequest, ctx: AgentContext):
@@ -252,14 +252,7 @@ class AgentSession:
             self.tokens_this_run += len(ids)
             traj.append(ids, sampled=True, log_probs=log_probs, version=self.ctx.weight_version)
             if out.routed_experts is not None:
-                # Rows of the prompt the engine fed (when it was the trajectory itself), then of the sampled ids
-                # (from the cut turn's last id when the engine fed it as the end of a rendered prompt).
-                prompt_rows = len(out.routed_experts) - max(len(out.token_ids) - 1, 0)
-                if token_in:
-                    traj.record_routing(out.routed_experts[:prompt_rows])
-                elif self.open_turn:
-                    prompt_rows, context = prompt_rows - 1, context - 1
-                traj.record_routing(out.routed_experts[prompt_rows:], start=context)
+                self._record_routing(out, token_in, context)
             ended = bool(ids) and ids[-1] in chat.stop_token_ids
             if out.finish_reason == "length" and not ended and cap < budget and len(ids) >= cap:
                 self.open_turn += len(ids)  # cut by the token budget: the turn goes on next run
@@ -301,19 +294,38 @@ class AgentSession:
                 continue
             if self.interaction is None or not self._user_turns_left():
                 return FinishReason.STOP
-            req.transition(RequestState.INTERACTING)
-            terminate, reply, score, _extra = await self.interaction.generate_response(
-                self.interaction_id, [dict(m) for m in req.messages]
-            )
-            req.metrics.user_turns += 1
-            req.interaction_scores.append(float(score))
-            if req.turn_interaction_scores:
-                req.turn_interaction_scores[-1] += float(score)
+            terminate, reply = await self._ask_user()
             if terminate or req.metrics.assistant_turns >= mt.max_assistant_turns:
                 return FinishReason.STOP
             if not await self._append_env([{"role": "user", "content": str(reply)}], sampled_eot, sampled_text):
                 return FinishReason.LENGTH
             req.transition(RequestState.RUNNING)
+
+    def _record_routing(self, out: GenerationOutput, token_in: bool, context: int) -> None:
+        """Record one engine call's routed experts on the trajectory (``context``: its length before the call)."""
+        traj = self.req.trajectory
+        # Rows of the prompt the engine fed (when it was the trajectory itself), then of the sampled ids
+        # (from the cut turn's last id when the engine fed it as the end of a rendered prompt).
+        prompt_rows = len(out.routed_experts) - max(len(out.token_ids) - 1, 0)
+        if token_in:
+            traj.record_routing(out.routed_experts[:prompt_rows])
+        elif self.open_turn:
+            prompt_rows, context = prompt_rows - 1, context - 1
+        traj.record_routing(out.routed_experts[prompt_rows:], start=context)
+
+    async def _ask_user(self) -> tuple[bool, Any]:
+        """The interaction's reply to the conversation so far, its score recorded: whether it ends the conversation,
+        and the user's next message."""
+        req = self.req
+        req.transition(RequestState.INTERACTING)
+        terminate, reply, score, _extra = await self.interaction.generate_response(
+            self.interaction_id, [dict(m) for m in req.messages]
+        )
+        req.metrics.user_turns += 1
+        req.interaction_scores.append(float(score))
+        if req.turn_interaction_scores:
+            req.turn_interaction_scores[-1] += float(score)
+        return terminate, reply
 
     def _user_turns_left(self) -> bool:
         own = getattr(self.interaction, "max_user_turns", None)
@@ -365,68 +377,6 @@ class AgentSession:
             traj.truncate(min(self.max_len, traj.prompt_len + self.ctx.cfg.response_length))
             return False
         return True
-
-    # -- tools --------------------------------------------------------------------------------------
-
-    async def _run_tools(self, calls: list[ToolCall | ToolCallError]) -> list[dict[str, Any]]:
-        """Tool messages for ``calls``, in order; at most ``max_parallel_calls`` run, concurrently."""
-        limit = self.mt.max_parallel_calls
-        tools = {name: inst.tool for name, inst in self.instances.items()}
-        started = time.perf_counter()
-
-        async def one(index: int, call: ToolCall | ToolCallError) -> tuple[str | None, ToolResponse, float]:
-            began = time.perf_counter()
-            name, response = await run(index, call)
-            return name, response, time.perf_counter() - began
-
-        async def run(index: int, call: ToolCall | ToolCallError) -> tuple[str | None, ToolResponse]:
-            if isinstance(call, ToolCallError):
-                return call.name, _bad_call(call.message, "malformed_call")
-            if index >= limit:
-                return call.name, _bad_call(
-                    f"Error: at most {limit} tool calls run per turn; call {index + 1} ('{call.name}') was not run.",
-                    "too_many_calls",
-                )
-            problem = validate_tool_call(call, tools)
-            if problem is not None:
-                return call.name, _bad_call(problem.message, "unknown_tool" if call.name not in tools else "invalid_arguments")
-            inst = self.instances[call.name]
-            response = await safe_execute(
-                inst.tool,
-                inst.instance_id,
-                call.arguments,
-                self.mt.tool_timeout,
-                **(inst.kwargs.get("execute_kwargs") or {}),
-            )
-            return call.name, response
-
-        if len(calls) == 1:  # the common case, without a task per call
-            results = [await one(0, calls[0])]
-        else:
-            results = await asyncio.gather(*(one(i, c) for i, c in enumerate(calls)))
-        self.req.metrics.tool_seconds += time.perf_counter() - started
-        messages = []
-        for call, (name, response, seconds) in zip(calls, results):
-            self.req.metrics.tool_calls += 1
-            self.req.metrics.tool_errors += int(response.is_error)
-            if name in self.instances:
-                self.req.tool_rewards[name] = self.req.tool_rewards.get(name, 0.0) + float(response.reward)
-                if self.req.turn_tool_rewards:
-                    self.req.turn_tool_rewards[-1] += float(response.reward)
-            content = _clip(response.text, self.mt.max_tool_response_length)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
-            error_type = response.error_type or ("tool_error" if response.is_error else None)
-            self.req.tool_log.append({
-                "turn": self.req.metrics.assistant_turns,
-                "name": name,
-                "arguments": json.dumps(call.arguments) if isinstance(call, ToolCall) else call.raw,
-                "result": content,
-                "error": bool(response.is_error),
-                "seconds": seconds,
-                "error_type": error_type,
-                "traceback": response.traceback,
-            })
-        return messages
 
     # -- end ----------------------------------------------------------------------------------------
 
@@ -576,22 +526,6 @@ def assistant_message(text: str, content: str, calls: list[ToolCall | ToolCallEr
     if valid:
         message["tool_calls"] = [c.to_openai() for c in valid]
     return message
-
-
-def _bad_call(message: str, kind: str) -> ToolResponse:
-    """The error observation of a call the model got wrong; ``kind`` is its ``tool_log`` ``error_type``."""
-    response = error_response(message)
-    response.error_type = kind
-    return response
-
-
-def _clip(text: str, limit: int) -> str:
-    """``text`` cut in the middle to ``limit`` characters (0 keeps it whole)."""
-    if limit <= 0 or len(text) <= limit:
-        return text
-    marker = "...(truncated)..."
-    keep = max(limit - len(marker), 0)
-    return text[: keep - keep // 2] + marker + text[len(text) - keep // 2 :]
 
 
 async def run_request(request: RolloutRequest, ctx: AgentContext) -> RolloutRequest:
