@@ -178,12 +178,36 @@ def census_requests(cfg: Any, par: Any, hf_config: Any, teacher_hf_config: Any, 
     return requests
 
 
-def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teacher_hf_config: Any = None,
-              headroom: float = 0.05, mfu: float = MFU, mean_length: int | None = None,
-              census: Any = run_census) -> Plan:
-    """The plan of ``cfg`` (an ``RLConfig``) on ``world_size`` GPUs of ``device``. ``mean_length``: an average
-    sequence's tokens (prompt + response) for the step time's training passes (default: the longest); memory is
-    always planned for the longest."""
+@dataclass(frozen=True)
+class _Sizing:
+    """What every phase of the plan reads: the layout, the census's answers and the model's dimensions."""
+
+    par: Any
+    tp: int
+    pp: int
+    cp: int
+    vpp: int
+    size: int
+    ranks: list[int]
+    needs_ref: bool
+    needs_critic: bool
+    actor: list[RankState]
+    teacher: list[RankState] | None
+    dims: Dims
+    split: Split
+    max_len: int
+    update_rows: list[int]
+    forward_rows: list[int]
+    layers_per_rank: int
+    actor_recompute: Recompute
+    critic_recompute: Recompute
+    total_params: int
+    active_params: float
+    rollout_tp: int
+
+
+def _sizing(cfg: Any, hf_config: Any, world_size: int, teacher_hf_config: Any, census: Any) -> _Sizing:
+    """The layout of ``cfg``, the census's answers (one call) and the dimensions every phase reads."""
     par = cfg.actor.parallel
     tp, pp, cp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size, par.context_parallel_size
     vpp = par.virtual_pipeline_model_parallel_size or 1
@@ -215,10 +239,18 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     # token's FLOPs count.
     active_params = total_params - whole.expert_params * (1 - dims.top_k / dims.experts if dims.experts else 0)
     rollout_tp = cfg.rollout.tensor_model_parallel_size
+    return _Sizing(par=par, tp=tp, pp=pp, cp=cp, vpp=vpp, size=size, ranks=ranks, needs_ref=needs_ref,
+                   needs_critic=needs_critic, actor=actor, teacher=teacher, dims=dims, split=split, max_len=max_len,
+                   update_rows=update_rows, forward_rows=forward_rows, layers_per_rank=layers_per_rank,
+                   actor_recompute=actor_recompute, critic_recompute=critic_recompute, total_params=total_params,
+                   active_params=active_params, rollout_tp=rollout_tp)
+
+
+def _engine_share(cfg: Any, hf_config: Any, device: Device, s: _Sizing, notes: list[str]) -> EngineShare:
+    """The rollout engine's share of the GPU: its weights and the KV cache left (a problem in ``notes`` if none)."""
+    size, rollout_tp, total_params, max_len = s.size, s.rollout_tp, s.total_params, s.max_len
     engine_bytes = int(cfg.rollout.gpu_memory_utilization * device.memory_gib * GIB)
     engine_weight_bytes = int(total_params * size / rollout_tp)
-    bucket = int(cfg.sharding.bucket_size_mb * 2**20)
-    notes: list[str] = []
     kv_bytes = engine_bytes - engine_weight_bytes - ENGINE_ACTIVATION_BYTES
     kv_tokens = max(kv_bytes, 0) // kv_bytes_per_token(hf_config, size, rollout_tp)
     engine = EngineShare(share_bytes=engine_bytes, weight_bytes=engine_weight_bytes, kv_bytes=max(kv_bytes, 0),
@@ -230,9 +262,21 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
                           "rollout.tensor_model_parallel_size")
         notes.append(engine.problem)
 
+    return engine
+
+
+def _memory_phases(cfg: Any, s: _Sizing, engine: EngineShare) -> tuple[list[Phase], int]:
+    """Each phase at its worst pipeline stage, and the bytes that leave the GPU and come back each step."""
+    a, r = cfg.actor, cfg.ref
+    pp, vpp, ranks, needs_ref, needs_critic, teacher = s.pp, s.vpp, s.ranks, s.needs_ref, s.needs_critic, s.teacher
+    dims, split, update_rows, forward_rows, layers_per_rank = (s.dims, s.split, s.update_rows, s.forward_rows,
+                                                               s.layers_per_rank)
+    actor_recompute, critic_recompute = s.actor_recompute, s.critic_recompute
+    engine_bytes, engine_weight_bytes = engine.share_bytes, engine.weight_bytes
+    bucket = int(cfg.sharding.bucket_size_mb * 2**20)
     phases_by_stage: list[list[Phase]] = []
     offloaded = 0  # bytes that leave the GPU and come back each step, on the worst stage
-    for stage, st in enumerate(actor):
+    for stage, st in enumerate(s.actor):
         last = stage == pp - 1
         # optim.optimizer_cpu_offload: that fraction of the masters and moments lives on the host for good.
         on_device = 1 - _host_fraction(a)
@@ -291,11 +335,20 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     # Each phase at its worst stage.
     worst = [max((stage_phases[i] for stage_phases in phases_by_stage), key=lambda p: p.bytes)
              for i in range(len(phases_by_stage[0]))]
-    if not cfg.rollout.engine.sized_by_gpu_memory_utilization:  # the engine table's answer
-        notes.append(f"rollout.name={cfg.rollout.name}: the {cfg.rollout.engine.description} engine is not sized by "
-                     "gpu_memory_utilization (the plan counts that fraction anyway)")
+    return worst, offloaded
 
-    # ---- step time
+
+def _step_seconds(cfg: Any, device: Device, world_size: int, s: _Sizing, engine: EngineShare, offloaded: int, *,
+                  mfu: float, mean_length: int | None) -> dict[str, float]:
+    """The step's time by part: rollout, weight sync, offload, training passes, recomputation, communication,
+    the host optimizer and the pipeline bubble."""
+    a, par = cfg.actor, s.par
+    tp, pp, cp, vpp, size, max_len, rollout_tp = s.tp, s.pp, s.cp, s.vpp, s.size, s.max_len, s.rollout_tp
+    needs_ref, needs_critic, teacher, dims = s.needs_ref, s.needs_critic, s.teacher, s.dims
+    total_params, active_params, layers_per_rank = s.total_params, s.active_params, s.layers_per_rank
+    actor_recompute, critic_recompute, update_rows, actor = (s.actor_recompute, s.critic_recompute, s.update_rows,
+                                                             s.actor)
+    engine_weight_bytes = engine.weight_bytes
     prompts = cfg.data.train_batch_size
     sequences = prompts * cfg.rollout.n
     prompt_tokens = sequences * cfg.data.max_prompt_length
@@ -349,6 +402,24 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
             8 / (HOST_LINK_GB_S * 1e9) + 1 / HOST_ADAM_PARAMS_PER_S)
     if pp > 1:
         seconds["pipeline bubble"] = seconds["training passes (FLOPs / MFU)"] * (pp - 1) / (micro * vpp)
+    return seconds
+
+
+def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teacher_hf_config: Any = None,
+              headroom: float = 0.05, mfu: float = MFU, mean_length: int | None = None,
+              census: Any = run_census) -> Plan:
+    """The plan of ``cfg`` (an ``RLConfig``) on ``world_size`` GPUs of ``device``. ``mean_length``: an average
+    sequence's tokens (prompt + response) for the step time's training passes (default: the longest); memory is
+    always planned for the longest."""
+    s = _sizing(cfg, hf_config, world_size, teacher_hf_config, census)
+    notes: list[str] = []
+    engine = _engine_share(cfg, hf_config, device, s, notes)
+    worst, offloaded = _memory_phases(cfg, s, engine)
+    if not cfg.rollout.engine.sized_by_gpu_memory_utilization:  # the engine table's answer
+        notes.append(f"rollout.name={cfg.rollout.name}: the {cfg.rollout.engine.description} engine is not sized by "
+                     "gpu_memory_utilization (the plan counts that fraction anyway)")
+    seconds = _step_seconds(cfg, device, world_size, s, engine, offloaded, mfu=mfu, mean_length=mean_length)
+    tp, pp, cp, vpp, par, rollout_tp = s.tp, s.pp, s.cp, s.vpp, s.par, s.rollout_tp
     layout = (f"TP{tp} PP{pp}" + (f" VPP{vpp}" if vpp > 1 else "") + f" CP{cp} EP{par.expert_model_parallel_size} "
               f"DP{world_size // (tp * pp * cp)}; rollout TP{rollout_tp}")
     return Plan(device=device.name, world_size=world_size, layout=layout, capacity_bytes=int(device.memory_gib * GIB),
