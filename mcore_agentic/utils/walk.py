@@ -192,95 +192,118 @@ def _convert(tp: Any, value: Any, path: str, root_leaves: Sequence[str], errors:
         return value
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-
-    def fail(message: str) -> Any:
-        errors.append(ConfigError(path, message))
-        return FAILED
-
     if origin in (Union, types.UnionType):
-        if value is None:
-            if type(None) in args:
-                return None
-            return fail(f"must not be null (expected {_type_name(tp)})")
-        tries: list[list[ConfigError]] = []
-        for arm in args:
-            if arm is type(None):
-                continue
-            arm_errors: list[ConfigError] = []
-            out = _convert(arm, value, path, root_leaves, arm_errors)
-            if not arm_errors:
-                return out
-            tries.append(arm_errors)
-        # A mapping aimed at a dataclass arm gives the most useful messages.
-        if isinstance(value, Mapping):
-            for arm_errors in tries:
-                if any(e.field != path for e in arm_errors):
-                    errors.extend(arm_errors)
-                    return FAILED
-        return fail(f"expected {_type_name(tp)}, got {value!r}")
+        return _convert_union(tp, args, value, path, root_leaves, errors)
 
     if value is None:
-        return fail(f"must not be null (expected {_type_name(tp)}); set a value or remove the key")
+        return _fail(errors, path, f"must not be null (expected {_type_name(tp)}); set a value or remove the key")
 
     if origin is typing.Literal:
         if value not in args:
-            return fail(f"got {value!r}; choose one of {', '.join(repr(a) for a in args)}")
+            return _fail(errors, path, f"got {value!r}; choose one of {', '.join(repr(a) for a in args)}")
         return value
 
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(value, Mapping):
-            return fail(f"expected a mapping of {tp.__name__} keys, got {value!r}")
+            return _fail(errors, path, f"expected a mapping of {tp.__name__} keys, got {value!r}")
         return _build(tp, value, path, root_leaves, errors)
 
     if origin in (list, tuple, Sequence) or tp in (list, tuple):
-        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-            return fail(f"expected a list, got {value!r}")
-        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-            if len(value) != len(args):
-                return fail(f"expected {len(args)} items, got {len(value)}")
-            items = [_convert(a, v, f"{path}[{i}]", root_leaves, errors) for i, (a, v) in enumerate(zip(args, value))]
-            return FAILED if any(i is FAILED for i in items) else tuple(items)
-        item_tp = args[0] if args else Any
-        items = [_convert(item_tp, v, f"{path}[{i}]", root_leaves, errors) for i, v in enumerate(value)]
-        if any(i is FAILED for i in items):
-            return FAILED
-        return tuple(items) if origin is tuple or tp is tuple else items
+        return _convert_sequence(tp, origin, args, value, path, root_leaves, errors)
 
     if origin in (dict, Mapping) or tp is dict:
-        if not isinstance(value, Mapping):
-            return fail(f"expected a mapping, got {value!r}")
-        key_tp, val_tp = args if args else (Any, Any)
-        out: dict[Any, Any] = {}
-        failed = False
-        for k, v in value.items():
-            ck = _convert(key_tp, k, f"{path}.{k}", root_leaves, errors)
-            cv = _convert(val_tp, v, f"{path}.{k}", root_leaves, errors)
-            failed = failed or ck is FAILED or cv is FAILED
-            out[ck] = cv
-        return FAILED if failed else out
+        return _convert_mapping(args, value, path, root_leaves, errors)
 
+    return _convert_scalar(tp, value, path, errors)
+
+
+def _fail(errors: list[ConfigError], path: str, message: str) -> Any:
+    errors.append(ConfigError(path, message))
+    return FAILED
+
+
+def _convert_union(tp: Any, args: tuple[Any, ...], value: Any, path: str, root_leaves: Sequence[str],
+                   errors: list[ConfigError]) -> Any:
+    """The first arm of ``tp`` that takes ``value`` (``None`` for an optional)."""
+    if value is None:
+        if type(None) in args:
+            return None
+        return _fail(errors, path, f"must not be null (expected {_type_name(tp)})")
+    tries: list[list[ConfigError]] = []
+    for arm in args:
+        if arm is type(None):
+            continue
+        arm_errors: list[ConfigError] = []
+        out = _convert(arm, value, path, root_leaves, arm_errors)
+        if not arm_errors:
+            return out
+        tries.append(arm_errors)
+    # A mapping aimed at a dataclass arm gives the most useful messages.
+    if isinstance(value, Mapping):
+        for arm_errors in tries:
+            if any(e.field != path for e in arm_errors):
+                errors.extend(arm_errors)
+                return FAILED
+    return _fail(errors, path, f"expected {_type_name(tp)}, got {value!r}")
+
+
+def _convert_sequence(tp: Any, origin: Any, args: tuple[Any, ...], value: Any, path: str, root_leaves: Sequence[str],
+                      errors: list[ConfigError]) -> Any:
+    """A list or tuple (fixed-length or ``tuple[X, ...]``), item by item."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        return _fail(errors, path, f"expected a list, got {value!r}")
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(value) != len(args):
+            return _fail(errors, path, f"expected {len(args)} items, got {len(value)}")
+        items = [_convert(a, v, f"{path}[{i}]", root_leaves, errors) for i, (a, v) in enumerate(zip(args, value))]
+        return FAILED if any(i is FAILED for i in items) else tuple(items)
+    item_tp = args[0] if args else Any
+    items = [_convert(item_tp, v, f"{path}[{i}]", root_leaves, errors) for i, v in enumerate(value)]
+    if any(i is FAILED for i in items):
+        return FAILED
+    return tuple(items) if origin is tuple or tp is tuple else items
+
+
+def _convert_mapping(args: tuple[Any, ...], value: Any, path: str, root_leaves: Sequence[str],
+                     errors: list[ConfigError]) -> Any:
+    """A dict, key by key and value by value."""
+    if not isinstance(value, Mapping):
+        return _fail(errors, path, f"expected a mapping, got {value!r}")
+    key_tp, val_tp = args if args else (Any, Any)
+    out: dict[Any, Any] = {}
+    failed = False
+    for k, v in value.items():
+        ck = _convert(key_tp, k, f"{path}.{k}", root_leaves, errors)
+        cv = _convert(val_tp, v, f"{path}.{k}", root_leaves, errors)
+        failed = failed or ck is FAILED or cv is FAILED
+        out[ck] = cv
+    return FAILED if failed else out
+
+
+def _convert_scalar(tp: Any, value: Any, path: str, errors: list[ConfigError]) -> Any:
+    """A bool, int, float, str or other plain class."""
     if tp is bool:
         if not isinstance(value, bool):
-            return fail(f"expected true or false, got {value!r}")
+            return _fail(errors, path, f"expected true or false, got {value!r}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            return fail(f"expected an integer, got {value!r}")
+            return _fail(errors, path, f"expected an integer, got {value!r}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return fail(f"expected a number, got {value!r}")
+            return _fail(errors, path, f"expected a number, got {value!r}")
         return float(value)
     if tp is str:
         # Command lines turn ``experiment_name=2024`` into an int; a name is still meant.
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
         if not isinstance(value, str):
-            return fail(f"expected a string, got {value!r}")
+            return _fail(errors, path, f"expected a string, got {value!r}")
         return value
     if isinstance(tp, type):
         if not isinstance(value, tp):
-            return fail(f"expected {tp.__name__}, got {value!r}")
+            return _fail(errors, path, f"expected {tp.__name__}, got {value!r}")
         return value
     raise TypeError(f"config schema at {path} uses an unsupported type hint {tp!r}")
 
