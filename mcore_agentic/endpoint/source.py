@@ -56,7 +56,7 @@ from mcore_agentic.endpoint.session import Session
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.driver import build_requests, finish_batch, run_sync
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
-from mcore_agentic.rollout.source import Budget, RoundReport, roll_to_end
+from mcore_agentic.rollout.source import Budget, RoundReport, SourceGroup, roll_to_end
 from mcore_agentic.rollout.tokenization import ChatTokenizer, TokenizationPath
 from mcore_agentic.rollout.tool_parser import get_tool_parser
 
@@ -96,24 +96,6 @@ class Episode:
         return self.rows is not None
 
 
-@dataclass
-class EpisodeGroup:
-    """One prompt's ``rollout.n`` episodes (a :class:`~mcore_agentic.rollout.source.SourceGroup`)."""
-
-    uid: str
-    born: int
-    sessions: list[Episode]
-    scored: Any = None
-    informative: bool | None = None
-
-    @property
-    def complete(self) -> bool:
-        return all(e.done for e in self.sessions)
-
-    def requests(self) -> list[RolloutRequest]:
-        return [r for e in self.sessions for r in (e.rows or [])]
-
-
 SNAPSHOT_VERSION = 1
 HELD_WALL_LIMIT_S = 30 * 86400.0
 """Under partial rollouts a program's wall time includes the steps it waits through; its own limit is
@@ -135,7 +117,7 @@ class AgentSource:
         self.own_host = host is None
         self.host = host if host is not None else AgentHost(cfg)
         self.partial = partial
-        self.groups: list[EpisodeGroup] = []
+        self.groups: list[SourceGroup] = []
 
     @property
     def url(self) -> str:
@@ -153,7 +135,7 @@ class AgentSource:
             episode = Episode(req, dict(rows[i // cfg.n]), self._session(req))
             by_uid.setdefault(req.uid, []).append(episode)
             self._launch(episode)
-        self.groups.extend(EpisodeGroup(uid, born, episodes) for uid, episodes in by_uid.items())
+        self.groups.extend(SourceGroup(uid, born, episodes) for uid, episodes in by_uid.items())
 
     def advance(self, weight_version: int, budget: Budget | None) -> RoundReport:
         live = [e for g in self.groups for e in g.sessions if not e.done]
@@ -176,7 +158,7 @@ class AgentSource:
         return RoundReport(resumed=resumed, paused=len(paused), prioritised=prioritised,
                            paused_mid_turn=sum(e.session is not None and e.session.open_tokens > 0 for e in paused))
 
-    def remove(self, groups: Sequence[EpisodeGroup]) -> None:
+    def remove(self, groups: Sequence[SourceGroup]) -> None:
         ids = {id(g) for g in groups}
         self.groups = [g for g in self.groups if id(g) not in ids]
 
@@ -236,7 +218,7 @@ class AgentSource:
                 episodes.append(episode)
                 live.append(episode)
                 self._launch(episode)
-            self.groups.append(EpisodeGroup(g["uid"], g["born"], episodes, g.get("scored"), g.get("informative")))
+            self.groups.append(SourceGroup(g["uid"], g["born"], episodes, g.get("scored"), g.get("informative")))
         run_sync(self._quiet(live), self.engine)
 
     def close(self) -> None:

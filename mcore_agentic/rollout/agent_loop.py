@@ -125,6 +125,15 @@ class AgentSession(ToolCalls):
         """Whether this run's turn and token budgets apply (the partial-rollout buffer lifts them for a session at
         its staleness bound, so that it finishes)."""
 
+    @property
+    def done(self) -> bool:
+        return self.req.done
+
+    @property
+    def rows(self) -> list[RolloutRequest]:
+        """The row it trains: its request (a :class:`~mcore_agentic.rollout.source.Session`)."""
+        return [self.req]
+
     async def run(self) -> RolloutRequest:
         """Run the request until it ends, or, under a turn or token budget, until it pauses: at a turn boundary,
         or mid-turn when the token budget cuts a generation.

@@ -19,37 +19,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from mcore_agentic.rollout.agent_loop import AgentContext, AgentSession
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.loop_monitor import LoopStallMonitor
 from mcore_agentic.rollout.request import RolloutRequest
-from mcore_agentic.rollout.source import Budget, RoundReport
+from mcore_agentic.rollout.source import Budget, RoundReport, SourceGroup
 
 SNAPSHOT_VERSION = 1
-
-
-@dataclass
-class BufferedGroup:
-    """One prompt's ``n`` sessions and the step that started them."""
-
-    uid: str
-    born: int
-    sessions: list[AgentSession]
-    scored: Any = None
-    """The group's rows once complete and scored (the feed's; opaque here), kept through checkpoints."""
-    informative: bool | None = None
-    """Whether the feed's filter keeps the scored group (None: not scored yet)."""
-
-    @property
-    def complete(self) -> bool:
-        return all(s.req.done for s in self.sessions)
-
-    def requests(self) -> list[RolloutRequest]:
-        """The group's requests, one per session, in session order."""
-        return [s.req for s in self.sessions]
 
 
 def first_version(req: RolloutRequest) -> int | None:
@@ -61,7 +39,7 @@ class RolloutBuffer:
     """A rollout leader's prompt groups in flight, oldest first (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.groups: list[BufferedGroup] = []
+        self.groups: list[SourceGroup] = []
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -81,7 +59,7 @@ class RolloutBuffer:
         by_uid: dict[str, list[AgentSession]] = {}
         for req in build_requests(rows, cfg):
             by_uid.setdefault(req.uid, []).append(AgentSession(req, ctx))
-        self.groups.extend(BufferedGroup(uid, step, sessions) for uid, sessions in by_uid.items())
+        self.groups.extend(SourceGroup(uid, step, sessions) for uid, sessions in by_uid.items())
 
     async def run(self, ctx: AgentContext, max_staleness: int | None = None) -> RoundReport:
         """One round: every live session continues (or starts) with ``ctx`` until it ends or pauses; one whose
@@ -106,7 +84,7 @@ class RolloutBuffer:
         self.remove(chosen)
         return [s.req for g in chosen for s in g.sessions]
 
-    def remove(self, groups: Sequence[BufferedGroup]) -> None:
+    def remove(self, groups: Sequence[SourceGroup]) -> None:
         """Remove ``groups`` (complete ones the feed trains or sets aside)."""
         ids = {id(g) for g in groups}
         self.groups = [g for g in self.groups if id(g) not in ids]
@@ -144,7 +122,7 @@ class RolloutBuffer:
                 else:
                     session = await AgentSession.restore(s["paused"], ctx)
                 sessions.append(session)
-            buf.groups.append(BufferedGroup(g["uid"], g["born"], sessions, g.get("scored"), g.get("informative")))
+            buf.groups.append(SourceGroup(g["uid"], g["born"], sessions, g.get("scored"), g.get("informative")))
         return buf
 
     async def close(self) -> None:
@@ -168,7 +146,7 @@ class LoopSource:
         self.buffer = RolloutBuffer()
 
     @property
-    def groups(self) -> list[BufferedGroup]:
+    def groups(self) -> list[SourceGroup]:
         return self.buffer.groups
 
     @property
@@ -199,7 +177,7 @@ class LoopSource:
         finally:
             close_context(ctx)
 
-    def remove(self, groups: Sequence[BufferedGroup]) -> None:
+    def remove(self, groups: Sequence[SourceGroup]) -> None:
         self.buffer.remove(groups)
 
     def in_flight_lengths(self) -> list[int]:

@@ -57,28 +57,47 @@ class RoundReport:
     """The rollout event loop's longest stall in the round (0 where nothing runs on it)."""
 
 
-class SourceGroup(Protocol):
-    """One prompt's sessions on a source. ``scored`` and ``informative`` are the feed's (its scoring and filter)."""
+class Session(Protocol):
+    """One sample's session on a source (a built-in loop request, an agent program's episode)."""
+
+    @property
+    def done(self) -> bool:
+        """Whether it has ended."""
+
+    @property
+    def rows(self) -> list[RolloutRequest] | None:
+        """Once ended: its ended requests, one per row it trains (an agent episode that forked trains several)."""
+
+
+@dataclass
+class SourceGroup:
+    """One prompt's sessions on a source and the step that started them. ``scored`` and ``informative`` are the
+    feed's (its scoring and filter), kept through checkpoints."""
 
     uid: str
     born: int
-    """The step that started the group."""
-    scored: Any
-    informative: bool | None
+    sessions: list[Any]
+    """:class:`Session`\\ s, in session order."""
+    scored: Any = None
+    """The group's rows once complete and scored (opaque here)."""
+    informative: bool | None = None
+    """Whether the feed's filter keeps the scored group (None: not scored yet)."""
 
     @property
     def complete(self) -> bool:
         """Whether every session of the group has ended."""
+        return all(s.done for s in self.sessions)
 
     def requests(self) -> list[RolloutRequest]:
-        """The group's ended requests, one per row it trains, in row order (complete groups only)."""
+        """The group's ended requests, one per row it trains, in session order (complete groups only)."""
+        return [r for s in self.sessions for r in (s.rows or [])]
 
 
 class TrajectorySource(Protocol):
     """Whatever produces trajectories on a rollout leader (module docstring)."""
 
-    groups: list[Any]
-    """The :class:`SourceGroup`\\ s in flight, oldest first."""
+    groups: list[SourceGroup]
+    """The groups in flight, oldest first."""
 
     def start(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig, born: int) -> None:
         """Start ``cfg.n`` sessions per row (seeded by ``cfg.seed``) as new groups."""

@@ -16,7 +16,7 @@ from typing import Any
 from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.driver import build_requests
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest
-from mcore_agentic.rollout.source import Budget, RoundReport
+from mcore_agentic.rollout.source import Budget, RoundReport, SourceGroup
 
 PROMPT = [11, 12, 13]
 
@@ -26,21 +26,13 @@ class _Session:
     req: RolloutRequest
     script: list[int]
 
-
-@dataclass
-class _Group:
-    uid: str
-    born: int
-    sessions: list[_Session]
-    scored: Any = None
-    informative: bool | None = None
+    @property
+    def done(self) -> bool:
+        return self.req.done
 
     @property
-    def complete(self) -> bool:
-        return all(s.req.done for s in self.sessions)
-
-    def requests(self) -> list[RolloutRequest]:
-        return [s.req for s in self.sessions]
+    def rows(self) -> list[RolloutRequest]:
+        return [self.req]
 
 
 class ScriptedSource:
@@ -48,7 +40,7 @@ class ScriptedSource:
 group's responses differ), ``budget.tokens`` per round."""
 
     def __init__(self) -> None:
-        self.groups: list[_Group] = []
+        self.groups: list[SourceGroup] = []
 
     def start(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig, born: int) -> None:
         by_uid: dict[str, list[_Session]] = {}
@@ -57,7 +49,7 @@ group's responses differ), ``budget.tokens`` per round."""
             j = int(req.request_id.rsplit("-", 1)[1])  # the session's index in its group: odd ones stop 2 ids early
             script = list(req.extra_info["script"])
             by_uid.setdefault(req.uid, []).append(_Session(req, script[: len(script) - 2 * (j % 2)]))
-        self.groups += [_Group(uid, born, sessions) for uid, sessions in by_uid.items()]
+        self.groups += [SourceGroup(uid, born, sessions) for uid, sessions in by_uid.items()]
 
     def advance(self, weight_version: int, budget: Budget | None) -> RoundReport:
         live = [s for g in self.groups for s in g.sessions if not s.req.done]
@@ -74,7 +66,7 @@ group's responses differ), ``budget.tokens`` per round."""
         paused = [s for s in live if not s.req.done]
         return RoundReport(resumed=resumed, paused=len(paused), paused_mid_turn=len(paused), prioritised=0)
 
-    def remove(self, groups: Sequence[_Group]) -> None:
+    def remove(self, groups: Sequence[SourceGroup]) -> None:
         ids = {id(g) for g in groups}
         self.groups = [g for g in self.groups if id(g) not in ids]
 
