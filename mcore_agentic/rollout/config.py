@@ -121,7 +121,10 @@ class PartialRolloutConfig:
     ``algorithm.rollout_correction`` corrects for the policy change. Rounds run until
     ``data.train_batch_size`` prompt groups are complete; the oldest complete groups train. Requests that
     pause are kept with their tool instances and interactions, and in checkpoints. The budgets count turns and
-    tokens, not seconds, so a resumed run reproduces the uninterrupted one. When to use: turn budgets for
+    tokens, not seconds, so a resumed run reproduces the uninterrupted one. Agent programs (``rollout.agent``) take
+    the same budgets: a program's request past them waits at its session's round gate (its HTTP answer held,
+    mid-generation if the token budget cut its turn) until the next round, and a resumed program runs again from
+    its start, answered from its session's recorded engine calls (docs/agents.md). When to use: turn budgets for
     multi-turn tasks whose turn count is long-tailed (``rollout/num_turns_max`` far above the mean); token
     budgets when single generations are (long reasoning turns: ``response_length/max`` far above the mean)."""
 
