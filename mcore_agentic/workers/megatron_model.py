@@ -133,34 +133,10 @@ class MegatronModel:
         )
         rows = int(self.hf_config.vocab_size)
         self.vocab_size = rows if spec.vocab_size is None else min(rows, spec.vocab_size)
-        interleaved = (parallel.virtual_pipeline_model_parallel_size or 1) > 1
-        from mcore_agentic.models.transformer_impl import te_spec_here, thd_offsets_on_host, use_te_for
+        from mcore_agentic.models.transformer_impl import use_te_for
 
         use_te = use_te_for(spec.transformer_impl)
-        # The local spec reads packed offsets as host integers in every layer; TE's kernels read them on the device.
-        self.offsets_on_device = not thd_offsets_on_host(te_spec_here(use_te))
-        self.tcfg = self.bridge.transformer_config(
-            self.hf_config,
-            parallel,
-            params_dtype=self.dtype,
-            use_te=use_te,  # the GPU fusions follow the spec the model is built with
-            # Gradients are summed (no 1/num_microbatches, no DP averaging): loss_fn normalises globally.
-            calculate_per_token_loss=True,
-            # Micro-batches have different padded lengths / row counts: PP exchanges shapes first. Not with
-            # the interleaved (VPP) schedule: its shape exchange with variable lengths pairs tensors of the
-            # wrong micro-batches; every micro-batch of a step gets the same shape instead (see
-            # micro_batches), announced through seq_length/micro_batch_size.
-            variable_seq_lengths=not interleaved,
-            # Megatron refuses variable lengths with its default (allgather) MoE token dispatcher, even for
-            # a dense model that has none; alltoall is the dispatcher that supports them.
-            moe_token_dispatcher_type="alltoall",
-            # gloo matches a batched isend/irecv pair by (peer, tag) only; with VPP over PP=2 the next and
-            # previous stage are the same peer, so an activation and a gradient sent in one batch can swap.
-            # Unbatched p2p posts sends/recvs in Megatron's even/odd order instead.
-            batch_p2p_comm=not (interleaved and not torch.cuda.is_available()),
-            **self._moe_overrides(moe),
-            **self._recompute_overrides(recompute, role, trained=optim is not None),
-        )
+        self.tcfg = self._transformer_config(use_te, moe, recompute, role, trained=optim is not None)
         # The layout's process groups (TP, PP, CP, DP, EP): the bridge's load and export read them off the model.
         chunks = self.bridge.build_model(self.hf_config, self.tcfg, use_te=use_te, pg_collection=layout.process_groups())
         self.bridge.load_hf_weights(chunks, spec.model_path)
@@ -201,6 +177,39 @@ class MegatronModel:
             )
 
     # ------------------------------------------------------------------ build
+    def _transformer_config(self, use_te: bool, moe: Any, recompute: RecomputeConfig | None, role: str, *,
+                            trained: bool) -> Any:
+        """megatron-core's ``TransformerConfig`` of the model: the bridge's mapping of the checkpoint's config, with
+        what this trainer's micro-batches, schedules and losses need; sets :attr:`offsets_on_device`."""
+        from mcore_agentic.models.transformer_impl import te_spec_here, thd_offsets_on_host
+
+        parallel = self.parallel
+        interleaved = (parallel.virtual_pipeline_model_parallel_size or 1) > 1
+        # The local spec reads packed offsets as host integers in every layer; TE's kernels read them on the device.
+        self.offsets_on_device = not thd_offsets_on_host(te_spec_here(use_te))
+        return self.bridge.transformer_config(
+            self.hf_config,
+            parallel,
+            params_dtype=self.dtype,
+            use_te=use_te,  # the GPU fusions follow the spec the model is built with
+            # Gradients are summed (no 1/num_microbatches, no DP averaging): loss_fn normalises globally.
+            calculate_per_token_loss=True,
+            # Micro-batches have different padded lengths / row counts: PP exchanges shapes first. Not with
+            # the interleaved (VPP) schedule: its shape exchange with variable lengths pairs tensors of the
+            # wrong micro-batches; every micro-batch of a step gets the same shape instead (see
+            # micro_batches), announced through seq_length/micro_batch_size.
+            variable_seq_lengths=not interleaved,
+            # Megatron refuses variable lengths with its default (allgather) MoE token dispatcher, even for
+            # a dense model that has none; alltoall is the dispatcher that supports them.
+            moe_token_dispatcher_type="alltoall",
+            # gloo matches a batched isend/irecv pair by (peer, tag) only; with VPP over PP=2 the next and
+            # previous stage are the same peer, so an activation and a gradient sent in one batch can swap.
+            # Unbatched p2p posts sends/recvs in Megatron's even/odd order instead.
+            batch_p2p_comm=not (interleaved and not torch.cuda.is_available()),
+            **self._moe_overrides(moe),
+            **self._recompute_overrides(recompute, role, trained=trained),
+        )
+
     def _moe_overrides(self, moe: Any) -> dict[str, Any]:
         """Router-loss settings of ``actor.moe`` for a mixture-of-experts model; {} for a dense one or none given."""
         self.moe_losses = (0.0, 0.0)
