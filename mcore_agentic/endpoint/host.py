@@ -34,8 +34,6 @@ class AgentHost:
                            "(docs/agents.md, 'Running harnesses sandboxed')")
         self.registry = SessionRegistry()
         self.server: EndpointServer | None = None
-        self.slots = asyncio.Semaphore(a.max_concurrent)
-        """Programs running at once (``rollout.agent.max_concurrent``), over every source of the host."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -65,7 +63,21 @@ class AgentHost:
             self.server.close()
             self.server = None
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            assert self._thread is not None
-            self._thread.join(timeout=10)
+            loop, thread = self._loop, self._thread
+            assert thread is not None
+
+            async def cancel_all() -> None:
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            try:
+                asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout=30)
+            except Exception as exc:  # noqa: BLE001 -- the run ends: say it and go on
+                logger.warning("agent programs did not all stop: %r", exc)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            if not thread.is_alive():
+                loop.close()
             self._loop = None

@@ -160,7 +160,7 @@ class _Routes:
             session = self.registry.authorised(session_id, request_token(request.headers))
             parsed = _parse(api, api.parse_request, await self._json(request), request.headers)
             check_tool_choice(parsed)
-            result = await session.complete(parsed)
+            result = await session.complete(parsed, disconnected=request.is_disconnected)
         except Exception as exc:  # noqa: BLE001 -- one request's failure is its own, never the server's
             return _failure(api, session_id, exc)
         if parsed.stream:

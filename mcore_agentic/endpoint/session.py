@@ -46,13 +46,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
 import secrets
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from mcore_agentic.endpoint.messages import (
@@ -74,6 +75,16 @@ from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.rollout.tool_call import ToolCall, ToolCallError, ToolCallParser
 
 logger = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 1.0
+"""How often a request held for a round looks whether its client is still there."""
+
+
+def call_id(seed: int, generation: int, index: int) -> str:
+    """A tool call's id from the session's seed, its turn and the call's place: 9 hex characters, as
+    :func:`~mcore_agentic.rollout.tool_call.new_call_id` makes, the same on every run of the turn."""
+    return hashlib.sha256(f"{seed}:{generation}:{index}".encode()).hexdigest()[:9]
+
 
 MAX_STORED_RESPONSES = 64
 """Responses a session keeps for ``previous_response_id`` (the latest ones)."""
@@ -163,14 +174,16 @@ class Session:
         return ApiError(409, f"session {self.id} is closed: its episode has ended", code="session_closed")
 
     # ------------------------------------------------------------------------------------------- a turn
-    async def complete(self, request: TurnRequest) -> TurnResult:
-        """Sample the assistant turn ``request`` asks for, on the sample it extends or on a new one."""
+    async def complete(self, request: TurnRequest, *,
+                       disconnected: Callable[[], Awaitable[bool]] | None = None) -> TurnResult:
+        """Sample the assistant turn ``request`` asks for, on the sample it extends or on a new one. ``disconnected``:
+        whether the client has gone (a request held for a round is then abandoned, and taken back out)."""
         if self.closed:
             raise self._closed_error()
         with self.lock:
             turn = self._begin(request)
         try:
-            out, versions = await self._generate(turn)
+            out, versions = await self._generate(turn, disconnected)
         except RoundClosed:
             with self.lock:
                 self._end(turn, sampled=False)
@@ -192,7 +205,8 @@ class Session:
             finally:
                 self._end(turn, sampled=True)
 
-    async def _generate(self, turn: Turn) -> tuple[GenerationOutput, list[int]]:
+    async def _generate(self, turn: Turn, disconnected: Callable[[], Awaitable[bool]] | None = None,
+                        ) -> tuple[GenerationOutput, list[int]]:
         """The engine's answer to ``turn`` and the weight version of each of its tokens: one call, or under a
         :attr:`gate` one per round the round's tokens cut it into (each goes on from the last's exact ids and random
         stream); a call :attr:`replay` holds is answered from it."""
@@ -205,7 +219,7 @@ class Session:
             if seg is not None:
                 out, n, version = seg.output(), seg.max_new_tokens, seg.version
             else:
-                allowance = None if self.gate is None else await self.gate.take()
+                allowance = None if self.gate is None else await self._take(disconnected)
                 n = left if allowance is None else min(left, allowance)
                 params = dataclasses.replace(turn.params, max_new_tokens=n, draws_before=len(ids))
                 version = self.version()
@@ -227,13 +241,31 @@ class Session:
             finish = "length" if len(out.token_ids) > n else out.finish_reason
             return GenerationOutput(ids, log_probs, finish, routed_experts=out.routed_experts), versions
 
+    async def _take(self, disconnected: Callable[[], Awaitable[bool]] | None) -> int | None:
+        """A turn from the round gate; a client that goes while its request waits abandons it (408; the turn is taken back out)."""
+        assert self.gate is not None
+        if disconnected is None:
+            return await self.gate.take()
+        waiting = asyncio.ensure_future(self.gate.take())
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return waiting.result()
+            if await disconnected():
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+                raise ApiError(408, f"session {self.id}: the client went while its request waited for a round",
+                               type="api_error", code="client_gone")
+
     def _replayed(self, prompt: list[int], draws_before: int) -> Segment | None:
-        """The recorded call that asked for ``prompt`` next (see :attr:`replay`), re-recorded; None to sample."""
+        """The recorded call that asked for ``prompt`` (see :attr:`replay`), re-recorded; None to sample. A harness's
+        concurrent calls may start in another order than they were recorded in, so any recorded call matches."""
         if not self.replay:
             return None
-        seg = self.replay[0]
-        if seg.prompt == prompt_digest(prompt) and seg.draws_before == draws_before:
-            self.replay.popleft()
+        digest = prompt_digest(prompt)
+        seg = next((r for r in self.replay if r.prompt == digest and r.draws_before == draws_before), None)
+        if seg is not None:
+            self.replay.remove(seg)
             self.tape.append(seg)
             return seg
         logger.warning("session %s: the resumed agent program asked for another prompt than before the resume at its "
@@ -456,6 +488,9 @@ class Session:
         sample.malformed_calls += bad
         self.counts["malformed_calls"] += bad
         valid = [c for c in calls if isinstance(c, ToolCall)]
+        if self.seed is not None:  # ids a re-run of the same turn gets again (a resumed program replays its prompts)
+            for k, c in enumerate(valid):
+                c.id = call_id(self.seed, self.generations, k)
         # The parser's content matters only when text and calls interleave (assistant_message); the template's
         # message keeps the reasoning in front of it.
         internal = assistant_message(text, text[: len(text) - len(visible)] + content, calls)

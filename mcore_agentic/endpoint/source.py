@@ -31,6 +31,7 @@ and becomes one training row, like a built-in loop request:
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import copy
 import logging
@@ -97,9 +98,45 @@ class Episode:
 
 
 SNAPSHOT_VERSION = 1
+QUIET_POLL_S = 0.02
+"""How often a round looks whether every program has ended or waits for the next round."""
+WATCHDOG_TICK_S = 0.5
+"""How often a held program's timeout clock is read (its resolution)."""
 HELD_WALL_LIMIT_S = 30 * 86400.0
 """Under partial rollouts a program's wall time includes the steps it waits through; its own limit is
 ``rollout.agent.timeout_s`` of time outside the waits (:attr:`Episode.active_s`), and this the wall clock's."""
+
+
+class Slots:
+    """The programs one source runs at once (``rollout.agent.max_concurrent``), on the programs' loop. A slot passes
+    straight to the next waiting episode, which is marked running before anyone can look: a round never sees an
+    episode between a slot's release and its next holder's start."""
+
+    def __init__(self, size: int):
+        self.free = size
+        self.waiting: collections.deque[tuple[Episode, asyncio.Future[None]]] = collections.deque()
+
+    @property
+    def full(self) -> bool:
+        return self.free == 0
+
+    async def acquire(self, e: Episode) -> None:
+        if self.free and not self.waiting:
+            self.free -= 1
+            e.running = True
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.append((e, turn))
+        await turn  # release() marks e running as it hands the slot over
+
+    def release(self) -> None:
+        while self.waiting:
+            e, turn = self.waiting.popleft()
+            if not turn.cancelled():
+                e.running = True
+                turn.set_result(None)
+                return
+        self.free += 1
 
 
 class AgentSource:
@@ -113,11 +150,15 @@ class AgentSource:
         self.engine = engine
         self.chat = chat
         self.version = version
+        self.round_version = version()
+        """The weight version of the round running (the last :meth:`advance`'s): what each sampled token records."""
         self.parser = get_tool_parser(cfg.multi_turn.format)
         self.own_host = host is None
         self.host = host if host is not None else AgentHost(cfg)
         self.partial = partial
         self.groups: list[SourceGroup] = []
+        self.slots = Slots(cfg.agent.max_concurrent)
+        """This source's (validation's source has its own: a partial source's held programs keep their slots)."""
 
     @property
     def url(self) -> str:
@@ -138,18 +179,23 @@ class AgentSource:
         self.groups.extend(SourceGroup(uid, born, episodes) for uid, episodes in by_uid.items())
 
     def advance(self, weight_version: int, budget: Budget | None) -> RoundReport:
+        self.round_version = weight_version
         live = [e for g in self.groups for e in g.sessions if not e.done]
         resumed = sum(e.session is not None and e.session.held for e in live)
+        if budget is not None and not self.partial:
+            raise ValueError("a round under a budget needs a source built with partial=True (its sessions' gates)")
         prioritised = 0
         for e in live:
-            assert e.session is not None and e.session.gate is not None
+            assert e.session is not None
+            if e.session.gate is None:  # a fresh rollout: its calls run as they come
+                continue
             first = e.session.first_version()
             free = budget is None or (budget.max_staleness is not None and first is not None
                                       and weight_version - first >= budget.max_staleness)
             prioritised += budget is not None and free
             e.session.gate.grant(None if free else budget.turns, None if free else budget.tokens)
         try:
-            run_sync(self._quiet(live), self.engine)
+            run_sync(self._quiet(live, budget=budget is not None), self.engine)
         finally:
             for e in live:
                 if e.session is not None and e.session.gate is not None:
@@ -203,7 +249,7 @@ class AgentSource:
         ended or waits for the next round."""
         if snap.get("version") != SNAPSHOT_VERSION:
             raise ValueError(f"agent source snapshot version {snap.get('version')!r}, expected {SNAPSHOT_VERSION}")
-        self.close()
+        self._end_all()
         live = []
         for g in snap["groups"]:
             episodes = []
@@ -219,24 +265,32 @@ class AgentSource:
                 live.append(episode)
                 self._launch(episode)
             self.groups.append(SourceGroup(g["uid"], g["born"], episodes, g.get("scored"), g.get("informative")))
-        run_sync(self._quiet(live), self.engine)
+        run_sync(self._quiet(live, budget=True), self.engine)
 
     def close(self) -> None:
+        """End every program (:meth:`_end_all`); nothing is in flight after it. The host closes too when it is this
+        source's own."""
+        self._end_all()
+        if self.own_host:
+            self.host.close()
+
+    def _end_all(self) -> None:
         """End every running program (its session closes: requests waiting for a round fail, the engine aborts what
-        generates) and wait for it; nothing is in flight after it. The host closes too when it is this source's own."""
+        generates) and wait for it; one still waiting for a slot never starts."""
         live = [e for g in self.groups for e in g.sessions if not e.done]
         for e in live:
             if e.session is not None:
                 e.session.close()
+            if not e.running and e.future is not None:
+                e.future.cancel()
         for e in live:
-            if e.future is not None:
-                try:
-                    e.future.result(timeout=60)
-                except Exception as exc:  # noqa: BLE001 -- the run ends: say it and go on
-                    logger.warning("agent episode %s did not end cleanly: %r", e.req.request_id, exc)
+            if e.future is None or e.future.cancelled():
+                continue
+            try:
+                e.future.result(timeout=60)
+            except Exception as exc:  # noqa: BLE001 -- the run ends: say it and go on
+                logger.warning("agent episode %s did not end cleanly: %r", e.req.request_id, exc)
         self.groups = []
-        if self.own_host:
-            self.host.close()
 
     # -- a whole rollout, for code that needs no rounds (benches, tests) -----------------------------------------
     def roll_out(self, rows: Sequence[Mapping[str, Any]], cfg: RolloutConfig) -> Batch:
@@ -251,27 +305,31 @@ class AgentSource:
     # -- one episode -----------------------------------------------------------------------------------------
     def _session(self, req: RolloutRequest) -> Session:
         session = Session(uuid.uuid4().hex, engine=self.engine, chat=self.chat, parser=self.parser,
-                          settings=session_settings(self.cfg), version=self.version, seed=req.seed)
-        session.gate = RoundGate()
+                          settings=session_settings(self.cfg), version=lambda: self.round_version, seed=req.seed)
+        if self.partial:  # its calls wait for rounds, and are recorded for a resume
+            session.gate = RoundGate()
         return session
 
     def _launch(self, episode: Episode) -> None:
         episode.future = self.host.submit(self._episode(episode))
 
-    def _quiet(self, live: Sequence[Episode]) -> Any:
-        """Wait until every episode of ``live`` has ended, waits for the next round, or waits for a slot none frees."""
-        slots = self.host.slots
+    def _quiet(self, live: Sequence[Episode], *, budget: bool) -> Any:
+        """Wait until every episode of ``live`` has ended or (``budget``: a round under partial rollouts) waits for
+        the next round, or for a slot none frees."""
+        slots = self.slots
 
         def quiet(e: Episode) -> bool:
             if e.done:
                 return True
+            if not budget:
+                return False
             if not e.running:
-                return slots.locked()
+                return slots.full
             return e.session is not None and e.session.held
 
         async def wait() -> None:
             while not all(quiet(e) for e in live):
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(QUIET_POLL_S)
 
         return wait()
 
@@ -280,8 +338,10 @@ class AgentSource:
         assert session is not None
         req = e.req
         try:
-            async with self.host.slots:
-                e.running = True
+            await self.slots.acquire(e)
+            try:
+                if session.closed:  # the source ended while the episode waited for its slot
+                    raise RuntimeError("the rollout ended before the agent program started")
                 base = f"{self.host.url}/sessions/{session.id}"
                 access = SessionAccess(base_url=f"{base}/v1", anthropic_base_url=base, api_key=session.token,
                                        session_id=session.id)
@@ -294,6 +354,8 @@ class AgentSource:
                     session.close()  # aborts what the program left generating
                     self.host.registry.remove(session.id)
                 await _settled(session)
+            finally:
+                self.slots.release()
             with session.lock:  # a turn the engine never answered (past _settled's bound) cannot change a sample now
                 extras = self._finish(req, session, outcome)
         except BaseException as exc:  # noqa: BLE001 -- the source's own fault fails the sample, never the step
@@ -313,7 +375,7 @@ class AgentSource:
         assert session is not None
         last = time.monotonic()
         while True:
-            done, _ = await asyncio.wait({task}, timeout=0.05)
+            done, _ = await asyncio.wait({task}, timeout=WATCHDOG_TICK_S)
             now = time.monotonic()
             if not session.held:
                 e.active_s += now - last

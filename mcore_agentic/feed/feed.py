@@ -391,9 +391,11 @@ class Feed:
     def close(self) -> None:
         """Finish queued dumps, release paused requests' tools, stop the tool executor and the engine."""
         try:
-            if self.dump_writer is not None:
-                self.dump_writer.close()
-            self.schedule.close()
+            try:
+                if self.dump_writer is not None:
+                    self.dump_writer.close()
+            finally:
+                self.schedule.close()
         finally:
             r = self.roller
             if r.agent_host is not None:

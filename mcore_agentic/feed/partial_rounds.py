@@ -128,10 +128,12 @@ class PartialRounds:
         set_aside: list[Any] = []
         buf = self.buffer
         if buf is not None:
-            complete = [g for g in buf.groups if g.complete]
-            chosen = [g for g in complete if g.informative][:kept] + [g for g in complete if not g.informative][:spare]
+            # The groups the rounds scored (an agent program may end between rounds: its group waits for the next)
+            complete = [g for g in buf.groups if g.complete and g.scored is not None]
+            chosen = ([g for g in complete if g.informative][:kept]
+                      + [g for g in complete if g.informative is False][:spare])
             taken = {id(g) for g in chosen}
-            set_aside = [g for g in complete if not g.informative and id(g) not in taken]
+            set_aside = [g for g in complete if g.informative is False and id(g) not in taken]
             buf.remove(chosen + set_aside)
             if chosen:
                 rows = concat_rollouts([g.scored for g in chosen], self.pad_id)

@@ -27,7 +27,7 @@ class FakeSession:
     id = "s1"
     token = TOKEN
 
-    async def complete(self, request: TurnRequest) -> TurnResult:
+    async def complete(self, request: TurnRequest, *, disconnected: Any = None) -> TurnResult:
         text = request.messages[-1]["content"]
         return TurnResult(content=text, reasoning=None, tool_calls=[], finish_reason="stop", prompt_tokens=1,
                           completion_tokens=len(text), model=request.model)

@@ -6,6 +6,7 @@ A real :class:`AgentSource` (uvicorn on loopback, the openai client inside the p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pickle
 import sys
@@ -19,7 +20,7 @@ from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats, score_rol
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rollout.config import AgentConfig, MultiTurnConfig, RolloutConfig
 from mcore_agentic.rollout.driver import finish_batch, generate_sequences, run_sync
-from mcore_agentic.rollout.source import Budget
+from mcore_agentic.rollout.source import Budget, roll_to_end
 from mcore_agentic.rollout.tokenization import ChatTokenizer
 from mcore_agentic.utils.errors import ConfigError
 from tests.unit.rollout.scripted import AddTool, ScriptedEngine, call
@@ -457,3 +458,79 @@ def test_closing_a_source_ends_the_programs_it_holds(tok):
     assert not source.groups
     assert all(e.future.done() and e.done for e in episodes)
     assert all(e.req.state.value == "failed" for e in episodes)  # their held request got 409: the program failed
+
+
+async def agent_answers_at_once(base_url: str, api_key: str, row: dict[str, Any]) -> float:
+    """Ends without a request: what makes slots change hands fastest."""
+    return 1.0
+
+
+async def agent_impatient(base_url: str, api_key: str, row: dict[str, Any]) -> float:
+    """Its client gives up on a request after 0.3 s: the second one, held for the next round."""
+    from openai import AsyncOpenAI
+
+    messages = list(row["prompt"])
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=0.3) as client:
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        for c in message.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": "5"})
+        await client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
+    return 1.0
+
+
+def _agent_cfg(entrypoint: str, n: int = 2, **agent: Any) -> RolloutConfig:
+    return RolloutConfig(prompt_length=512, response_length=512, n=n, seed=7,
+                         multi_turn=MultiTurnConfig(max_assistant_turns=5),
+                         agent=AgentConfig(entrypoint=f"tests.unit.endpoint.test_source:{entrypoint}", **agent))
+
+
+def test_a_rollout_to_the_end_waits_for_every_program_however_slots_change_hands(tok):
+    cfg = _agent_cfg("agent_answers_at_once", n=8, max_concurrent=2)
+    source = AgentSource(cfg, ScriptedEngine(tok, SCRIPTS), ChatTokenizer(tok), version=lambda: 0)
+    try:
+        for _ in range(10):
+            fresh = AgentSource(cfg, source.engine, source.chat, version=lambda: 0, host=source.host)
+            requests, _ = roll_to_end(fresh, ROWS, cfg, weight_version=0)
+            fresh.close()
+            assert len(requests) == 16  # every episode ran, none cut off as a slot passed to the next
+    finally:
+        source.close()
+
+
+def test_validation_runs_beside_programs_held_by_partial_rounds(tok):
+    version = _Version()
+    held, cfg = _source(tok, ScriptedEngine(tok, SCRIPTS), version)
+    cfg = dataclasses.replace(cfg, agent=dataclasses.replace(cfg.agent, max_concurrent=2))
+    held = AgentSource(cfg, held.engine, held.chat, version=version, partial=True)
+    try:
+        held.start(ROWS, cfg, born=0)
+        held.advance(version.value, Budget(turns=1))
+        assert held.live_sessions == 4  # two hold their slots at the gate, two wait for one
+        val_cfg = dataclasses.replace(cfg, n=1, temperature=0.0)
+        val = AgentSource(val_cfg, held.engine, held.chat, version=version, host=held.host)
+        requests, _ = roll_to_end(val, ROWS, val_cfg, weight_version=version.value)
+        val.close()
+        assert [r.state.value for r in requests] == ["completed", "completed"]
+    finally:
+        held.close()
+
+
+def test_a_request_whose_client_gave_up_leaves_the_gate_and_samples_nothing(tok):
+    version = _Version()
+    cfg = _agent_cfg("agent_impatient", n=1)
+    source = AgentSource(cfg, ScriptedEngine(tok, SCRIPTS), ChatTokenizer(tok), version=version, partial=True)
+    try:
+        source.start(ROWS[:1], cfg, born=0)
+        source.advance(version.value, Budget(turns=1))
+        episode = source.groups[0].sessions[0]
+        deadline = time.monotonic() + 10
+        while not episode.done and time.monotonic() < deadline:
+            time.sleep(0.1)
+        session = episode.session
+        assert episode.done and session.gate.waiting == 0  # the abandoned request left within a poll
+        assert [s.turns for s in session.samples] == [1]  # it never reached the engine
+        assert episode.req.state.value == "failed"  # the program raised its client's timeout
+    finally:
+        source.close()
