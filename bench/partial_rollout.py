@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import math
 import random
 import statistics
@@ -66,11 +67,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.tool_loop_workload import SCHEMA, WORDS, CalculatorTool, ReplayEngine, conversation  # noqa: E402
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer  # noqa: E402
-from mcore_agentic.rollout.config import MultiTurnConfig, RolloutConfig  # noqa: E402
-from mcore_agentic.rollout.driver import close_context, generate_sequences, rollout_context  # noqa: E402
+from mcore_agentic.rollout.config import (  # noqa: E402
+    AgentConfig,  # noqa: E402
+    MultiTurnConfig,
+    RolloutConfig,
+)
 from mcore_agentic.rollout.engines.base import GenerationOutput, SamplingParams  # noqa: E402
-from mcore_agentic.rollout.partial import RolloutBuffer  # noqa: E402
+from mcore_agentic.rollout.partial import LoopSource  # noqa: E402
 from mcore_agentic.rollout.request import RequestState  # noqa: E402
+from mcore_agentic.rollout.source import Budget, TrajectorySource, roll_to_end  # noqa: E402
 from mcore_agentic.rollout.tokenization import ChatTokenizer  # noqa: E402
 from mcore_agentic.tools.base import ToolResponse  # noqa: E402
 
@@ -106,7 +111,34 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     k.add_argument("--prefill-ms", type=float, default=2.0, help="engine time per call (prefill, scheduling)")
     k.add_argument("--token-budget", type=int, default=384, help="rollout.partial_rollout.max_tokens_per_step")
     k.add_argument("--max-staleness", type=int, default=None, help="rollout.partial_rollout.max_staleness")
+    k.add_argument("--source", choices=("loop", "agent"), default="loop",
+                   help="who rolls out: the built-in loop, or an agent program (one httpx request per sample) "
+                        "through the session endpoint")
     return p.parse_args(argv)
+
+
+async def one_answer(base_url: str, api_key: str, row: dict[str, Any]) -> float:
+    """The agent program of ``--source agent``: one chat completion of its row's prompt (httpx: the lightest
+    client), reward 1."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=None) as client:
+        r = await client.post(f"{base_url}/chat/completions", headers={"Authorization": f"Bearer {api_key}"},
+                              json={"model": "policy", "messages": row["prompt"]})
+        r.raise_for_status()
+    return 1.0
+
+
+def _source(a: argparse.Namespace, engine: Any, tools: dict, chat: ChatTokenizer, cfg: RolloutConfig, *,
+            partial: bool) -> TrajectorySource:
+    """The mode's trajectory source: the built-in loop, or (``--source agent``) agent programs."""
+    if getattr(a, "source", "loop") == "agent":
+        from mcore_agentic.endpoint.source import AgentSource
+
+        agent = AgentConfig(entrypoint=f"{Path(__file__).resolve()}:one_answer", max_concurrent=256,
+                            timeout_s=3600.0)
+        return AgentSource(dataclasses.replace(cfg, agent=agent), engine, chat, version=lambda: 0, partial=partial)
+    return LoopSource(engine, tools, None, cfg, chat)
 
 
 # -- turns scenario ----------------------------------------------------------------------------------
@@ -240,12 +272,17 @@ def run_wait(a: argparse.Namespace, rows: list[dict], engine: Any, tools: dict, 
     times, trained, lengths, failed = [], 0, [], 0
     for step in range(a.steps):
         batch = rows[step * a.prompts : (step + 1) * a.prompts]
+        step_cfg = cfg(step, 0, step * a.prompts)
+        source = _source(a, engine, tools, chat, step_cfg, partial=False)
         t = time.perf_counter()
-        out = asyncio.run(generate_sequences(batch, engine, tools, None, cfg(step, 0, step * a.prompts), chat))
+        try:
+            requests, _ = roll_to_end(source, batch, step_cfg, weight_version=step)
+        finally:
+            source.close()
         times.append(time.perf_counter() - t)
-        trained += len(out)
-        lengths += [m["response_tokens"] for m in out.meta["request_metrics"]]
-        failed += sum(m["state"] != RequestState.COMPLETED.value for m in out.meta["request_metrics"])
+        trained += len(requests)
+        lengths += [r.trajectory.response_len for r in requests]
+        failed += sum(r.state is not RequestState.COMPLETED for r in requests)
     return {"times": times, "trained": trained, "started": trained, "buffered": 0, "duplicated": 0, "age": 0,
             "lengths": lengths, "failed": failed, "rounds": a.steps, "mid_turn": 0, "prioritised": 0,
             "requests": [], "in_flight": [], "buffered_seeds": []}
@@ -254,29 +291,32 @@ def run_wait(a: argparse.Namespace, rows: list[dict], engine: Any, tools: dict, 
 def run_partial(a: argparse.Namespace, rows: list[dict], engine: Any, tools: dict, chat: ChatTokenizer, cfg: CfgFn,
                 *, turn_budget: int | None = None, token_budget: int | None = None,
                 max_staleness: int | None = None) -> dict:
-    buf, cursor, times, seen = RolloutBuffer(), 0, [], set()
+    """``rollout.partial_rollout`` as :class:`~mcore_agentic.feed.partial_rounds.PartialRounds` drives a trajectory
+    source for one rollout group (the mode's: the built-in loop or agent programs)."""
+    source = _source(a, engine, tools, chat, cfg(0, 0, 0), partial=True)
+    budget = Budget(turn_budget, token_budget, max_staleness)
+    cursor, times, seen = 0, [], set()
     trained = started = duplicated = age = rounds = mid_turn = prioritised = 0
     lengths, kept = [], []
     for step in range(a.steps):
         t = time.perf_counter()
-        ctx = rollout_context(engine, tools, None, cfg(step, 0, cursor), chat,
-                              weight_version=step, turn_budget=turn_budget, token_budget=token_budget)
         batches = 1
-        while len(buf) + batches * a.prompts < (1 + a.over_sampling) * a.prompts:
+        while len(source.groups) + batches * a.prompts < (1 + a.over_sampling) * a.prompts:
             batches += 1
         for k in range(batches):
-            buf.add(rows[cursor : cursor + a.prompts], cfg(step, k, cursor), ctx, step)
+            source.start(rows[cursor : cursor + a.prompts], cfg(step, k, cursor), step)
             cursor += a.prompts
             started += a.prompts * a.n
         while True:
-            report = asyncio.run(buf.run(ctx, max_staleness))
+            report = source.advance(step, budget)
             rounds += 1
             mid_turn += report.paused_mid_turn
             prioritised += report.prioritised
-            if buf.complete_groups >= a.prompts or buf.live_sessions == 0:
+            if sum(g.complete for g in source.groups) >= a.prompts or source.live_sessions == 0:
                 break
-        close_context(ctx)
-        requests = buf.take(a.prompts)
+        chosen = [g for g in source.groups if g.complete][: a.prompts]
+        source.remove(chosen)
+        requests = [r for g in chosen for r in g.requests()]
         times.append(time.perf_counter() - t)
         for r in requests:
             duplicated += r.request_id in seen
@@ -286,10 +326,12 @@ def run_partial(a: argparse.Namespace, rows: list[dict], engine: Any, tools: dic
         trained += len(requests)
         lengths += [r.trajectory.response_len for r in requests]
         kept += requests
-    buffered = sum(len(g.sessions) for g in buf.groups)
-    in_flight = [s.req.trajectory.response_len for g in buf.groups for s in g.sessions]
-    buffered_seeds = [s.req.seed for g in buf.groups for s in g.sessions]
-    asyncio.run(buf.close())
+    live = [s for g in source.groups for s in g.sessions]
+    buffered = len(live)
+    live_lengths = iter(source.in_flight_lengths())  # the live sessions', in group and session order
+    in_flight = [sum(r.trajectory.response_len for r in s.rows) if s.done else next(live_lengths) for s in live]
+    buffered_seeds = [s.req.seed for s in live]
+    source.close()
     return {"times": times, "trained": trained, "started": started, "buffered": buffered,
             "duplicated": duplicated, "age": age, "lengths": lengths, "rounds": rounds, "mid_turn": mid_turn,
             "prioritised": prioritised, "failed": sum(r.state is RequestState.FAILED for r in kept),
@@ -358,7 +400,7 @@ def main_tokens(a: argparse.Namespace, chat: ChatTokenizer) -> None:
         else:
             results[mode] = run_partial(a, rows, engine, {}, chat, cfg, **budgets[mode])
     staleness = "" if a.max_staleness is None else f", max staleness {a.max_staleness}"
-    print(f"{a.steps} steps x {a.prompts} prompts x n={a.n}; single generations of log-normal length (median "
+    print(f"source: {a.source}; {a.steps} steps x {a.prompts} prompts x n={a.n}; single generations of log-normal length (median "
           f"{a.median:g} tokens, sigma {a.sigma:g}, cut at {a.max_tokens}); {a.token_ms:g} ms/token + "
           f"{a.prefill_ms:g} ms/call; turns: {a.budget} turns/step; tokens: {a.token_budget} tokens/step{staleness}; "
           f"{a.over_sampling} extra batch(es) in flight")
