@@ -1,9 +1,14 @@
-"""Agent programs as a rollout source: each sample runs the program against its own endpoint session.
+"""Agent programs as a trajectory source: each sample runs the program against its own endpoint session.
 
-On a rollout leader, :class:`AgentSource` serves the endpoint (one server for the run, on its own thread) and
-rolls out a batch of rows: ``rollout.n`` sessions per row, each driven by one run of the agent program
-(:mod:`.programs`), at most ``rollout.agent.max_concurrent`` at once. When a program ends its session closes
-and becomes one training row, like a built-in loop request:
+On a rollout leader, :class:`AgentSource` (a :class:`~mcore_agentic.rollout.source.TrajectorySource`) starts rows as
+prompt groups: ``rollout.n`` episodes per row, each one run of the agent program (:mod:`.programs`) on the leader's
+:class:`~.host.AgentHost` (the endpoint's server, the programs' loop), at most ``rollout.agent.max_concurrent`` of a
+source at once (:class:`Slots`). A round without a budget waits for every program to end. Under partial rollouts
+(``partial=True``) each session has a :class:`~.round_gate.RoundGate`: a round grants its turns and tokens, a
+request past them waits (mid-generation if the tokens cut its turn) for the next round, and the round ends when
+every program has ended or waits; the session records its engine calls, which a checkpoint keeps and a resumed
+program replays (:meth:`AgentSource.restore`). When a program ends its session closes and becomes one training row,
+like a built-in loop request:
 
 * only the session's **main thread** counts (``Session.main_samples``): a harness's side calls (titles, checks,
   token counts: another thread) are served and counted (``agent/side_requests``), trained only with
