@@ -136,7 +136,8 @@ def build(engine: str, reuse: bool, model: Path, max_len: int, block_size: int |
         from mcore_agentic.rollout.engines.hf import HFEngine
 
         return HFEngine.from_pretrained(model, seed=0, prefix_cache_entries=4 if reuse else 0)
-    from mcore_agentic.rollout.engines.vllm import VLLMEngine, default_kv_cache_bytes
+    from mcore_agentic.rollout.engines.vllm import VLLMEngine
+    from mcore_agentic.rollout.engines.vllm_args import default_kv_cache_bytes
 
     return VLLMEngine(model, seed=0, max_model_len=max_len, enable_prefix_caching=reuse,
                       kv_cache_memory_bytes=default_kv_cache_bytes(model, max_model_len=max_len, dtype="float32",

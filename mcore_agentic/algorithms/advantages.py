@@ -48,34 +48,11 @@ from mcore_agentic.algorithms.sequence_advantages import (
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_rloo_outcome_advantage,
-    group_ids,
-    place_sequence_rewards,
 )
-from mcore_agentic.algorithms.turn_advantages import (
-    TURN_METRIC_TURNS,
-    TurnEpisodes,
-    compute_gigpo_advantage,
-    compute_grpo_turn_advantage,
-    turn_index,
-    turn_spans,
-)
+from mcore_agentic.algorithms.turn_advantages import TurnEpisodes, compute_gigpo_advantage, compute_grpo_turn_advantage
 
 __all__ = [
     "compute_advantage",
-    "compute_gae_advantage_return",
-    "compute_grpo_outcome_advantage",
-    "Episodes",
-    "TurnEpisodes",
-    "compute_gigpo_advantage",
-    "compute_grpo_turn_advantage",
-    "compute_reinforce_plus_plus_baseline_outcome_advantage",
-    "compute_reinforce_plus_plus_outcome_advantage",
-    "compute_rloo_outcome_advantage",
-    "group_ids",
-    "place_sequence_rewards",
-    "turn_spans",
-    "turn_index",
-    "TURN_METRIC_TURNS",
 ]
 
 

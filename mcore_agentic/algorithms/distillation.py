@@ -34,8 +34,8 @@ from collections.abc import Callable
 
 import torch
 
-from mcore_agentic.algorithms.advantages import TURN_METRIC_TURNS, turn_index
 from mcore_agentic.algorithms.config import DISTILLATION_KLS
+from mcore_agentic.algorithms.turn_advantages import TURN_METRIC_TURNS, turn_index
 
 __all__ = ["distillation_advantages", "distillation_metrics", "reverse_kl_per_token", "top_k_kl"]
 

@@ -24,19 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mcore_agentic.config.verl_entry import (  # noqa: F401 -- re-exported: the table's vocabulary
-    ALIAS,
-    DIFFERS,
-    DOC,
-    IGNORED,
-    KEEP_DEFAULT,
-    VerlKey,
-    alias,
-    differs,
-    fmt,
-    ignored,
-    same_value,
-)
+from mcore_agentic.config.verl_entry import ALIAS, DIFFERS, IGNORED, KEEP_DEFAULT, VerlKey, alias, differs, ignored
 
 
 # ----------------------------------------------------------------------------------------- value translations

@@ -22,7 +22,8 @@ from mcore_agentic.config import verl_keys, verl_lookup
 from mcore_agentic.config.key_hints import suggest_key
 from mcore_agentic.config.paths import CONFIG_DIR
 from mcore_agentic.config.schema import RLConfig, native_groups, native_leaves
-from mcore_agentic.config.verl_keys import DIFFERS, IGNORED, KEEP_DEFAULT, VerlKey, fmt
+from mcore_agentic.config.verl_entry import fmt, same_value
+from mcore_agentic.config.verl_keys import DIFFERS, IGNORED, KEEP_DEFAULT, VerlKey
 from mcore_agentic.utils.errors import ConfigError
 from mcore_agentic.utils.walk import get_dotted, set_dotted, to_dict
 
@@ -82,10 +83,10 @@ def _baseline(key: str, value: Any, data: Mapping[str, Any]) -> bool:
     base-YAML interpolation follows, or a shipped config's or preset's value), not set by the user."""
     from mcore_agentic.config.reference import YAML_INTERPOLATIONS
 
-    if key in YAML_INTERPOLATIONS and verl_keys.same_value(value, get_dotted(data, YAML_INTERPOLATIONS[key][2:-1], _MISSING)):
+    if key in YAML_INTERPOLATIONS and same_value(value, get_dotted(data, YAML_INTERPOLATIONS[key][2:-1], _MISSING)):
         return True
     candidates = [_defaults().get(key, _MISSING), *_shipped_values().get(key, [])]
-    return any(verl_keys.same_value(value, c) for c in candidates)
+    return any(same_value(value, c) for c in candidates)
 
 
 _MISSING = object()
@@ -243,26 +244,26 @@ def _resolve(target: str, srcs: list[_Source], data: dict[str, Any], given: set[
     chosen = main or srcs
     first = chosen[0]
     for other in chosen[1:]:
-        if not verl_keys.same_value(other.value, first.value):
+        if not same_value(other.value, first.value):
             errors.append(ConfigError(other.key, f"{fmt(other.value)} disagrees with {first.key}={fmt(first.value)} "
                                       f"(both set {target}): keep one"))
             return
     current = get_dotted(data, target, _MISSING)
     from_command_line = any(s.key in given for s in chosen)
-    unset = current is _MISSING or verl_keys.same_value(current, first.value) or _baseline(target, current, data)
+    unset = current is _MISSING or same_value(current, first.value) or _baseline(target, current, data)
     if not main and not unset:
         return  # a fallback (verl's clip_ratio) yields to the specific key
     detail = ""
     if target in given and not from_command_line:
-        if not verl_keys.same_value(current, first.value):
+        if not same_value(current, first.value):
             detail = f"the command line's {target}={fmt(current)} wins"
     elif not unset and not from_command_line:
         errors.append(ConfigError(first.key, f"{fmt(first.value)} disagrees with {target}={fmt(current)}: "
                                   "set one of the two"))
         return
     if not detail:
-        if current is not _MISSING and not verl_keys.same_value(current, first.value) and \
-                not verl_keys.same_value(current, _defaults().get(target, _MISSING)):
+        if current is not _MISSING and not same_value(current, first.value) and \
+                not same_value(current, _defaults().get(target, _MISSING)):
             detail = f"instead of {fmt(current)}"
         set_dotted(data, target, first.value)
     for s in chosen:
@@ -281,7 +282,7 @@ def _translate_values(data: dict[str, Any], lines: _Lines) -> None:
         if new is KEEP_DEFAULT:
             _delete(data, key)
             lines.add(f"verl value {key}={fmt(value)} -> the default", 1 << 30)
-        elif not (verl_keys.same_value(new, value) and type(new) is type(value)):
+        elif not (same_value(new, value) and type(new) is type(value)):
             set_dotted(data, key, new)
             lines.add(f"verl value {key}={fmt(value)} -> {fmt(new)}", 1 << 30)
 
@@ -433,7 +434,7 @@ def _plan_target(plan: OverridePlan, target: str, srcs: list[tuple[_Override, An
     o0, v0 = chosen[0]
     agreeing = [(o0, v0)]
     for o, v in chosen[1:]:
-        if v is _UNPARSED or v0 is _UNPARSED or not verl_keys.same_value(v, v0):
+        if v is _UNPARSED or v0 is _UNPARSED or not same_value(v, v0):
             plan.errors.append(ConfigError(o.key, f"{o.text} disagrees with {o0.key}={o0.text} (both set {target}): "
                                            "keep one"))
             plan.kept.add(o.index)
@@ -442,7 +443,7 @@ def _plan_target(plan: OverridePlan, target: str, srcs: list[tuple[_Override, An
     if native is not None:
         nv = _parse_value(native.item) if native.text is not None else _UNPARSED
         for o, v in agreeing:
-            if o.entry.fallback or (v is not _UNPARSED and nv is not _UNPARSED and verl_keys.same_value(v, nv)):  # type: ignore[union-attr]
+            if o.entry.fallback or (v is not _UNPARSED and nv is not _UNPARSED and same_value(v, nv)):  # type: ignore[union-attr]
                 continue  # the native item says it (a fallback yields to it); the verl one is consumed
             plan.errors.append(ConfigError(o.key, f"{o.text} disagrees with {target}={native.text} on the command "
                                            "line: keep one"))

@@ -67,7 +67,6 @@ from mcore_agentic.endpoint.responses_output import (
     REASONING_PASSBACK,
     RESPONSE_PREFIX,
     response_body,
-    response_id,  # noqa: F401 -- re-exported: the Responses API's ids are this module's too
     stream_events,
 )
 from mcore_agentic.endpoint.turn import ApiError, TurnRequest

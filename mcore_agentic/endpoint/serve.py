@@ -178,7 +178,7 @@ def serve(argv: list[str] | None = None) -> None:
     name, why = choose_engine(args.engine, args.model, args.device)
     kv_mb = args.kv_cache_mb
     if name == "vllm" and kv_mb is None and args.device == "cpu":  # not rollout's 64 sequences: a developer's few
-        from mcore_agentic.rollout.engines.vllm import default_kv_cache_bytes
+        from mcore_agentic.rollout.engines.vllm_args import default_kv_cache_bytes
 
         kv_mb = -(-default_kv_cache_bytes(args.model, max_model_len=args.prompt_length + args.response_length,
                                           dtype=args.dtype, sequences=8) // 2**20)

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mcore_agentic.algorithms.advantages import group_ids
+from mcore_agentic.algorithms.sequence_advantages import group_ids
 from mcore_agentic.data.balance import partition
 from mcore_agentic.data.batch import Batch, build_rollout_layout, build_token_field
 from mcore_agentic.feed.fields import FILLER_VERSION, OWN, RowField, bare_fields, field_names, select

@@ -1,6 +1,6 @@
 """Which turns of a prompt group act from the same state (``adv_estimator=gigpo``'s step groups), on a rollout leader.
 
-A turn is a maximal run of sampled tokens in a row's loss mask (:func:`mcore_agentic.algorithms.advantages.turn_spans`).
+A turn is a maximal run of sampled tokens in a row's loss mask (:func:`mcore_agentic.algorithms.turn_advantages.turn_spans`).
 Its state is read from the tokens in front of it: ``observation`` — the environment's tokens since the previous turn
 (the tool results or user reply, with the chat template's tokens around them), or the prompt for the first turn:
 GiGPO's anchor states — or ``history``, everything before it (prompt and response up to the turn: the policy's

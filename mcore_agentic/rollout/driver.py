@@ -41,7 +41,8 @@ from mcore_agentic.rollout.config import RolloutConfig
 from mcore_agentic.rollout.engines.base import RolloutEngine, SamplingParams, engine_event_loop
 from mcore_agentic.rollout.loop_monitor import LoopStallMonitor
 from mcore_agentic.rollout.request import FinishReason, RequestState, RolloutRequest, Trajectory
-from mcore_agentic.rollout.tokenization import ChatTokenizer, mismatch_summary
+from mcore_agentic.rollout.tokenization import ChatTokenizer
+from mcore_agentic.rollout.tokenization_diff import mismatch_summary
 from mcore_agentic.rollout.tool_parser import get_tool_parser
 from mcore_agentic.utils.errors import ConfigError
 

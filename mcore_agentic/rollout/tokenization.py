@@ -73,9 +73,6 @@ from typing import Any
 
 from mcore_agentic.rollout.literal_text import LiteralText
 from mcore_agentic.rollout.tokenization_check import TrajectoryCheck
-from mcore_agentic.rollout.tokenization_diff import describe_diff as describe_diff
-from mcore_agentic.rollout.tokenization_diff import diff_regions as diff_regions
-from mcore_agentic.rollout.tokenization_diff import mismatch_summary as mismatch_summary
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ Contract with the rollout loop:
 * a tool's blocking work never stalls the event loop that drives many requests
   at once. The loop calls every lifecycle method through :func:`call_tool`: a
   tool's own code runs on a worker thread (a coroutine on an event loop of its
-  own there, see :class:`~mcore_agentic.tools.executor.ThreadRunner`), so
+  own there, see :class:`~mcore_agentic.tools.thread_runner.ThreadRunner`), so
   ``time.sleep``, ``requests.get`` or ``subprocess.run`` inside ``execute`` (a
   plain ``def execute`` too) cannot hold up other requests, and ``tool_timeout``
   answers the model in time. A tool whose code never blocks (it awaits
@@ -38,17 +38,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from mcore_agentic.tools.executor import (
-    MAX_ORPHANED_THREADS,
-    TOOL_CLOCK,
-    OrphanLimitError,
-    ThreadRunner,
-    ToolClock,
-    ToolExecutor,
-    default_executor,
-    timed_steps,
-)
+from mcore_agentic.tools.executor import TOOL_CLOCK, ToolClock, ToolExecutor, default_executor
 from mcore_agentic.tools.schema import drop_null_keywords
+from mcore_agentic.tools.thread_runner import MAX_ORPHANED_THREADS, OrphanLimitError, ThreadRunner, timed_steps
 from mcore_agentic.utils.instance_state import InstanceState
 
 
@@ -305,9 +297,9 @@ async def call_tool(tool: Any, method: str, /, *args: Any, **kwargs: Any) -> Any
 
     On the loop, each step of the call is timed: one that holds the loop :data:`BLOCKING_WARN_S` or longer
     is warned about once per tool. Off the loop the call runs on the tool's
-    :class:`~mcore_agentic.tools.executor.ThreadRunner` (a plain ``def`` is called there, a coroutine runs on
+    :class:`~mcore_agentic.tools.thread_runner.ThreadRunner` (a plain ``def`` is called there, a coroutine runs on
     its own loop there); a caller that stops waiting (a timeout) orphans the thread, at most
-    :data:`~mcore_agentic.tools.executor.MAX_ORPHANED_THREADS` per tool.
+    :data:`~mcore_agentic.tools.thread_runner.MAX_ORPHANED_THREADS` per tool.
     """
     fn = getattr(tool, method)
     if on_event_loop(tool, method):

@@ -36,12 +36,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from mcore_agentic.tools.thread_runner import (  # noqa: F401 -- re-exported: tools import them from here
-    MAX_ORPHANED_THREADS,
-    OrphanLimitError,
-    ThreadRunner,
-    timed_steps,
-)
 from mcore_agentic.utils.errors import ConfigError
 
 

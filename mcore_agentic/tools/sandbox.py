@@ -64,7 +64,7 @@ from mcore_agentic.tools.host_user import HostUser, HostUserError, resolve_host_
 from mcore_agentic.tools.memory_cgroup import MemoryCgroups
 from mcore_agentic.tools.owner import OwnerTag, stale_entries
 from mcore_agentic.tools.sandbox_child import DROP_FAILED
-from mcore_agentic.tools.sandbox_limits import ExecutionResult, Isolation, SandboxLimits  # noqa: F401 -- re-exported
+from mcore_agentic.tools.sandbox_limits import ExecutionResult, SandboxLimits
 from mcore_agentic.tools.sandbox_worker import SpawnPlan, Worker
 from mcore_agentic.tools.seccomp import build_filter
 from mcore_agentic.utils.errors import ConfigError

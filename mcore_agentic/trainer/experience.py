@@ -15,17 +15,13 @@ from typing import Any
 
 import torch
 
-from mcore_agentic.algorithms.advantages import (
-    TURN_METRIC_TURNS,
-    Reduce,
-    compute_advantage,
-    place_sequence_rewards,
-    turn_index,
-)
+from mcore_agentic.algorithms.advantages import Reduce, compute_advantage
 from mcore_agentic.algorithms.config import AlgorithmConfig
 from mcore_agentic.algorithms.distillation import distillation_advantages, distillation_metrics
 from mcore_agentic.algorithms.estimators import estimator
 from mcore_agentic.algorithms.kl import apply_kl_penalty
+from mcore_agentic.algorithms.sequence_advantages import place_sequence_rewards
+from mcore_agentic.algorithms.turn_advantages import TURN_METRIC_TURNS, turn_index
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed import FILLER_VERSION
 from mcore_agentic.parallel.stats import Stats

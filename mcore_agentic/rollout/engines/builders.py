@@ -44,7 +44,8 @@ def build_vllm(cfg: RolloutConfig, model: EngineModel, *, device: str, seed: int
         raise ConfigError("actor.moe.routing_replay", "rollout.name=vllm does not return routed experts (vLLM 0.32 "
                           "does only with its V2 model runner, which needs Triton on a GPU): use rollout.name=hf "
                           "(CPU) or sglang, or set actor.moe.routing_replay=disable")
-    from mcore_agentic.rollout.engines.vllm import VLLMEngine, default_kv_cache_bytes
+    from mcore_agentic.rollout.engines.vllm import VLLMEngine
+    from mcore_agentic.rollout.engines.vllm_args import default_kv_cache_bytes
 
     dev = torch.device(device)
     model_path, dtype = str(model.model_path), model.dtype

@@ -87,15 +87,14 @@ from mcore_agentic.rollout.engines.base import (
     memory_tags,
 )
 from mcore_agentic.rollout.engines.hf_cache import (
+    Kept,
     Legacy,
     PrefixStore,
-    _from_legacy,
-    _Kept,
-    _merge,
-    _select,
-    _to_legacy,
+    from_legacy,
+    merge_caches,
+    select_rows,
+    to_legacy,
 )
-from mcore_agentic.rollout.engines.hf_cache import common_prefix as common_prefix
 from mcore_agentic.rollout.engines.hf_sampling import advance_draws, sample_token
 
 _PER_EXPERT = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -349,15 +348,15 @@ class HFEngine:
         if not keep:
             return [], None, None, waiting
         assert cache is not None and mask is not None
-        return [rows[i] for i in keep], _select(cache, keep), mask[keep], waiting
+        return [rows[i] for i in keep], select_rows(cache, keep), mask[keep], waiting
 
     def _admit(
         self, rows: list[_Row], cache: Legacy | None, mask: torch.Tensor | None, incoming: list[_Pending]
     ) -> tuple[list[_Row], Legacy | None, torch.Tensor | None]:
         """Prefill ``incoming`` (at most two forwards: those that reuse a kept cache for at least half their prompt,
         and the others), sample their first tokens, and merge the survivors into the running batch."""
-        reusing: list[tuple[_Pending, _Kept | None, int]] = []
-        fresh: list[tuple[_Pending, _Kept | None, int]] = []
+        reusing: list[tuple[_Pending, Kept | None, int]] = []
+        fresh: list[tuple[_Pending, Kept | None, int]] = []
         for p in incoming:
             kept, length = None, 0
             if self.prefix_store.entries:
@@ -375,12 +374,12 @@ class HFEngine:
                     rows, cache, mask = new_rows, new_cache, new_mask
                 else:
                     assert cache is not None and mask is not None and new_cache is not None and new_mask is not None
-                    cache, mask = _merge(cache, mask, new_cache, new_mask.to(mask.device))
+                    cache, mask = merge_caches(cache, mask, new_cache, new_mask.to(mask.device))
                     rows = rows + new_rows
         return rows, cache, mask
 
     def _prefill(
-        self, requests: list[tuple[_Pending, _Kept | None, int]]
+        self, requests: list[tuple[_Pending, Kept | None, int]]
     ) -> tuple[list[_Row], Legacy | None, torch.Tensor | None]:
         """One forward over the requests' prompts past their reused lengths, each row laid out as
         ``[pad | reused KV | pad | new ids]`` (the reused KV as past keys), a prompt that several requests share
@@ -403,7 +402,7 @@ class HFEngine:
         # Positions count real tokens only, as in an unpadded forward.
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
         dev = self.device
-        past_kv = _from_legacy(self._past(group, past)) if past else None
+        past_kv = from_legacy(self._past(group, past)) if past else None
         out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
                          past_key_values=past_kv, use_cache=True)
         self.prefills_run += 1
@@ -421,16 +420,16 @@ class HFEngine:
                     assert kept is not None and kept.routing is not None
                     row.routing.append(kept.routing[:length])
                 row.routing.append(routed[u, width - len(tails[u]) :].numpy())
-        legacy, logits = _to_legacy(out.past_key_values), out.logits[:, -1, :]
+        legacy, logits = to_legacy(out.past_key_values), out.logits[:, -1, :]
         if n < len(requests):  # each request its prompt's row
-            legacy, logits, mask = _select(legacy, expand), logits[expand], mask[expand]
+            legacy, logits, mask = select_rows(legacy, expand), logits[expand], mask[expand]
         keep, finished = self._sample_all(new_rows, logits)
         self._finish(new_rows, finished, legacy, mask)
         if not keep:
             return [], None, None
-        return [new_rows[i] for i in keep], _select(legacy, keep), mask[keep]
+        return [new_rows[i] for i in keep], select_rows(legacy, keep), mask[keep]
 
-    def _past(self, group: list[tuple[_Pending, _Kept | None, int]], past: int) -> Legacy:
+    def _past(self, group: list[tuple[_Pending, Kept | None, int]], past: int) -> Legacy:
         """The reused keys and values of ``group``, each row's right-aligned in ``past`` columns (zeros before)."""
         if len(group) == 1:
             kept, length = group[0][1], group[0][2]
@@ -485,7 +484,7 @@ class HFEngine:
             input_ids=tokens.to(dev),
             attention_mask=mask.to(dev),
             position_ids=positions.to(dev),
-            past_key_values=_from_legacy(cache),
+            past_key_values=from_legacy(cache),
             use_cache=True,
         )
         self.steps_run += 1
@@ -496,13 +495,13 @@ class HFEngine:
                 row.routing.append(routed[i : i + 1].numpy())
         for r in rows:
             r.next_position += 1
-        legacy = _to_legacy(out.past_key_values)
+        legacy = to_legacy(out.past_key_values)
         keep, finished = self._sample_all(rows, out.logits[:, -1, :])
         self._finish(rows, finished, legacy, mask)
         if not keep:
             return [], None, None
         if len(keep) < n:
-            legacy, mask, rows = _select(legacy, keep), mask[keep], [rows[i] for i in keep]
+            legacy, mask, rows = select_rows(legacy, keep), mask[keep], [rows[i] for i in keep]
         # Drop leading columns that are padding for every remaining row.
         first = int(mask.any(dim=0).long().argmax())
         if first > 0:

@@ -13,7 +13,7 @@ Legacy = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (keys, value
 
 
 @dataclass(eq=False)  # compared by identity (the LRU list removes the one object)
-class _Kept:
+class Kept:
     """A finished request's KV cache: the ids it fed and, per layer, their keys and values ``[1, heads, T, dim]``."""
 
     ids: np.ndarray
@@ -44,7 +44,7 @@ class PrefixStore:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.min_free_fraction = min_free_fraction
-        self.entries: list[_Kept] = []  # least recently used first
+        self.entries: list[Kept] = []  # least recently used first
         self.nbytes = 0
         self.dropped = 0  # caches not kept (too large) or evicted, for tests and logs
 
@@ -52,7 +52,7 @@ class PrefixStore:
     def enabled(self) -> bool:
         return self.max_entries > 0 and self.max_bytes > 0
 
-    def lookup(self, prompt: np.ndarray) -> tuple[_Kept | None, int]:
+    def lookup(self, prompt: np.ndarray) -> tuple[Kept | None, int]:
         """The kept cache sharing the longest prefix with ``prompt`` and that length, at most ``len(prompt) - 1``
         (the last prompt id is always fed: its logits sample the first token); ``(None, 0)`` when none shares one."""
         best, length = None, 0
@@ -78,13 +78,13 @@ class PrefixStore:
         nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
         for entry in [e for e in self.entries if len(e.ids) <= len(ids) and common_prefix(e.ids, ids) == len(e.ids)]:
             self._drop(entry)  # the new cache extends it
-        self.entries.append(_Kept(ids, kv, routing, nbytes))
+        self.entries.append(Kept(ids, kv, routing, nbytes))
         self.nbytes += nbytes
         while len(self.entries) > self.max_entries or self.nbytes > self.max_bytes:
             self._drop(self.entries[0])
             self.dropped += 1
 
-    def _drop(self, entry: _Kept) -> None:
+    def _drop(self, entry: Kept) -> None:
         self.entries.remove(entry)
         self.nbytes -= entry.nbytes
 
@@ -92,12 +92,12 @@ class PrefixStore:
         self.entries, self.nbytes = [], 0
 
 
-def _to_legacy(cache: Any) -> Legacy:
+def to_legacy(cache: Any) -> Legacy:
     """Per-layer (keys, values) of a transformers ``DynamicCache`` (5.x dropped ``to_legacy_cache``)."""
     return tuple((layer.keys, layer.values) for layer in cache.layers)
 
 
-def _from_legacy(legacy: Legacy) -> Any:
+def from_legacy(legacy: Legacy) -> Any:
     """A ``DynamicCache`` holding per-layer (keys, values) (5.x dropped ``from_legacy_cache``)."""
     from transformers.cache_utils import DynamicCache
 
@@ -107,12 +107,12 @@ def _from_legacy(legacy: Legacy) -> Any:
     return cache
 
 
-def _select(cache: Legacy, rows: list[int]) -> Legacy:
+def select_rows(cache: Legacy, rows: list[int]) -> Legacy:
     index = torch.tensor(rows, dtype=torch.long, device=cache[0][0].device)
     return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in cache)
 
 
-def _merge(cache_a: Legacy, mask_a: torch.Tensor, cache_b: Legacy, mask_b: torch.Tensor) -> tuple[Legacy, torch.Tensor]:
+def merge_caches(cache_a: Legacy, mask_a: torch.Tensor, cache_b: Legacy, mask_b: torch.Tensor) -> tuple[Legacy, torch.Tensor]:
     """Stack two batches' KV caches: left-pad the shorter with zeros (masked out) to a common length."""
     length = max(mask_a.shape[1], mask_b.shape[1])
 

@@ -78,19 +78,12 @@ from mcore_agentic.rollout.engines.base import (
     memory_tags,
 )
 from mcore_agentic.rollout.engines.sglang_io import (
-    decode_routed_experts,
     from_sglang_output,
     sglang_engine_kwargs,
     sglang_env_flag,
     to_sglang_request,
-    to_sglang_sampling_params,
 )
-from mcore_agentic.rollout.engines.sglang_process import (
-    CONTAINED_ENV_KEYS,
-    CONTAINED_ENV_PREFIXES,
-    CONTAINED_SIGNALS,
-    ProcessState,
-)
+from mcore_agentic.rollout.engines.sglang_process import ProcessState
 
 logger = logging.getLogger(__name__)
 
@@ -388,16 +381,6 @@ class SGLangEngine:
 
 
 __all__ = [
-    "CONTAINED_ENV_KEYS",
-    "CONTAINED_ENV_PREFIXES",
-    "CONTAINED_SIGNALS",
     "SGLANG_MEMORY_TAGS",
-    "ProcessState",
     "SGLangEngine",
-    "decode_routed_experts",
-    "from_sglang_output",
-    "sglang_engine_kwargs",
-    "sglang_env_flag",
-    "to_sglang_request",
-    "to_sglang_sampling_params",
 ]

@@ -103,16 +103,14 @@ from mcore_agentic.rollout.engines.base import (
     resolve_device,
 )
 from mcore_agentic.rollout.engines.vllm_args import (
-    _allowed_token_ids,
-    _check_cpu_head_dim,
-    _text_config,
-    default_kv_cache_bytes,
-    executor_backend,
+    allowed_token_ids,
+    check_cpu_head_dim,
     from_vllm_finish_reason,
+    text_config,
     to_vllm_sampling_kwargs,
     vllm_engine_kwargs,
 )
-from mcore_agentic.rollout.engines.vllm_draws import DRAWS_BEFORE_ARG, continues_draws, install_draws_before
+from mcore_agentic.rollout.engines.vllm_draws import continues_draws, install_draws_before
 from mcore_agentic.rollout.engines.vllm_prefix_stats import PrefixCacheCounter
 from mcore_agentic.rollout.engines.vllm_weights import (
     QuietReload,
@@ -185,9 +183,9 @@ class VLLMEngine:
             reload_log.addFilter(QuietReload())
         self.model_path = Path(model_path)
         self.device = device
-        model_config = _text_config(self.model_path)
+        model_config = text_config(self.model_path)
         if device == "cpu":
-            _check_cpu_head_dim(self.model_path, model_config)
+            check_cpu_head_dim(self.model_path, model_config)
         args = vllm_engine_kwargs(
             str(model_path),
             device=device,
@@ -226,7 +224,7 @@ class VLLMEngine:
                 "vLLM's stat logging is off (disable_log_stats): prefix_cache_stats() counts no cache hits")
         self._engine.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
         self.draws_before_supported = bool(self._engine.collective_rpc(install_draws_before)[0])
-        self.allowed_token_ids = _allowed_token_ids(self.model_path, int(model_config["vocab_size"]))
+        self.allowed_token_ids = allowed_token_ids(self.model_path, int(model_config["vocab_size"]))
         self.expected_weights = checkpoint_shapes(self.model_path)
         self._init_state()
 
@@ -556,14 +554,5 @@ def _deliver(pending: _Pending, result: GenerationOutput | BaseException) -> Non
 
 
 __all__ = [
-    "DRAWS_BEFORE_ARG",
-    "PrefixCacheCounter",
     "VLLMEngine",
-    "continues_draws",
-    "default_kv_cache_bytes",
-    "executor_backend",
-    "from_vllm_finish_reason",
-    "install_draws_before",
-    "to_vllm_sampling_kwargs",
-    "vllm_engine_kwargs",
 ]

@@ -105,7 +105,7 @@ def executor_backend(device: str, in_trainer_world: bool | None = None) -> str:
     return "uni"
 
 
-def _text_config(path: str | Path) -> dict[str, Any]:
+def text_config(path: str | Path) -> dict[str, Any]:
     """The checkpoint's ``config.json`` (its ``text_config`` for a multimodal wrapper)."""
     config = json.loads((Path(path) / "config.json").read_text())
     return config.get("text_config", config)
@@ -115,7 +115,7 @@ def _head_dim(config: dict[str, Any]) -> int:
     return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
 
-def _check_cpu_head_dim(path: Path, config: dict[str, Any]) -> None:
+def check_cpu_head_dim(path: Path, config: dict[str, Any]) -> None:
     """One clear line, before vLLM fails deep in its kernels, when its CPU attention cannot take the head size."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
@@ -130,14 +130,14 @@ def _check_cpu_head_dim(path: Path, config: dict[str, Any]) -> None:
 
 def default_kv_cache_bytes(model_path: str | Path, *, max_model_len: int, dtype: str, sequences: int = 64) -> int:
     """KV-cache bytes for ``sequences`` sequences of ``max_model_len`` tokens of the checkpoint's model."""
-    config = _text_config(model_path)
+    config = text_config(model_path)
     kv_heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
     itemsize = 4 if dtype in ("float32", "float") else 2
     per_token = 2 * int(config["num_hidden_layers"]) * kv_heads * _head_dim(config) * itemsize
     return per_token * max_model_len * sequences
 
 
-def _allowed_token_ids(path: Path, vocab_size: int) -> list[int] | None:
+def allowed_token_ids(path: Path, vocab_size: int) -> list[int] | None:
     """Every id but the padding ids ``generation_config.json`` suppresses; None when it suppresses none."""
     gen_cfg = path / "generation_config.json"
     if not gen_cfg.exists():

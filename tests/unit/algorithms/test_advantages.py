@@ -8,8 +8,9 @@ import statistics
 import pytest
 import torch
 
-from mcore_agentic.algorithms.advantages import (
-    compute_advantage,
+from mcore_agentic.algorithms.advantages import compute_advantage
+from mcore_agentic.algorithms.config import AlgorithmConfig
+from mcore_agentic.algorithms.sequence_advantages import (
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
@@ -18,7 +19,6 @@ from mcore_agentic.algorithms.advantages import (
     group_ids,
     place_sequence_rewards,
 )
-from mcore_agentic.algorithms.config import AlgorithmConfig
 
 F64 = torch.float64
 

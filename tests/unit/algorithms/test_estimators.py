@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import mcore_agentic.algorithms.config as algorithm_config
-from mcore_agentic.algorithms.advantages import compute_advantage, group_ids
+from mcore_agentic.algorithms.advantages import compute_advantage
 from mcore_agentic.algorithms.config import AlgorithmConfig
 from mcore_agentic.algorithms.estimators import ESTIMATORS, EstimatorInputs, estimator, register, unregister
+from mcore_agentic.algorithms.sequence_advantages import group_ids
 from mcore_agentic.feed.fields import field_names, wanted_fields
 from mcore_agentic.utils.errors import ConfigError
 

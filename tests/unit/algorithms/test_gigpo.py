@@ -11,8 +11,9 @@ import math
 import pytest
 import torch
 
-from mcore_agentic.algorithms.advantages import compute_advantage, compute_gigpo_advantage
+from mcore_agentic.algorithms.advantages import compute_advantage
 from mcore_agentic.algorithms.config import AlgorithmConfig
+from mcore_agentic.algorithms.turn_advantages import compute_gigpo_advantage
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed.turn_states import turn_state_tensor
 from mcore_agentic.utils.errors import ConfigError

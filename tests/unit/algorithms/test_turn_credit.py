@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mcore_agentic.algorithms.advantages import compute_advantage, compute_grpo_turn_advantage, turn_spans
+from mcore_agentic.algorithms.advantages import compute_advantage
 from mcore_agentic.algorithms.config import AlgorithmConfig
+from mcore_agentic.algorithms.turn_advantages import compute_grpo_turn_advantage, turn_spans
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed.scoring import turn_reward_tensor
 from mcore_agentic.trainer.experience import compute_experience, turn_metrics

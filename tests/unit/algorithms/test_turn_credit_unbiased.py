@@ -46,13 +46,8 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from mcore_agentic.algorithms.advantages import (
-    compute_gigpo_advantage,
-    compute_grpo_turn_advantage,
-    compute_rloo_outcome_advantage,
-    group_ids,
-    turn_spans,
-)
+from mcore_agentic.algorithms.sequence_advantages import compute_rloo_outcome_advantage, group_ids
+from mcore_agentic.algorithms.turn_advantages import compute_gigpo_advantage, compute_grpo_turn_advantage, turn_spans
 
 T = 4  # turns; the last one must stop
 C = (0.3, 0.5, 0.2)  # intermediate reward of continuing at turn t (t < T-1)

@@ -14,7 +14,8 @@ import torch
 
 from mcore_agentic.models.tiny import make_tiny_hf_model, make_tiny_hf_model_from_preset
 from mcore_agentic.rollout.engines.base import PrefixCacheStats, SamplingParams, prefix_cache_stats
-from mcore_agentic.rollout.engines.hf import HFEngine, PrefixStore, common_prefix
+from mcore_agentic.rollout.engines.hf import HFEngine, PrefixStore
+from mcore_agentic.rollout.engines.hf_cache import common_prefix
 from tests.helpers.hf import redraw_weights
 
 TOLERANCE = 1e-4

@@ -15,12 +15,8 @@ from types import ModuleType
 import pytest
 
 from mcore_agentic.rollout.engines.base import SamplingParams
-from mcore_agentic.rollout.engines.sglang import (
-    SGLANG_MEMORY_TAGS,
-    sglang_engine_kwargs,
-    sglang_env_flag,
-    to_sglang_request,
-)
+from mcore_agentic.rollout.engines.sglang import SGLANG_MEMORY_TAGS
+from mcore_agentic.rollout.engines.sglang_io import sglang_engine_kwargs, sglang_env_flag, to_sglang_request
 from mcore_agentic.rollout.engines.sglang_process import _contained_env_key
 
 pytest.importorskip("sglang")

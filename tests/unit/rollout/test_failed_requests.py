@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from mcore_agentic.algorithms.advantages import compute_grpo_outcome_advantage
+from mcore_agentic.algorithms.sequence_advantages import compute_grpo_outcome_advantage
 from mcore_agentic.interactions.base import BaseInteraction
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
 from mcore_agentic.rollout.config import MultiTurnConfig, RolloutConfig

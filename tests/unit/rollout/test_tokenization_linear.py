@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcore_agentic.models.tokenizer import load_qwen_tokenizer
-from mcore_agentic.rollout.tokenization import ChatTokenizer, TokenizationPath, diff_regions
+from mcore_agentic.rollout.tokenization import ChatTokenizer, TokenizationPath
+from mcore_agentic.rollout.tokenization_diff import diff_regions
 from tests.unit.rollout.test_tokenization import TOOLS, _alphabet, _assistant_text, _text, build
 
 

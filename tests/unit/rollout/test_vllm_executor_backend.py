@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from mcore_agentic.rollout.engines.vllm import executor_backend, vllm_engine_kwargs
+from mcore_agentic.rollout.engines.vllm_args import executor_backend, vllm_engine_kwargs
 
 
 def _kwargs(device: str, **extra: object) -> dict:

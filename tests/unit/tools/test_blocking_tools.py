@@ -19,7 +19,8 @@ from mcore_agentic.rollout.driver import generate_sequences
 from mcore_agentic.tools import base
 from mcore_agentic.tools.base import BaseTool, ToolResponse, call_tool, on_event_loop, safe_execute
 from mcore_agentic.tools.calculator import CalculatorTool
-from mcore_agentic.tools.executor import LocalExecutor, OrphanLimitError, ThreadRunner
+from mcore_agentic.tools.executor import LocalExecutor
+from mcore_agentic.tools.thread_runner import OrphanLimitError, ThreadRunner
 from mcore_agentic.utils.plugins import resolve_class
 from tests.unit.rollout.scripted import ScriptedEngine, call
 

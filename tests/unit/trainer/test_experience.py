@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from mcore_agentic.algorithms.advantages import compute_advantage, group_ids, place_sequence_rewards, turn_spans
+from mcore_agentic.algorithms.advantages import compute_advantage
 from mcore_agentic.algorithms.config import ADV_ESTIMATORS, AlgorithmConfig, KLControlConfig
 from mcore_agentic.algorithms.kl import build_kl_controller
+from mcore_agentic.algorithms.sequence_advantages import group_ids, place_sequence_rewards
+from mcore_agentic.algorithms.turn_advantages import turn_spans
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed.scoring import rollout_metrics, rollout_stats
 from mcore_agentic.parallel.stats import Stats, sum_over

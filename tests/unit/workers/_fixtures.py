@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mcore_agentic.algorithms.advantages import compute_grpo_turn_advantage
+from mcore_agentic.algorithms.turn_advantages import compute_grpo_turn_advantage
 from mcore_agentic.data.batch import Batch
 from tests.helpers.batches import padded_rows
 from tests.helpers.hf import redraw_weights, tiny_qwen2_config

@@ -19,10 +19,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
-from mcore_agentic.algorithms.advantages import compute_grpo_outcome_advantage
 from mcore_agentic.algorithms.config import PolicyLossConfig, ValueLossConfig
 from mcore_agentic.algorithms.losses import loss_normalisers
 from mcore_agentic.algorithms.objective import actor_objective, critic_objective
+from mcore_agentic.algorithms.sequence_advantages import compute_grpo_outcome_advantage
 from mcore_agentic.parallel.vocab_parallel import vocab_parallel_log_probs_and_entropy
 from mcore_agentic.workers import micro_batch
 from mcore_agentic.workers.micro_batch import (
