@@ -18,7 +18,8 @@ from mcore_agentic.tools.base import MAX_TRACEBACK_CHARS, format_traceback
 from tests.unit.rollout.scripted import AddTool, RaisingTool, ScriptedEngine, SleepTool, call
 
 CFG = RolloutConfig(n=1, prompt_length=400, response_length=2000,
-                    multi_turn=MultiTurnConfig(max_assistant_turns=8, max_parallel_calls=1, tool_timeout=0.2))
+                    # 2 s: 0.2 s timed out a plain add on a loaded CI machine
+                    multi_turn=MultiTurnConfig(max_assistant_turns=8, max_parallel_calls=1, tool_timeout=2.0))
 BAD_CALLS = [
     "<tool_call>\n{not json}\n</tool_call>",
     call("nope"),
@@ -100,7 +101,7 @@ def test_report_counts_and_warns_once_per_failing_tool_with_its_traceback(batch,
     explode, sleep, requests = messages
     assert explode.startswith("step 7 (train): tool explode: 3/3 calls failed (ZeroDivisionError x3)")
     assert "Traceback (most recent call last)" in explode and 'raise ZeroDivisionError("boom")' in explode
-    assert sleep.startswith("step 7 (train): tool sleep: 1/1 calls failed") and "timed out after 0.2 s" in sleep
+    assert sleep.startswith("step 7 (train): tool sleep: 1/1 calls failed") and "timed out after 2 s" in sleep
     assert requests.startswith("step 7 (train): 1/3 rollout requests failed (RequestDataError x1)")
     assert "_select_tools" in requests
 
