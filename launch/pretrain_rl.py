@@ -210,8 +210,10 @@ def preflight_launch(args: LaunchArgs) -> int:
         problems += getattr(exc, "errors", None) or [exc]
     else:
         problems += preflight(cfg, world, local_world_size=args.nproc_per_node, dirs=dirs)
-        if not problems:  # before any model is built: will it fit?
-            problems += plan_check(cfg, world)
+        if not problems:  # before any model is built: will it fit? (on the trainer's ranks)
+            from mcore_agentic.config.rules import trainer_world
+
+            problems += plan_check(cfg, trainer_world(cfg, world))
     if problems:
         report(problems)
         return EXIT_CONFIG_ERROR
@@ -355,7 +357,10 @@ def check_config(cfg: Any, world_size: int, dirs: list[Path] | None = None) -> N
     launched = os.environ.get(PREFLIGHT_ENV) == "1"  # the python launcher checked everything (and planned) already
     problems = preflight(cfg, world_size, local_world_size=_local_world_size(world_size), dirs=dirs, light=launched)
     if not problems and not launched:  # torchrun or Slurm directly: every rank plans (the same verdict), rank 0 says it
-        problems += plan_check(cfg, world_size, say=int(os.environ.get("RANK", "0")) == 0)
+        from mcore_agentic.config.rules import trainer_world
+
+        say = int(os.environ.get("JOB_RANK", os.environ.get("RANK", "0"))) == 0
+        problems += plan_check(cfg, trainer_world(cfg, world_size), say=say)
     if problems:
         raise ConfigErrors(problems)
 
@@ -385,16 +390,26 @@ def launch(dict_cfg: DictConfig) -> int:
         from mcore_agentic.models.transformer_impl import use_te_for
 
         use_te_for(cfg.model.transformer_impl)  # TE asked for but missing: one line, before megatron is imported
-        init_distributed(cfg.trainer.dist_timeout_minutes)
-        rank = dist.get_rank()
-        check_config(cfg, dist.get_world_size(), dirs)  # before importing megatron: a bad config fails fast and quietly
-        import megatron_patches
+        if cfg.rollout.placement == "separate":  # the job's last rollout.rollout_ranks generate, the others train
+            from mcore_agentic.parallel.job import init_job, split_from_env
 
-        megatron_patches.apply()
-        layout = initialize_parallel(cfg.actor.parallel, cfg.seed)
+            split = split_from_env(cfg.rollout.rollout_ranks, cfg.rollout.tensor_model_parallel_size)
+            init_job(split, cfg.trainer.dist_timeout_minutes)
+            rank, job_world = split.rank, split.world_size
+        else:
+            split = None
+            init_distributed(cfg.trainer.dist_timeout_minutes)
+            rank, job_world = dist.get_rank(), dist.get_world_size()
+        check_config(cfg, job_world, dirs)  # before importing megatron: a bad config fails fast and quietly
         from mcore_agentic.trainer import run
 
-        run(cfg, layout=layout)
+        if split is not None and split.is_rollout:
+            run(cfg)  # no Megatron on a rollout rank
+        else:
+            import megatron_patches
+
+            megatron_patches.apply()
+            run(cfg, layout=initialize_parallel(cfg.actor.parallel, cfg.seed))
     except ConfigError as exc:
         if rank == 0:
             report(getattr(exc, "errors", None) or [exc])

@@ -304,6 +304,8 @@ def validate(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int | Non
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    world_size = trainer_world(cfg, world_size)
+    check_separate_placement(cfg)
     check_layout(cfg, world_size, model_shape=model_shape, local_world_size=local_world_size, device=device,
                  te_importable=te_importable)
     check_data(cfg)
@@ -355,14 +357,37 @@ def check_layout(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int |
     require(teacher_tp is None or world_size % teacher_tp == 0, "teacher.tensor_model_parallel_size",
             f"={teacher_tp} does not divide the world size {world_size}: use one of {_divisors(world_size)}")
     rollout_tp = cfg.rollout.tensor_model_parallel_size
-    check_rollout_groups(rollout_tp, world_size, world_size if local_world_size is None else local_world_size)
-    engines = world_size // rollout_tp
+    rollout_world = cfg.rollout.rollout_ranks if cfg.rollout.placement == "separate" else world_size
+    check_rollout_groups(rollout_tp, rollout_world, world_size if local_world_size is None else local_world_size)
+    engines = rollout_world // rollout_tp
     require(
         cfg.data.train_batch_size % engines == 0,
         "data.train_batch_size",
         f"={cfg.data.train_batch_size} prompts do not split over the {engines} rollout engines "
-        f"(world size {world_size} / rollout.tensor_model_parallel_size {rollout_tp}): use a multiple of {engines}",
+        f"({rollout_world} rollout ranks / rollout.tensor_model_parallel_size {rollout_tp}): use a multiple of {engines}",
     )
+
+
+def trainer_world(cfg: RLConfig, job_world: int) -> int:
+    """The ranks that train in a job of ``job_world``: all of them, or those before ``rollout.rollout_ranks`` under
+    ``rollout.placement=separate``."""
+    if cfg.rollout.placement != "separate":
+        return job_world
+    r = cfg.rollout.rollout_ranks
+    require(r < job_world, "rollout.rollout_ranks",
+            f"={r} leaves no trainer rank in a job of {job_world} ranks: launch more ranks (--nproc_per_node) or "
+            f"give fewer to the rollout")
+    return job_world - r
+
+
+def check_separate_placement(cfg: RLConfig) -> None:
+    """What separate placement does not do yet, refused in one line each (docs/placement.md)."""
+    if cfg.rollout.placement != "separate":
+        return
+    for key in ("param_offload", "grad_offload", "optimizer_offload"):
+        require(not getattr(cfg.actor, key, False), f"actor.{key}",
+                "offloads the actor while the engine generates, which under rollout.placement=separate runs on "
+                "other ranks: unset it")
 
 
 def check_data(cfg: RLConfig) -> None:

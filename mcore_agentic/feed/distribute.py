@@ -43,7 +43,8 @@ from mcore_agentic.feed.fields import FILLER_VERSION, OWN, RowField, bare_fields
 from mcore_agentic.parallel import comm
 
 __all__ = ["FILLER_VERSION", "ROUTING_FIELD", "filler_rows", "gather_row_counts", "tag_episodes", "RowShapes",
-           "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "plan_step", "return_rows", "tag_groups"]
+           "StepPlan", "deal_rows", "exchange_rows", "gather_shapes", "pack_rows", "plan_step", "return_rows", "tag_groups",
+           "unpack_rows"]
 
 ROUTING_FIELD = "routed_experts"
 """The per-token int16 field that travels with a row when the exchange is given its per-token shape."""
@@ -314,6 +315,26 @@ def _unpack(
             prompt_width=tensors["prompts"].shape[1], response_width=tensors["responses"].shape[1],
         )
     return Batch(tensors=tensors)
+
+
+def pack_rows(local: Batch, fields: Collection[str], routing_shape: tuple[int, ...] | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All of ``local``'s rows as the exchange packs them: ``([rows, 2]`` prompt and response lengths, the int64
+    buffer, the float32 buffer) — what a rollout rank streams to the trainer under separate placement."""
+    lengths = _real_lengths(local)
+    shapes = RowShapes(lengths[:, 0].tolist(), lengths[:, 1].tolist(), [len(local)], [0])
+    ints, floats = _pack(local, range(len(local)), shapes, routing_shape, fields)
+    return lengths, ints, floats
+
+
+def unpack_rows(parts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], pad_token_id: int,
+                fields: Collection[str], routing_shape: tuple[int, ...] | None = None) -> Batch:
+    """The rows of several :func:`pack_rows` results, in order, as one padded :class:`Batch`."""
+    lengths = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, 2, dtype=torch.long)
+    shapes = RowShapes(lengths[:, 0].tolist(), lengths[:, 1].tolist(), [len(p[0]) for p in parts],
+                       list(range(len(parts))))
+    buffers = {k: (p[1], p[2]) for k, p in enumerate(parts)}
+    return _unpack(buffers, range(len(lengths)), shapes, pad_token_id, routing_shape, fields)
 
 
 def exchange_rows(

@@ -82,6 +82,11 @@ class Roller:
     timer: PhaseTimer
     version: Callable[[], int]
     """The weight version the engine holds (the trainer's counter)."""
+    between_rounds: Callable[[], None] = lambda: None
+    """Called before each round (separate placement: a rollout rank loads the weights that arrived meanwhile)."""
+    target_version: Callable[[int], int] | None = None
+    """The weight version that will train a step's rows (None: the engine's, as when training follows at once);
+    token ages and the staleness bound count from it."""
 
     def __post_init__(self) -> None:
         self.cfg = self.settings.rollout
@@ -119,6 +124,10 @@ class Roller:
         batch.info["rollout/event_loop_max_stall_s"] = report.stall_s
         return batch
 
+    def target(self, step: int) -> int:
+        """The weight version that will train ``step``'s rows (:attr:`target_version`)."""
+        return self.target_version(step) if self.target_version is not None else self.version()
+
     @property
     def leads(self) -> bool:
         """Whether this rank leads a rollout group (holds its engine, rolls out, scores, dumps)."""
@@ -148,6 +157,8 @@ class Validation:
 
     step: int
     scored: list[Batch]
+    stats: Any = None
+    """Its statistics where they came computed (from the rollout ranks under separate placement), else None."""
 
 
 def make_schedule(settings: FeedSettings, roller: Roller, pad_id: int) -> Schedule:
@@ -165,7 +176,8 @@ class Feed:
 
     def __init__(self, settings: FeedSettings, roller: Roller, *, layout: Any, loader: Any,
                  val_rows: list[dict[str, Any]], routing_shape: tuple[int, int] | None = None,
-                 data_notes: Sequence[str] = ()):
+                 data_notes: Sequence[str] = (), schedule: Schedule | None = None, remote: Any = None,
+                 streams: bool = False):
         self.settings = settings
         self.roller = roller
         self.data_notes = list(data_notes)
@@ -179,7 +191,11 @@ class Feed:
         self.routing_shape = routing_shape
         tok = roller.tokenizer
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-        self.schedule = make_schedule(settings, roller, self.pad_id)
+        self.schedule = schedule if schedule is not None else make_schedule(settings, roller, self.pad_id)
+        self.remote = remote
+        """The trainer's rank 0 under separate placement: the rollout ranks (:class:`~.streamed.Remote`)."""
+        self.streams = streams
+        """This rank trains rows that rollout ranks generate (separate placement, a trainer rank)."""
         d = settings.dumps
         self.dump_writer = DumpWriter(queue_size=d.queue_size, wait_s=d.wait_s) if d and roller.leads else None
         self.failures = FailureReport()  # this leader's, over the run (the end-of-run summary gathers them)
@@ -242,13 +258,11 @@ class Feed:
             counts[holder] += fill                                    # leave a group none) takes the fillers
             if fill and r.placement.group_index == holder and local is not None:
                 local = Batch.concat([local, filler_rows(local, fill, self.pad_id)])
-        first_row = sum(counts[: r.placement.group_index])
-        if local is not None:
-            local = tag_groups(local, first_row)
-            if s.episodes:
-                local = tag_episodes(local, first_row)
-            local = local.update({"weight_version": torch.tensor(local["oldest_version"], dtype=torch.long)})
-        stats = rollout_stats(rollout.generated, prefix_cache=rollout.prefix_cache).reduce(world=True)
+        if local is not None and not rollout.streamed:  # streamed rows were tagged on their rollout rank
+            local = self.tagged(local, sum(counts[: r.placement.group_index]))
+        stats = rollout.stats if rollout.stats is not None else rollout_stats(rollout.generated,
+                                                                              prefix_cache=rollout.prefix_cache)
+        stats = stats.reduce(world=True)
         shapes = gather_shapes(local, r.placement, counts)
         rows = sum(counts)  # the step's mini-batches stay as many; each holds its share of the rows
         plan = plan_step(
@@ -262,6 +276,14 @@ class Feed:
             metrics["rollout/step_rows"] = float(rows)
         rollout.rows, rollout.plan, rollout.real_rows = local, plan, real_rows
         return StepRows(ReplicaRows.from_batch(batch), rows, metrics, rollout.step, receipt=rollout)
+
+    def tagged(self, local: Batch, first_row: int) -> Batch:
+        """A leader's rows with their step-wide ids from ``first_row`` (prompt groups, agent episodes) and each
+        row's weight version as tensors (what the hand-off sends of the leader's per-row lists)."""
+        local = tag_groups(local, first_row)
+        if self.settings.episodes:
+            local = tag_episodes(local, first_row)
+        return local.update({"weight_version": torch.tensor(local["oldest_version"], dtype=torch.long)})
 
     def give_back(self, step_rows: StepRows, batch: Batch) -> dict[str, float]:
         """On a dump step, the trainer's per-token values of ``batch`` (this replica's rows after the experience)
@@ -279,7 +301,10 @@ class Feed:
             if receipt.real_rows < len(local):  # filler rows are not trajectories
                 local = local.index(list(range(receipt.real_rows)))
                 returned = {k: v[: receipt.real_rows] for k, v in (returned or {}).items()}
-            self._dump([local], "train", step, receipt.version, returned)
+            if self.remote is not None:  # the rows' objects are on the rollout ranks, which dump them
+                self.remote.give_back(step, returned or {}, self.remote.rows)
+                return {}
+            self.dump([local], "train", step, receipt.version, returned)
             return {"dump/dropped_rows": float(self.dump_writer.dropped_rows), "dump/failed": float(self.dump_writer.failed)}
 
     # -------------------------------------------------------------------------------- validation
@@ -288,6 +313,8 @@ class Feed:
         holds the current weights). ``data.val_batch_size`` (prompts, over all rollout groups) bounds one rollout
         call; null rolls out each group's whole share at once."""
         r, s = self.roller, self.settings
+        if self.streams:  # the rollout ranks validate the weights the sync just sent them
+            return Validation(step, [], stats=self.remote.validate(step) if self.remote is not None else None)
         rows = r.placement.strided_rows(self.val_rows)
         val_cfg = dataclasses.replace(s.rollout, n=1, temperature=0.0, seed=s.seed)
         size = s.val_batch_size
@@ -309,8 +336,9 @@ class Feed:
         if val.scored:
             self.report(val.scored, val.step, "val")
         if self.dump_writer is not None and val.scored:
-            self._dump(val.scored, "val", val.step, self.roller.version())
-        m = rollout_metrics(rollout_stats(val.scored).reduce(world=True))
+            self.dump(val.scored, "val", val.step, self.roller.version())
+        stats = val.stats if val.stats is not None else rollout_stats(val.scored)
+        m = rollout_metrics(stats.reduce(world=True))
         return {f"val/{k}": m[k] for k in ("reward/mean", "reward/accuracy", "rollout/tool_calls_per_sample")}
 
     @property
@@ -346,7 +374,7 @@ class Feed:
         return merged.summary_lines()
 
     # -------------------------------------------------------------------------------- dumps
-    def _dump(self, batches: list[Batch], split: str, step: int, version: int, returned: Any = None) -> None:
+    def dump(self, batches: list[Batch], split: str, step: int, version: int, returned: Any = None) -> None:
         """Queue a leader's dump. Best effort: only leaders run this, so an error here must not leave the
         other ranks waiting in the next collective; it is logged and counted (``dump/failed``)."""
         d = self.settings.dumps

@@ -97,6 +97,7 @@ class FreshRounds:
         r = self.roller
         if not r.leads:
             return 0, 0, 0
+        r.between_rounds()  # separate placement: new weights load here, between two rounds
         local_rows = r.placement.split_rows(rows)
         cfg = r.sampling(step, batch)
         rolled = r.roll(local_rows, cfg)

@@ -67,6 +67,10 @@ class PartialRounds:
 
     def _reset(self) -> None:
         self.version = 0
+        """The weights the engine holds (what the round's tokens are stamped with)."""
+        self.target = 0
+        """The version that will train the step (the engine's in a colocated run; ahead of it on a rollout rank,
+        which generates while the trainer trains): token ages and the staleness bound count from it."""
         self.rounds = self.resumed = self.started = self.prioritised = 0
         self.stall_s = 0.0
 
@@ -78,7 +82,7 @@ class PartialRounds:
         batches = [rows]
         while held + len(batches) * wanted < (1 + self.over_sampling_batches) * wanted:
             batches.append(draw())
-        self.version = self.roller.version()
+        self.version, self.target = self.roller.version(), self.roller.target(step)
         for k, b in enumerate(batches):
             self.start(b, step, k)
         return len(batches)
@@ -92,7 +96,11 @@ class PartialRounds:
         buf = self.buffer
         if buf is None:
             return 0, 0, 0
-        report = buf.advance(self.version, Budget(self.max_turns_per_step, self.max_tokens_per_step, self.max_staleness))
+        self.roller.between_rounds()  # separate placement: new weights load here, between two rounds
+        self.version, self.target = self.roller.version(), self.roller.target(step)
+        # A session runs free once its first token is max_staleness behind the version that will train it.
+        bound = None if self.max_staleness is None else self.max_staleness - (self.target - self.version)
+        report = buf.advance(self.version, Budget(self.max_turns_per_step, self.max_tokens_per_step, bound))
         self.prioritised += report.prioritised
         if self.rounds == 0:
             self.resumed = report.resumed  # paused in an earlier step, resumed now
@@ -141,7 +149,7 @@ class PartialRounds:
                 rows = rows.update({"token_ages": self._token_ages(rows, trained)})
                 for q in trained:
                     sampled = [v for v in q.trajectory.response_versions if v >= 0]
-                    stale += torch.tensor([sum(v < self.version for v in sampled), len(sampled)], dtype=torch.float64)
+                    stale += torch.tensor([sum(v < self.target for v in sampled), len(sampled)], dtype=torch.float64)
                     n = q.trajectory.response_len
                     lengths[:2] += torch.tensor([1.0, n], dtype=torch.float64)
                     longest[0] = max(float(longest[0]), n)
@@ -156,7 +164,7 @@ class PartialRounds:
         stale = world(stale)
         lengths, longest = world(lengths), max_over(_world())(longest)
         mid_turn = 0 if buf is None else buf.paused_mid_turn()
-        age = max_over(_world())(torch.tensor([float(self.version - min(oldest)) if oldest else 0.0]))
+        age = max_over(_world())(torch.tensor([float(self.target - min(oldest)) if oldest else 0.0]))
         after = world(torch.tensor([float(len(buf.groups)) if buf is not None else 0.0,
                                     float(buf.live_sessions) if buf is not None else 0.0, float(self.resumed),
                                     float(mid_turn), float(self.prioritised)]))
@@ -185,7 +193,7 @@ class PartialRounds:
         ages = torch.zeros(rows["responses"].shape, dtype=torch.long)
         for i, req in enumerate(requests):
             versions = torch.tensor(req.trajectory.response_versions[: ages.shape[1]], dtype=torch.long)
-            ages[i, : len(versions)] = torch.where(versions >= 0, self.version - versions, 0)
+            ages[i, : len(versions)] = torch.where(versions >= 0, self.target - versions, 0)
         return ages
 
     def round_metrics(self, result: RoundsResult, batch_size: int) -> dict[str, float]:

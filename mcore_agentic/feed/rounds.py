@@ -95,6 +95,10 @@ class Rollout:
     """The hand-off's plan (which replica trains which row): a dump step brings the trainer's values back by it."""
     real_rows: int = 0
     """The leader's rows before any filler rows (they come last and are not dumped)."""
+    streamed: bool = False
+    """The rows came from rollout ranks (separate placement), scored and tagged there (group, episode and version ids)."""
+    stats: Any = None
+    """The step's rollout statistics where they came computed (streamed rows; not yet reduced), else None."""
 
 
 class Schedule(Protocol):

@@ -197,6 +197,20 @@ def exchange_host(sends: Sequence[tuple[torch.Tensor, int, int]], recvs: Sequenc
             req.wait()
 
 
+def send_link(t: torch.Tensor, link: Any, peer: int, tag: int) -> None:
+    """Send a host tensor to ``peer`` (its rank in the link) over a link between the trainer's and the rollout's
+    ranks (:mod:`.job`: a gloo group of its own, outside both sides' worlds); returns once it is sent."""
+    _check_host(t, "send_link")
+    link.send([t], peer, tag).wait()
+
+
+def recv_link(t: torch.Tensor, link: Any, peer: int, tag: int) -> torch.Tensor:
+    """Receive into a host tensor from ``peer`` over a link (:func:`send_link`); returns it."""
+    _check_host(t, "recv_link")
+    link.recv([t], peer, tag).wait()
+    return t
+
+
 def barrier(group: dist.ProcessGroup | None = None) -> None:
     """Wait for every rank of ``group``: a one-integer host all-reduce (gloo: no device, no NCCL watchdog)."""
     if _world(group) > 1:
@@ -331,5 +345,5 @@ __all__ = [
     "CommPolicyError", "all_gather_device", "all_gather_host", "all_gather_object", "all_reduce_device",
     "all_reduce_host", "as_device", "as_host", "backend_for", "barrier", "broadcast_device", "broadcast_host",
     "broadcast_object", "compute_device", "device_empty", "device_zeros", "enable_strict", "exchange_host",
-    "host_empty", "host_zeros", "place_of", "reduce_scatter_device", "to_host",
+    "host_empty", "host_zeros", "place_of", "recv_link", "reduce_scatter_device", "send_link", "to_host",
 ]

@@ -19,6 +19,7 @@ TOOL_PARSER_FORMATS: tuple[str, ...] = ("hermes", "qwen2_5", "qwen", "llama3_jso
 ENGINES: tuple[str, ...] = ENGINE_NAMES
 """``rollout.name``'s values: the engine table's names (``rollout/engines/registry.py``)."""
 EngineName = Literal[ENGINE_NAMES]  # type: ignore[valid-type]  # the table's names, as the loader's choices
+Placement = Literal["colocated", "separate"]
 TOOL_EXECUTORS: tuple[str, ...] = ("local", "ray")
 
 
@@ -340,6 +341,19 @@ class RolloutConfig:
     """Ranks per rollout engine: groups of this many consecutive ranks share one engine (on the group's
     first rank, which also runs the tools), so world_size / this = engines, independent of training TP/PP/CP.
     SGLang shards the model over the group's GPUs; the transformers engine is not sharded."""
+    placement: Placement = "colocated"
+    """Where the engines run. ``colocated``: on the trainer's ranks, which train and generate in turn (the engine
+    sleeps while the model trains). ``separate``: on ``rollout_ranks`` ranks of their own, the job's last ones;
+    they generate continuously while the trainer's ranks train, receive each new version of the weights between
+    rounds, and stream finished groups to the trainer (docs/placement.md)."""
+    rollout_ranks: int = 0
+    """``separate``: how many of the job's ranks generate (the last ones; a multiple of
+    ``tensor_model_parallel_size``); the rest train. 0 under ``colocated``."""
+    max_staleness: int = 1
+    """``separate``: most weight versions between a token's sampling and its training. The rollout ranks produce
+    step ``s`` once the trainer has asked for step ``s - max_staleness``, so 1 overlaps each step's training with
+    the next step's generation; under partial rollouts a session reaching the bound runs unbudgeted (never
+    dropped)."""
     gpu_memory_utilization: float = 0.5
     """GPU memory the engine may hold while it rolls out, per engine. ``vllm``: the fraction of the GPU's *total*
     memory for its weights, activations and KV cache (vLLM's ``gpu_memory_utilization``); vLLM refuses to start
@@ -415,6 +429,22 @@ class RolloutConfig:
             "an agent program (rollout.agent) runs its own tools and users: unset rollout.multi_turn.tool_config_path "
             "and interaction_config_path",
         )
+        require(self.placement in ("colocated", "separate"), "rollout.placement",
+                f"unknown placement {self.placement!r}: use colocated or separate")
+        if self.placement == "colocated":
+            require(self.rollout_ranks == 0, "rollout.rollout_ranks",
+                    f"={self.rollout_ranks} but rollout.placement=colocated runs the engines on the trainer's ranks: "
+                    "set 0, or rollout.placement=separate")
+        else:
+            tp = self.tensor_model_parallel_size
+            require(self.rollout_ranks >= 1 and self.rollout_ranks % tp == 0, "rollout.rollout_ranks",
+                    f"={self.rollout_ranks} under rollout.placement=separate: give a positive multiple of "
+                    f"rollout.tensor_model_parallel_size={tp}")
+            require(self.max_staleness >= 1, "rollout.max_staleness",
+                    f"must be >= 1 under rollout.placement=separate (1: the next step generates while this one "
+                    f"trains), got {self.max_staleness}")
+            require(self.partial_rollout.max_staleness is None, "rollout.partial_rollout.max_staleness",
+                    "under rollout.placement=separate the bound is rollout.max_staleness: unset this one")
         require(
             0 < self.gpu_memory_utilization <= 1,
             "rollout.gpu_memory_utilization",

@@ -275,6 +275,7 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     """
     from mcore_agentic.algorithms.kl import build_kl_controller
     from mcore_agentic.feed import build_feed
+    from mcore_agentic.parallel.job import job_links, job_split
     from mcore_agentic.sharding.transports import WeightVersion
 
     ensure_model(cfg)
@@ -285,7 +286,8 @@ def build_components(cfg: RLConfig, layout: Any, sizes: BatchSizes) -> Component
     timer, gpu = build_timer(cfg)
     version = WeightVersion()  # the weight sync's: the version the engine holds, which the feed records on tokens
     feed = build_feed(feed_settings(cfg, sizes), data=cfg.data, reward=cfg.reward, seed=cfg.seed, layout=layout,
-                      tokenizer=tokenizer, spec=spec, timer=timer, version=lambda: version.value)
+                      tokenizer=tokenizer, spec=spec, timer=timer, version=lambda: version.value, split=job_split(),
+                      links=job_links())
     steps = total_steps(cfg, feed.batches_per_epoch)
     # A rollout group's other ranks wait for its leader's engine (SGLang's schedulers on their GPUs measure the
     # free memory as they start) before they build models there.

@@ -94,6 +94,20 @@ def _val_accuracy(metrics_path: Path) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r["val/reward/accuracy"])) for r in rows if isinstance(r.get("val/reward/accuracy"), float)]
 
 
+def split_job(cfg: Any) -> Any:
+    """Under ``rollout.placement=separate``, this rank's :class:`~mcore_agentic.parallel.job.JobSplit`, the job split
+    here unless the launcher did; None for a colocated run."""
+    if cfg.rollout.placement != "separate":
+        return None
+    from mcore_agentic.parallel.job import init_job, job_split, split_from_env
+
+    split = job_split()
+    if split is None:
+        split = split_from_env(cfg.rollout.rollout_ranks, cfg.rollout.tensor_model_parallel_size)
+        init_job(split, cfg.trainer.dist_timeout_minutes)
+    return split
+
+
 def run(cfg: Any, layout: Any = None) -> RunSummary:
     """Train per ``cfg`` (an :class:`RLConfig` or a composed Hydra config) on every rank; return the summary.
 
@@ -114,8 +128,16 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
 
     cfg = cfg if isinstance(cfg, RLConfig) else load_config(cfg)
     start = time.perf_counter()
+    split = split_job(cfg)
+    if split is not None and split.is_rollout:  # separate placement: this rank generates for the trainer's ranks
+        from mcore_agentic.parallel.job import job_links
+        from mcore_agentic.trainer.rollout_rank import serve_rollout_rank
+
+        serve_rollout_rank(cfg, split, job_links())
+        return RunSummary(steps=0, seconds=time.perf_counter() - start, first_rewards=[], last_rewards=[])
     layout = layout if layout is not None else current_layout(cfg)
-    sizes = validate(cfg, layout.world_size, local_world_size=local_world_size(layout.world_size))
+    job_world = split.world_size if split is not None else layout.world_size
+    sizes = validate(cfg, job_world, local_world_size=local_world_size(job_world))
     components = build_components(cfg, layout, sizes)
     tracker = Tracker.from_config(cfg.trainer, config=to_dict(cfg))
     rank0 = layout.rank == 0
@@ -135,6 +157,10 @@ def run(cfg: Any, layout: Any = None) -> RunSummary:
         # the trainer's world still exists).
         trainer.close()
         tracker.close()
+        if split is not None and rank0:  # a rollout group's other ranks wait for this
+            from mcore_agentic.trainer.rollout_rank import mark_job_end
+
+            mark_job_end()
     if complete is not None:
         comm.barrier()
         if rank0:

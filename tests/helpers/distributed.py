@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any, env: dict,
-            on_gpus: bool) -> None:
+            on_gpus: bool, initialise: bool = True) -> None:
     os.environ.clear()
     os.environ.update(env)  # the caller's environment now, as a spawned rank would have it (not the server's)
     os.environ.update(
@@ -67,7 +67,8 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
         # The launcher's mixed cpu:gloo,cuda:nccl where every rank has a GPU of its own (GPU tests), else gloo.
         if on_gpus:
             torch.cuda.set_device(rank)
-        dist.init_process_group(comm.backend_for("cuda" if on_gpus else "cpu"), rank=rank, world_size=world_size)
+        if initialise:  # else the body makes its own groups (a job split into trainer and rollout ranks)
+            dist.init_process_group(comm.backend_for("cuda" if on_gpus else "cpu"), rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
         # Pickled here, by value: the queue's own pickler would share a tensor's storage by a file descriptor that
         # the parent fetches from this process, which may have exited by then ("Connection reset by peer").
@@ -121,15 +122,18 @@ def _cuda_hidden(hide: bool) -> Iterator[None]:
             os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
-def run_distributed(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float = 540.0) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank."""
+def run_distributed(fn: Callable, world_size: int = 2, args: tuple = (), timeout: float = 540.0, *,
+                    initialise: bool = True) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank. ``initialise``
+    False: the body initialises torch.distributed itself (from the environment's ``RANK``/``WORLD_SIZE``)."""
     ctx = _context()
     queue = ctx.SimpleQueue()
     port = free_port()
     on_gpus = ranks_on_gpus(world_size)
     env = dict(os.environ) if on_gpus else {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, env, on_gpus), daemon=False)
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, env, on_gpus, initialise),
+                    daemon=False)
         for r in range(world_size)
     ]
     with _cuda_hidden(not on_gpus):

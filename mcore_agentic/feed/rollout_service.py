@@ -1,0 +1,205 @@
+"""A rollout rank's loop under separate placement (``rollout.placement=separate``): generate continuously, load new
+weights between rounds, answer the trainer's requests.
+
+The rank runs a colocated run's feed over a world of its own (its engine, tools, prompts and schedule: fresh or
+partial rounds, the filter), drawing its engine's share of every prompt batch (the groups a colocated run's
+rollout group ``k`` of ``E`` would draw, with the same seeds). One thread reads the ``down`` link
+(:mod:`mcore_agentic.parallel.job`) into an inbox; the loop:
+
+1. takes what arrived: a version's buckets are staged and loaded together when its ``WEIGHTS`` comes (the engine
+   never samples from half a version); requests are noted;
+2. answers a ``VALIDATE`` at once (greedy rollout of its share of the validation rows with the weights it holds);
+3. answers the oldest ``WANT`` whose rows are ready (``ROWS``, :mod:`.wire`); on a dump step it keeps the rows
+   (with their messages and tool I/O) until the trainer's values come back (``DUMP``), then writes the dump;
+4. else generates the next step while ``step <= last wanted + rollout.max_staleness``: with 1, step ``s + 1``
+   generates while the trainer trains step ``s`` (with the weights of step ``s``, so its tokens are one version
+   old when trained). Under partial rollouts new weights load between its rounds, mid-step (the rounds' sessions
+   go on from their exact ids; each token keeps the version that sampled it);
+5. else waits for the next message.
+
+Nothing here blocks the generation on the trainer: the weights arrive on the reading thread while rounds run. A
+failure answers the trainer's next request with ``FAILED`` and the error line (the trainer stops with it).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import traceback
+from collections import deque
+from typing import Any
+
+from mcore_agentic.feed import wire
+from mcore_agentic.feed.feed import Feed
+from mcore_agentic.feed.rounds import Rollout
+from mcore_agentic.feed.scoring import rollout_stats
+from mcore_agentic.utils.timing import timer
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutService:
+    """One engine's rank serving the trainer (module docstring)."""
+
+    def __init__(self, feed: Feed, links: Any, *, max_staleness: int):
+        self.feed = feed
+        self.links = links
+        self.max_staleness = max_staleness
+        self.engine = feed.engine
+        self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, name="rollout-link", daemon=True)
+        self.staged: list[list[tuple[str, Any]]] = []
+        self.loaded = False
+        self.wants: deque[tuple[int, int]] = deque()
+        """(step, the trainer's version) asked for and not yet answered, oldest first."""
+        self.validations: deque[int] = deque()
+        self.ready: dict[int, Rollout] = {}
+        self.dumping: dict[int, tuple[Any, int]] = {}
+        """A dump step's rows (tagged, with their objects) and version, until the trainer's values come back."""
+        self.next_step: int | None = None
+        self.last_want: tuple[int, int] | None = None
+        self.stopped = False
+        self.updates = 0
+        self.load_s = 0.0
+        feed.roller.between_rounds = self.take_arrivals
+        feed.roller.target_version = self.target_version
+
+    # ------------------------------------------------------------------ the link
+    def _read(self) -> None:
+        """The reading thread: the ``down`` link into the inbox, until ``STOP`` (or the link fails)."""
+        try:
+            while True:
+                head = wire.recv_header(self.links, 0, up=False)
+                kind = head[0]
+                if kind == wire.BUCKET:
+                    self.inbox.put(("bucket", head[4], wire.recv_bucket(self.links, head)))
+                elif kind == wire.DUMP:
+                    self.inbox.put(("dump", head[1], wire.recv_returned(self.links, head)))
+                elif kind == wire.STOP:
+                    self.inbox.put(("stop",))
+                    return
+                else:
+                    self.inbox.put((kind, head[1], head[2]))
+        except Exception as exc:  # noqa: BLE001 -- the trainer is gone: stop serving
+            self.inbox.put(("lost", repr(exc)))
+
+    def take_arrivals(self, block: bool = False) -> None:
+        """Handle what the reading thread queued (one message at least when ``block``)."""
+        while True:
+            try:
+                item = self.inbox.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            self._handle(item)
+
+    def _handle(self, item: tuple[Any, ...]) -> None:
+        kind = item[0]
+        if kind == "bucket":
+            self.staged.append(item[2])
+        elif kind == wire.WEIGHTS:
+            self._load(int(item[1]))
+        elif kind == wire.WANT:
+            step, version = int(item[1]), int(item[2])
+            self.wants.append((step, version))
+            self.last_want = (step, version)
+            if self.next_step is None:
+                self.next_step = step
+        elif kind == wire.VALIDATE:
+            self.validations.append(int(item[1]))
+        elif kind == "dump":  # a dump step's return trip: the trainer's values of the rows this rank sent
+            rows, version = self.dumping.pop(int(item[1]))
+            self.feed.dump([rows], "train", int(item[1]), version, item[2])
+        elif kind == "stop":
+            self.stopped = True
+        elif kind == "lost":
+            logger.error("rollout rank: the link to the trainer failed (%s); stopping", item[1])
+            self.stopped = True
+
+    def _load(self, version: int) -> None:
+        """The staged buckets into the engine, then the version (between rounds: nothing is sampling)."""
+        spent: dict[str, float] = {}
+        with timer("load", spent):
+            for bucket in self.staged:
+                self.engine.update_weights(bucket, version=version)
+            self.engine.finish_weight_update(version)
+        self.staged = []
+        self.loaded = True
+        self.updates += 1
+        self.load_s += spent["load"]
+
+    def target_version(self, step: int) -> int:
+        """The version the trainer will hold when it trains ``step``: one update a step from the last it asked for."""
+        if self.last_want is None:
+            return int(self.engine.weight_version)
+        asked, version = self.last_want
+        return version + max(0, step - asked)
+
+    # ------------------------------------------------------------------ the loop
+    def serve(self) -> None:
+        """Serve until the trainer says ``STOP``."""
+        self.reader.start()
+        while True:
+            self.take_arrivals()
+            if self.stopped:
+                return
+            try:
+                if self.validations:
+                    self._validate(self.validations.popleft())
+                elif self.wants and self.wants[0][0] in self.ready:
+                    self._answer(self.wants.popleft()[0])
+                elif self._may_generate():
+                    step = self.next_step
+                    assert step is not None
+                    self.ready[step] = self.feed.roll_out(step)
+                    self.next_step = step + 1
+                else:
+                    self.take_arrivals(block=True)
+            except Exception as exc:  # noqa: BLE001 -- said to the trainer, which stops the run with it
+                logger.error("rollout rank failed:\n%s", traceback.format_exc())
+                self._fail(exc)
+                return
+
+    def _may_generate(self) -> bool:
+        if not self.loaded or self.next_step is None or self.last_want is None:
+            return False
+        return self.next_step <= self.last_want[0] + self.max_staleness and self.next_step not in self.ready
+
+    def _answer(self, step: int) -> None:
+        rollout = self.ready.pop(step)
+        feed = self.feed
+        p = feed.roller.placement
+        rows = feed.tagged(rollout.rows, 0) if rollout.rows is not None else None
+        stats = rollout_stats(rollout.generated, prefix_cache=rollout.prefix_cache)
+        metrics = dict(rollout.metrics)
+        metrics["rollout/streamed_groups"] = float(rollout.group_rows[p.group_index] // feed.settings.rollout.n)
+        metrics["rollout/weight_loads"] = float(self.updates)
+        metrics["timing_s/rollout_weight_load"] = self.load_s
+        self.updates, self.load_s = 0, 0.0
+        d = feed.settings.dumps
+        if d is not None and rows is not None and step % d.freq == 0:
+            self.dumping[step] = (rows, rollout.version)
+        wire.send_reply(self.links, wire.ROWS, step, rows=rows, fields=feed.settings.fields,
+                        routing_shape=feed.routing_shape, stats=stats, metrics=metrics)
+
+    def _validate(self, step: int) -> None:
+        val = self.feed.roll_out_validation(step)
+        if val.scored:
+            self.feed.report(val.scored, step, "val")
+            if self.feed.dump_writer is not None:
+                self.feed.dump(val.scored, "val", step, int(self.engine.weight_version))
+        wire.send_reply(self.links, wire.VALIDATION, step, stats=rollout_stats(val.scored))
+
+    def _fail(self, exc: BaseException) -> None:
+        """Answer the trainer's outstanding (or next) request with the error, so it stops instead of waiting."""
+        line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        while not (self.wants or self.validations or self.stopped):
+            self.take_arrivals(block=True)
+        if self.stopped:
+            return
+        step = self.validations[0] if self.validations else self.wants[0][0]
+        wire.send_reply(self.links, wire.FAILED, step, error=line)
+
+
+__all__ = ["RolloutService"]

@@ -1,0 +1,98 @@
+"""A rollout rank's run under separate placement (``rollout.placement=separate``): build its feed, serve the trainer.
+
+The composition root of the job's other side (:mod:`mcore_agentic.parallel.job`): no Megatron, no worker. An engine's
+rank builds the model spec and tokenizer as the trainer does, its feed (engine, tools, prompts, reward) and
+serves until the trainer stops it (:class:`~mcore_agentic.feed.RolloutService`); a rollout group's other ranks
+(an engine of rollout TP > 1 spans their GPUs) wait until the trainer's rank 0 marks the job done.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DONE_KEY = "mcore_agentic/separate_placement_done"
+MODEL_WAIT_S = 600.0
+
+
+def wait_for_model(path: str | Path, timeout_s: float = MODEL_WAIT_S) -> None:
+    """A missing embedded tiny model is written by the trainer's rank 0 (``ensure_model``): wait for it here."""
+    config = Path(path) / "config.json"
+    deadline = time.monotonic() + timeout_s
+    while not config.is_file():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{config} did not appear within {timeout_s:.0f} s (the trainer's rank 0 writes it)")
+        time.sleep(0.2)
+
+
+def serve_rollout_rank(cfg: Any, split: Any, links: Any) -> None:
+    """Run this rollout rank until the trainer says stop (every rollout rank calls it, SPMD)."""
+    from mcore_agentic.config.rules import validate
+    from mcore_agentic.feed import RolloutService, build_feed
+    from mcore_agentic.trainer.build import build_timer, build_tokenizer, feed_settings, model_spec
+
+    if not split.leads_engine:  # its GPU belongs to its group's engine; nothing to do until the job ends
+        _wait_for_job_end(cfg)
+        return
+    wait_for_model(cfg.model.model_path)
+    sizes = validate(cfg, split.world_size)
+    tokenizer = build_tokenizer(cfg.model.model_path)
+    spec = model_spec(cfg, vocab_size=len(tokenizer))
+    timer, _ = build_timer(cfg)
+    feed = build_feed(feed_settings(cfg, sizes), data=cfg.data, reward=cfg.reward, seed=cfg.seed, layout=_Solo(),
+                      tokenizer=tokenizer, spec=spec, timer=timer, version=lambda: 0, split=split, links=links)
+    feed.engine.resume_memory()
+    feed.start()
+    logger.info("rollout rank %d: engine %d of %d serving the trainer", split.rank, split.engine_index, split.engines)
+    try:
+        RolloutService(feed, links, max_staleness=cfg.rollout.max_staleness).serve()
+    finally:
+        feed.close()
+
+
+class _Solo:
+    """The layout of a rollout rank's feed: a world of one (its rounds and statistics are its own)."""
+
+    world_size = 1
+    rank = 0
+    data_parallel_size = 1
+
+
+def mark_job_end() -> None:
+    """The trainer's rank 0, at the end of a separate-placement run: release the rollout groups' waiting ranks."""
+    store = _job_store()
+    if store is not None:
+        store.set(DONE_KEY, "1")
+
+
+def _wait_for_job_end(cfg: Any) -> None:
+    store = _job_store()
+    if store is None:
+        return
+    while True:
+        try:
+            store.wait([DONE_KEY], timedelta(minutes=cfg.trainer.dist_timeout_minutes))
+            return
+        except Exception as exc:  # noqa: BLE001 -- a timeout: the run goes on; anything else: the job is gone
+            if "timeout" not in str(exc).lower():
+                return
+
+
+def _job_store() -> Any:
+    import os
+
+    import torch.distributed as dist
+
+    try:
+        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                             timeout=timedelta(seconds=30))
+    except Exception:  # noqa: BLE001 -- no job store reachable (a test's own world): nothing to wait on
+        return None
+
+
+__all__ = ["mark_job_end", "serve_rollout_rank", "wait_for_model"]
