@@ -44,10 +44,10 @@ STEP_KEYS = (
 )
 
 
-def launch(overrides: list[str], *, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc_per_node 2 launch/pretrain_rl.py <overrides>`` from the repo root."""
+def launch(overrides: list[str], *, timeout: float = 300, nproc: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node <nproc> launch/pretrain_rl.py <overrides>`` from the repo root."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "launch/pretrain_rl.py", *overrides]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -1,0 +1,53 @@
+"""Separate placement end to end (``rollout.placement=separate``): a torchrun job of 4 ranks, 2 training (DP=2) and 2
+generating (two transformers engines), on the shortened default job, with partial rollouts under a 12-token budget
+(sessions pause mid-turn and the weights that arrive meanwhile load between rounds) and ``max_staleness=2``.
+
+What must hold: every step trains rows no older than the bound (the rollout ranks run ahead of the trainer, so some
+are older than the trainer's weights); every trained row is a distinct request, dumped once on its engine's rank with
+the trainer's values (the return trip over the link); validation runs on both engines; the run exits 0 and the
+rollout ranks stop with it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mcore_agentic.feed.rollout_dump import read_dump
+from tests.e2e.test_default_job import job_overrides, launch, read_rows
+
+SEPARATE = [
+    "rollout.placement=separate", "rollout.rollout_ranks=2", "rollout.max_staleness=2",
+    "rollout.partial_rollout.enable=true", "rollout.partial_rollout.max_tokens_per_step=12",
+    "trainer.logger=[jsonl]", "trainer.progress_bar=false", "trainer.plot_at_end=false", "trainer.save_freq=-1",
+    "trainer.rollout_data_freq=1",
+]
+PROMPTS, N, STEPS = 4, 2, 3
+
+
+@pytest.mark.timeout(600)
+def test_two_trainer_ranks_train_what_two_engine_ranks_stream(tmp_path: Path) -> None:
+    dumps = tmp_path / "rollouts"
+    result = launch(job_overrides(tmp_path, [*SEPARATE, f"trainer.rollout_data_dir={dumps}"]), nproc=4)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    rows = read_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert sorted(s for s in rows if s) == [1, 2, 3]
+    ages = [rows[s]["rollout/staleness_max"] for s in (1, 2, 3)]
+    assert max(ages) <= 2 and max(ages) >= 1, ages  # bounded, and the engines ran ahead of the trainer
+    assert all(rows[s]["rollout/weight_loads"] >= 1 for s in (2, 3))
+    assert max(rows[s]["rollout/partial_paused_mid_turn"] for s in (1, 2, 3)) > 0  # the budget cut turns
+    assert "val/reward/mean" in rows[2]
+
+    table = read_dump(dumps).to_pylist()
+    train = [r for r in table if r["split"] == "train"]
+    assert len(train) == STEPS * PROMPTS * N
+    assert len({r["request_id"] for r in train}) == len(train)  # nothing trained twice
+    assert {r["group"] for r in train} == {0, 1}  # each engine dumps its own rows
+    for r in train:  # the trainer's values came back over the link, one per response token
+        assert r["old_log_probs"] is not None and len(r["old_log_probs"]) == len(r["response_ids"])
+        assert r["advantages"] is not None and len(r["advantages"]) == len(r["response_ids"])
+    val = [r for r in table if r["split"] == "val"]
+    val_steps = sorted({r["step"] for r in val})
+    assert val_steps == [s for s in (1, 2, 3) if "val/reward/mean" in rows[s]]
+    assert len(val) == 8 * len(val_steps) and {r["group"] for r in val} == {0, 1}  # 8 prompts over both engines
