@@ -51,3 +51,18 @@ def test_two_trainer_ranks_train_what_two_engine_ranks_stream(tmp_path: Path) ->
     val_steps = sorted({r["step"] for r in val})
     assert val_steps == [s for s in (1, 2, 3) if "val/reward/mean" in rows[s]]
     assert len(val) == 8 * len(val_steps) and {r["group"] for r in val} == {0, 1}  # 8 prompts over both engines
+
+
+@pytest.mark.timeout(600)
+def test_a_vllm_engine_rank_samples_with_the_trainers_weights(tmp_path: Path) -> None:
+    """3 ranks, 2 training and vLLM's CPU build on the third, fresh rounds: step 1's rows were sampled with the
+    weights the trainer trains them with (its recomputed log-probs equal the engine's), later steps' one version
+    older (the engine generated step s+1 while the trainer trained step s)."""
+    overrides = ["rollout.placement=separate", "rollout.rollout_ranks=1", "rollout.name=vllm",
+                 "trainer.logger=[jsonl]", "trainer.progress_bar=false", "trainer.plot_at_end=false",
+                 "trainer.save_freq=-1", "trainer.test_freq=-1"]
+    result = launch(job_overrides(tmp_path, overrides), nproc=3)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    rows = read_rows(tmp_path / "logs" / "metrics.jsonl")
+    assert rows[1]["rollout/staleness_max"] == 0 and rows[1]["rollout/logprob_diff_max"] < 1e-4
+    assert [rows[s]["rollout/staleness_max"] for s in (2, 3)] == [1.0, 1.0]
