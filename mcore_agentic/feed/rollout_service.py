@@ -17,6 +17,11 @@ rollout group ``k`` of ``E`` would draw, with the same seeds). One thread reads 
    go on from their exact ids; each token keeps the version that sampled it);
 5. else waits for the next message.
 
+A checkpoint's ``SAVE`` (and a resume's ``RESTORE``) is handled at the loop's next turn, never between two rounds of
+a step: the rank writes its prompts' position, the steps it generated ahead of the trainer (with their rows'
+objects) and its schedule's groups in flight into the trainer's checkpoint (``rollout_ranks/``), so a resumed run
+answers each step with the rows the uninterrupted run trained.
+
 Nothing here blocks the generation on the trainer: the weights arrive on the reading thread while rounds run. A
 failure answers the trainer's next request with ``FAILED`` and the error line (the trainer stops with it).
 """
@@ -24,10 +29,12 @@ failure answers the trainer's next request with ``FAILED`` and the error line (t
 from __future__ import annotations
 
 import logging
+import pickle
 import queue
 import threading
 import traceback
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from mcore_agentic.feed import wire
@@ -54,6 +61,7 @@ class RolloutService:
         self.wants: deque[tuple[int, int]] = deque()
         """(step, the trainer's version) asked for and not yet answered, oldest first."""
         self.validations: deque[int] = deque()
+        self.checkpoints: deque[tuple[Any, ...]] = deque()
         self.ready: dict[int, Rollout] = {}
         self.dumping: dict[int, tuple[Any, int]] = {}
         """A dump step's rows (tagged, with their objects) and version, until the trainer's values come back."""
@@ -76,6 +84,8 @@ class RolloutService:
                     self.inbox.put(("bucket", head[4], wire.recv_bucket(self.links, head)))
                 elif kind == wire.DUMP:
                     self.inbox.put(("dump", head[1], wire.recv_returned(self.links, head)))
+                elif kind in (wire.SAVE, wire.RESTORE):
+                    self.inbox.put((kind, head[1], wire.recv_path(self.links, head)))
                 elif kind == wire.STOP:
                     self.inbox.put(("stop",))
                     return
@@ -108,6 +118,8 @@ class RolloutService:
                 self.next_step = step
         elif kind == wire.VALIDATE:
             self.validations.append(int(item[1]))
+        elif kind in (wire.SAVE, wire.RESTORE):  # at the loop's next turn, never between two rounds of a step
+            self.checkpoints.append(item)
         elif kind == "dump":  # a dump step's return trip: the trainer's values of the rows this rank sent
             rows, version = self.dumping.pop(int(item[1]))
             self.feed.dump([rows], "train", int(item[1]), version, item[2])
@@ -145,7 +157,9 @@ class RolloutService:
             if self.stopped:
                 return
             try:
-                if self.validations:
+                if self.checkpoints:
+                    self._checkpoint(*self.checkpoints.popleft())
+                elif self.validations:
                     self._validate(self.validations.popleft())
                 elif self.wants and self.wants[0][0] in self.ready:
                     self._answer(self.wants.popleft()[0])
@@ -191,14 +205,39 @@ class RolloutService:
                 self.feed.dump(val.scored, "val", step, int(self.engine.weight_version))
         wire.send_reply(self.links, wire.VALIDATION, step, stats=rollout_stats(val.scored))
 
+    def _checkpoint(self, kind: int, step: int, path: str) -> None:
+        """SAVE: this rank's part of the trainer's checkpoint under ``path`` (its prompts' position, the steps it
+        generated ahead and has not answered, its schedule's groups in flight, where its generation stands);
+        RESTORE: read it back, so the resumed run answers what the uninterrupted one would have."""
+        directory = Path(path)
+        k = self.feed.roller.placement.group_index
+        state_file = directory / f"engine_{k:05d}.pkl"
+        writers, readers = self.feed.checkpoint_parts()
+        if kind == wire.SAVE:
+            for name, write in writers.items():
+                (directory / name).mkdir(parents=True, exist_ok=True)
+                write(directory / name)
+            state = {"loader": self.feed.loader_state(), "ready": self.ready, "next_step": self.next_step,
+                     "last_want": self.last_want}
+            state_file.write_bytes(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+        else:
+            state = pickle.loads(state_file.read_bytes())  # noqa: S301 -- the run's own checkpoint (manifested)
+            for name, read in readers.items():
+                read(directory / name)
+            self.feed.load_loader_state(state["loader"])
+            self.feed.start()
+            self.ready, self.next_step, self.last_want = state["ready"], state["next_step"], state["last_want"]
+        wire.send_reply(self.links, wire.SAVED, step)
+
     def _fail(self, exc: BaseException) -> None:
         """Answer the trainer's outstanding (or next) request with the error, so it stops instead of waiting."""
         line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
-        while not (self.wants or self.validations or self.stopped):
+        while not (self.wants or self.validations or self.checkpoints or self.stopped):
             self.take_arrivals(block=True)
         if self.stopped:
             return
-        step = self.validations[0] if self.validations else self.wants[0][0]
+        step = (self.checkpoints[0][1] if self.checkpoints else self.validations[0] if self.validations
+                else self.wants[0][0])
         wire.send_reply(self.links, wire.FAILED, step, error=line)
 
 

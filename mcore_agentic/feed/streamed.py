@@ -78,6 +78,12 @@ class Remote:
             wire.send_returned(self.links, k, step, {f: v[at : at + n] for f, v in returned.items()})
             at += n
 
+    def checkpoint(self, kind: int, step: int, directory: Any) -> None:
+        """Every engine writes (SAVE) or reads (RESTORE) its part under ``directory``; returns once all have."""
+        for k in self.peers:
+            wire.send_path(self.links, k, kind, step, str(directory))
+        self.answers(wire.SAVED, step)
+
     def stop(self) -> None:
         self.send(wire.STOP)
 
@@ -156,7 +162,17 @@ class StreamedRounds:
         return {}
 
     def checkpoint_parts(self) -> tuple[dict[str, Callable[[Any], None]], dict[str, Callable[[Any], None]]]:
-        return {}, {}
+        """``rollout_ranks/``: what each engine's rank holds (its prompts' position, the steps it generated ahead,
+        its groups in flight), written and read by the rollout ranks themselves."""
+        return {"rollout_ranks": self._save}, {"rollout_ranks": self._load}
+
+    def _save(self, directory: Any) -> None:
+        if self.remote is not None:
+            self.remote.checkpoint(wire.SAVE, self.version(), directory)
+
+    def _load(self, directory: Any) -> None:
+        if self.remote is not None:
+            self.remote.checkpoint(wire.RESTORE, self.version(), directory)
 
     def close(self) -> None:
         if self.remote is not None:

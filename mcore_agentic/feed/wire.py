@@ -16,11 +16,14 @@ VALIDATE    step                                         nothing: the trainer wa
 DUMP        step, rows, fields, name bytes                the rows' response lengths (int64), the trainer's
                                                          per-token values (float32, row by row, field by field),
                                                          the field names: a dump step's return trip
+SAVE        step, path bytes                             the checkpoint part's directory (utf-8): write what
+                                                         this rank holds there, answer SAVED
+RESTORE     step, path bytes                             the same: read it back (a resume), answer SAVED
 STOP        —                                            nothing
 ==========  ===========================================  ======================================================
 
 up (each engine -> trainer): ROWS (the step's scored rows as the exchange packs them: lengths, int64 and float32
-buffers, the field set being the run's), VALIDATION (statistics only) or FAILED (the rollout rank's error line),
+buffers, the field set being the run's), VALIDATION (statistics only), SAVED or FAILED (the rollout rank's error line),
 each with the statistics (:class:`~mcore_agentic.parallel.stats.Stats`: names, sums, counts, maxima, minima) and
 the schedule's metrics (names, values).
 """
@@ -37,9 +40,10 @@ from mcore_agentic.feed.distribute import pack_rows
 from mcore_agentic.parallel import comm
 from mcore_agentic.parallel.stats import Stats
 
-BUCKET, WEIGHTS, WANT, VALIDATE, STOP, DUMP = 1, 2, 3, 4, 5, 6
-ROWS, VALIDATION, FAILED = 11, 12, 13
-DOWN_KINDS = {BUCKET: "BUCKET", WEIGHTS: "WEIGHTS", WANT: "WANT", VALIDATE: "VALIDATE", STOP: "STOP", DUMP: "DUMP"}
+BUCKET, WEIGHTS, WANT, VALIDATE, STOP, DUMP, SAVE, RESTORE = 1, 2, 3, 4, 5, 6, 7, 8
+ROWS, VALIDATION, FAILED, SAVED = 11, 12, 13, 14
+DOWN_KINDS = {BUCKET: "BUCKET", WEIGHTS: "WEIGHTS", WANT: "WANT", VALIDATE: "VALIDATE", STOP: "STOP", DUMP: "DUMP",
+              SAVE: "SAVE", RESTORE: "RESTORE"}
 HEADER = 8
 """int64 values in a header (its kind first)."""
 MAX_DIMS = 8
@@ -115,6 +119,17 @@ def recv_bucket(links: object, header: Sequence[int]) -> list[tuple[str, torch.T
         out.append((name, data[at : at + size].clone().view(dtype).reshape(shape)))  # its own, aligned storage
         at += size
     return out
+
+
+def send_path(links: object, peer: int, kind: int, step: int, path: str) -> None:
+    """A SAVE or RESTORE: the checkpoint part's directory."""
+    text = _bytes(path)
+    send_header(links, peer, kind, step, text.numel(), up=False)
+    _send(links, text, peer, 1, up=False)
+
+
+def recv_path(links: object, header: Sequence[int]) -> str:
+    return _text(_recv(links, header[2], torch.uint8, 0, 1, up=False))
 
 
 # ----------------------------------------------------------------------------------- a dump step's return trip
@@ -221,6 +236,6 @@ def merge_stats(parts: Sequence[Stats], into: Stats) -> Stats:
     return into
 
 
-__all__ = ["BUCKET", "DUMP", "FAILED", "ROWS", "Reply", "STOP", "VALIDATE", "VALIDATION", "WANT", "WEIGHTS",
-           "merge_stats", "recv_bucket", "recv_header", "recv_reply", "recv_returned", "send_bucket", "send_header",
-           "send_reply", "send_returned"]
+__all__ = ["BUCKET", "DUMP", "FAILED", "RESTORE", "ROWS", "Reply", "SAVE", "SAVED", "STOP", "VALIDATE", "VALIDATION",
+           "WANT", "WEIGHTS", "merge_stats", "recv_bucket", "recv_header", "recv_path", "recv_reply", "recv_returned",
+           "send_bucket", "send_header", "send_path", "send_reply", "send_returned"]
