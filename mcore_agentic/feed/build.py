@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from mcore_agentic.data.config import DataConfig
 from mcore_agentic.feed.engine import build_rollout_engine
+from mcore_agentic.feed.engine_guard import GuardedEngine
 from mcore_agentic.feed.feed import Feed, Roller
 from mcore_agentic.feed.settings import FeedSettings
 from mcore_agentic.rewards.config import RewardConfig
@@ -91,7 +92,8 @@ def build_feed(settings: FeedSettings, *, data: DataConfig, reward: RewardConfig
     else:
         placement = RolloutPlacement(layout.world_size, layout.rank, rollout.tensor_model_parallel_size)
     engine = build_rollout_engine(rollout, placement, spec, seed=seed)
-    if split is not None:
+    if split is not None:  # watched, so a dead engine is rebuilt under the sources (feed/engine_guard.py)
+        engine = GuardedEngine(engine)
         version = lambda: int(engine.weight_version)  # noqa: E731 -- what this rank's engine loaded
     roller = Roller(settings, placement=placement, engine=engine, tools=tools, interactions=interactions,
                     executor=executor, tokenizer=tokenizer, reward_fn=build_reward_fn(reward), timer=timer,

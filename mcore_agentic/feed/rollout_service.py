@@ -22,6 +22,9 @@ a step: the rank writes its prompts' position, the steps it generated ahead of t
 objects) and its schedule's groups in flight into the trainer's checkpoint (``rollout_ranks/``), so a resumed run
 answers each step with the rows the uninterrupted run trained.
 
+An engine that dies during a step (:mod:`.engine_guard`) is rebuilt with the loaded weights and the step generated
+again from its snapshot (``rollout/engine_restarts``); nothing of it is lost or trained twice.
+
 Nothing here blocks the generation on the trainer: the weights arrive on the reading thread while rounds run. A
 failure answers the trainer's next request with ``FAILED`` and the error line (the trainer stops with it).
 """
@@ -31,9 +34,11 @@ from __future__ import annotations
 import logging
 import pickle
 import queue
+import tempfile
 import threading
 import traceback
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +46,31 @@ from mcore_agentic.feed import wire
 from mcore_agentic.feed.feed import Feed
 from mcore_agentic.feed.rounds import Rollout
 from mcore_agentic.feed.scoring import rollout_stats
+from mcore_agentic.rollout.engines.base import engine_shutdown
 from mcore_agentic.utils.timing import timer
 
 logger = logging.getLogger(__name__)
+
+MAX_RESTARTS = 3
+"""Engine rebuilds one step may take before the run stops with the engine's error."""
 
 
 class RolloutService:
     """One engine's rank serving the trainer (module docstring)."""
 
-    def __init__(self, feed: Feed, links: Any, *, max_staleness: int):
+    def __init__(self, feed: Feed, links: Any, *, max_staleness: int, rebuild: Callable[[], Any] | None = None,
+                 max_restarts: int = MAX_RESTARTS):
         self.feed = feed
         self.links = links
         self.max_staleness = max_staleness
         self.engine = feed.engine
+        """A :class:`~.engine_guard.GuardedEngine` (build_feed's on a rollout rank), or the bare engine."""
+        self.rebuild = rebuild
+        """A fresh engine (its weights loaded here); None: an engine fault fails the run."""
+        self.max_restarts = max_restarts
+        self.current: tuple[int, list[Any]] | None = None
+        """The loaded version and its buckets (host tensors): what a rebuilt engine loads."""
+        self.restarts = 0
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.reader = threading.Thread(target=self._read, name="rollout-link", daemon=True)
         self.staged: list[list[tuple[str, Any]]] = []
@@ -136,6 +153,7 @@ class RolloutService:
             for bucket in self.staged:
                 self.engine.update_weights(bucket, version=version)
             self.engine.finish_weight_update(version)
+        self.current = (version, self.staged)
         self.staged = []
         self.loaded = True
         self.updates += 1
@@ -166,7 +184,7 @@ class RolloutService:
                 elif self._may_generate():
                     step = self.next_step
                     assert step is not None
-                    self.ready[step] = self.feed.roll_out(step)
+                    self.ready[step] = self.produce(step)
                     self.next_step = step + 1
                 else:
                     self.take_arrivals(block=True)
@@ -174,6 +192,60 @@ class RolloutService:
                 logger.error("rollout rank failed:\n%s", traceback.format_exc())
                 self._fail(exc)
                 return
+
+    def produce(self, step: int) -> Rollout:
+        """``step``'s rollout; if the engine died during it, a rebuilt engine (with the loaded weights) generates the
+        step again from where it began (its prompts' position and its schedule's groups in flight, restored), at most
+        ``max_restarts`` times."""
+        if self.rebuild is None or not hasattr(self.engine, "replace"):
+            return self.feed.roll_out(step)
+        fault: BaseException | None = None
+        with tempfile.TemporaryDirectory(prefix="rollout_step_") as tmp:
+            snapshot = self._snapshot(Path(tmp))
+            for attempt in range(self.max_restarts + 1):
+                rollout = self.feed.roll_out(step)
+                fault = self.engine.fault
+                if fault is None:
+                    return rollout
+                if attempt == self.max_restarts:
+                    break
+                logger.warning("rollout engine failed during step %d (%s: %s); rebuilding it and generating the step "
+                               "again from its start", step, type(fault).__name__, fault)
+                self._restart()
+                self._restore(snapshot)
+        raise RuntimeError(f"the rollout engine failed {self.max_restarts + 1} times in step {step}; last: "
+                           f"{type(fault).__name__}: {fault}")
+
+    def _snapshot(self, directory: Path) -> dict[str, Any]:
+        writers, _ = self.feed.checkpoint_parts()
+        for name, write in writers.items():
+            (directory / name).mkdir()
+            write(directory / name)
+        return {"dir": directory, "loader": self.feed.loader_state()}
+
+    def _restore(self, snapshot: dict[str, Any]) -> None:
+        _, readers = self.feed.checkpoint_parts()
+        for name, read in readers.items():
+            read(snapshot["dir"] / name)
+        self.feed.load_loader_state(snapshot["loader"])
+        self.feed.start()
+
+    def _restart(self) -> None:
+        """A new engine in the guard, holding the loaded weights; the dead one shut down (best effort)."""
+        assert self.rebuild is not None
+        engine = self.rebuild()
+        engine.resume_memory()
+        if self.current is not None:
+            version, buckets = self.current
+            for bucket in buckets:
+                engine.update_weights(bucket, version=version)
+            engine.finish_weight_update(version)
+        old = self.engine.replace(engine)
+        try:
+            engine_shutdown(old)
+        except Exception as exc:  # noqa: BLE001 -- it is dead already
+            logger.warning("shutting down the failed rollout engine: %r", exc)
+        self.restarts += 1
 
     def _may_generate(self) -> bool:
         if not self.loaded or self.next_step is None or self.last_want is None:
@@ -189,8 +261,9 @@ class RolloutService:
         metrics = dict(rollout.metrics)
         metrics["rollout/streamed_groups"] = float(rollout.group_rows[p.group_index] // feed.settings.rollout.n)
         metrics["rollout/weight_loads"] = float(self.updates)
+        metrics["rollout/engine_restarts"] = float(self.restarts)
         metrics["timing_s/rollout_weight_load"] = self.load_s
-        self.updates, self.load_s = 0, 0.0
+        self.updates, self.load_s, self.restarts = 0, 0.0, 0
         d = feed.settings.dumps
         if d is not None and rows is not None and step % d.freq == 0:
             self.dumping[step] = (rows, rollout.version)
