@@ -390,7 +390,7 @@ def launch(dict_cfg: DictConfig) -> int:
         from mcore_agentic.models.transformer_impl import use_te_for
 
         use_te_for(cfg.model.transformer_impl)  # TE asked for but missing: one line, before megatron is imported
-        if cfg.rollout.placement == "separate":  # the job's last rollout.rollout_ranks generate, the others train
+        if cfg.rollout.separate:  # the job's last rollout.rollout_ranks generate, the others train
             from mcore_agentic.parallel.job import init_job, split_from_env
 
             split = split_from_env(cfg.rollout.rollout_ranks, cfg.rollout.tensor_model_parallel_size)

@@ -357,7 +357,7 @@ def check_layout(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int |
     require(teacher_tp is None or world_size % teacher_tp == 0, "teacher.tensor_model_parallel_size",
             f"={teacher_tp} does not divide the world size {world_size}: use one of {_divisors(world_size)}")
     rollout_tp = cfg.rollout.tensor_model_parallel_size
-    rollout_world = cfg.rollout.rollout_ranks if cfg.rollout.placement == "separate" else world_size
+    rollout_world = cfg.rollout.rollout_ranks if cfg.rollout.separate else world_size
     check_rollout_groups(rollout_tp, rollout_world, world_size if local_world_size is None else local_world_size)
     engines = rollout_world // rollout_tp
     require(
@@ -371,7 +371,7 @@ def check_layout(cfg: RLConfig, world_size: int, *, model_shape: dict[str, int |
 def trainer_world(cfg: RLConfig, job_world: int) -> int:
     """The ranks that train in a job of ``job_world``: all of them, or those before ``rollout.rollout_ranks`` under
     ``rollout.placement=separate``."""
-    if cfg.rollout.placement != "separate":
+    if not cfg.rollout.separate:
         return job_world
     r = cfg.rollout.rollout_ranks
     require(r < job_world, "rollout.rollout_ranks",
@@ -382,7 +382,7 @@ def trainer_world(cfg: RLConfig, job_world: int) -> int:
 
 def check_separate_placement(cfg: RLConfig) -> None:
     """What separate placement does not do yet, refused in one line each (docs/placement.md)."""
-    if cfg.rollout.placement != "separate":
+    if not cfg.rollout.separate:
         return
     for key in ("param_offload", "grad_offload", "optimizer_offload"):
         require(not getattr(cfg.actor, key, False), f"actor.{key}",

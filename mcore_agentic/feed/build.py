@@ -98,8 +98,10 @@ def build_feed(settings: FeedSettings, *, data: DataConfig, reward: RewardConfig
     roller = Roller(settings, placement=placement, engine=engine, tools=tools, interactions=interactions,
                     executor=executor, tokenizer=tokenizer, reward_fn=build_reward_fn(reward), timer=timer,
                     version=version)
-    return Feed(settings, roller, layout=layout, loader=loader, val_rows=val_rows,
+    feed = Feed(settings, roller, layout=layout, loader=loader, val_rows=val_rows,
                 routing_shape=spec.routing_shape, data_notes=notes)
+    feed.engine_factory = lambda: build_rollout_engine(rollout, placement, spec, seed=seed)
+    return feed
 
 
 def _trainer_feed(settings: FeedSettings, *, layout: Any, loader: Any, val_rows: list[dict[str, Any]], tokenizer: Any,

@@ -196,6 +196,8 @@ class Feed:
         """The trainer's rank 0 under separate placement: the rollout ranks (:class:`~.streamed.Remote`)."""
         self.streams = streams
         """This rank trains rows that rollout ranks generate (separate placement, a trainer rank)."""
+        self.engine_factory: Callable[[], Any] | None = None
+        """A new engine like this rank's (build_feed's; a rollout rank rebuilds a dead engine with it)."""
         d = settings.dumps
         self.dump_writer = DumpWriter(queue_size=d.queue_size, wait_s=d.wait_s) if d and roller.leads else None
         self.failures = FailureReport()  # this leader's, over the run (the end-of-run summary gathers them)

@@ -452,6 +452,11 @@ class RolloutConfig:
         )
 
     @property
+    def separate(self) -> bool:
+        """Whether the engines run on rollout ranks of their own (``placement=separate``)."""
+        return self.placement == "separate"
+
+    @property
     def engine(self) -> EngineKind:
         """The engine table's entry for ``name`` (``rollout/engines/registry.py``)."""
         return engine_kind(self.name)

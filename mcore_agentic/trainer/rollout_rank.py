@@ -33,7 +33,7 @@ def wait_for_model(path: str | Path, timeout_s: float = MODEL_WAIT_S) -> None:
 def serve_rollout_rank(cfg: Any, split: Any, links: Any) -> None:
     """Run this rollout rank until the trainer says stop (every rollout rank calls it, SPMD)."""
     from mcore_agentic.config.rules import validate
-    from mcore_agentic.feed import RolloutService, build_feed, build_rollout_engine
+    from mcore_agentic.feed import RolloutService, build_feed
     from mcore_agentic.trainer.build import build_timer, build_tokenizer, feed_settings, model_spec
 
     if not split.leads_engine:  # its GPU belongs to its group's engine; nothing to do until the job ends
@@ -50,8 +50,7 @@ def serve_rollout_rank(cfg: Any, split: Any, links: Any) -> None:
     feed.start()
     logger.info("rollout rank %d: engine %d of %d serving the trainer", split.rank, split.engine_index, split.engines)
     try:
-        rebuild = lambda: build_rollout_engine(cfg.rollout, feed.roller.placement, spec, seed=cfg.seed)  # noqa: E731
-        RolloutService(feed, links, max_staleness=cfg.rollout.max_staleness, rebuild=rebuild).serve()
+        RolloutService(feed, links, max_staleness=cfg.rollout.max_staleness, rebuild=feed.engine_factory).serve()
     finally:
         feed.close()
 

@@ -97,7 +97,7 @@ def _val_accuracy(metrics_path: Path) -> list[tuple[int, float]]:
 def split_job(cfg: Any) -> Any:
     """Under ``rollout.placement=separate``, this rank's :class:`~mcore_agentic.parallel.job.JobSplit`, the job split
     here unless the launcher did; None for a colocated run."""
-    if cfg.rollout.placement != "separate":
+    if not cfg.rollout.separate:
         return None
     from mcore_agentic.parallel.job import init_job, job_split, split_from_env
 

@@ -36,7 +36,7 @@ class DyingEngine:
 def _service(model_dir: Path, die_at: int | None) -> Any:
     from mcore_agentic.config import compose, load_config
     from mcore_agentic.config.rules import validate
-    from mcore_agentic.feed import RolloutService, build_feed, build_rollout_engine
+    from mcore_agentic.feed import RolloutService, build_feed
     from mcore_agentic.models.hf_io import SafetensorsState
     from mcore_agentic.parallel.job import JobSplit
     from mcore_agentic.trainer.build import build_timer, build_tokenizer, feed_settings, model_spec
@@ -57,8 +57,7 @@ def _service(model_dir: Path, die_at: int | None) -> Any:
     feed.engine.resume_memory()
     if die_at is not None:
         feed.engine.inner = DyingEngine(feed.engine.inner, die_at)
-    rebuild = lambda: build_rollout_engine(cfg.rollout, feed.roller.placement, spec, seed=cfg.seed)  # noqa: E731
-    service = RolloutService(feed, None, max_staleness=1, rebuild=rebuild)
+    service = RolloutService(feed, None, max_staleness=1, rebuild=feed.engine_factory)
     # Version 3 of the weights arrives (the checkpoint's, perturbed): a rebuilt engine must load it, not the checkpoint.
     g = torch.Generator().manual_seed(0)
     named = SafetensorsState(str(model_dir))
