@@ -36,6 +36,7 @@ import pickle
 import queue
 import tempfile
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -71,6 +72,9 @@ class RolloutService:
         self.current: tuple[int, list[Any]] | None = None
         """The loaded version and its buckets (host tensors): what a rebuilt engine loads."""
         self.restarts = 0
+        self.idle_s = 0.0
+        """Seconds the loop waited for the trainer (nothing to generate) since its last answer."""
+        self.since = time.perf_counter()
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.reader = threading.Thread(target=self._read, name="rollout-link", daemon=True)
         self.staged: list[list[tuple[str, Any]]] = []
@@ -187,7 +191,9 @@ class RolloutService:
                     self.ready[step] = self.produce(step)
                     self.next_step = step + 1
                 else:
+                    waited = time.perf_counter()
                     self.take_arrivals(block=True)
+                    self.idle_s += time.perf_counter() - waited
             except Exception as exc:  # noqa: BLE001 -- said to the trainer, which stops the run with it
                 logger.error("rollout rank failed:\n%s", traceback.format_exc())
                 self._fail(exc)
@@ -263,7 +269,9 @@ class RolloutService:
         metrics["rollout/weight_loads"] = float(self.updates)
         metrics["rollout/engine_restarts"] = float(self.restarts)
         metrics["timing_s/rollout_weight_load"] = self.load_s
-        self.updates, self.load_s, self.restarts = 0, 0.0, 0
+        now = time.perf_counter()
+        metrics["rollout/idle_fraction"] = self.idle_s / max(now - self.since, 1e-9)
+        self.updates, self.load_s, self.restarts, self.idle_s, self.since = 0, 0.0, 0, 0.0, now
         d = feed.settings.dumps
         if d is not None and rows is not None and step % d.freq == 0:
             self.dumping[step] = (rows, rollout.version)

@@ -182,12 +182,15 @@ class StreamedRounds:
 
 def staleness(row_versions: torch.Tensor, version: int) -> dict[str, float]:
     """How many versions each row's oldest token is behind the weights that train it (``rollout.max_staleness``
-    bounds it): the step's mean and maximum over rows that sampled anything."""
+    bounds it): the step's mean and maximum over rows that sampled anything, and the rows of each age."""
     sampled = row_versions[row_versions >= 0]
     if not sampled.numel():
         return {}
     ages = (version - sampled).double()
-    return {"rollout/staleness_mean": float(ages.mean()), "rollout/staleness_max": float(ages.max())}
+    out = {"rollout/staleness_mean": float(ages.mean()), "rollout/staleness_max": float(ages.max())}
+    for age in range(int(ages.max()) + 1):  # the histogram: rows by age
+        out[f"rollout/staleness_rows_{age}"] = float((ages == age).sum())
+    return out
 
 
 def _renumber(rows: Batch, counts: Sequence[int]) -> Batch:
@@ -203,9 +206,10 @@ def _merge_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for name in sorted({n for p in parts for n in p}):
         values = [p[name] for p in parts if name in p]
-        if name.endswith("_max") or "age" in name:
+        if name.endswith("_max") or name.endswith("_age"):
             out[name] = max(values)
-        elif name.endswith(("_groups", "_paused", "_resumed", "_prioritised", "_started", "_mid_turn")):
+        elif name.endswith(("_groups", "_paused", "_resumed", "_prioritised", "_started", "_mid_turn", "_loads",
+                            "_restarts")):
             out[name] = sum(values)
         else:
             out[name] = sum(values) / len(values)

@@ -112,6 +112,7 @@ def test_a_split_job_has_two_worlds_and_links_that_carry_weights_rows_and_metric
     m = trainer0["metrics"]
     assert m["rollout/oldest_token_age"] == 1.0 and m["rollout/partial_buffered_groups"] == 2.0
     assert m["rollout/staleness_max"] == 2.0 and m["rollout/staleness_mean"] == pytest.approx(4 / 3)
+    assert (m["rollout/staleness_rows_0"], m["rollout/staleness_rows_1"], m["rollout/staleness_rows_2"]) == (0, 2, 1)
     # Statistics: both engines' values, reduced over the trainer's world.
     st = trainer1["stats"]
     assert st.total("score") == 0 + 1 + 1 + 3 and st.count("score") == 4 and st.max("score") == 3.0
