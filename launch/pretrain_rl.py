@@ -210,10 +210,8 @@ def preflight_launch(args: LaunchArgs) -> int:
         problems += getattr(exc, "errors", None) or [exc]
     else:
         problems += preflight(cfg, world, local_world_size=args.nproc_per_node, dirs=dirs)
-        if not problems:  # before any model is built: will it fit? (on the trainer's ranks)
-            from mcore_agentic.config.rules import trainer_world
-
-            problems += plan_check(cfg, trainer_world(cfg, world))
+        if not problems:  # before any model is built: will it fit?
+            problems += plan_check(cfg, world)
     if problems:
         report(problems)
         return EXIT_CONFIG_ERROR
@@ -357,10 +355,8 @@ def check_config(cfg: Any, world_size: int, dirs: list[Path] | None = None) -> N
     launched = os.environ.get(PREFLIGHT_ENV) == "1"  # the python launcher checked everything (and planned) already
     problems = preflight(cfg, world_size, local_world_size=_local_world_size(world_size), dirs=dirs, light=launched)
     if not problems and not launched:  # torchrun or Slurm directly: every rank plans (the same verdict), rank 0 says it
-        from mcore_agentic.config.rules import trainer_world
-
         say = int(os.environ.get("JOB_RANK", os.environ.get("RANK", "0"))) == 0
-        problems += plan_check(cfg, trainer_world(cfg, world_size), say=say)
+        problems += plan_check(cfg, world_size, say=say)  # the job's GPUs: the plan splits them as the run does
     if problems:
         raise ConfigErrors(problems)
 

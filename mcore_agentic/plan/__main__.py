@@ -35,6 +35,8 @@ def _args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--suggest", type=int, default=None, metavar="N",
                    help="the N fastest layouts and offload settings that fit (default: 3 when the run does not fit)")
+    p.add_argument("--placements", action="store_true",
+                   help="rank colocated against each split of the GPUs between trainer and rollout ranks")
     return p.parse_known_args(argv)
 
 
@@ -98,7 +100,8 @@ def render(plan: Any, suggestions: list[Any] | None = None) -> None:
     times.add_column("seconds", justify="right")
     for term, s in sorted(plan.step_seconds.items(), key=lambda kv: -kv[1]):
         times.add_row(term, f"{s:.2f}")
-    times.add_row("total", f"{sum(plan.step_seconds.values()):.2f}")
+    times.add_row("total" + (" (the slower of generation and training: separate placement)"
+                             if plan.generation_terms else ""), f"{plan.total_seconds:.2f}")
     console.print(times)
     for note in plan.notes:
         console.print(f"note: {note}")
@@ -118,7 +121,7 @@ def render(plan: Any, suggestions: list[Any] | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = _args(sys.argv[1:] if argv is None else argv)
-    from mcore_agentic.plan.check import plan_for, suggestions_for
+    from mcore_agentic.plan.check import placements_for, plan_for, suggestions_for
 
     world = args.nodes * args.gpus_per_node
     try:
@@ -128,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         wanted = args.suggest if args.suggest is not None else (0 if plan.fits else 3)
         suggestions = suggestions_for(cfg, device=args.device, memory_gib=args.memory_gib, world_size=world,
                                       headroom=args.headroom, mfu=args.mfu, limit=wanted) if wanted else None
+        options = placements_for(cfg, device=args.device, memory_gib=args.memory_gib, world_size=world,
+                                 headroom=args.headroom, mfu=args.mfu,
+                                 mean_length=args.mean_length) if args.placements else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -135,10 +141,28 @@ def main(argv: list[str] | None = None) -> int:
         out = plan.to_json()
         if suggestions is not None:
             out["suggestions"] = [dataclasses.asdict(s) for s in suggestions]
+        if options is not None:
+            out["placements"] = [dataclasses.asdict(o) for o in options]
         print(json.dumps(out, indent=2))
     else:
         render(plan, suggestions)
+        if options is not None:
+            render_placements(options)
     return 0
+
+
+def render_placements(options: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="placements of the job's GPUs, fastest that fits first (python -m mcore_agentic.plan "
+                        "--placements)")
+    for column in ("overrides", "generation s", "training s", "step s", "peak GiB", "fits"):
+        table.add_column(column, justify="left" if column == "overrides" else "right")
+    for o in options:
+        table.add_row(" ".join(o.overrides), f"{o.generation_seconds:.2f}", f"{o.training_seconds:.2f}",
+                      f"{o.total_seconds:.2f}", f"{o.peak_bytes / 1024**3:.1f}", "yes" if o.fits else "no")
+    Console().print(table)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,21 @@ def suggestions_for(cfg: Any, *, device: str | Device = "h100-80g", memory_gib: 
     return suggest(cfg, hf, device, world_size, teacher_hf_config=teacher, headroom=headroom, mfu=mfu, limit=limit)
 
 
+def placements_for(cfg: Any, *, device: str | Device = "h100-80g", memory_gib: float | None = None,
+                   world_size: int, headroom: float = 0.05, mfu: float | None = None,
+                   mean_length: int | None = None) -> list[Any]:
+    """Colocated and each split of ``world_size`` GPUs between trainer and rollout ranks, ranked (:mod:`.placement`)."""
+    from mcore_agentic.plan.known_models import resolve_hf_config
+    from mcore_agentic.plan.placement import placements
+
+    hf = resolve_hf_config(cfg.model.model_path)
+    teacher = resolve_hf_config(cfg.teacher.model_path, "teacher.model_path") if cfg.teacher.model_path else None
+    if isinstance(device, str):
+        device = get_device(device, memory_gib=memory_gib)
+    return placements(cfg, hf, device, world_size, teacher_hf_config=teacher, headroom=headroom, mfu=mfu,
+                      mean_length=mean_length)
+
+
 @dataclass(frozen=True)
 class VisibleGpu:
     """The GPU (or MIG slice) CUDA's device 0 is, as ``nvidia-smi -L`` lists it."""

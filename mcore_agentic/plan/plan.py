@@ -23,6 +23,7 @@ from mcore_agentic.parallel.own_layout import own_tp_split
 from mcore_agentic.plan.activations import Dims, Recompute, Split, forward_peak_bytes, update_peak_bytes
 from mcore_agentic.plan.census import DTYPE_BYTES, RankState, census_request, run_census, stage_ranks
 from mcore_agentic.plan.devices import GIB, Device
+from mcore_agentic.utils.errors import ConfigError
 
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)
 """The CUDA context, NCCL's buffers and the allocator's fragmentation on each rank: an assumption (stated in
@@ -43,6 +44,10 @@ node gives each rank several cores but shares the sockets' bandwidth among its G
 ENGINE_ACTIVATION_BYTES = 2 * GIB
 """What vLLM's and SGLang's profiling run reserves for the engine's own activations inside its share (an
 assumption: it depends on their batched-token limit); the rest of the share after the weights is KV cache."""
+
+LINK_GB_S = 2.5
+"""Separate placement's weight links: gloo through host memory over the job's network (one TCP stream; an
+assumption, not measured on GPUs yet), per engine."""
 
 
 def _host_fraction(group: Any) -> float:
@@ -94,6 +99,19 @@ class Plan:
     step_seconds: dict[str, float]
     notes: list[str]
     engine: EngineShare | None = None
+    generation_terms: list[str] = field(default_factory=list)
+    """Separate placement: the terms the rollout ranks spend while the trainer trains (the step is the slower of
+    the two sides); empty when colocated (every term adds up)."""
+
+    @property
+    def total_seconds(self) -> float:
+        """The step: every term's sum when colocated; the slower side plus nothing else when separate (the weight
+        transfer is the trainer's: it counts on its side)."""
+        if not self.generation_terms:
+            return sum(self.step_seconds.values())
+        generation = sum(v for k, v in self.step_seconds.items() if k in self.generation_terms)
+        training = sum(v for k, v in self.step_seconds.items() if k not in self.generation_terms)
+        return max(generation, training)
 
     @property
     def peak(self) -> Phase:
@@ -106,7 +124,8 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(peak_phase=self.peak.name, peak_bytes=self.peak.bytes, fits=self.fits)
+        out.update(peak_phase=self.peak.name, peak_bytes=self.peak.bytes, fits=self.fits,
+                   total_seconds=self.total_seconds)
         return out
 
 
@@ -301,9 +320,11 @@ def _memory_phases(cfg: Any, s: _Sizing, engine: EngineShare) -> tuple[list[Phas
                       + critic_bytes + teacher_bytes)
         offloaded = max(offloaded, everything - resident)
         base = {"CUDA context and fragmentation": CUDA_CONTEXT_BYTES}
-        rollout = Phase("rollout", 0, {**base, "engine (gpu_memory_utilization)": engine_bytes,
+        # Separate placement: the engines are on the rollout ranks' GPUs (their phase is added by make_plan).
+        here = 0 if cfg.rollout.separate else 1
+        rollout = Phase("rollout", 0, {**base, "engine (gpu_memory_utilization)": engine_bytes * here,
                                        "trainer state left on the GPU": resident})
-        sync = Phase("weight_sync", 0, {**base, "engine weights": engine_weight_bytes,
+        sync = Phase("weight_sync", 0, {**base, "engine weights": engine_weight_bytes * here,
                                         "trainer state left on the GPU": resident - (0 if a.param_offload else st.param_bytes),
                                         "actor params": st.param_bytes, "export buckets (x2)": 2 * bucket})
         # 1F1B: stage s holds up to PP - s micro-batches' activations; the interleaved warm-up keeps more.
@@ -355,7 +376,8 @@ def _step_seconds(cfg: Any, device: Device, world_size: int, s: _Sizing, engine:
     response_tokens = cfg.data.max_response_length
     train_tokens = sequences * min(mean_length or max_len, max_len)
     flops = device.bf16_tflops * 1e12 * mfu
-    engines = max(world_size // rollout_tp, 1)
+    rollout_ranks = cfg.rollout.rollout_ranks if cfg.rollout.separate else world_size
+    engines = max(rollout_ranks // rollout_tp, 1)
     decode_step = engine_weight_bytes * (active_params / total_params) / (device.hbm_tb_s * 1e12 * HBM_EFFICIENCY)
     waves = math.ceil(sequences / engines / max(engine.concurrent_sequences, 1))  # batches the KV cache allows
     seconds = {
@@ -363,6 +385,9 @@ def _step_seconds(cfg: Any, device: Device, world_size: int, s: _Sizing, engine:
         "rollout prefill": 2 * active_params * prompt_tokens / engines / (flops * rollout_tp),
         "weight sync": total_params * size / (device.hbm_tb_s * 1e12 * HBM_EFFICIENCY) / max(tp * pp, 1),
     }
+    if cfg.rollout.separate:  # the trainer's rank 0 sends every engine the whole model over its link, in turn
+        seconds["weight transfer to the rollout ranks (gloo through the host)"] = (
+            total_params * size * engines / (LINK_GB_S * 1e9))
     if offloaded:
         seconds["offload transfers (host <-> GPU)"] = 2 * offloaded / (HOST_LINK_GB_S * 1e9)
     forward_passes = 1 + needs_ref + (teacher is not None) + needs_critic
@@ -411,10 +436,23 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     """The plan of ``cfg`` (an ``RLConfig``) on ``world_size`` GPUs of ``device``. ``mean_length``: an average
     sequence's tokens (prompt + response) for the step time's training passes (default: the longest); memory is
     always planned for the longest."""
+    job_world = world_size
+    if cfg.rollout.separate:  # the trainer's ranks train; the plan's memory phases are theirs, plus a rollout rank's
+        world_size = job_world - cfg.rollout.rollout_ranks
+        if world_size < 1:
+            raise ConfigError("rollout.rollout_ranks", f"={cfg.rollout.rollout_ranks} leaves no trainer rank of "
+                                                       f"{job_world} GPUs")
     s = _sizing(cfg, hf_config, world_size, teacher_hf_config, census)
     notes: list[str] = []
     engine = _engine_share(cfg, hf_config, device, s, notes)
     worst, offloaded = _memory_phases(cfg, s, engine)
+    generation: list[str] = []
+    if cfg.rollout.separate:
+        rollout_rank = Phase("rollout_rank", 0, {"CUDA context and fragmentation": CUDA_CONTEXT_BYTES,
+                                                 "engine (gpu_memory_utilization)": engine.share_bytes},
+                             rank=world_size)
+        rollout_rank.bytes = sum(rollout_rank.parts.values())
+        worst.append(rollout_rank)
     if not cfg.rollout.engine.sized_by_gpu_memory_utilization:  # the engine table's answer
         notes.append(f"rollout.name={cfg.rollout.name}: the {cfg.rollout.engine.description} engine is not sized by "
                      "gpu_memory_utilization (the plan counts that fraction anyway)")
@@ -422,5 +460,9 @@ def make_plan(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teac
     tp, pp, cp, vpp, par, rollout_tp = s.tp, s.pp, s.cp, s.vpp, s.par, s.rollout_tp
     layout = (f"TP{tp} PP{pp}" + (f" VPP{vpp}" if vpp > 1 else "") + f" CP{cp} EP{par.expert_model_parallel_size} "
               f"DP{world_size // (tp * pp * cp)}; rollout TP{rollout_tp}")
-    return Plan(device=device.name, world_size=world_size, layout=layout, capacity_bytes=int(device.memory_gib * GIB),
-                headroom=headroom, phases=worst, step_seconds=seconds, notes=notes, engine=engine)
+    if cfg.rollout.separate:
+        generation = [k for k in seconds if k.startswith("rollout ")]
+        layout += f"; separate: {world_size} train + {cfg.rollout.rollout_ranks} rollout ranks"
+    return Plan(device=device.name, world_size=job_world, layout=layout, capacity_bytes=int(device.memory_gib * GIB),
+                headroom=headroom, phases=worst, step_seconds=seconds, notes=notes, engine=engine,
+                generation_terms=generation)

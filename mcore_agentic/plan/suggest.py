@@ -31,6 +31,10 @@ moments on the host for good, the update included, at the cost of a host Adam st
 distributed optimizer only)."""
 
 
+AROUND_ROLLOUT = ("param_offload", "grad_offload", "optimizer_offload")
+"""The offloads around the rollout (not candidates under separate placement, which refuses them)."""
+
+
 def _offloaded(actor: Any, keys: dict[str, bool], model_dtype: str) -> Any:
     """``actor`` with the offload ``keys``; None where they cannot apply (a host optimizer for an fp32 model or
     without the distributed optimizer)."""
@@ -106,9 +110,10 @@ def suggest(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teache
     """The fastest ``limit`` candidates that fit, fastest first."""
     from mcore_agentic.plan.plan import MFU, census_requests, make_plan
 
-    layouts = candidate_layouts(hf_config, world_size, cfg.actor.parallel)
+    trainers = world_size - cfg.rollout.rollout_ranks if cfg.rollout.separate else world_size
+    layouts = candidate_layouts(hf_config, trainers, cfg.actor.parallel)
     # One child call answers every layout's census up front; make_plan then finds them in memory.
-    run_census([r for par in layouts for r in census_requests(cfg, par, hf_config, teacher_hf_config, world_size)])
+    run_census([r for par in layouts for r in census_requests(cfg, par, hf_config, teacher_hf_config, trainers)])
     found = []
     for par in layouts:
         for recompute in _recompute_options(cfg.actor.recompute):
@@ -117,6 +122,8 @@ def suggest(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teache
                 if batching is None:
                     break
                 for keys in OFFLOADS.values():
+                    if cfg.rollout.separate and any(keys.get(k) for k in AROUND_ROLLOUT):
+                        continue  # nothing to offload around a rollout that runs on other ranks
                     offloaded = _offloaded(cfg.actor, keys, cfg.model.dtype)
                     if offloaded is None:
                         continue
@@ -147,7 +154,7 @@ def suggest(cfg: Any, hf_config: Any, device: Device, world_size: int, *, teache
                                       for key, value in batching[group].items()]
                     found.append(Suggestion(overrides, par.tensor_model_parallel_size
                                             * par.pipeline_model_parallel_size * par.expert_model_parallel_size,
-                                            plan.peak.bytes, sum(plan.step_seconds.values())))
+                                            plan.peak.bytes, plan.total_seconds))
                     break  # the least offload that fits this layout and micro-batch
                 else:
                     continue

@@ -156,3 +156,26 @@ def test_the_host_optimizer_frees_the_masters_and_moments_for_a_host_step(capsys
     assert device["bytes"] - host["bytes"] == optimizer
     assert half["parts"]["actor Adam"] == pytest.approx(device["parts"]["actor Adam"] / 2, abs=1)
     assert term not in device_s and host_s[term] == pytest.approx(2 * half_s[term])
+
+
+def test_separate_placement_is_planned_on_both_sides_and_its_split_suggested(capsys):
+    """``rollout.placement=separate``: the trainer's GPUs hold no engine, a rollout rank holds its share, the weights
+    cross a link, and the step is the slower side (generation runs while the trainer trains). ``--placements``
+    ranks colocated against every split of the GPUs the run's rules allow."""
+    base = ["--config-name", "gsm8k_multiturn_grpo", "model=qwen3_8b", "actor.optimizer_offload=false",
+            "actor.param_offload=false", "actor.grad_offload=false", "--suggest", "0"]
+    separate = _plan_json(capsys, [*base, "rollout.placement=separate", "rollout.rollout_ranks=2"])
+    phases = {p["name"]: p for p in separate["phases"]}
+    assert phases["rollout"]["parts"]["engine (gpu_memory_utilization)"] == 0
+    assert phases["rollout_rank"]["parts"]["engine (gpu_memory_utilization)"] > 0 and phases["rollout_rank"]["rank"] == 6
+    seconds = separate["step_seconds"]
+    generation = sum(v for k, v in seconds.items() if k.startswith("rollout "))
+    assert seconds["weight transfer to the rollout ranks (gloo through the host)"] > 0
+    assert separate["total_seconds"] == pytest.approx(max(generation, sum(seconds.values()) - generation))
+    assert "separate: 6 train + 2 rollout ranks" in separate["layout"] and separate["world_size"] == 8
+
+    ranked = _plan_json(capsys, [*base, "--placements"])["placements"]
+    ranks = [o["rollout_ranks"] for o in ranked]
+    assert 0 in ranks and len(ranks) == len(set(ranks)) > 1  # colocated and at least one split
+    fitting = [o for o in ranked if o["fits"]]
+    assert fitting == sorted(fitting, key=lambda o: o["total_seconds"]) and ranked[: len(fitting)] == fitting
