@@ -165,9 +165,11 @@ def make_schedule(settings: FeedSettings, roller: Roller, pad_id: int) -> Schedu
     """The run's schedule: partial rounds under ``rollout.partial_rollout``, else fresh rounds."""
     pr = settings.rollout.partial_rollout
     if pr.enable:
+        # Separate placement: one bound, rollout.max_staleness, counted from the version that will train the step.
+        bound = settings.rollout.max_staleness if settings.rollout.separate else pr.max_staleness
         return PartialRounds(roller, settings.filter_metric, pad_id, max_turns_per_step=pr.max_turns_per_step,
                              over_sampling_batches=pr.over_sampling_batches, max_tokens_per_step=pr.max_tokens_per_step,
-                             max_staleness=pr.max_staleness, prompts_per_batch=settings.prompts_per_step)
+                             max_staleness=bound, prompts_per_batch=settings.prompts_per_step)
     return FreshRounds(roller, settings.filter_metric, pad_id)
 
 
