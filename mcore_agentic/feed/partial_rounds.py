@@ -21,7 +21,11 @@ With a filter the rounds may draw more prompts when every session has ended and 
 
 What is in flight (paused sessions with their tools' state, or agent programs with the calls they made; complete
 groups with their scores) is a checkpoint part (``rollout_buffer/``, one file per rollout group: the source's
-snapshot).
+snapshot and the batches drawn but not started).
+
+On a rollout rank ahead of the trainer (separate placement, weights already ``max_staleness`` behind the version that
+will train the step) every session runs free and the step starts no more groups than it takes: anything left for a
+later step would be trained past the bound. The batches it does not start wait, drawn, for a later step.
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ class PartialRounds:
         self.prompts_per_batch = prompts_per_batch
         self.buffer: TrajectorySource | None = roller.new_source(partial=True) if roller.leads else None
         """This leader's trajectory source: its groups in flight across steps (None off the leaders)."""
+        self.deferred: list[tuple[Rows, int, int]] = []
+        """Prompt batches drawn but not started, with their step and batch index (their seeds): a rollout rank ahead
+        of the trainer starts no more than its step trains (separate placement)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -79,13 +86,26 @@ class PartialRounds:
         self._reset()
         held = int(sum_over(_world())(torch.tensor([len(self.buffer.groups) if self.buffer is not None else 0]))[0])
         wanted = self.prompts_per_batch
-        batches = [rows]
-        while held + len(batches) * wanted < (1 + self.over_sampling_batches) * wanted:
-            batches.append(draw())
         self.version, self.target = self.roller.version(), self.roller.target(step)
-        for k, b in enumerate(batches):
-            self.start(b, step, k)
-        return len(batches)
+        queue = [*self.deferred, (rows, step, 0)]
+        self.deferred = []
+        if self.max_staleness is not None and self.target - self.version >= self.max_staleness:
+            # Weights already max_staleness behind the step's (a rollout rank ahead of the trainer): whatever starts
+            # now must be trained in this step, so start no more than it takes (held groups first, then the batches
+            # drawn earliest); the rest wait, drawn but not started, for a step that needs them.
+            while queue and held < wanted:
+                self.start(*queue.pop(0))
+                held += wanted
+            self.deferred = queue
+            return 1
+        held += (len(queue) - 1) * wanted  # batches drawn in earlier steps start now, with the step's own
+        drawn = 1
+        while held + drawn * wanted < (1 + self.over_sampling_batches) * wanted:
+            queue.append((draw(), step, drawn))
+            drawn += 1
+        for batch in queue:
+            self.start(*batch)
+        return drawn
 
     def start(self, rows: Rows, step: int, batch: int) -> None:
         self.started += len(rows)
@@ -98,9 +118,13 @@ class PartialRounds:
             return 0, 0, 0
         self.roller.between_rounds()  # separate placement: new weights load here, between two rounds
         self.version, self.target = self.roller.version(), self.roller.target(step)
-        # A session runs free once its first token is max_staleness behind the version that will train it.
+        # A session runs free once its first token is max_staleness behind the version that will train it. On a
+        # rollout rank whose weights are already that far behind the step's (separate placement), every session
+        # runs free: one that started now and paused would be trained a step later, past the bound.
         bound = None if self.max_staleness is None else self.max_staleness - (self.target - self.version)
-        report = buf.advance(self.version, Budget(self.max_turns_per_step, self.max_tokens_per_step, bound))
+        budget = (Budget(self.max_turns_per_step, self.max_tokens_per_step, bound) if bound is None or bound > 0
+                  else Budget())
+        report = buf.advance(self.version, budget)
         self.prioritised += report.prioritised
         if self.rounds == 0:
             self.resumed = report.resumed  # paused in an earlier step, resumed now
@@ -210,7 +234,8 @@ class PartialRounds:
     def save(self, directory: Any) -> None:
         """Checkpoint writer: each rollout leader pickles its source's snapshot (what is in flight)."""
         if self.buffer is not None:
-            self._file(directory).write_bytes(pickle.dumps(self.buffer.snapshot(), protocol=pickle.HIGHEST_PROTOCOL))
+            state = {"source": self.buffer.snapshot(), "deferred": self.deferred}
+            self._file(directory).write_bytes(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
 
     def load(self, directory: Any) -> None:
         """Checkpoint reader: the leader's buffer, its paused sessions' tool instances and interactions re-created."""
@@ -223,8 +248,11 @@ class PartialRounds:
                 f"{path} is missing: the checkpoint was written by another number of rollout groups or without "
                 "partial rollouts; resume with the same layout",
             )
-        snap = pickle.loads(path.read_bytes())  # noqa: S301 -- the run's own checkpoint, verified by its manifest
-        self.buffer.restore(snap)
+        state = pickle.loads(path.read_bytes())  # noqa: S301 -- the run's own checkpoint, verified by its manifest
+        if set(state) != {"source", "deferred"}:  # written before deferred batches: the source's snapshot alone
+            state = {"source": state, "deferred": []}
+        self.buffer.restore(state["source"])
+        self.deferred = state["deferred"]
 
     def close(self) -> None:
         """Release what is in flight (paused requests' tools and interactions, running agent programs)."""

@@ -67,9 +67,10 @@ NUMERIC_NOISE = ("rollout/logprob_diff_", "rollout_corr/")
 decides, so a resumed run matches them to 1e-5, not bitwise (the sampled ids and everything else bitwise)."""
 
 
-SCHEDULING = ("rollout/prefix_cache_",)
+SCHEDULING = ("rollout/prefix_cache_", "rollout/idle_fraction", "rollout/weight_loads")
 """What the engine served from its prefix cache: which requests were admitted together and which caches the engine
-still held decide it (timing), not what was sampled."""
+still held decide it (timing), not what was sampled; under separate placement, how long a rollout rank waited for the
+trainer and how many versions it loaded between two answers (a resumed run sends the restored version once more)."""
 
 
 def _comparable(row: dict) -> dict:

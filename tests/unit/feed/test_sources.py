@@ -90,3 +90,41 @@ def test_partial_rounds_carry_a_new_source_across_steps_and_a_checkpoint(tok, mo
     ages = second.rows["token_ages"][0].tolist()[:6]
     assert _responses(second)[0] == ROWS[0]["extra_info"]["script"] and ages == [1, 1, 1, 1, 0, 0]
     assert second.metrics["rollout/partial_resumed"] == 2
+
+
+def test_a_rollout_rank_ahead_of_the_trainer_starts_no_more_than_its_step_trains(tok, monkeypatch, tmp_path):
+    """Separate placement with partial rollouts: a rollout rank generates step s while the trainer trains s-1, so its
+    weights are one version behind the step's (``target_version``). With ``max_staleness=1`` nothing started then may
+    wait for a later step (it would be trained two versions old): every session runs free, the groups left from the
+    last step finish first, and the step's own batch waits, drawn, for a step that needs it, also across a
+    checkpoint. Every trained token is at most one version old."""
+    version = [1]
+    roller = _roller(tok, monkeypatch, version)
+    ahead = [0]
+    roller.target_version = lambda step: version[0] + ahead[0]
+
+    def schedule_of() -> PartialRounds:
+        return PartialRounds(roller, None, pad_id=0, max_turns_per_step=None, max_tokens_per_step=4,
+                             over_sampling_batches=1, prompts_per_batch=2, max_staleness=1)
+
+    def step(s: PartialRounds, k: int) -> Any:
+        result = run_rounds(s, ROWS, k, wanted=2, group_index=0, num_groups=1, draw=lambda: ROWS, max_batches=None)
+        return s.take(2, 0, result.rounds)
+
+    schedule = schedule_of()
+    first = step(schedule, 0)  # weights current: budgets, and a batch over-sampled
+    assert first.rows["token_ages"].max() == 0 and len(schedule.buffer.groups) == 2
+    ahead[0] = 1  # from now on the engine holds the version before the step's
+    second = step(schedule, 1)
+    assert second.metrics["rollout/partial_rounds"] == 1  # one free round finished the groups left from step 0
+    assert second.rows["token_ages"].max() <= 1 and not schedule.buffer.groups
+    assert [(b[1], b[2]) for b in schedule.deferred] == [(1, 0)]  # step 1's batch, not started
+    schedule.save(tmp_path)
+    restored = schedule_of()
+    restored.load(tmp_path)
+    assert [(b[1], b[2]) for b in restored.deferred] == [(1, 0)]
+    version[0] = 2
+    third = step(restored, 2)  # step 1's batch starts (its seeds), step 2's waits
+    assert third.rows["token_ages"].max() <= 1 and not restored.buffer.groups
+    assert [(b[1], b[2]) for b in restored.deferred] == [(2, 0)]
+    assert _responses(third)[0] == ROWS[0]["extra_info"]["script"]
