@@ -28,10 +28,17 @@ SEPARATE = [
 PROMPTS, N, STEPS = 4, 2, 3
 
 
+AGENT = ["rollout.agent.entrypoint=examples/meter_agent.py:run", "rollout.multi_turn.tool_config_path=null"]
+
+
 @pytest.mark.timeout(600)
-def test_two_trainer_ranks_train_what_two_engine_ranks_stream(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["loop", "agent"])
+def test_two_trainer_ranks_train_what_two_engine_ranks_stream(tmp_path: Path, source: str) -> None:
+    """``agent``: the rows come from agent programs (``examples/meter_agent.py``) through each engine rank's session
+    endpoint, their requests held at their sessions' gates between rounds."""
     dumps = tmp_path / "rollouts"
-    result = launch(job_overrides(tmp_path, [*SEPARATE, f"trainer.rollout_data_dir={dumps}"]), nproc=4)
+    extra = AGENT if source == "agent" else []
+    result = launch(job_overrides(tmp_path, [*SEPARATE, *extra, f"trainer.rollout_data_dir={dumps}"]), nproc=4)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     rows = read_rows(tmp_path / "logs" / "metrics.jsonl")
     assert sorted(s for s in rows if s) == [1, 2, 3]
