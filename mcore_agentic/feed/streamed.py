@@ -4,8 +4,9 @@ ranks, and its weights go to them.
 On the trainer's rank 0 (the only trainer rank on the links, :mod:`mcore_agentic.parallel.job`):
 
 * :class:`LinkEngine` stands where a colocated run's engine stands in the sharding manager: each exported bucket is
-  sent to every engine's rank, then the version (``WEIGHTS``). The rollout ranks load it between two rounds of their
-  generation, which goes on meanwhile.
+  copied to the host and queued for every engine's rank, then the version (``WEIGHTS``); the :class:`Sender` thread
+  sends them while the trainer goes on to its step (at most one version waits unsent). The rollout ranks load a
+  version between two rounds of their generation, which goes on meanwhile.
 * :class:`Remote` asks every engine for a step's rows (``WANT``) or a validation (``VALIDATE``) and receives the
   answers (:mod:`.wire`).
 
@@ -18,6 +19,8 @@ rollout group led by rank 0).
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -37,8 +40,52 @@ class RolloutRankFailed(RuntimeError):
     """A rollout rank answered with its error instead of rows."""
 
 
+class Sender:
+    """The ``down`` link's one writer: a thread that sends what the trainer queues, in order, so a version's buckets
+    cross the link while the trainer trains on (the overlap ``rollout.max_staleness`` allows). At most one version
+    waits unsent: queuing the next waits for it. A failed send is raised at the next call."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self.error: BaseException | None = None
+        self.version_sent = threading.Event()
+        self.version_sent.set()
+        self.thread = threading.Thread(target=self._run, name="weights-link", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (job := self.queue.get()) is not None:
+            try:
+                if self.error is None:
+                    job()
+            except BaseException as exc:  # noqa: BLE001 -- raised on the trainer's thread at its next call
+                self.error = exc
+                self.version_sent.set()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"sending to the rollout ranks failed: {self.error!r}") from self.error
+
+    def put(self, job: Callable[[], None]) -> None:
+        self.check()
+        self.queue.put(job)
+
+    def drain(self) -> None:
+        """Wait until everything queued is sent."""
+        done = threading.Event()
+        self.put(done.set)
+        while not done.wait(0.1):
+            self.check()
+        self.check()
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+
+
 class Remote:
-    """The engines' ranks as the trainer's rank 0 reaches them over the links."""
+    """The engines' ranks as the trainer's rank 0 reaches them over the links: requests and weights go through the
+    :class:`Sender` (in order), answers come back on the caller's thread."""
 
     def __init__(self, links: Any, engines: int):
         self.links = links
@@ -46,17 +93,22 @@ class Remote:
         self.sent_bytes = 0
         self.rows: list[int] = []
         """Rows each engine sent for the last step (a dump step's return trip splits by them)."""
+        self.sender = Sender()
 
     @property
     def peers(self) -> range:
         return range(1, self.engines + 1)
 
     def send(self, kind: int, *values: int) -> None:
-        for k in self.peers:
-            wire.send_header(self.links, k, kind, *values, up=False)
+        def job() -> None:
+            for k in self.peers:
+                wire.send_header(self.links, k, kind, *values, up=False)
+
+        self.sender.put(job)
 
     def answers(self, kind: int, step: int) -> list[wire.Reply]:
         """Each engine's answer to the last request, in engine order."""
+        self.sender.check()
         replies = [wire.recv_reply(self.links, k) for k in self.peers]
         for k, r in enumerate(replies, start=1):
             if r.kind == wire.FAILED:
@@ -73,19 +125,33 @@ class Remote:
 
     def give_back(self, step: int, returned: dict[str, list[torch.Tensor]], rows: Sequence[int]) -> None:
         """A dump step's return trip: each engine gets the trainer's values of its ``rows[k]`` rows (in order)."""
-        at = 0
-        for k, n in zip(self.peers, rows):
-            wire.send_returned(self.links, k, step, {f: v[at : at + n] for f, v in returned.items()})
+        parts, at = [], 0
+        for n in rows:
+            parts.append({f: v[at : at + n] for f, v in returned.items()})
             at += n
+
+        def job() -> None:
+            for k, part in zip(self.peers, parts):
+                wire.send_returned(self.links, k, step, part)
+
+        self.sender.put(job)
 
     def checkpoint(self, kind: int, step: int, directory: Any) -> None:
         """Every engine writes (SAVE) or reads (RESTORE) its part under ``directory``; returns once all have."""
-        for k in self.peers:
-            wire.send_path(self.links, k, kind, step, str(directory))
+        def job() -> None:
+            for k in self.peers:
+                wire.send_path(self.links, k, kind, step, str(directory))
+
+        self.sender.put(job)
         self.answers(wire.SAVED, step)
 
     def stop(self) -> None:
+        """STOP to every engine, once everything before it is sent."""
         self.send(wire.STOP)
+        try:
+            self.sender.drain()
+        finally:
+            self.sender.close()
 
 
 class LinkEngine:
@@ -94,14 +160,32 @@ class LinkEngine:
     def __init__(self, remote: Remote):
         self.remote = remote
         self.weight_version = -1
-        """The last version sent whole (what the engines will load)."""
+        """The last version queued whole (what the engines will load once the link has carried it)."""
+        self._sending = False
 
     def update_weights(self, named_tensors: Sequence[tuple[str, torch.Tensor]], *, version: int) -> None:
-        for k in self.remote.peers:
-            self.remote.sent_bytes += wire.send_bucket(self.remote.links, k, named_tensors, version)
+        remote = self.remote
+        if version == self.weight_version:  # the engines have this version already (a validation's sync, again)
+            return
+        if not self._sending:  # a new version: the last one must be out first
+            while not remote.sender.version_sent.wait(0.1):
+                remote.sender.check()
+            remote.sender.version_sent.clear()
+            self._sending = True
+        bucket = [(name, t.detach().to("cpu", copy=True)) for name, t in named_tensors]  # the exporter's are its own
+
+        def job() -> None:
+            for k in remote.peers:
+                remote.sent_bytes += wire.send_bucket(remote.links, k, bucket, version)
+
+        remote.sender.put(job)
 
     def finish_weight_update(self, version: int) -> None:
+        if version == self.weight_version:
+            return
         self.remote.send(wire.WEIGHTS, version)
+        self.remote.sender.put(self.remote.sender.version_sent.set)
+        self._sending = False
         self.weight_version = version
 
     def release_memory(self) -> None: ...

@@ -71,6 +71,9 @@ def _job(rank: int, world_size: int) -> dict[str, Any]:
         engine = LinkEngine(remote)
         engine.update_weights(_bucket(), version=4)
         engine.finish_weight_update(4)
+        engine.update_weights(_bucket(), version=4)  # the same version again (a validation's sync): not resent
+        engine.finish_weight_update(4)
+        remote.sender.drain()  # sent on the link's thread
         out["sent_bytes"] = remote.sent_bytes
     rounds = StreamedRounds(remote, pad_id=PAD, fields=FIELDS, routing_shape=None,
                             empty_stats=lambda: Stats().add("score", []).add("turns", []), version=lambda: 4)

@@ -51,6 +51,8 @@ def _trainer(rank: int, links, split, path: str) -> dict:
             if sync < SYNCS - 1:
                 actor.update_policy(batch)
                 version.bump()
+        if engine is not None:
+            engine.remote.sender.drain()  # the last version's buckets are sent on the link's thread
         out[name] = {"old_lp": lps, "bytes": engine.remote.sent_bytes if engine is not None else 0}
         del manager, actor
         destroy_parallel()
