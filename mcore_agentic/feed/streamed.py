@@ -121,7 +121,10 @@ class Remote:
     def validate(self, step: int) -> Stats:
         """Every engine's validation statistics of the current weights, merged (not yet reduced)."""
         self.send(wire.VALIDATE, step)
-        return wire.merge_stats([r.stats for r in self.answers(wire.VALIDATION, step)], Stats())
+        merged = Stats()
+        for reply in self.answers(wire.VALIDATION, step):
+            merged.merge(reply.stats)
+        return merged
 
     def give_back(self, step: int, returned: dict[str, list[torch.Tensor]], rows: Sequence[int]) -> None:
         """A dump step's return trip: each engine gets the trainer's values of its ``rows[k]`` rows (in order)."""
@@ -235,7 +238,8 @@ class StreamedRounds:
             self.remote.rows = [len(r.parts[0]) if r.parts is not None else 0 for r in self.replies]
             if rows is not None:
                 rows = _renumber(rows, [len(p[0]) for p in parts])
-            wire.merge_stats([r.stats for r in self.replies], stats)
+            for reply in self.replies:
+                stats.merge(reply.stats)
             metrics = _merge_metrics([r.metrics for r in self.replies])
             if rows is not None:
                 metrics.update(staleness(rows["weight_version"], self.version()))

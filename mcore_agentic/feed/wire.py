@@ -225,17 +225,6 @@ def recv_reply(links: object, peer: int) -> Reply:
     return Reply(kind, step, parts, stats, metrics, error)
 
 
-def merge_stats(parts: Sequence[Stats], into: Stats) -> Stats:
-    """``into`` plus every part (sums and counts added, maxima and minima kept), in place; returns it."""
-    for st in parts:
-        for name in st.sums:
-            into.sums[name] = into.sums.get(name, 0.0) + st.sums[name]
-            into.counts[name] = into.counts.get(name, 0.0) + st.counts[name]
-            into.maxs[name] = max(into.maxs.get(name, -float("inf")), st.maxs[name])
-            into.mins[name] = min(into.mins.get(name, float("inf")), st.mins[name])
-    return into
-
-
 __all__ = ["BUCKET", "DUMP", "FAILED", "RESTORE", "ROWS", "Reply", "SAVE", "SAVED", "STOP", "VALIDATE", "VALIDATION",
-           "WANT", "WEIGHTS", "merge_stats", "recv_bucket", "recv_header", "recv_path", "recv_reply", "recv_returned",
+           "WANT", "WEIGHTS", "recv_bucket", "recv_header", "recv_path", "recv_reply", "recv_returned",
            "send_bucket", "send_header", "send_path", "send_reply", "send_returned"]

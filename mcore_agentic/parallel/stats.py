@@ -44,6 +44,16 @@ class Stats:
             self.mins.setdefault(name, float("inf"))
         return self
 
+    def merge(self, other: Stats) -> Stats:
+        """``other``'s values added to these, in place (sums and counts added, maxima and minima kept): one place's
+        statistics from several (a trainer's rank 0 merging the rollout ranks'); returns self."""
+        for name in other.sums:
+            self.sums[name] = self.sums.get(name, 0.0) + other.sums[name]
+            self.counts[name] = self.counts.get(name, 0.0) + other.counts[name]
+            self.maxs[name] = max(self.maxs.get(name, -float("inf")), other.maxs[name])
+            self.mins[name] = min(self.mins.get(name, float("inf")), other.mins[name])
+        return self
+
     def reduce(self, group: dist.ProcessGroup | None = None, *, world: bool = False) -> Stats:
         """Global values over ``group`` (or the whole world with ``world=True``); no-op on one rank."""
         if not dist.is_initialized() or (group is None and not world):

@@ -32,14 +32,27 @@ def wait_for_model(path: str | Path, timeout_s: float = MODEL_WAIT_S) -> None:
 
 def serve_rollout_rank(cfg: Any, split: Any, links: Any) -> None:
     """Run this rollout rank until the trainer says stop (every rollout rank calls it, SPMD)."""
-    from mcore_agentic.config.rules import validate
-    from mcore_agentic.feed import RolloutService, build_feed
-    from mcore_agentic.trainer.build import build_timer, build_tokenizer, feed_settings, model_spec
+    from mcore_agentic.feed import RolloutService
 
     if not split.leads_engine:  # its GPU belongs to its group's engine; nothing to do until the job ends
         _wait_for_job_end(cfg)
         return
     wait_for_model(cfg.model.model_path)
+    feed = build_rollout_feed(cfg, split, links)
+    logger.info("rollout rank %d: engine %d of %d serving the trainer", split.rank, split.engine_index, split.engines)
+    try:
+        RolloutService(feed, links, max_staleness=cfg.rollout.max_staleness, rebuild=feed.engine_factory).serve()
+    finally:
+        feed.close()
+
+
+def build_rollout_feed(cfg: Any, split: Any, links: Any) -> Any:
+    """An engine's rank's feed: the model spec and tokenizer as the trainer builds them, its engine awake (it never
+    sleeps on a rollout rank), its prompts drawn from the start."""
+    from mcore_agentic.config.rules import validate
+    from mcore_agentic.feed import build_feed
+    from mcore_agentic.trainer.build import build_timer, build_tokenizer, feed_settings, model_spec
+
     sizes = validate(cfg, split.world_size)
     tokenizer = build_tokenizer(cfg.model.model_path)
     spec = model_spec(cfg, vocab_size=len(tokenizer))
@@ -48,11 +61,7 @@ def serve_rollout_rank(cfg: Any, split: Any, links: Any) -> None:
                       tokenizer=tokenizer, spec=spec, timer=timer, version=lambda: 0, split=split, links=links)
     feed.engine.resume_memory()
     feed.start()
-    logger.info("rollout rank %d: engine %d of %d serving the trainer", split.rank, split.engine_index, split.engines)
-    try:
-        RolloutService(feed, links, max_staleness=cfg.rollout.max_staleness, rebuild=feed.engine_factory).serve()
-    finally:
-        feed.close()
+    return feed
 
 
 class _Solo:
@@ -95,4 +104,4 @@ def _job_store() -> Any:
         return None
 
 
-__all__ = ["mark_job_end", "serve_rollout_rank", "wait_for_model"]
+__all__ = ["build_rollout_feed", "mark_job_end", "serve_rollout_rank", "wait_for_model"]

@@ -35,26 +35,17 @@ class DyingEngine:
 
 def _service(model_dir: Path, die_at: int | None) -> Any:
     from mcore_agentic.config import compose, load_config
-    from mcore_agentic.config.rules import validate
-    from mcore_agentic.feed import RolloutService, build_feed
+    from mcore_agentic.feed import RolloutService
     from mcore_agentic.models.hf_io import SafetensorsState
     from mcore_agentic.parallel.job import JobSplit
-    from mcore_agentic.trainer.build import build_timer, build_tokenizer, feed_settings, model_spec
-    from mcore_agentic.trainer.rollout_rank import _Solo
+    from mcore_agentic.trainer.rollout_rank import build_rollout_feed
 
     cfg = load_config(compose("default_tiny", [
         f"model.model_path={model_dir}", "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
-        "actor.ppo_micro_batch_size_per_gpu=2", "data.max_response_length=32", "rollout.placement=separate", "rollout.rollout_ranks=1",
-        "trainer.rollout_data_dir=null"]), log_aliases=False)
-    split = JobSplit(3, rollout_ranks=1, rollout_tp=1, rank=2)
-    sizes = validate(cfg, split.world_size)
-    tokenizer = build_tokenizer(cfg.model.model_path)
-    spec = model_spec(cfg, vocab_size=len(tokenizer))
-    timer, _ = build_timer(cfg)
-    feed = build_feed(feed_settings(cfg, sizes), data=cfg.data, reward=cfg.reward, seed=cfg.seed, layout=_Solo(),
-                      tokenizer=tokenizer, spec=spec, timer=timer, version=lambda: 0, split=split, links=None)
+        "actor.ppo_micro_batch_size_per_gpu=2", "data.max_response_length=32", "rollout.placement=separate",
+        "rollout.rollout_ranks=1", "trainer.rollout_data_dir=null"]), log_aliases=False)
+    feed = build_rollout_feed(cfg, JobSplit(3, rollout_ranks=1, rollout_tp=1, rank=2), None)  # as an engine's rank
     assert isinstance(feed.engine, GuardedEngine)
-    feed.engine.resume_memory()
     if die_at is not None:
         feed.engine.inner = DyingEngine(feed.engine.inner, die_at)
     service = RolloutService(feed, None, max_staleness=1, rebuild=feed.engine_factory)
@@ -63,7 +54,6 @@ def _service(model_dir: Path, die_at: int | None) -> Any:
     named = SafetensorsState(str(model_dir))
     service.staged = [[(n, named[n] + 0.01 * torch.randn(named[n].shape, generator=g)) for n in sorted(named)]]
     service._handle((2, 3, 0))  # WEIGHTS, version 3
-    feed.start()
     return service
 
 
