@@ -119,7 +119,8 @@ def _trainer_feed(settings: FeedSettings, *, layout: Any, loader: Any, val_rows:
     remote = Remote(links, split.engines) if layout.rank == 0 else None
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     schedule = StreamedRounds(remote, pad_id=pad_id, fields=settings.fields, routing_shape=spec.routing_shape,
-                              empty_stats=lambda: rollout_stats([]), version=version)
+                              empty_stats=lambda: rollout_stats([]), version=version,
+                              max_staleness=settings.rollout.max_staleness)
     roller = Roller(settings, placement=placement, engine=LinkEngine(remote) if remote is not None else None,
                     tools=tools, interactions={}, executor=executor, tokenizer=tokenizer,
                     reward_fn=build_reward_fn(reward), timer=timer, version=version)

@@ -202,8 +202,11 @@ class StreamedRounds:
     """The trainer's :class:`~mcore_agentic.feed.rounds.Schedule` under separate placement (module docstring)."""
 
     def __init__(self, remote: Remote | None, *, pad_id: int, fields: Collection[str],
-                 routing_shape: tuple[int, ...] | None, empty_stats: Callable[[], Stats], version: Callable[[], int]):
+                 routing_shape: tuple[int, ...] | None, empty_stats: Callable[[], Stats], version: Callable[[], int],
+                 max_staleness: int | None = None):
         self.remote = remote
+        self.max_staleness = max_staleness
+        """``rollout.max_staleness``: rows older than this are refused (the rollout ranks hold the bound)."""
         self.pad_id = pad_id
         self.fields = fields
         self.routing_shape = routing_shape
@@ -243,6 +246,10 @@ class StreamedRounds:
             metrics = _merge_metrics([r.metrics for r in self.replies])
             if rows is not None:
                 metrics.update(staleness(rows["weight_version"], self.version()))
+                oldest = metrics.get("rollout/staleness_max", 0.0)
+                if self.max_staleness is not None and oldest > self.max_staleness:
+                    raise RuntimeError(f"the rollout ranks sent rows {oldest:.0f} weight versions old, past "
+                                       f"rollout.max_staleness={self.max_staleness}: nothing trains on them")
         metrics = broadcast_metrics(metrics)
         return Rollout(rows=rows, generated=[], group_rows=[], metrics=metrics, streamed=True, stats=stats)
 

@@ -68,14 +68,15 @@ def test_two_trainer_ranks_train_what_two_engine_ranks_stream(tmp_path: Path, so
 
 
 @pytest.mark.timeout(600)
-def test_a_vllm_engine_rank_samples_with_the_trainers_weights(tmp_path: Path) -> None:
-    """3 ranks, 2 training and vLLM's CPU build on the third, fresh rounds: step 1's rows were sampled with the
+@pytest.mark.parametrize("engines", [1, 2])
+def test_vllm_engine_ranks_sample_with_the_trainers_weights(tmp_path: Path, engines: int) -> None:
+    """2 ranks training and vLLM's CPU build on 1 or 2 more, fresh rounds: step 1's rows were sampled with the
     weights the trainer trains them with (its recomputed log-probs equal the engine's), later steps' one version
-    older (the engine generated step s+1 while the trainer trained step s)."""
-    overrides = ["rollout.placement=separate", "rollout.rollout_ranks=1", "rollout.name=vllm",
+    older (the engines generated step s+1 while the trainer trained step s)."""
+    overrides = ["rollout.placement=separate", f"rollout.rollout_ranks={engines}", "rollout.name=vllm",
                  "trainer.logger=[jsonl]", "trainer.progress_bar=false", "trainer.plot_at_end=false",
                  "trainer.save_freq=-1", "trainer.test_freq=-1"]
-    result = launch(job_overrides(tmp_path, overrides), nproc=3)
+    result = launch(job_overrides(tmp_path, overrides), nproc=2 + engines)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     rows = read_rows(tmp_path / "logs" / "metrics.jsonl")
     assert rows[1]["rollout/staleness_max"] == 0 and rows[1]["rollout/logprob_diff_max"] < 1e-4
