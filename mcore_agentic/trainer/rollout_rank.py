@@ -9,6 +9,8 @@ serves until the trainer stops it (:class:`~mcore_agentic.feed.RolloutService`);
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +36,7 @@ def serve_rollout_rank(cfg: Any, split: Any, links: Any) -> None:
     """Run this rollout rank until the trainer says stop (every rollout rank calls it, SPMD)."""
     from mcore_agentic.feed import RolloutService
 
+    defer_stop_signals(cfg.trainer.stop_signals)
     if not split.leads_engine:  # its GPU belongs to its group's engine; nothing to do until the job ends
         _wait_for_job_end(cfg)
         return
@@ -62,6 +65,27 @@ def build_rollout_feed(cfg: Any, split: Any, links: Any) -> Any:
     feed.engine.resume_memory()
     feed.start()
     return feed
+
+
+def defer_stop_signals(names: list[str]) -> None:
+    """A stop signal (``trainer.stop_signals``: Slurm's warning, torchrun's forward) is the trainer's to act on: it
+    finishes its step, has this rank write its part of the checkpoint, then stops it. So the first one here only says
+    so; a second one (after :data:`~.preemption.REPEAT_WINDOW_S`, as on the trainer's ranks) exits at once."""
+    from mcore_agentic.trainer.preemption import REPEAT_WINDOW_S, parse_signals
+
+    first: list[float] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        del frame
+        if first and time.monotonic() - first[0] > REPEAT_WINDOW_S:
+            os._exit(128 + signum)
+        if not first:
+            first.append(time.monotonic())
+            logger.warning("rollout rank: %s received; it serves on until the trainer, which saves at its step "
+                           "boundary, stops it (a second signal exits at once)", signal.Signals(signum).name)
+
+    for sig in parse_signals(names):
+        signal.signal(sig, handler)
 
 
 class _Solo:
@@ -93,8 +117,6 @@ def _wait_for_job_end(cfg: Any) -> None:
 
 
 def _job_store() -> Any:
-    import os
-
     import torch.distributed as dist
 
     try:
@@ -104,4 +126,4 @@ def _job_store() -> Any:
         return None
 
 
-__all__ = ["build_rollout_feed", "mark_job_end", "serve_rollout_rank", "wait_for_model"]
+__all__ = ["build_rollout_feed", "defer_stop_signals", "mark_job_end", "serve_rollout_rank", "wait_for_model"]
