@@ -373,6 +373,7 @@ def launch(dict_cfg: DictConfig) -> int:
 
     from mcore_agentic.config import load_config
     from mcore_agentic.config.paths import search_dirs
+    from mcore_agentic.feed.streamed import RolloutRankFailed
     from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel, select_device
     from mcore_agentic.trainer.preemption import EXIT_PREEMPTED, TrainingStopped
     from mcore_agentic.trainer.run_health import RunFailed
@@ -417,7 +418,7 @@ def launch(dict_cfg: DictConfig) -> int:
             print(str(exc), file=sys.stderr, flush=True)
         _shutdown(destroy_parallel)
         return EXIT_PREEMPTED
-    except RunFailed as exc:
+    except (RunFailed, RolloutRankFailed) as exc:  # the run stopped itself, or a rollout rank failed: one line
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         _let_rank0_report(rank)

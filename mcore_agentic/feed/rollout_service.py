@@ -178,13 +178,17 @@ class RolloutService:
             self.take_arrivals()
             if self.stopped:
                 return
+            in_hand: int | None = None  # the step of the request being answered, which a failure answers
             try:
                 if self.checkpoints:
-                    self._checkpoint(*self.checkpoints.popleft())
+                    kind, in_hand, path = self.checkpoints.popleft()
+                    self._checkpoint(kind, in_hand, path)
                 elif self.validations:
-                    self._validate(self.validations.popleft())
+                    in_hand = self.validations.popleft()
+                    self._validate(in_hand)
                 elif self.wants and self.wants[0][0] in self.ready:
-                    self._answer(self.wants.popleft()[0])
+                    in_hand = self.wants.popleft()[0]
+                    self._answer(in_hand)
                 elif self._may_generate():
                     step = self.next_step
                     assert step is not None
@@ -196,7 +200,7 @@ class RolloutService:
                     self.idle_s += time.perf_counter() - waited
             except Exception as exc:  # noqa: BLE001 -- said to the trainer, which stops the run with it
                 logger.error("rollout rank failed:\n%s", traceback.format_exc())
-                self._fail(exc)
+                self._fail(exc, in_hand)
                 return
 
     def produce(self, step: int) -> Rollout:
@@ -310,15 +314,17 @@ class RolloutService:
             self.ready, self.next_step, self.last_want = state["ready"], state["next_step"], state["last_want"]
         wire.send_reply(self.links, wire.SAVED, step)
 
-    def _fail(self, exc: BaseException) -> None:
-        """Answer the trainer's outstanding (or next) request with the error, so it stops instead of waiting."""
+    def _fail(self, exc: BaseException, step: int | None) -> None:
+        """Answer the request in hand (``step``), else the trainer's next one, with the error, so the trainer stops
+        with it instead of waiting."""
         line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
-        while not (self.wants or self.validations or self.checkpoints or self.stopped):
-            self.take_arrivals(block=True)
-        if self.stopped:
-            return
-        step = (self.checkpoints[0][1] if self.checkpoints else self.validations[0] if self.validations
-                else self.wants[0][0])
+        if step is None:
+            while not (self.wants or self.validations or self.checkpoints or self.stopped):
+                self.take_arrivals(block=True)
+            if self.stopped:
+                return
+            step = (self.checkpoints[0][1] if self.checkpoints else self.validations[0] if self.validations
+                    else self.wants[0][0])
         wire.send_reply(self.links, wire.FAILED, step, error=line)
 
 

@@ -195,7 +195,7 @@ def send_reply(links: object, kind: int, step: int, *, rows: Batch | None = None
                            dtype=torch.float64).reshape(-1)
     mnames = sorted(metrics)
     mvalues = torch.tensor([float(metrics[n]) for n in mnames], dtype=torch.float64)
-    text = _bytes("\n".join(snames + mnames) + ("\n" + error if error else ""))
+    text = _bytes("\n".join([*snames, *mnames, *([error] if error else [])]))
     send_header(links, 0, kind, step, len(lengths), ints.numel(), floats.numel(), len(snames), len(mnames),
                 text.numel(), up=True)
     _send(links, lengths.reshape(-1), 0, 1, up=True)

@@ -110,3 +110,19 @@ def test_a_resumed_run_trains_what_the_uninterrupted_one_did(tmp_path: Path) -> 
 
     assert trained(b / "rollouts", 3) == trained(a / "rollouts", 3)
     assert not set(trained(a / "rollouts", 3)) & set(trained(a / "rollouts", 2))
+
+
+@pytest.mark.timeout(300)
+def test_a_failing_rollout_rank_stops_the_run_with_its_error(tmp_path: Path) -> None:
+    """The reward function raises on the rollout rank (3 ranks, 2 + 1): the rank answers the trainer's request with
+    its error line and the trainer stops with it, in seconds; nobody waits out the collectives' timeout."""
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    raise ValueError('the grader is broken')\n")
+    overrides = ["rollout.placement=separate", "rollout.rollout_ranks=1", "trainer.logger=[jsonl]",
+                 "trainer.progress_bar=false", "trainer.plot_at_end=false", "trainer.save_freq=-1",
+                 "trainer.test_freq=-1", f"reward.custom_reward_function={reward}:compute_score"]
+    result = launch(job_overrides(tmp_path, overrides), nproc=3, timeout=240)
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "error: rollout engine 1 failed at step 1: ValueError: the grader is broken" in out, out[-5000:]
