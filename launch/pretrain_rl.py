@@ -373,7 +373,7 @@ def launch(dict_cfg: DictConfig) -> int:
 
     from mcore_agentic.config import load_config
     from mcore_agentic.config.paths import search_dirs
-    from mcore_agentic.feed.streamed import RolloutRankFailed
+    from mcore_agentic.parallel.job import RolloutRankFailed
     from mcore_agentic.parallel.layout import destroy_parallel, init_distributed, initialize_parallel, select_device
     from mcore_agentic.trainer.preemption import EXIT_PREEMPTED, TrainingStopped
     from mcore_agentic.trainer.run_health import RunFailed

@@ -31,13 +31,10 @@ from mcore_agentic.feed import wire
 from mcore_agentic.feed.distribute import unpack_rows
 from mcore_agentic.feed.rounds import Rollout, RoundsResult, Rows
 from mcore_agentic.parallel import comm
+from mcore_agentic.parallel.job import RolloutRankFailed
 from mcore_agentic.parallel.stats import Stats
 
 logger = logging.getLogger(__name__)
-
-
-class RolloutRankFailed(RuntimeError):
-    """A rollout rank answered with its error instead of rows."""
 
 
 class Sender:
@@ -334,4 +331,4 @@ def broadcast_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in zip(keys, values.tolist())}
 
 
-__all__ = ["LinkEngine", "Remote", "RolloutRankFailed", "StreamedRounds", "broadcast_metrics", "staleness"]
+__all__ = ["LinkEngine", "Remote", "Sender", "StreamedRounds", "broadcast_metrics", "staleness"]

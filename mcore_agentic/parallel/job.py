@@ -31,6 +31,10 @@ import torch.distributed as dist
 from mcore_agentic.parallel import comm
 
 
+class RolloutRankFailed(RuntimeError):
+    """A rollout rank answered the trainer with its error instead of rows (the launcher says it in one line)."""
+
+
 @dataclass(frozen=True)
 class JobSplit:
     """This rank's place in a job split into trainer and rollout ranks."""
@@ -158,4 +162,5 @@ def close_job() -> None:
     _SPLIT = _LINKS = None
 
 
-__all__ = ["JobSplit", "Links", "close_job", "init_job", "job_links", "job_split", "split_from_env"]
+__all__ = ["JobSplit", "Links", "RolloutRankFailed", "close_job", "init_job", "job_links", "job_split",
+           "split_from_env"]
