@@ -146,10 +146,13 @@ class Remote:
         self.answers(wire.SAVED, step)
 
     def stop(self) -> None:
-        """STOP to every engine, once everything before it is sent."""
-        self.send(wire.STOP)
+        """STOP to every engine, once everything before it is sent. Best effort: it runs as the run closes, often
+        after a failure (a rollout rank that is gone stops with the job), and must not hide that failure."""
         try:
+            self.send(wire.STOP)
             self.sender.drain()
+        except Exception as exc:  # noqa: BLE001 -- see the docstring
+            logger.warning("stopping the rollout ranks: %s (they stop with the job)", exc)
         finally:
             self.sender.close()
 

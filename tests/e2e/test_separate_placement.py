@@ -17,7 +17,6 @@ import pytest
 
 from mcore_agentic.feed.rollout_dump import read_dump
 from tests.e2e.test_default_job import job_overrides, launch, read_rows
-from tests.e2e.test_resume import _assert_same_run
 
 SEPARATE = [
     "rollout.placement=separate", "rollout.rollout_ranks=2", "rollout.max_staleness=1",
@@ -65,51 +64,6 @@ def test_two_trainer_ranks_train_what_two_engine_ranks_stream(tmp_path: Path, so
     val_steps = sorted({r["step"] for r in val})
     assert val_steps == [s for s in (1, 2, 3) if "val/reward/mean" in rows[s]]
     assert len(val) == 8 * len(val_steps) and {r["group"] for r in val} == {0, 1}  # 8 prompts over both engines
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("engines", [1, 2])
-def test_vllm_engine_ranks_sample_with_the_trainers_weights(tmp_path: Path, engines: int) -> None:
-    """2 ranks training and vLLM's CPU build on 1 or 2 more, fresh rounds: step 1's rows were sampled with the
-    weights the trainer trains them with (its recomputed log-probs equal the engine's), later steps' one version
-    older (the engines generated step s+1 while the trainer trained step s)."""
-    overrides = ["rollout.placement=separate", f"rollout.rollout_ranks={engines}", "rollout.name=vllm",
-                 "trainer.logger=[jsonl]", "trainer.progress_bar=false", "trainer.plot_at_end=false",
-                 "trainer.save_freq=-1", "trainer.test_freq=-1"]
-    result = launch(job_overrides(tmp_path, overrides), nproc=2 + engines)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    rows = read_rows(tmp_path / "logs" / "metrics.jsonl")
-    assert rows[1]["rollout/staleness_max"] == 0 and rows[1]["rollout/logprob_diff_max"] < 1e-4
-    assert [rows[s]["rollout/staleness_max"] for s in (2, 3)] == [1.0, 1.0]
-
-
-@pytest.mark.timeout(600)
-def test_a_resumed_run_trains_what_the_uninterrupted_one_did(tmp_path: Path) -> None:
-    """3 ranks (2 + a transformers engine), fresh rounds, a checkpoint every step. The step-2 checkpoint holds the
-    rollout rank's part (its prompts' position and the step it had generated ahead, with the weights of step 2); a run
-    resumed from it trains step 3 on the same rows, with the same metrics, as the uninterrupted run: nothing lost,
-    nothing trained twice."""
-    common = ["rollout.placement=separate", "rollout.rollout_ranks=1", "trainer.logger=[jsonl]",
-              "trainer.progress_bar=false", "trainer.plot_at_end=false", "trainer.test_freq=-1",
-              "trainer.rollout_data_freq=1"]
-    a, b = tmp_path / "a", tmp_path / "b"
-    first = launch(job_overrides(a, [*common, "trainer.save_freq=1", f"trainer.rollout_data_dir={a / 'rollouts'}"]),
-                   nproc=3)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
-    assert (a / "ckpt" / "global_step_2" / "rollout_ranks" / "engine_00000.pkl").is_file()
-    resumed = launch(job_overrides(b, [*common, "trainer.save_freq=-1", f"trainer.rollout_data_dir={b / 'rollouts'}",
-                                       f"trainer.resume_mode={a / 'ckpt' / 'global_step_2'}"]), nproc=3)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
-    rows_a, rows_b = read_rows(a / "logs" / "metrics.jsonl"), read_rows(b / "logs" / "metrics.jsonl")
-    no_dumps = {3: {k: v for k, v in rows_a[3].items() if not k.startswith("dump/")}}
-    _assert_same_run(no_dumps, {3: {k: v for k, v in rows_b[3].items() if not k.startswith("dump/")}}, steps=(3,))
-
-    def trained(root: Path, step: int) -> list[tuple]:
-        rows = [r for r in read_dump(root).to_pylist() if r["split"] == "train" and r["step"] == step]
-        return sorted((r["uid"], tuple(r["response_ids"])) for r in rows)
-
-    assert trained(b / "rollouts", 3) == trained(a / "rollouts", 3)
-    assert not set(trained(a / "rollouts", 3)) & set(trained(a / "rollouts", 2))
 
 
 @pytest.mark.timeout(300)
