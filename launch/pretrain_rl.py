@@ -459,18 +459,17 @@ def _let_rank0_report(rank: int, timeout_s: float = 10.0) -> None:
 def _job_store(timeout_s: float) -> Any:
     """The job's key-value store: the process group's once it is up; before that (a config error found while
     loading the config) a client of the store torchrun's agent serves at ``MASTER_ADDR:MASTER_PORT``."""
-    import datetime
-
     import torch.distributed as dist
+
+    from mcore_agentic.parallel.job import job_store
 
     try:
         if dist.is_initialized():
             return dist.distributed_c10d._get_default_store()
-        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                 timeout=datetime.timedelta(seconds=timeout_s))
     except Exception:  # noqa: BLE001 -- no store reachable: exit without waiting
         return None
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return job_store(timeout_s)
     return None
 
 

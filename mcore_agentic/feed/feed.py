@@ -262,7 +262,7 @@ class Feed:
             counts[holder] += fill                                    # leave a group none) takes the fillers
             if fill and r.placement.group_index == holder and local is not None:
                 local = Batch.concat([local, filler_rows(local, fill, self.pad_id)])
-        if local is not None and not rollout.streamed:  # streamed rows were tagged on their rollout rank
+        if local is not None and rollout.stats is None:  # streamed rows came tagged from their rollout rank
             local = self.tagged(local, sum(counts[: r.placement.group_index]))
         stats = rollout.stats if rollout.stats is not None else rollout_stats(rollout.generated,
                                                                               prefix_cache=rollout.prefix_cache)

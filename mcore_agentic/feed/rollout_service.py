@@ -78,7 +78,6 @@ class RolloutService:
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.reader = threading.Thread(target=self._read, name="rollout-link", daemon=True)
         self.staged: list[list[tuple[str, Any]]] = []
-        self.loaded = False
         self.wants: deque[tuple[int, int]] = deque()
         """(step, the trainer's version) asked for and not yet answered, oldest first."""
         self.validations: deque[int] = deque()
@@ -159,7 +158,6 @@ class RolloutService:
             self.engine.finish_weight_update(version)
         self.current = (version, self.staged)
         self.staged = []
-        self.loaded = True
         self.updates += 1
         self.load_s += spent["load"]
 
@@ -258,7 +256,7 @@ class RolloutService:
         self.restarts += 1
 
     def _may_generate(self) -> bool:
-        if not self.loaded or self.next_step is None or self.last_want is None:
+        if self.current is None or self.next_step is None or self.last_want is None:
             return False
         return self.next_step <= self.last_want[0] + self.max_staleness and self.next_step not in self.ready
 

@@ -95,10 +95,9 @@ class Rollout:
     """The hand-off's plan (which replica trains which row): a dump step brings the trainer's values back by it."""
     real_rows: int = 0
     """The leader's rows before any filler rows (they come last and are not dumped)."""
-    streamed: bool = False
-    """The rows came from rollout ranks (separate placement), scored and tagged there (group, episode and version ids)."""
     stats: Any = None
-    """The step's rollout statistics where they came computed (streamed rows; not yet reduced), else None."""
+    """The step's rollout statistics where they came computed, with rows scored and tagged (group, episode and version
+    ids) where they were generated: streamed from rollout ranks (separate placement; not yet reduced). Else None."""
 
 
 class Schedule(Protocol):

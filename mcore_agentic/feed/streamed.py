@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from mcore_agentic.data.batch import Batch
 from mcore_agentic.feed import wire
@@ -251,7 +252,7 @@ class StreamedRounds:
                     raise RuntimeError(f"the rollout ranks sent rows {oldest:.0f} weight versions old, past "
                                        f"rollout.max_staleness={self.max_staleness}: nothing trains on them")
         metrics = broadcast_metrics(metrics)
-        return Rollout(rows=rows, generated=[], group_rows=[], metrics=metrics, streamed=True, stats=stats)
+        return Rollout(rows=rows, generated=[], group_rows=[], metrics=metrics, stats=stats)
 
     def round_metrics(self, result: RoundsResult, batch_size: int) -> dict[str, float]:
         return {}
@@ -314,8 +315,6 @@ def _merge_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
 
 def broadcast_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """Rank 0's metrics on every trainer rank (names as bytes, values as float64: tensors, no pickles)."""
-    import torch.distributed as dist
-
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return metrics
     names = "\n".join(sorted(metrics)).encode()

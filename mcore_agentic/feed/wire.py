@@ -42,8 +42,6 @@ from mcore_agentic.parallel.stats import Stats
 
 BUCKET, WEIGHTS, WANT, VALIDATE, STOP, DUMP, SAVE, RESTORE = 1, 2, 3, 4, 5, 6, 7, 8
 ROWS, VALIDATION, FAILED, SAVED = 11, 12, 13, 14
-DOWN_KINDS = {BUCKET: "BUCKET", WEIGHTS: "WEIGHTS", WANT: "WANT", VALIDATE: "VALIDATE", STOP: "STOP", DUMP: "DUMP",
-              SAVE: "SAVE", RESTORE: "RESTORE"}
 HEADER = 8
 """int64 values in a header (its kind first)."""
 MAX_DIMS = 8

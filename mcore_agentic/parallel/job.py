@@ -97,10 +97,6 @@ class Links:
     down: Any
     up: Any
 
-    @property
-    def me(self) -> int:
-        return self.split.link_members.index(self.split.rank)
-
     def send(self, t: torch.Tensor, peer: int, tag: int, *, up: bool) -> None:
         comm.send_link(t, self.up if up else self.down, peer, tag)
 
@@ -156,11 +152,16 @@ def job_links() -> Links | None:
     return _LINKS
 
 
-def close_job() -> None:
-    """Forget the links (their groups close with the process)."""
-    global _SPLIT, _LINKS
-    _SPLIT = _LINKS = None
+def job_store(timeout_s: float = 30.0) -> Any:
+    """A client of the job's own key-value store (torchrun's agent's, or rank 0's: ``MASTER_ADDR:MASTER_PORT``), the
+    one store both sides of a split job see alike (each side's default group keys live under a prefix of their own);
+    None where none is reachable."""
+    try:
+        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                             timeout=timedelta(seconds=timeout_s))
+    except Exception:  # noqa: BLE001 -- no job store reachable (a world of one without one)
+        return None
 
 
-__all__ = ["JobSplit", "Links", "RolloutRankFailed", "close_job", "init_job", "job_links", "job_split",
+__all__ = ["JobSplit", "Links", "RolloutRankFailed", "init_job", "job_links", "job_split", "job_store",
            "split_from_env"]

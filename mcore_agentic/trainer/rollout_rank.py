@@ -16,6 +16,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from mcore_agentic.parallel.job import job_store
+
 logger = logging.getLogger(__name__)
 
 DONE_KEY = "mcore_agentic/separate_placement_done"
@@ -98,13 +100,13 @@ class _Solo:
 
 def mark_job_end() -> None:
     """The trainer's rank 0, at the end of a separate-placement run: release the rollout groups' waiting ranks."""
-    store = _job_store()
+    store = job_store()
     if store is not None:
         store.set(DONE_KEY, "1")
 
 
 def _wait_for_job_end(cfg: Any) -> None:
-    store = _job_store()
+    store = job_store()
     if store is None:
         return
     while True:
@@ -114,16 +116,6 @@ def _wait_for_job_end(cfg: Any) -> None:
         except Exception as exc:  # noqa: BLE001 -- a timeout: the run goes on; anything else: the job is gone
             if "timeout" not in str(exc).lower():
                 return
-
-
-def _job_store() -> Any:
-    import torch.distributed as dist
-
-    try:
-        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                             timeout=timedelta(seconds=30))
-    except Exception:  # noqa: BLE001 -- no job store reachable (a test's own world): nothing to wait on
-        return None
 
 
 __all__ = ["build_rollout_feed", "defer_stop_signals", "mark_job_end", "serve_rollout_rank", "wait_for_model"]
